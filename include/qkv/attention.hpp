@@ -1,0 +1,123 @@
+// qkv/attention.hpp — scaled dot-product attention: the public C++ API.
+//
+// Dimension letters (used everywhere in qkv):
+//   B    batch                    H    query heads          Hkv  key/value heads (H % Hkv == 0)
+//   Sq   query positions          Skv  key/value positions  D    query/key head dim  Dv  value head dim
+//
+// Layout contract of attention():
+//
+//   argument      dtype                 shape                 notes
+//   q             f32 | bf16 | f64      [B, H,   Sq,  D ]     any strides ≥ 0
+//   k             same as q             [B, Hkv, Skv, D ]     query head h reads kv head h / (H / Hkv)
+//   v             same as q             [B, Hkv, Skv, Dv]     (grouped-query attention, nothing copied)
+//   out           same as q             [B, H,   Sq,  Dv]     written; must not overlap the inputs
+//   lse           f32 | f64  (opt.)     [B, H,   Sq]          log Σ_j exp(score_ij) over allowed keys
+//   pattern       f32 | f64  (opt.)     [B, H,   Sq,  Skv]    softmax probabilities; each row sums to 1
+//   opt.mask      u8 | f32 | bf16 | f64 [Bm, Hm, Sq, Skv]     Bm ∈ {1, B}, Hm ∈ {1, H} (stride 0 also ok)
+//   opt.key_lengths  i32 | i64          [B]                   0 ≤ len ≤ Skv
+//
+// The computation, for every (b, h, i):
+//   score_ij = scale · q_i · k_j  (+ additive mask_ij)         scale defaults to 1/√D
+//   allowed(i, j) = causal/window rule below ∧ j < key_lengths[b] ∧ bool mask_ij
+//   p_ij = exp(score_ij) / Σ_{allowed j'} exp(score_ij')  on allowed j, exactly 0 elsewhere
+//   out_i = Σ_j p_ij · v_j            lse_i = log Σ_{allowed j} exp(score_ij)
+// A query row with no allowed key (or whose additive mask is −∞ everywhere) gives out_i = 0
+// and lse_i = −∞, never NaN.
+//
+// The seeds draw the attention pattern with keys down the left and queries across the top, so
+// each *column* sums to 1. qkv stores it the PyTorch way, one *row* per query: pattern[b,h,i,:]
+// is the distribution of query i over the keys; transpose to get the seeds' picture.
+//
+// Causal masks and windows are measured from a diagonal whose placement depends on `align`
+// when Sq ≠ Skv.  With diag(i) = i (top_left) or i + Skv − Sq (bottom_right):
+//   causal                 : j ≤ diag(i)
+//   window_left  = L ≥ 0   : j ≥ diag(i) − L
+//   window_right = R ≥ 0   : j ≤ diag(i) + R
+//
+//   Sq = 3, Skv = 5, causal        (x = may attend, . = masked)
+//
+//     top_left (PyTorch is_causal)     bottom_right (FlashAttention; KV-cache decoding)
+//            key j →                          key j →
+//            0 1 2 3 4                        0 1 2 3 4
+//     q 0    x . . . .                 q 0    x x x . .
+//     q 1    x x . . .                 q 1    x x x x .
+//     q 2    x x x . .                 q 2    x x x x x
+//
+// With bottom_right and Sq > Skv the first Sq − Skv queries see no key and give zeros.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "qkv/types.hpp"
+
+namespace qkv {
+
+enum class Align : std::uint8_t { top_left, bottom_right };
+
+// Which implementation runs. `automatic` takes the fastest kernel that supports the call
+// and falls back to the reference for anything the fast kernels do not take.
+enum class Kernel : std::uint8_t { automatic, reference, flash, flash_decode };
+
+// Instruction sets of the CPU kernels, in increasing order of capability.
+enum class Isa : std::uint8_t { scalar, avx2, avx512, avx512_bf16 };
+
+struct AttentionOptions {
+  std::optional<double> scale;      // default 1/√D
+  bool causal = false;
+  Align align = Align::top_left;    // placement of the causal/window diagonal when Sq ≠ Skv
+  std::int64_t window_left = -1;    // -1: unbounded
+  std::int64_t window_right = -1;   // -1: unbounded (causal implies 0)
+  std::optional<View> mask;         // boolean (u8) or additive (float) mask, see the table above
+  std::optional<View> key_lengths;  // per-batch number of valid keys (key padding)
+  int num_threads = 0;              // 0: the library default (set_num_threads / QKV_NUM_THREADS)
+  Kernel kernel = Kernel::automatic;
+};
+
+// What ran: the kernel, the instruction set it was compiled for, and a printable name
+// such as "flash_avx512_f32" or "reference_f64".
+struct KernelInfo {
+  Kernel kernel = Kernel::reference;
+  Isa isa = Isa::scalar;
+  const char* name = "reference";
+};
+
+// Forward attention. Throws std::invalid_argument on any inconsistent argument.
+KernelInfo attention(const View& q, const View& k, const View& v, const View& out,
+                     const AttentionOptions& opt = {}, const std::optional<View>& lse = std::nullopt,
+                     const std::optional<View>& pattern = std::nullopt);
+
+// Backward attention: given dout = ∂L/∂out, writes dq = ∂L/∂q, dk, dv.
+//   q, k, v, out, dout: as in attention(); lse: f32 [B, H, Sq] from the forward of the same call.
+//   dq [B, H, Sq, D], dk [B, Hkv, Skv, D], dv [B, Hkv, Skv, Dv], same dtype as q.
+//   With grouped-query attention dk and dv are summed over the query heads of each group.
+//   An additive float mask is treated as a constant (no gradient flows into it).
+KernelInfo attention_backward(const View& q, const View& k, const View& v, const View& out,
+                              const View& dout, const View& lse, const View& dq, const View& dk,
+                              const View& dv, const AttentionOptions& opt = {});
+
+// Variable-length batches in the packed layout of FlashAttention's varlen API:
+//   q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv], out [Tq, H, Dv], lse (opt.) [H, Tq];
+//   cu_seqlens_q, cu_seqlens_k: i32 or i64 [B + 1], non-decreasing, starting at 0 and ending at
+//   Tq and Tk. Sequence b owns rows [cu_q[b], cu_q[b+1]) of q and [cu_k[b], cu_k[b+1]) of k, v.
+//   Causal/window alignment applies per sequence; opt.mask and opt.key_lengths must be empty.
+KernelInfo attention_varlen(const View& q, const View& k, const View& v, const View& out,
+                            const View& cu_seqlens_q, const View& cu_seqlens_k,
+                            const AttentionOptions& opt = {},
+                            const std::optional<View>& lse = std::nullopt);
+
+// Threads used by the kernels when AttentionOptions::num_threads is 0. The default is the
+// environment variable QKV_NUM_THREADS if set, else the number of cores.
+void set_num_threads(int n);
+int num_threads();
+
+// Instruction sets. cpu_isa(): the best the CPU supports. active_isa(): the one the kernels
+// use — cpu_isa() unless the environment variable QKV_ISA (scalar | avx2 | avx512 |
+// avx512_bf16) or set_isa() chose a lower one. set_isa() throws if the CPU lacks `isa`.
+Isa cpu_isa();
+Isa active_isa();
+void set_isa(Isa isa);
+const char* isa_name(Isa isa);
+const char* kernel_name(Kernel k);
+
+}  // namespace qkv

@@ -1,0 +1,298 @@
+// The attention floor: validates what the caller passed, resolves the options into an
+// AttnParams, picks a kernel and runs it. This is the only place that throws; kernels assert.
+#include "qkv/attention.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/dispatch.hpp"
+#include "kernels/params.hpp"
+
+namespace qkv {
+namespace {
+
+using kernels::AttnBwdParams;
+using kernels::AttnParams;
+
+std::string str(const char* what, const View& v) {
+  return std::string(what) + " " + dtype_name(v.dtype) + v.shape_str();
+}
+
+// Checks rank, dtype family, non-negative dims and strides, a data pointer when non-empty,
+// and that the largest byte offset fits in 63 bits.
+void check_view(const char* fn, const char* name, const View& v, int rank, const char* layout) {
+  if (v.rank != rank) {
+    std::ostringstream m;
+    m << name << ": expected rank " << rank << " " << layout << ", got rank " << v.rank << " "
+      << v.shape_str();
+    fail(fn, m.str());
+  }
+  std::int64_t max_off = 0;
+  bool empty = false;
+  for (int i = 0; i < rank; ++i) {
+    if (v.dim(i) < 0) fail(fn, std::string(name) + ": negative dimension in " + v.shape_str());
+    if (v.stride(i) < 0)
+      fail(fn, std::string(name) + ": negative stride " + std::to_string(v.stride(i)) + " in dim " +
+                   std::to_string(i));
+    if (v.dim(i) == 0) empty = true;
+  }
+  if (empty) return;
+  for (int i = 0; i < rank; ++i) {
+    const std::int64_t d = v.dim(i) - 1, s = v.stride(i);
+    if (s != 0 && d > (std::numeric_limits<std::int64_t>::max() / 16 - max_off) / s)
+      fail(fn, std::string(name) + ": shape " + v.shape_str() + " with its strides overflows 64-bit offsets");
+    max_off += d * s;
+  }
+  if (!v.data) fail(fn, std::string(name) + ": null data pointer for non-empty " + v.shape_str());
+}
+
+// Byte range [lo, hi) a view touches (conservative: from its first to its last element).
+void byte_range(const View& v, std::uintptr_t* lo, std::uintptr_t* hi) {
+  std::int64_t last = 0;
+  for (int i = 0; i < v.rank; ++i) last += (v.dim(i) - 1) * v.stride(i);
+  *lo = reinterpret_cast<std::uintptr_t>(v.data);
+  *hi = *lo + static_cast<std::uintptr_t>(last + 1) * dtype_size(v.dtype);
+}
+
+bool overlaps(const View& a, const View& b) {
+  if (!a.data || !b.data || a.numel() == 0 || b.numel() == 0) return false;
+  std::uintptr_t a0, a1, b0, b1;
+  byte_range(a, &a0, &a1);
+  byte_range(b, &b0, &b1);
+  return a0 < b1 && b0 < a1;
+}
+
+void check_no_overlap(const char* fn, const char* out_name, const View& out,
+                      std::initializer_list<std::pair<const char*, const View*>> inputs) {
+  for (auto [name, in] : inputs)
+    if (overlaps(out, *in))
+      fail(fn, std::string(out_name) + ": output memory overlaps input " + name);
+}
+
+void expect_shape(const char* fn, const char* name, const View& v, std::initializer_list<std::int64_t> want,
+                  const char* layout) {
+  std::size_t i = 0;
+  bool ok = static_cast<std::size_t>(v.rank) == want.size();
+  for (auto w : want) ok = ok && v.dim(static_cast<int>(i++)) == w;
+  if (!ok) {
+    std::ostringstream m;
+    m << name << ": expected " << layout << " = [";
+    i = 0;
+    for (auto w : want) m << (i++ ? ", " : "") << w;
+    m << "], got " << v.shape_str();
+    fail(fn, m.str());
+  }
+}
+
+// Validates q/k/v/out and the options; fills everything of AttnParams but lse/pattern.
+AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, const View& out,
+                   const AttentionOptions& opt) {
+  check_view(fn, "q", q, 4, "[B, H, Sq, D]");
+  check_view(fn, "k", k, 4, "[B, Hkv, Skv, D]");
+  check_view(fn, "v", v, 4, "[B, Hkv, Skv, Dv]");
+  check_view(fn, "out", out, 4, "[B, H, Sq, Dv]");
+  if (!is_float(q.dtype)) fail(fn, "q: dtype must be f32, bf16 or f64, got " + std::string(dtype_name(q.dtype)));
+  for (auto [name, t] : {std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"out", &out}})
+    if (t->dtype != q.dtype)
+      fail(fn, std::string(name) + ": dtype " + dtype_name(t->dtype) + " differs from q's " + dtype_name(q.dtype));
+
+  AttnParams p;
+  p.B = q.dim(0), p.H = q.dim(1), p.Sq = q.dim(2), p.D = q.dim(3);
+  p.Hkv = k.dim(1), p.Skv = k.dim(2), p.Dv = v.dim(3);
+  if (k.dim(0) != p.B || v.dim(0) != p.B)
+    fail(fn, "batch sizes differ: " + str("q", q) + ", " + str("k", k) + ", " + str("v", v));
+  if (k.dim(3) != p.D) fail(fn, "k: head dim D differs from q's: " + str("q", q) + ", " + str("k", k));
+  if (v.dim(1) != p.Hkv || v.dim(2) != p.Skv)
+    fail(fn, "v: [B, Hkv, Skv] must match k's: " + str("k", k) + ", " + str("v", v));
+  if (p.Hkv == 0 && p.H != 0) fail(fn, "k: Hkv is 0 but q has " + std::to_string(p.H) + " heads");
+  if (p.Hkv != 0 && p.H % p.Hkv != 0)
+    fail(fn, "k: query heads H = " + std::to_string(p.H) + " must be a multiple of key/value heads Hkv = " +
+                 std::to_string(p.Hkv));
+  expect_shape(fn, "out", out, {p.B, p.H, p.Sq, p.Dv}, "[B, H, Sq, Dv]");
+  check_no_overlap(fn, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}});
+  p.q = q, p.k = k, p.v = v, p.out = out;
+
+  if (opt.scale) {
+    if (!std::isfinite(*opt.scale)) fail(fn, "opt.scale: must be finite, got " + std::to_string(*opt.scale));
+    p.scale = *opt.scale;
+  } else {
+    p.scale = p.D > 0 ? 1.0 / std::sqrt(static_cast<double>(p.D)) : 1.0;
+  }
+  if (opt.window_left < -1) fail(fn, "opt.window_left: must be ≥ 0 or -1 (unbounded), got " + std::to_string(opt.window_left));
+  if (opt.window_right < -1) fail(fn, "opt.window_right: must be ≥ 0 or -1 (unbounded), got " + std::to_string(opt.window_right));
+  if (opt.num_threads < 0) fail(fn, "opt.num_threads: must be ≥ 0, got " + std::to_string(opt.num_threads));
+  p.rule.causal = opt.causal;
+  p.rule.diag_offset = opt.align == Align::bottom_right ? p.Skv - p.Sq : 0;
+  p.rule.window_left = opt.window_left;
+  p.rule.window_right = opt.window_right;
+  p.threads = opt.num_threads > 0 ? opt.num_threads : num_threads();
+
+  p.key_len.assign(static_cast<std::size_t>(p.B), p.Skv);
+  if (opt.key_lengths) {
+    const View& kl = *opt.key_lengths;
+    check_view(fn, "opt.key_lengths", kl, 1, "[B]");
+    if (kl.dtype != DType::i32 && kl.dtype != DType::i64)
+      fail(fn, "opt.key_lengths: dtype must be i32 or i64, got " + std::string(dtype_name(kl.dtype)));
+    expect_shape(fn, "opt.key_lengths", kl, {p.B}, "[B]");
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      const auto len = static_cast<std::int64_t>(kl.load(kl.offset(b)));
+      if (len < 0 || len > p.Skv)
+        fail(fn, "opt.key_lengths[" + std::to_string(b) + "] = " + std::to_string(len) + " outside [0, Skv = " +
+                     std::to_string(p.Skv) + "]");
+      p.key_len[static_cast<std::size_t>(b)] = len;
+    }
+  }
+
+  if (opt.mask) {
+    const View& m = *opt.mask;
+    if (m.rank < 2 || m.rank > 4)
+      fail(fn, "opt.mask: expected rank 2..4, broadcastable to [B, H, Sq, Skv], got " + m.shape_str());
+    if (m.dtype != DType::u8 && !is_float(m.dtype))
+      fail(fn, "opt.mask: dtype must be u8 (boolean) or f32/bf16/f64 (additive), got " + std::string(dtype_name(m.dtype)));
+    check_view(fn, "opt.mask", m, m.rank, "[.., Sq, Skv]");
+    // Right-align to [B, H, Sq, Skv]; a size-1 dimension broadcasts (stride 0).
+    const std::int64_t full[4] = {p.B, p.H, p.Sq, p.Skv};
+    View m4 = m;
+    m4.rank = 4;
+    const int shift = 4 - m.rank;
+    for (int d = 3; d >= 0; --d) {
+      const int src = d - shift;
+      const std::int64_t size = src >= 0 ? m.dim(src) : 1;
+      const std::int64_t stride = src >= 0 ? m.stride(src) : 0;
+      if (size != full[d] && size != 1)
+        fail(fn, "opt.mask: shape " + m.shape_str() + " does not broadcast to [B, H, Sq, Skv] = [" +
+                     std::to_string(p.B) + ", " + std::to_string(p.H) + ", " + std::to_string(p.Sq) + ", " +
+                     std::to_string(p.Skv) + "]");
+      m4.shape[static_cast<std::size_t>(d)] = full[d];
+      m4.strides[static_cast<std::size_t>(d)] = size == 1 ? 0 : stride;
+    }
+    p.mask = m4;
+    p.mask_is_bool = m.dtype == DType::u8;
+  }
+  return p;
+}
+
+void attach_lse(const char* fn, AttnParams& p, const std::optional<View>& lse) {
+  if (!lse) return;
+  check_view(fn, "lse", *lse, 3, "[B, H, Sq]");
+  if (lse->dtype != DType::f32 && lse->dtype != DType::f64)
+    fail(fn, "lse: dtype must be f32 or f64, got " + std::string(dtype_name(lse->dtype)));
+  expect_shape(fn, "lse", *lse, {p.B, p.H, p.Sq}, "[B, H, Sq]");
+  check_no_overlap(fn, "lse", *lse, {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"out", &p.out}});
+  p.lse = *lse;
+}
+
+}  // namespace
+
+KernelInfo attention(const View& q, const View& k, const View& v, const View& out, const AttentionOptions& opt,
+                     const std::optional<View>& lse, const std::optional<View>& pattern) {
+  const char* fn = "qkv::attention";
+  AttnParams p = resolve(fn, q, k, v, out, opt);
+  attach_lse(fn, p, lse);
+  if (pattern) {
+    check_view(fn, "pattern", *pattern, 4, "[B, H, Sq, Skv]");
+    if (pattern->dtype != DType::f32 && pattern->dtype != DType::f64)
+      fail(fn, "pattern: dtype must be f32 or f64, got " + std::string(dtype_name(pattern->dtype)));
+    expect_shape(fn, "pattern", *pattern, {p.B, p.H, p.Sq, p.Skv}, "[B, H, Sq, Skv]");
+    check_no_overlap(fn, "pattern", *pattern, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
+    p.pattern = *pattern;
+  }
+  return detail::run_forward(fn, p, opt.kernel);
+}
+
+KernelInfo attention_backward(const View& q, const View& k, const View& v, const View& out, const View& dout,
+                              const View& lse, const View& dq, const View& dk, const View& dv,
+                              const AttentionOptions& opt) {
+  const char* fn = "qkv::attention_backward";
+  AttnBwdParams bp;
+  bp.fwd = resolve(fn, q, k, v, out, opt);
+  const AttnParams& p = bp.fwd;
+  attach_lse(fn, bp.fwd, lse);
+  check_view(fn, "dout", dout, 4, "[B, H, Sq, Dv]");
+  check_view(fn, "dq", dq, 4, "[B, H, Sq, D]");
+  check_view(fn, "dk", dk, 4, "[B, Hkv, Skv, D]");
+  check_view(fn, "dv", dv, 4, "[B, Hkv, Skv, Dv]");
+  for (auto [name, t] : {std::pair{"dout", &dout}, std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}})
+    if (t->dtype != q.dtype)
+      fail(fn, std::string(name) + ": dtype " + dtype_name(t->dtype) + " differs from q's " + dtype_name(q.dtype));
+  expect_shape(fn, "dout", dout, {p.B, p.H, p.Sq, p.Dv}, "[B, H, Sq, Dv]");
+  expect_shape(fn, "dq", dq, {p.B, p.H, p.Sq, p.D}, "[B, H, Sq, D]");
+  expect_shape(fn, "dk", dk, {p.B, p.Hkv, p.Skv, p.D}, "[B, Hkv, Skv, D]");
+  expect_shape(fn, "dv", dv, {p.B, p.Hkv, p.Skv, p.Dv}, "[B, Hkv, Skv, Dv]");
+  for (auto [name, g] : {std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}})
+    check_no_overlap(fn, name, *g, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}});
+  if (overlaps(dq, dk) || overlaps(dq, dv) || overlaps(dk, dv)) fail(fn, "dq, dk, dv: gradient outputs overlap each other");
+  bp.dout = dout, bp.dq = dq, bp.dk = dk, bp.dv = dv;
+  return detail::run_backward(fn, bp, opt.kernel);
+}
+
+KernelInfo attention_varlen(const View& q, const View& k, const View& v, const View& out, const View& cu_seqlens_q,
+                            const View& cu_seqlens_k, const AttentionOptions& opt, const std::optional<View>& lse) {
+  const char* fn = "qkv::attention_varlen";
+  check_view(fn, "q", q, 3, "[Tq, H, D]");
+  check_view(fn, "k", k, 3, "[Tk, Hkv, D]");
+  check_view(fn, "v", v, 3, "[Tk, Hkv, Dv]");
+  check_view(fn, "out", out, 3, "[Tq, H, Dv]");
+  check_view(fn, "cu_seqlens_q", cu_seqlens_q, 1, "[B + 1]");
+  check_view(fn, "cu_seqlens_k", cu_seqlens_k, 1, "[B + 1]");
+  if (opt.mask || opt.key_lengths) fail(fn, "opt.mask / opt.key_lengths: not accepted with packed sequences");
+  const std::int64_t n = cu_seqlens_q.dim(0);
+  if (n < 1 || cu_seqlens_k.dim(0) != n)
+    fail(fn, "cu_seqlens_q, cu_seqlens_k: need the same length B + 1 ≥ 1, got " + cu_seqlens_q.shape_str() + " and " +
+                 cu_seqlens_k.shape_str());
+  if (k.dim(0) != v.dim(0)) fail(fn, "k, v: token counts differ: " + str("k", k) + ", " + str("v", v));
+  auto read_offsets = [&](const char* name, const View& cu, std::int64_t total) {
+    if (cu.dtype != DType::i32 && cu.dtype != DType::i64)
+      fail(fn, std::string(name) + ": dtype must be i32 or i64, got " + dtype_name(cu.dtype));
+    std::vector<std::int64_t> o(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) o[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(cu.load(cu.offset(i)));
+    if (o.front() != 0 || o.back() != total)
+      fail(fn, std::string(name) + ": must start at 0 and end at the token count " + std::to_string(total) +
+                   ", got " + std::to_string(o.front()) + " … " + std::to_string(o.back()));
+    for (std::int64_t i = 1; i < n; ++i)
+      if (o[static_cast<std::size_t>(i)] < o[static_cast<std::size_t>(i - 1)])
+        fail(fn, std::string(name) + ": must be non-decreasing, but entry " + std::to_string(i) + " < entry " +
+                     std::to_string(i - 1));
+    return o;
+  };
+  const auto oq = read_offsets("cu_seqlens_q", cu_seqlens_q, q.dim(0));
+  const auto ok = read_offsets("cu_seqlens_k", cu_seqlens_k, k.dim(0));
+  if (lse) {
+    check_view(fn, "lse", *lse, 2, "[H, Tq]");
+    expect_shape(fn, "lse", *lse, {q.dim(1), q.dim(0)}, "[H, Tq]");
+  }
+  // Each sequence is an ordinary [1, H, S, D] call on a strided window of the packed tensors.
+  auto window = [](const View& t, std::int64_t t0, std::int64_t len) {
+    View w = t;
+    w.data = static_cast<char*>(t.data) + t0 * t.stride(0) * static_cast<std::int64_t>(dtype_size(t.dtype));
+    w.rank = 4;
+    w.shape = {1, t.dim(1), len, t.dim(2)};
+    w.strides = {0, t.stride(1), t.stride(0), t.stride(2)};
+    return w;
+  };
+  KernelInfo info;
+  for (std::int64_t b = 0; b + 1 < n; ++b) {
+    const auto q0 = oq[static_cast<std::size_t>(b)], lq = oq[static_cast<std::size_t>(b + 1)] - q0;
+    const auto k0 = ok[static_cast<std::size_t>(b)], lk = ok[static_cast<std::size_t>(b + 1)] - k0;
+    std::optional<View> lse_b;
+    if (lse) {
+      View l = *lse;
+      l.data = static_cast<char*>(lse->data) + q0 * lse->stride(1) * static_cast<std::int64_t>(dtype_size(lse->dtype));
+      l.rank = 3;
+      l.shape = {1, lse->dim(0), lq, 0};
+      l.strides = {0, lse->stride(0), lse->stride(1), 0};
+      lse_b = l;
+    }
+    if (lq == 0) continue;
+    AttnParams p = resolve(fn, window(q, q0, lq), window(k, k0, lk), window(v, k0, lk), window(out, q0, lq), opt);
+    attach_lse(fn, p, lse_b);
+    info = detail::run_forward(fn, p, opt.kernel);
+  }
+  return info;
+}
+
+}  // namespace qkv

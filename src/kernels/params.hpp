@@ -1,0 +1,62 @@
+// Internal: the validated parameters every attention kernel receives.
+//
+// The attention floor (src/attention/) checks the user's Views and options once and fills an
+// AttnParams; kernels below trust it (they assert, never throw). Views keep the caller's
+// strides: kernels read through them, so nothing is copied or made contiguous.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "qkv/attention.hpp"
+
+namespace qkv::kernels {
+
+// The causal / window / key-padding rule reduces, for every query row, to one contiguous
+// range of allowed keys [lo, hi). (A dense mask, if any, is applied on top of it.)
+struct KeyRange {
+  bool causal = false;
+  std::int64_t diag_offset = 0;  // diag(i) = i + diag_offset (0 top-left, Skv − Sq bottom-right)
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+
+  // Keys j with lo ≤ j < hi may be attended by query i when key_len keys are valid.
+  // Returns hi ≤ lo (an empty range) when none may.
+  void range(std::int64_t i, std::int64_t key_len, std::int64_t* lo, std::int64_t* hi) const {
+    const std::int64_t diag = i + diag_offset;
+    std::int64_t l = 0, h = key_len;
+    if (window_left >= 0) l = std::max(l, diag - window_left);
+    if (causal) h = std::min(h, diag + 1);
+    if (window_right >= 0) h = std::min(h, diag + window_right + 1);
+    *lo = l;
+    *hi = h;
+  }
+};
+
+struct AttnParams {
+  View q, k, v, out;              // [B,H,Sq,D] [B,Hkv,Skv,D] [B,Hkv,Skv,Dv] [B,H,Sq,Dv]
+  View lse;                       // f32|f64 [B,H,Sq]; data == nullptr when not requested
+  View pattern;                   // f32|f64 [B,H,Sq,Skv]; data == nullptr when not requested
+  View mask;                      // [B,H,Sq,Skv] with stride 0 on broadcast dims; data == nullptr if none
+  bool mask_is_bool = false;      // u8 mask (allow/deny) vs additive float mask
+  std::vector<std::int64_t> key_len;  // [B]: valid keys per batch (Skv when no key_lengths given)
+  std::int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0, Dv = 0;
+  double scale = 1.0;
+  KeyRange rule;
+  int threads = 1;
+
+  std::int64_t group() const { return H / Hkv; }  // query heads per kv head
+};
+
+struct AttnBwdParams {
+  AttnParams fwd;                 // q, k, v, out, lse (required), mask, rule, ...
+  View dout;                      // [B,H,Sq,Dv]
+  View dq, dk, dv;                // [B,H,Sq,D] [B,Hkv,Skv,D] [B,Hkv,Skv,Dv]
+};
+
+// The oracle: straightforward loops, f64 accumulation, any strides and dtypes.
+void attention_reference(const AttnParams& p);
+void attention_backward_reference(const AttnBwdParams& p);
+
+}  // namespace qkv::kernels

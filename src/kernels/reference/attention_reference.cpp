@@ -1,0 +1,139 @@
+// The reference attention: the oracle every fast kernel is tested against, and the fallback
+// for whatever the fast kernels do not take. Straight loops over (b, h, i, j), every product
+// and sum in f64, every tensor read through its strides. Clarity over speed.
+//
+//   q [B,H,Sq,D]  k [B,Hkv,Skv,D]  v [B,Hkv,Skv,Dv]  out [B,H,Sq,Dv]
+//   query head h reads kv head h / (H / Hkv)
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/parallel.hpp"
+#include "kernels/params.hpp"
+
+namespace qkv::kernels {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Scores of one query row against every key, masked entries set to −∞.
+//   s: [Skv] output
+void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t i, double* s) {
+  const std::int64_t hk = h / p.group();
+  std::int64_t lo, hi;
+  p.rule.range(i, p.key_len[static_cast<std::size_t>(b)], &lo, &hi);
+  for (std::int64_t j = 0; j < p.Skv; ++j) {
+    bool allowed = j >= lo && j < hi;
+    double extra = 0.0;
+    if (allowed && p.mask.data) {
+      const double m = p.mask.load(p.mask.offset(b, h, i, j));
+      if (p.mask_is_bool)
+        allowed = m != 0.0;
+      else
+        extra = m;
+    }
+    if (!allowed) {
+      s[j] = kNegInf;
+      continue;
+    }
+    double dot = 0.0;
+    for (std::int64_t d = 0; d < p.D; ++d)
+      dot += p.q.load(p.q.offset(b, h, i, d)) * p.k.load(p.k.offset(b, hk, j, d));
+    s[j] = dot * p.scale + extra;
+  }
+}
+
+// In place: scores → probabilities; returns the logsumexp (−∞ if every score is −∞).
+double softmax_inplace(double* s, std::int64_t n) {
+  double m = kNegInf;
+  for (std::int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+  if (m == kNegInf) {
+    for (std::int64_t j = 0; j < n; ++j) s[j] = 0.0;
+    return kNegInf;
+  }
+  double sum = 0.0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    s[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
+    sum += s[j];
+  }
+  for (std::int64_t j = 0; j < n; ++j) s[j] /= sum;
+  return m + std::log(sum);
+}
+
+}  // namespace
+
+void attention_reference(const AttnParams& p) {
+  // One task per (b, h): each writes disjoint rows of out / lse / pattern.
+  parallel_for(p.B * p.H, p.threads, [&](std::int64_t bh) {
+    const std::int64_t b = bh / p.H, h = bh % p.H, hk = h / p.group();
+    std::vector<double> s(static_cast<std::size_t>(p.Skv));
+    std::vector<double> acc(static_cast<std::size_t>(p.Dv));
+    for (std::int64_t i = 0; i < p.Sq; ++i) {
+      row_scores(p, b, h, i, s.data());
+      const double lse = softmax_inplace(s.data(), p.Skv);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (std::int64_t j = 0; j < p.Skv; ++j) {
+        if (s[static_cast<std::size_t>(j)] == 0.0) continue;
+        for (std::int64_t e = 0; e < p.Dv; ++e)
+          acc[static_cast<std::size_t>(e)] += s[static_cast<std::size_t>(j)] * p.v.load(p.v.offset(b, hk, j, e));
+      }
+      for (std::int64_t e = 0; e < p.Dv; ++e) p.out.store(p.out.offset(b, h, i, e), acc[static_cast<std::size_t>(e)]);
+      if (p.lse.data) p.lse.store(p.lse.offset(b, h, i), lse);
+      if (p.pattern.data)
+        for (std::int64_t j = 0; j < p.Skv; ++j)
+          p.pattern.store(p.pattern.offset(b, h, i, j), s[static_cast<std::size_t>(j)]);
+    }
+  });
+}
+
+// Backward, recomputing the probabilities in f64 (it does not trust the saved lse):
+//   dv_j  += Σ_i p_ij · dout_i
+//   dp_ij  = dout_i · v_j
+//   ds_ij  = p_ij · (dp_ij − Σ_j' p_ij' dp_ij')
+//   dq_i   = scale · Σ_j ds_ij · k_j
+//   dk_j  += scale · Σ_i ds_ij · q_i
+// dk, dv of a kv head collect the contributions of all query heads of its group, so one task
+// per (b, hk) owns them and the result does not depend on the thread count.
+void attention_backward_reference(const AttnBwdParams& bp) {
+  const AttnParams& p = bp.fwd;
+  parallel_for(p.B * p.Hkv, p.threads, [&](std::int64_t bhk) {
+    const std::int64_t b = bhk / p.Hkv, hk = bhk % p.Hkv;
+    const auto Skv = static_cast<std::size_t>(p.Skv);
+    std::vector<double> dk(Skv * static_cast<std::size_t>(p.D), 0.0);
+    std::vector<double> dv(Skv * static_cast<std::size_t>(p.Dv), 0.0);
+    std::vector<double> s(Skv), dp(Skv), dq(static_cast<std::size_t>(p.D));
+    for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        row_scores(p, b, h, i, s.data());
+        softmax_inplace(s.data(), p.Skv);
+        double dot_pdp = 0.0;
+        for (std::int64_t j = 0; j < p.Skv; ++j) {
+          double d = 0.0;
+          for (std::int64_t e = 0; e < p.Dv; ++e)
+            d += p.v.load(p.v.offset(b, hk, j, e)) * bp.dout.load(bp.dout.offset(b, h, i, e));
+          dp[static_cast<std::size_t>(j)] = d;
+          dot_pdp += s[static_cast<std::size_t>(j)] * d;
+        }
+        std::fill(dq.begin(), dq.end(), 0.0);
+        for (std::int64_t j = 0; j < p.Skv; ++j) {
+          const double pj = s[static_cast<std::size_t>(j)];
+          if (pj == 0.0) continue;
+          const double ds = pj * (dp[static_cast<std::size_t>(j)] - dot_pdp) * p.scale;
+          for (std::int64_t e = 0; e < p.Dv; ++e)
+            dv[static_cast<std::size_t>(j * p.Dv + e)] += pj * bp.dout.load(bp.dout.offset(b, h, i, e));
+          for (std::int64_t d = 0; d < p.D; ++d) {
+            dq[static_cast<std::size_t>(d)] += ds * p.k.load(p.k.offset(b, hk, j, d));
+            dk[static_cast<std::size_t>(j * p.D + d)] += ds * p.q.load(p.q.offset(b, h, i, d));
+          }
+        }
+        for (std::int64_t d = 0; d < p.D; ++d) bp.dq.store(bp.dq.offset(b, h, i, d), dq[static_cast<std::size_t>(d)]);
+      }
+    }
+    for (std::int64_t j = 0; j < p.Skv; ++j) {
+      for (std::int64_t d = 0; d < p.D; ++d) bp.dk.store(bp.dk.offset(b, hk, j, d), dk[static_cast<std::size_t>(j * p.D + d)]);
+      for (std::int64_t e = 0; e < p.Dv; ++e) bp.dv.store(bp.dv.offset(b, hk, j, e), dv[static_cast<std::size_t>(j * p.Dv + e)]);
+    }
+  });
+}
+
+}  // namespace qkv::kernels
