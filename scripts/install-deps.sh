@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything qkv needs to build, test and run on a fresh Debian 12 machine of this kind.
+# Idempotent: packages already present are skipped. Needs root (apt-get) and the package registries.
+set -euo pipefail
+
+apt_pkgs=(cmake ninja-build g++ clang libgtest-dev libgmock-dev libbenchmark-dev libomp-dev
+          libhwy-dev libdnnl-dev libcli11-dev nlohmann-json3-dev)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}"
+fi
+
+py_mods=(numpy:numpy torch:torch ml_dtypes:ml_dtypes nanobind:nanobind scikit_build_core:scikit-build-core
+         pytest:pytest safetensors:safetensors matplotlib:matplotlib)
+pip_missing=()
+for m in "${py_mods[@]}"; do
+  python3 -c "import ${m%%:*}" 2>/dev/null || pip_missing+=("${m##*:}")
+done
+if ((${#pip_missing[@]})); then
+  echo "install-deps: pip install ${pip_missing[*]}"
+  python3 -m pip install -q "${pip_missing[@]}"
+fi

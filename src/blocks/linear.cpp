@@ -1,0 +1,49 @@
+#include "blocks/linear.hpp"
+
+#include <cassert>
+
+#include <oneapi/dnnl/dnnl.h>
+
+namespace qkv::blocks {
+namespace {
+
+// oneDNN's sgemm is row-major: C[M,N] = alpha · op(A)[M,K] · op(B)[K,N] + beta · C.
+void sgemm(char ta, char tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
+           const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  [[maybe_unused]] const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  assert(st == dnnl_success);
+}
+
+}  // namespace
+
+void linear_forward(const float* x, const float* W, const float* b, float* y, std::int64_t N, std::int64_t in,
+                    std::int64_t out, float beta) {
+  if (b) {
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t o = 0; o < out; ++o) y[n * out + o] = beta * y[n * out + o] + b[o];
+    beta = 1.0f;
+  }
+  sgemm('N', 'T', N, out, in, x, in, W, in, beta, y, out);
+}
+
+void linear_backward(const float* x, const float* W, const float* dy, float* dx, float* dW, float* db,
+                     std::int64_t N, std::int64_t in, std::int64_t out, bool accumulate_dx) {
+  if (dx) sgemm('N', 'N', N, in, out, dy, out, W, in, accumulate_dx ? 1.0f : 0.0f, dx, in);
+  if (dW) sgemm('T', 'N', out, in, N, dy, out, x, in, 1.0f, dW, in);
+  if (db)
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t o = 0; o < out; ++o) db[o] += dy[n * out + o];
+}
+
+void linear_forward_reference(const float* x, const float* W, const float* b, float* y, std::int64_t N,
+                              std::int64_t in, std::int64_t out) {
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t o = 0; o < out; ++o) {
+      double s = b ? b[o] : 0.0;
+      for (std::int64_t i = 0; i < in; ++i) s += static_cast<double>(x[n * in + i]) * W[o * in + i];
+      y[n * out + o] = static_cast<float>(s);
+    }
+}
+
+}  // namespace qkv::blocks
