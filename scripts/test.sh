@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what is missing, builds with warnings as
+# errors (preset ci) and runs every test, then builds again under AddressSanitizer + UBSan (preset
+# asan) and runs every test there too. Later parts of the project append their suites below.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+
+# Two cores on the project's machines: never oversubscribe them.
+export QKV_NUM_THREADS="${QKV_NUM_THREADS:-2}"
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+
+echo "== build and test: preset ci (warnings are errors)"
+cmake --preset ci
+cmake --build --preset ci -j2
+ctest --preset ci -j2
+
+echo "== build and test: preset asan (AddressSanitizer + UndefinedBehaviorSanitizer)"
+cmake --preset asan
+cmake --build --preset asan -j2
+ctest --preset asan -j2

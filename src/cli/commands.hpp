@@ -1,0 +1,33 @@
+// The subcommands of the qkv tool. Adding one, `qkv NAME`:
+//   1. write src/cli/cmd_NAME.cpp defining `void qkv::cli::add_NAME(CLI::App& app)`, which creates the
+//      subcommand, its options, and a callback that does the work (throwing on any error);
+//   2. add one line `X(NAME)` to QKV_CLI_COMMANDS below.
+// src/cli/CMakeLists.txt picks up every cmd_*.cpp by itself.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#define QKV_CLI_COMMANDS(X) \
+  X(params)
+
+namespace qkv::cli {
+
+// A validator for integer options that must be ≥ lo, with a short message ("must be ≥ 1").
+inline CLI::Validator at_least(long long lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        long long v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not an integer";
+        if (v < lo) return "must be >= " + std::to_string(lo) + " (got " + text + ")";
+        return {};
+      },
+      "INT>=" + std::to_string(lo));
+}
+
+#define QKV_CLI_DECLARE(name) void add_##name(CLI::App& app);
+QKV_CLI_COMMANDS(QKV_CLI_DECLARE)
+#undef QKV_CLI_DECLARE
+
+}  // namespace qkv::cli

@@ -1,0 +1,55 @@
+// qkv — the command-line face of the library. It parses, calls a lower floor, and prints.
+// Every error ends the program with one line "qkv: error: …" on stderr: exit code 2 for a usage
+// error (unknown option, bad value), 1 for anything else.
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include "cli/commands.hpp"
+#include "qkv/attention.hpp"
+
+namespace {
+
+// Error texts may span lines (CLI11 lists choices that way); the contract is one line.
+std::string one_line(std::string s) {
+  for (char& ch : s)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"qkv: attention computed exactly and fast on the CPU; transformers run, trained and inspected"};
+  app.name("qkv");
+  app.require_subcommand(1);
+  app.fallthrough();
+  // Option callbacks run while parsing, before any subcommand's callback does its work.
+  app.add_option_function<int>(
+         "--threads", [](int n) { qkv::set_num_threads(n); },
+         "worker threads for the kernels (default: QKV_NUM_THREADS or all cores)")
+      ->check(qkv::cli::at_least(1));
+  app.set_version_flag("--version", "qkv 0.1.0");
+
+#define QKV_CLI_ADD(name) qkv::cli::add_##name(app);
+  QKV_CLI_COMMANDS(QKV_CLI_ADD)
+#undef QKV_CLI_ADD
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "qkv: error: " << one_line(e.what()) << " (run 'qkv --help')\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "qkv: error: " << one_line(e.what()) << "\n";
+    return 1;
+  }
+  return 0;
+}
