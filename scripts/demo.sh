@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job, from a fresh machine: installs what is missing, builds the qkv tool, and shows what
-# it does: the parameter count of GPT-3's attention (the figures of seed 004).
+# it does: the parameter count of GPT-3's attention (the figures of seed 004), then one attention
+# block (random weights, one token per word) on the seed sentence, its pattern printed as a grid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,3 +11,7 @@ cmake --build --preset default -j2 --target qkv_cli >/dev/null
 
 echo "== qkv params --preset gpt3"
 ./build/qkv params --preset gpt3
+
+echo
+echo "== qkv attend --text \"a fluffy blue creature roamed the verdant forest\""
+./build/qkv attend --text "a fluffy blue creature roamed the verdant forest"

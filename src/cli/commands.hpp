@@ -10,7 +10,8 @@
 #include <CLI/CLI.hpp>
 
 #define QKV_CLI_COMMANDS(X) \
-  X(params)
+  X(params)                 \
+  X(attend)
 
 namespace qkv::cli {
 
