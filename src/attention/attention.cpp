@@ -2,6 +2,7 @@
 // AttnParams, picks a kernel and runs it. This is the only place that throws; kernels assert.
 #include "qkv/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -41,6 +42,9 @@ void check_view(const char* fn, const char* name, const View& v, int rank, const
     if (v.dim(i) == 0) empty = true;
   }
   if (empty) return;
+  // With stride-0 (broadcast) dimensions the offsets stay small while the element count, which
+  // the kernels use as a loop bound (B·H·Sq…), may not fit in 63 bits.
+  checked_numel(fn, name, std::vector<std::int64_t>(v.shape.begin(), v.shape.begin() + rank), 16);
   for (int i = 0; i < rank; ++i) {
     const std::int64_t d = v.dim(i) - 1, s = v.stride(i);
     if (s != 0 && d > (std::numeric_limits<std::int64_t>::max() / 16 - max_off) / s)
@@ -56,6 +60,24 @@ void byte_range(const View& v, std::uintptr_t* lo, std::uintptr_t* hi) {
   for (int i = 0; i < v.rank; ++i) last += (v.dim(i) - 1) * v.stride(i);
   *lo = reinterpret_cast<std::uintptr_t>(v.data);
   *hi = *lo + static_cast<std::uintptr_t>(last + 1) * dtype_size(v.dtype);
+}
+
+// An output's elements must be distinct memory: otherwise two of them are written through one
+// address, and with threads the result depends on timing. Sufficient test: ordered by stride, each
+// dimension of size > 1 steps past the whole extent of the ones inside it.
+void check_writable(const char* fn, const char* name, const View& v) {
+  if (v.numel() <= 1) return;
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of dims with size > 1
+  for (int i = 0; i < v.rank; ++i)
+    if (v.dim(i) > 1) dims.emplace_back(v.stride(i), v.dim(i));
+  std::sort(dims.begin(), dims.end());
+  std::int64_t extent = 0;  // largest offset reached by the inner dimensions
+  for (auto [stride, size] : dims) {
+    if (stride <= extent)
+      fail(fn, std::string(name) + ": output elements overlap each other (shape " + v.shape_str() + ", a stride of " +
+                   std::to_string(stride) + " repeats memory)");
+    extent += (size - 1) * stride;
+  }
 }
 
 bool overlaps(const View& a, const View& b) {
@@ -108,11 +130,12 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
   if (k.dim(3) != p.D) fail(fn, "k: head dim D differs from q's: " + str("q", q) + ", " + str("k", k));
   if (v.dim(1) != p.Hkv || v.dim(2) != p.Skv)
     fail(fn, "v: [B, Hkv, Skv] must match k's: " + str("k", k) + ", " + str("v", v));
-  if (p.Hkv == 0 && p.H != 0) fail(fn, "k: Hkv is 0 but q has " + std::to_string(p.H) + " heads");
-  if (p.Hkv != 0 && p.H % p.Hkv != 0)
+  if (p.Hkv == 0) fail(fn, "k: Hkv must be ≥ 1, got " + str("k", k));
+  if (p.H % p.Hkv != 0)
     fail(fn, "k: query heads H = " + std::to_string(p.H) + " must be a multiple of key/value heads Hkv = " +
                  std::to_string(p.Hkv));
   expect_shape(fn, "out", out, {p.B, p.H, p.Sq, p.Dv}, "[B, H, Sq, Dv]");
+  check_writable(fn, "out", out);
   check_no_overlap(fn, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}});
   p.q = q, p.k = k, p.v = v, p.out = out;
 
@@ -172,6 +195,24 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
     }
     p.mask = m4;
     p.mask_is_bool = m.dtype == DType::u8;
+    if (!p.mask_is_bool) {
+      // An additive mask entry may be any finite number or −∞ (deny); NaN or +∞ would make the
+      // softmax NaN. One pass over the mask as given (not the broadcast shape).
+      const std::int64_t n0 = m.dim(0), n1 = m.rank > 1 ? m.dim(1) : 1, n2 = m.rank > 2 ? m.dim(2) : 1,
+                         n3 = m.rank > 3 ? m.dim(3) : 1;
+      for (std::int64_t a = 0; a < n0; ++a)
+        for (std::int64_t b = 0; b < n1; ++b)
+          for (std::int64_t c = 0; c < n2; ++c)
+            for (std::int64_t d = 0; d < n3; ++d) {
+              const double x = m.load(m.offset(a, b, c, d));
+              if (std::isnan(x) || x == std::numeric_limits<double>::infinity()) {
+                std::ostringstream msg;
+                msg << "opt.mask: additive mask entry [" << a << ", " << b << ", " << c << ", " << d
+                    << "] is " << x << "; entries must be finite or -inf";
+                fail(fn, msg.str());
+              }
+            }
+    }
   }
   return p;
 }
@@ -182,6 +223,7 @@ void attach_lse(const char* fn, AttnParams& p, const std::optional<View>& lse) {
   if (lse->dtype != DType::f32 && lse->dtype != DType::f64)
     fail(fn, "lse: dtype must be f32 or f64, got " + std::string(dtype_name(lse->dtype)));
   expect_shape(fn, "lse", *lse, {p.B, p.H, p.Sq}, "[B, H, Sq]");
+  check_writable(fn, "lse", *lse);
   check_no_overlap(fn, "lse", *lse, {{"q", &p.q}, {"k", &p.k}, {"v", &p.v}, {"out", &p.out}});
   p.lse = *lse;
 }
@@ -198,6 +240,7 @@ KernelInfo attention(const View& q, const View& k, const View& v, const View& ou
     if (pattern->dtype != DType::f32 && pattern->dtype != DType::f64)
       fail(fn, "pattern: dtype must be f32 or f64, got " + std::string(dtype_name(pattern->dtype)));
     expect_shape(fn, "pattern", *pattern, {p.B, p.H, p.Sq, p.Skv}, "[B, H, Sq, Skv]");
+    check_writable(fn, "pattern", *pattern);
     check_no_overlap(fn, "pattern", *pattern, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
     p.pattern = *pattern;
   }
@@ -223,6 +266,7 @@ KernelInfo attention_backward(const View& q, const View& k, const View& v, const
   expect_shape(fn, "dq", dq, {p.B, p.H, p.Sq, p.D}, "[B, H, Sq, D]");
   expect_shape(fn, "dk", dk, {p.B, p.Hkv, p.Skv, p.D}, "[B, Hkv, Skv, D]");
   expect_shape(fn, "dv", dv, {p.B, p.Hkv, p.Skv, p.Dv}, "[B, Hkv, Skv, Dv]");
+  for (auto [name, g] : {std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}}) check_writable(fn, name, *g);
   for (auto [name, g] : {std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}})
     check_no_overlap(fn, name, *g, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}});
   if (overlaps(dq, dk) || overlaps(dq, dv) || overlaps(dk, dv)) fail(fn, "dq, dk, dv: gradient outputs overlap each other");
@@ -245,6 +289,19 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
     fail(fn, "cu_seqlens_q, cu_seqlens_k: need the same length B + 1 ≥ 1, got " + cu_seqlens_q.shape_str() + " and " +
                  cu_seqlens_k.shape_str());
   if (k.dim(0) != v.dim(0)) fail(fn, "k, v: token counts differ: " + str("k", k) + ", " + str("v", v));
+  // The packed tensors as a whole, so that errors name their shapes (and hold when B = 0).
+  if (!is_float(q.dtype)) fail(fn, "q: dtype must be f32, bf16 or f64, got " + std::string(dtype_name(q.dtype)));
+  for (auto [name, t] : {std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"out", &out}})
+    if (t->dtype != q.dtype)
+      fail(fn, std::string(name) + ": dtype " + dtype_name(t->dtype) + " differs from q's " + dtype_name(q.dtype));
+  if (k.dim(2) != q.dim(2)) fail(fn, "k: head dim D differs from q's: " + str("q", q) + ", " + str("k", k));
+  if (v.dim(1) != k.dim(1)) fail(fn, "v: Hkv differs from k's: " + str("k", k) + ", " + str("v", v));
+  if (k.dim(1) == 0 || q.dim(1) % k.dim(1) != 0)
+    fail(fn, "k: query heads H = " + std::to_string(q.dim(1)) + " must be a multiple of key/value heads Hkv = " +
+                 std::to_string(k.dim(1)) + " ≥ 1");
+  expect_shape(fn, "out", out, {q.dim(0), q.dim(1), v.dim(2)}, "[Tq, H, Dv]");
+  check_writable(fn, "out", out);
+  check_no_overlap(fn, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}});
   auto read_offsets = [&](const char* name, const View& cu, std::int64_t total) {
     if (cu.dtype != DType::i32 && cu.dtype != DType::i64)
       fail(fn, std::string(name) + ": dtype must be i32 or i64, got " + dtype_name(cu.dtype));
@@ -263,7 +320,11 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
   const auto ok = read_offsets("cu_seqlens_k", cu_seqlens_k, k.dim(0));
   if (lse) {
     check_view(fn, "lse", *lse, 2, "[H, Tq]");
+    if (lse->dtype != DType::f32 && lse->dtype != DType::f64)
+      fail(fn, "lse: dtype must be f32 or f64, got " + std::string(dtype_name(lse->dtype)));
     expect_shape(fn, "lse", *lse, {q.dim(1), q.dim(0)}, "[H, Tq]");
+    check_writable(fn, "lse", *lse);
+    check_no_overlap(fn, "lse", *lse, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   }
   // Each sequence is an ordinary [1, H, S, D] call on a strided window of the packed tensors.
   auto window = [](const View& t, std::int64_t t0, std::int64_t len) {

@@ -12,6 +12,7 @@
 
 #include "qkv/mha.hpp"
 #include "support/core_testing.hpp"
+#include "support/expect_rejects.hpp"
 
 namespace {
 
@@ -21,6 +22,7 @@ using qkv::DType;
 using qkv::MhaConfig;
 using qkv::MultiHeadAttention;
 using qkv::View;
+using qkv::testing::expect_rejects;
 using qkv::testing::fill_normal;
 using qkv::testing::max_abs_diff;
 
@@ -251,18 +253,6 @@ TEST(Mha, ResidualAddsDelta) {
   for (std::int64_t i = 0; i < 24; ++i) EXPECT_EQ(out.ptr<float>()[i], e.ptr<float>()[i] + d.ptr<float>()[i]);
   qkv::add_residual(e.view(), d.view(), e.view());  // in place
   for (std::int64_t i = 0; i < 24; ++i) EXPECT_EQ(out.ptr<float>()[i], e.ptr<float>()[i]);
-}
-
-// Runs f and checks it throws std::invalid_argument whose message contains every piece.
-template <class F>
-void expect_rejects(F&& f, std::initializer_list<const char*> pieces) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning " << *pieces.begin();
-  } catch (const std::invalid_argument& e) {
-    const std::string msg = e.what();
-    for (const char* p : pieces) EXPECT_NE(msg.find(p), std::string::npos) << "message: " << msg << "\nmissing: " << p;
-  }
 }
 
 TEST(Mha, RejectsBadConfig) {
