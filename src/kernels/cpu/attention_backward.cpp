@@ -1,0 +1,249 @@
+// The fast attention backward: the portable driver. It converts what the per-ISA tile loops need
+// into f32 (prepass), runs one task per (b, hk, key chunk) on per-thread scratch, and sums the
+// per-chunk dQ partials in a fixed order (reduce). See attention_backward.hpp for the algorithm.
+#include "kernels/cpu/attention_backward.hpp"
+
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "core/parallel.hpp"
+
+namespace qkv::kernels {
+namespace bwd {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// An uninitialised, 64-byte aligned float array (the tasks overwrite what they use).
+struct Floats {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> p;
+  explicit Floats(std::int64_t n) {
+    const std::size_t bytes = (static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(float) + 63) / 64 * 64;
+    p.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (!p) throw std::bad_alloc();
+  }
+  float* get() const { return p.get(); }
+};
+
+// dst[e] = t[off + e·stride] for e < n, converted to f32.
+void load_row(const View& t, std::int64_t off, std::int64_t stride, std::int64_t n, float* dst) {
+  switch (t.dtype) {
+    case DType::f32: {
+      const float* s = t.ptr<float>() + off;
+      if (stride == 1)
+        std::memcpy(dst, s, static_cast<std::size_t>(n) * sizeof(float));
+      else
+        for (std::int64_t e = 0; e < n; ++e) dst[e] = s[e * stride];
+      return;
+    }
+    case DType::bf16: {
+      const std::uint16_t* s = t.ptr<std::uint16_t>() + off;
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = bf16_to_f32(s[e * stride]);
+      return;
+    }
+    default:
+      for (std::int64_t e = 0; e < n; ++e) dst[e] = static_cast<float>(t.load(off + e * stride));
+  }
+}
+
+// t[off + e·stride] = src[e] for e < n, rounded to t's dtype.
+void store_row(const View& t, std::int64_t off, std::int64_t stride, std::int64_t n, const float* src) {
+  switch (t.dtype) {
+    case DType::f32: {
+      float* d = t.ptr<float>() + off;
+      for (std::int64_t e = 0; e < n; ++e) d[e * stride] = src[e];
+      return;
+    }
+    case DType::bf16: {
+      std::uint16_t* d = t.ptr<std::uint16_t>() + off;
+      for (std::int64_t e = 0; e < n; ++e) d[e * stride] = f32_to_bf16(src[e]);
+      return;
+    }
+    default:
+      for (std::int64_t e = 0; e < n; ++e) t.store(off + e * stride, src[e]);
+  }
+}
+
+// A [B, H, Sq, n] tensor's rows usable in place: f32, unit inner stride, n a multiple of 16
+// (so the padded row is the row itself).
+bool usable_in_place(const View& t, std::int64_t n) {
+  return t.dtype == DType::f32 && (t.stride(3) == 1 || n == 1) && n % 16 == 0;
+}
+
+}  // namespace
+
+std::int64_t arena_size(std::int64_t D, std::int64_t Dv) {
+  const std::int64_t Dp = pad16(D), Dvp = pad16(Dv);
+  return D * kBk + kBk * Dp + Dv * kBk + kBk * Dp + kBk * Dvp + 2 * kBq * kBk + kBk;
+}
+
+void pack_kv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk, float* KT,
+                   float* Kr, float* VT) {
+  const View& k = cx.p->fwd.k;
+  const View& v = cx.p->fwd.v;
+  const std::int64_t D = cx.D, Dv = cx.Dv, Dp = cx.Dp;
+  std::memset(KT, 0, static_cast<std::size_t>(D * kBk) * sizeof(float));
+  std::memset(VT, 0, static_cast<std::size_t>(Dv * kBk) * sizeof(float));
+  std::memset(Kr, 0, static_cast<std::size_t>(kBk * Dp) * sizeof(float));
+  float vrow[256];
+  for (std::int64_t j = 0; j < nk; ++j) {
+    float* kr = Kr + j * Dp;
+    load_row(k, k.offset(b, hk, k0 + j, 0), k.stride(3), D, kr);
+    for (std::int64_t d = 0; d < D; ++d) KT[d * kBk + j] = kr[d];
+    load_row(v, v.offset(b, hk, k0 + j, 0), v.stride(3), Dv, vrow);
+    for (std::int64_t e = 0; e < Dv; ++e) VT[e * kBk + j] = vrow[e];
+  }
+}
+
+void load_mask_row(const Context& cx, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t k0,
+                   std::int64_t nk, float* row) {
+  const View& m = cx.p->fwd.mask;
+  const std::int64_t off = m.offset(b, h, i, k0), st = m.stride(3);
+  if (cx.p->fwd.mask_is_bool) {
+    const std::uint8_t* s = m.ptr<std::uint8_t>() + off;
+    for (std::int64_t j = 0; j < nk; ++j) row[j] = s[j * st] ? 0.0f : -kInf;
+  } else {
+    load_row(m, off, st, nk, row);
+    for (std::int64_t j = 0; j < nk; ++j) row[j] *= kLog2e;
+  }
+  for (std::int64_t j = nk; j < pad16(nk); ++j) row[j] = -kInf;
+}
+
+void store_dkdv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk,
+                      const float* dK, const float* dV) {
+  const View& dk = cx.p->dk;
+  const View& dv = cx.p->dv;
+  for (std::int64_t j = 0; j < nk; ++j) {
+    store_row(dk, dk.offset(b, hk, k0 + j, 0), dk.stride(3), cx.D, dK + j * cx.Dp);
+    store_row(dv, dv.offset(b, hk, k0 + j, 0), dv.stride(3), cx.Dv, dV + j * cx.Dvp);
+  }
+}
+
+}  // namespace bwd
+
+bool attention_backward_flash_supports(const AttnBwdParams& bp, const char** why) {
+  const AttnParams& p = bp.fwd;
+  if (p.q.dtype != DType::f32 && p.q.dtype != DType::bf16) {
+    *why = "dtype must be f32 or bf16";
+    return false;
+  }
+  if (p.D < 1 || p.D > 256 || p.Dv < 1 || p.Dv > 256) {
+    *why = "head dims D and Dv must be in 1..256";
+    return false;
+  }
+  return true;
+}
+
+KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
+  using namespace bwd;
+  const AttnParams& p = bp.fwd;
+  Context cx;
+  cx.p = &bp;
+  cx.B = p.B, cx.H = p.H, cx.Hkv = p.Hkv, cx.Sq = p.Sq, cx.Skv = p.Skv, cx.D = p.D, cx.Dv = p.Dv;
+  cx.G = p.Hkv > 0 ? p.group() : 1;
+  cx.Dp = pad16(p.D), cx.Dvp = pad16(p.Dv);
+  cx.scale = static_cast<float>(p.scale);
+  cx.scale_log2e = static_cast<float>(p.scale * 1.4426950408889634);
+  cx.rule = p.rule;
+  cx.key_len = p.key_len.data();
+  cx.has_mask = p.mask.data != nullptr;
+  const std::int64_t rows = p.B * p.H * p.Sq;
+
+  // Prepass: Q and dO rows as f32 (in place when possible), delta and L per query row.
+  const bool q_direct = usable_in_place(p.q, p.D), o_direct = usable_in_place(bp.dout, p.Dv);
+  Floats q_pack(q_direct ? 0 : rows * cx.Dp), o_pack(o_direct ? 0 : rows * cx.Dvp);
+  Floats L(rows), delta(rows);
+  if (q_direct) {
+    cx.q = p.q.ptr<float>(), cx.q_sb = p.q.stride(0), cx.q_sh = p.q.stride(1), cx.q_ld = p.q.stride(2);
+  } else {
+    cx.q = q_pack.get(), cx.q_sb = p.H * p.Sq * cx.Dp, cx.q_sh = p.Sq * cx.Dp, cx.q_ld = cx.Dp;
+  }
+  if (o_direct) {
+    cx.dout = bp.dout.ptr<float>(), cx.o_sb = bp.dout.stride(0), cx.o_sh = bp.dout.stride(1),
+    cx.o_ld = bp.dout.stride(2);
+  } else {
+    cx.dout = o_pack.get(), cx.o_sb = p.H * p.Sq * cx.Dvp, cx.o_sh = p.Sq * cx.Dvp, cx.o_ld = cx.Dvp;
+  }
+  cx.L = L.get();
+  cx.delta = delta.get();
+  parallel_for(p.B * p.H, p.threads, [&](std::int64_t bh) {
+    const std::int64_t b = bh / p.H, h = bh % p.H;
+    std::vector<float> orow(static_cast<std::size_t>(p.Dv)), dorow(static_cast<std::size_t>(cx.Dvp), 0.0f);
+    for (std::int64_t i = 0; i < p.Sq; ++i) {
+      const std::int64_t r = bh * p.Sq + i;
+      if (!q_direct) {
+        float* dst = q_pack.get() + r * cx.Dp;
+        load_row(p.q, p.q.offset(b, h, i, 0), p.q.stride(3), p.D, dst);
+        for (std::int64_t d = p.D; d < cx.Dp; ++d) dst[d] = 0.0f;
+      }
+      load_row(bp.dout, bp.dout.offset(b, h, i, 0), bp.dout.stride(3), p.Dv, dorow.data());
+      if (!o_direct) std::memcpy(o_pack.get() + r * cx.Dvp, dorow.data(), static_cast<std::size_t>(cx.Dvp) * sizeof(float));
+      load_row(p.out, p.out.offset(b, h, i, 0), p.out.stride(3), p.Dv, orow.data());
+      double dot = 0.0;
+      for (std::int64_t e = 0; e < p.Dv; ++e) dot += static_cast<double>(orow[static_cast<std::size_t>(e)]) * dorow[static_cast<std::size_t>(e)];
+      delta.get()[r] = static_cast<float>(dot);
+      // A row with no allowed key has lse = −∞ and P = 0: L = +∞ makes every 2^(s − L) zero.
+      const double lse = p.lse.load(p.lse.offset(b, h, i));
+      L.get()[r] = std::isfinite(lse) ? static_cast<float>(lse * 1.4426950408889634) : kInf;
+    }
+  });
+
+  // Key chunks: enough tasks to balance the threads even for small B·Hkv, but never more
+  // dQ partials than ~256 MiB. The choice depends on the shapes only (determinism).
+  cx.key_blocks = (p.Skv + kBk - 1) / kBk;
+  const std::int64_t bhk = p.B * p.Hkv;
+  std::int64_t C = bhk > 0 ? (16 + bhk - 1) / bhk : 1;
+  if (C > cx.key_blocks) C = cx.key_blocks;
+  const std::int64_t part_floats = rows * cx.Dp;
+  while (C > 1 && C * part_floats > (std::int64_t{64} << 20)) --C;
+  cx.chunks = C < 1 ? 1 : C;
+  Floats dq_part(cx.chunks * part_floats);
+  cx.dq_part = dq_part.get();
+
+  cx.arena_floats = arena_size(p.D, p.Dv);
+  Floats arenas(cx.arena_floats * p.threads);
+  void (*task_fn)(const Context&, float*, std::int64_t) = backward_task_scalar;
+  Isa ran = Isa::scalar;
+  if (isa >= Isa::avx512) {
+    task_fn = backward_task_avx512, ran = Isa::avx512;
+  } else if (isa == Isa::avx2) {
+    task_fn = backward_task_avx2, ran = Isa::avx2;
+  }
+  parallel_for(cx.tasks(), p.threads, [&](std::int64_t t) {
+    assert(thread_index() < p.threads);
+    task_fn(cx, arenas.get() + thread_index() * cx.arena_floats, t);
+  });
+
+  // Reduce: dq = Σ_c dQ_c in increasing c, rounded once to dq's dtype.
+  parallel_for(p.B * p.H, p.threads, [&](std::int64_t bh) {
+    const std::int64_t b = bh / p.H, h = bh % p.H;
+    std::vector<float> acc(static_cast<std::size_t>(cx.Dp));
+    for (std::int64_t i = 0; i < p.Sq; ++i) {
+      const float* first = cx.dq_rows(0, b, h) + i * cx.Dp;
+      std::memcpy(acc.data(), first, static_cast<std::size_t>(cx.Dp) * sizeof(float));
+      for (std::int64_t c = 1; c < cx.chunks; ++c) {
+        const float* part = cx.dq_rows(c, b, h) + i * cx.Dp;
+        for (std::int64_t d = 0; d < cx.Dp; ++d) acc[static_cast<std::size_t>(d)] += part[d];
+      }
+      store_row(bp.dq, bp.dq.offset(b, h, i, 0), bp.dq.stride(3), p.D, acc.data());
+    }
+  });
+
+  static constexpr const char* kNames[3][2] = {{"flash_backward_scalar_f32", "flash_backward_scalar_bf16"},
+                                                {"flash_backward_avx2_f32", "flash_backward_avx2_bf16"},
+                                                {"flash_backward_avx512_f32", "flash_backward_avx512_bf16"}};
+  const int isa_row = ran == Isa::avx512 ? 2 : ran == Isa::avx2 ? 1 : 0;
+  return {Kernel::flash, ran, kNames[isa_row][p.q.dtype == DType::bf16 ? 1 : 0]};
+}
+
+}  // namespace qkv::kernels

@@ -1,0 +1,96 @@
+// Internal: the fast CPU attention backward (FlashAttention-2 style), shared between its portable
+// driver (attention_backward.cpp) and the per-ISA tile loops (attention_backward_<isa>.cpp).
+//
+// Dimensions: B, H, Hkv, Sq, Skv, D, Dv as everywhere; G = H / Hkv query heads per kv head.
+// Dp, Dvp: D and Dv rounded up to 16 (one V16); padded columns of packed rows are zero.
+//
+// Algorithm (nothing of size Sq × Skv is ever stored):
+//   prepass, per (b, h, i):  delta_i = dout_i · out_i,   L_i = lse_i · log2(e)
+//   tasks, one per (b, hk, key chunk c), each owning dK, dV of its keys, per key block of Bk keys:
+//     for each query head h of the group, each query block of Bq rows that may see these keys:
+//       S  = Q·Kᵀ                       [Bq, Bk]
+//       P  = 2^(S·scale·log2e + mask − L)   (0 where masked)
+//       dP = dO·Vᵀ                       [Bq, Bk]
+//       dS = P ∘ (dP − delta) · scale
+//       dV += Pᵀ·dO,  dK += dSᵀ·Q,  dQ_c += dS·K
+//   reduce, per (b, h, i): dq_i = Σ_c dQ_c,i in increasing c.
+// The key chunks, blocks and every loop order depend only on the shapes, never on the thread
+// count, so the result is bit-identical for any number of threads.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/params.hpp"
+
+namespace qkv::kernels::bwd {
+
+inline constexpr std::int64_t kBq = 64;  // query rows per tile
+inline constexpr std::int64_t kBk = 64;  // keys per tile (a multiple of 16)
+
+inline constexpr std::int64_t pad16(std::int64_t n) { return (n + 15) / 16 * 16; }
+
+// Everything a task needs, resolved once by the driver. Pointers are f32 and contiguous unless
+// said otherwise; the caller's strided / bf16 tensors are reached through the functions below.
+struct Context {
+  const AttnBwdParams* p = nullptr;
+  std::int64_t B = 0, H = 0, Hkv = 0, G = 1, Sq = 0, Skv = 0, D = 0, Dv = 0, Dp = 0, Dvp = 0;
+  float scale = 1.0f;
+  float scale_log2e = 1.0f;  // scale · log2(e)
+  KeyRange rule;
+  const std::int64_t* key_len = nullptr;  // [B]
+  bool has_mask = false;
+
+  // Q and dO rows as f32: either the caller's own memory (f32, unit inner stride, D and Dv
+  // multiples of 16) or packed copies [B, H, Sq, Dp] / [B, H, Sq, Dvp].
+  const float* q = nullptr;
+  const float* dout = nullptr;
+  std::int64_t q_sb = 0, q_sh = 0, q_ld = 0;  // element strides of batch, head, row
+  std::int64_t o_sb = 0, o_sh = 0, o_ld = 0;
+  const float* L = nullptr;      // [B, H, Sq] lse · log2(e); +∞ for rows without allowed keys
+  const float* delta = nullptr;  // [B, H, Sq]
+
+  // dQ partial sums [C, B, H, Sq, Dp], one slice per key chunk.
+  float* dq_part = nullptr;
+  std::int64_t chunks = 1;       // C
+  std::int64_t key_blocks = 0;   // ceil(Skv / kBk)
+
+  std::int64_t arena_floats = 0;  // per-thread scratch size, see arena layout in the ISA files
+
+  const float* q_rows(std::int64_t b, std::int64_t h) const { return q + b * q_sb + h * q_sh; }
+  const float* dout_rows(std::int64_t b, std::int64_t h) const { return dout + b * o_sb + h * o_sh; }
+  float* dq_rows(std::int64_t c, std::int64_t b, std::int64_t h) const {
+    return dq_part + ((c * B + b) * H + h) * Sq * Dp;
+  }
+  std::int64_t tasks() const { return B * Hkv * chunks; }
+};
+
+// Portable helpers the ISA files call (defined in attention_backward.cpp).
+//   KT [D, kBk] and VT [Dv, kBk]: keys / values of block [k0, k0 + nk) transposed, columns ≥ nk zero;
+//   Kr [kBk, Dp]: the same keys row-major, padding zero.
+void pack_kv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk, float* KT,
+                   float* Kr, float* VT);
+// row[j] for j < nk: the dense mask at (b, h, i, k0 + j) in log2 units — 0 / −∞ for a boolean
+// mask, mask · log2(e) for an additive one.
+void load_mask_row(const Context& cx, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t k0,
+                   std::int64_t nk, float* row);
+// Writes dK [nk, Dp] and dV [nk, Dvp] accumulators to the caller's dk, dv rows [k0, k0 + nk).
+void store_dkdv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk,
+                      const float* dK, const float* dV);
+
+// One task (b, hk, chunk) on `arena` (Context::arena_floats floats), per instruction set.
+void backward_task_avx512(const Context& cx, float* arena, std::int64_t task);
+void backward_task_avx2(const Context& cx, float* arena, std::int64_t task);
+void backward_task_scalar(const Context& cx, float* arena, std::int64_t task);
+// Per-thread scratch floats the task functions need (the same for every ISA).
+std::int64_t arena_size(std::int64_t D, std::int64_t Dv);
+
+}  // namespace qkv::kernels::bwd
+
+namespace qkv::kernels {
+
+// Whether the fast backward takes p (f32 or bf16, 1 ≤ D, Dv ≤ 256); `why` gets the reason if not.
+bool attention_backward_flash_supports(const AttnBwdParams& p, const char** why);
+// Runs it with instruction set `isa` (≤ cpu_isa()); returns what ran.
+KernelInfo attention_backward_flash(const AttnBwdParams& p, Isa isa);
+
+}  // namespace qkv::kernels
