@@ -1,0 +1,56 @@
+// Internal: the fast CPU attention forward kernels (flash and flash-decode), one set per ISA.
+//
+// The portable side (flash.cpp) turns a validated AttnParams into a FlashArgs of plain
+// pointers, sizes and strides and calls the entry point of the ISA the dispatcher chose. The
+// ISA translation units (flash_avx512.cpp, flash_avx2.cpp, flash_scalar.cpp) are compiled
+// with their own -m flags and share one template body, flash_impl.hpp.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::kernels {
+struct AttnParams;
+}
+
+namespace qkv::kernels::cpu {
+
+enum class MaskKind : std::uint8_t { none, u8, f32, bf16, f64 };
+
+// Everything a forward kernel reads. Strides are in elements of the tensor's own dtype.
+struct FlashArgs {
+  const void* q;  // [B, H, Sq, D]     f32 or bf16 (all four tensors share the dtype)
+  const void* k;  // [B, Hkv, Skv, D]
+  const void* v;  // [B, Hkv, Skv, Dv]
+  void* out;      // [B, H, Sq, Dv]
+  bool bf16;
+  std::int64_t B, H, Hkv, Sq, Skv, D, Dv;
+  std::int64_t sq[4], sk[4], sv[4], so[4];
+  float* lse_f32;     // [B, H, Sq] or null
+  double* lse_f64;    // [B, H, Sq] or null (at most one of the two is set)
+  std::int64_t slse[3];
+  const void* mask;   // [B, H, Sq, Skv] with stride 0 on broadcast dims, or null
+  MaskKind mask_kind;
+  std::int64_t smask[4];
+  const std::int64_t* key_len;  // [B] valid keys per batch
+  bool causal;
+  std::int64_t diag_offset, window_left, window_right;  // as KeyRange
+  float scale_log2;   // scale · log2(e): scores are kept in log2 units
+  int threads;
+};
+
+FlashArgs make_flash_args(const AttnParams& p);
+
+// Whether the fast kernels take p at all (dtype f32/bf16, no pattern output, 1 ≤ D, Dv ≤ 512).
+bool flash_supports(const AttnParams& p);
+
+// Entry points, one per ISA. flash_forward: parallel over (b, h, query block of 192 rows).
+// flash_decode: keys split into fixed chunks, parallel over (b, kv head, row group, chunk),
+// partial results merged by logsumexp. Both give the same bits for every thread count.
+void flash_forward_avx512(const FlashArgs& a);
+void flash_forward_avx2(const FlashArgs& a);
+void flash_forward_scalar(const FlashArgs& a);
+void flash_decode_avx512(const FlashArgs& a);
+void flash_decode_avx2(const FlashArgs& a);
+void flash_decode_scalar(const FlashArgs& a);
+
+}  // namespace qkv::kernels::cpu

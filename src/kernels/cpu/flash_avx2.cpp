@@ -1,0 +1,10 @@
+// The flash forward and decode kernels compiled for avx2 (flags in CMakeLists.txt).
+#include "kernels/cpu/simd_avx2.hpp"  // first: see simd_avx512.hpp on GCC 12
+#include "kernels/cpu/flash_impl.hpp"
+
+namespace qkv::kernels::cpu {
+
+void flash_forward_avx2(const FlashArgs& a) { forward<SimdAvx2>(a); }
+void flash_decode_avx2(const FlashArgs& a) { decode<SimdAvx2>(a); }
+
+}  // namespace qkv::kernels::cpu

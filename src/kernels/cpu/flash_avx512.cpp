@@ -1,0 +1,10 @@
+// The flash forward and decode kernels compiled for avx512 (flags in CMakeLists.txt).
+#include "kernels/cpu/simd_avx512.hpp"  // first: see simd_avx512.hpp on GCC 12
+#include "kernels/cpu/flash_impl.hpp"
+
+namespace qkv::kernels::cpu {
+
+void flash_forward_avx512(const FlashArgs& a) { forward<SimdAvx512>(a); }
+void flash_decode_avx512(const FlashArgs& a) { decode<SimdAvx512>(a); }
+
+}  // namespace qkv::kernels::cpu

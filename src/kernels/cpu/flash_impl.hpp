@@ -1,0 +1,505 @@
+// The body of the fast forward kernels, written once over a SIMD interface S (simd_*.hpp) and
+// compiled by each ISA translation unit with its own flags. Everything here has internal
+// linkage (anonymous namespace, no std:: templates): see simd_common.hpp for why.
+//
+// Dimension legend: B batch, H query heads, Hkv kv heads, G = H / Hkv, Sq / Skv positions,
+// D query/key head dim, Dv value head dim. Scores live in log2 units: s = q·k · scale · log2(e),
+// so softmax uses exp2 and lse = ln 2 · (m + log2 l).
+//
+// flash_forward — one work item per (b, h, query block of kMb rows), handed out dynamically:
+//   load the block's queries (scaled) into Qs; for every K/V tile of kNt keys the block may
+//   attend: transpose K into Kt, then for every 6-row strip that may attend the tile:
+//     Q·Kᵀ micro-kernel (6 × NQ·L register block) → scores Ps
+//     mask (only on tiles the causal/window/padding rule cuts, or with a dense mask)
+//     online softmax: running max m (raised lazily), running sum l, accumulators rescaled
+//     P·V micro-kernel (6 × 2L register block) into the accumulators Os
+//   then out = Os / l, lse = ln 2 · (m + log2 l). Tiles and strips the rule removes entirely
+//   are never computed, so causal costs about half.
+// flash_decode — keys cut into fixed chunks of kSplit; one work item per (b, kv head, group of
+//   ≤ kDecRows query rows of that kv head, chunk), computing partial (O, m, l); a second pass
+//   merges the chunks of each row by logsumexp. For few queries this keeps every core busy and
+//   reads each key once for all the query heads that share it (GQA).
+// Both are deterministic: a row's result depends only on the shape, never on the thread count.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/flash.hpp"
+#include "kernels/cpu/simd_common.hpp"
+
+namespace qkv::kernels::cpu {
+namespace {
+
+using i64 = std::int64_t;
+
+constexpr int kRows = 6;      // rows of a strip: 6 × 4 accumulators + 4 K vectors fill 30 of 32 zmm
+constexpr int kNt = 64;       // keys per tile: Kt [D ≤ 128][64] f32 = 32 KiB stays in L1
+constexpr int kMb = 192;      // query rows per block (32 strips): K/V tiles are reused 192 times
+constexpr int kDecRows = 8;   // query rows per decode item (heads of one GQA group × Sq)
+constexpr i64 kSplit = 512;   // keys per decode chunk (before the partial-memory cap below)
+constexpr float kNegInf = -__builtin_inff();
+
+inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
+inline i64 imax(i64 a, i64 b) { return a > b ? a : b; }
+inline i64 round_up(i64 x, i64 m) { return (x + m - 1) / m * m; }
+
+// Aligned scratch, freed on scope exit (no std::vector: see the note at the top).
+struct Scratch {
+  void* p = nullptr;
+  explicit Scratch(i64 bytes) : p(std::aligned_alloc(64, static_cast<std::size_t>(round_up(imax(bytes, 64), 64)))) {}
+  ~Scratch() { std::free(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* f() const { return static_cast<float*>(p); }
+};
+
+// Allowed keys [lo, hi) of query row i (see KeyRange in params.hpp); empty → lo = hi = 0.
+inline void key_range(const FlashArgs& a, i64 i, i64 key_len, i64* lo, i64* hi) {
+  const i64 diag = i + a.diag_offset;
+  i64 l = 0, h = key_len;
+  if (a.window_left >= 0) l = imax(l, diag - a.window_left);
+  if (a.causal) h = imin(h, diag + 1);
+  if (a.window_right >= 0) h = imin(h, diag + a.window_right + 1);
+  if (h <= l) l = h = 0;
+  *lo = l;
+  *hi = h;
+}
+
+// n elements of row `src` (element stride `stride`, f32 or bf16) → dst as f32 · mul.
+inline void load_row(const FlashArgs& a, const void* base, i64 off, i64 stride, i64 n, float mul, float* dst) {
+  if (a.bf16) {
+    const auto* s = static_cast<const std::uint16_t*>(base) + off;
+    for (i64 x = 0; x < n; ++x) dst[x] = bf16_bits_to_f32(s[x * stride]) * mul;
+  } else {
+    const auto* s = static_cast<const float*>(base) + off;
+    for (i64 x = 0; x < n; ++x) dst[x] = s[x * stride] * mul;
+  }
+}
+
+// out row i of head h ← acc / l (0 when l = 0: the row saw no key); lse ← ln 2 (m + log2 l).
+template <class S>
+void store_row(const FlashArgs& a, i64 b, i64 h, i64 i, const float* acc, float m, float l) {
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const i64 off = b * a.so[0] + h * a.so[1] + i * a.so[2];
+  const i64 st = a.so[3];
+  const int L = S::L;
+  if (st == 1) {
+    const auto vinv = S::set1(inv);
+    i64 e = 0;
+    if (a.bf16) {
+      auto* o = static_cast<std::uint16_t*>(a.out) + off;
+      for (; e + L <= a.Dv; e += L) S::store_bf16(o + e, S::mul(S::loadu(acc + e), vinv));
+      if (e < a.Dv) S::store_bf16_n(o + e, S::mul(S::loadu(acc + e), vinv), static_cast<int>(a.Dv - e));
+    } else {
+      float* o = static_cast<float*>(a.out) + off;
+      for (; e + L <= a.Dv; e += L) S::storeu(o + e, S::mul(S::loadu(acc + e), vinv));
+      if (e < a.Dv) S::store_n(o + e, S::mul(S::loadu(acc + e), vinv), static_cast<int>(a.Dv - e));
+    }
+  } else if (a.bf16) {
+    auto* o = static_cast<std::uint16_t*>(a.out) + off;
+    for (i64 e = 0; e < a.Dv; ++e) o[e * st] = f32_to_bf16_bits(acc[e] * inv);
+  } else {
+    float* o = static_cast<float*>(a.out) + off;
+    for (i64 e = 0; e < a.Dv; ++e) o[e * st] = acc[e] * inv;
+  }
+  const float lse = l > 0.0f ? (m + __builtin_log2f(l)) * kLn2 : kNegInf;
+  const i64 lo = b * a.slse[0] + h * a.slse[1] + i * a.slse[2];
+  if (a.lse_f32) a.lse_f32[lo] = lse;
+  if (a.lse_f64) a.lse_f64[lo] = static_cast<double>(lse);
+}
+
+// Masks one row of tile scores s[0, kNt) for keys t0 + c: −∞ outside [lo, hi), and the dense
+// mask applied inside (bool: deny → −∞; additive: + mask · log2 e). moff: offset of the mask
+// element (b, h, i, 0).
+inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 moff) {
+  const i64 c_lo = imin(imax(lo - t0, 0), kNt), c_hi = imax(imin(hi - t0, kNt), c_lo);
+  for (i64 c = 0; c < c_lo; ++c) s[c] = kNegInf;
+  for (i64 c = c_hi; c < kNt; ++c) s[c] = kNegInf;
+  if (a.mask_kind == MaskKind::none) return;
+  const i64 sj = a.smask[3];
+  const i64 base = moff + t0 * sj;
+  switch (a.mask_kind) {
+    case MaskKind::u8: {
+      const auto* m = static_cast<const std::uint8_t*>(a.mask) + base;
+      for (i64 c = c_lo; c < c_hi; ++c)
+        if (m[c * sj] == 0) s[c] = kNegInf;
+      break;
+    }
+    case MaskKind::f32: {
+      const auto* m = static_cast<const float*>(a.mask) + base;
+      for (i64 c = c_lo; c < c_hi; ++c) s[c] += m[c * sj] * kLog2e;
+      break;
+    }
+    case MaskKind::bf16: {
+      const auto* m = static_cast<const std::uint16_t*>(a.mask) + base;
+      for (i64 c = c_lo; c < c_hi; ++c) s[c] += bf16_bits_to_f32(m[c * sj]) * kLog2e;
+      break;
+    }
+    case MaskKind::f64: {
+      const auto* m = static_cast<const double*>(a.mask) + base;
+      for (i64 c = c_lo; c < c_hi; ++c) s[c] += static_cast<float>(m[c * sj]) * kLog2e;
+      break;
+    }
+    case MaskKind::none: break;
+  }
+}
+
+// Online softmax of one row's tile scores s[0, kNt) (−∞ where masked): raises the running max m
+// when a score exceeds it by more than kLazyRescale (rescaling the sum l and the accumulators
+// o[0, Dvp)), then overwrites s with p = 2^(s − m) and adds them to l.
+template <class S>
+inline void softmax_row(float* s, float* m, float* l, float* o, i64 Dvp) {
+  constexpr int L = S::L;
+  auto mx = S::loadu(s);
+  for (int c = L; c < kNt; c += L) mx = S::max(mx, S::loadu(s + c));
+  const float mt = S::hmax(mx);
+  if (mt == kNegInf) {  // nothing allowed in this tile for this row
+    std::memset(s, 0, sizeof(float) * kNt);
+    return;
+  }
+  if (mt > *m + kLazyRescale) {
+    if (*m != kNegInf) {
+      const float alpha = __builtin_exp2f(*m - mt);
+      *l *= alpha;
+      const auto va = S::set1(alpha);
+      for (i64 e = 0; e < Dvp; e += L) S::storeu(o + e, S::mul(S::loadu(o + e), va));
+    }
+    *m = mt;
+  }
+  const auto vm = S::set1(*m);
+  auto sum = S::zero();
+  for (int c = 0; c < kNt; c += L) {
+    const auto p = S::exp2(S::sub(S::loadu(s + c), vm));
+    S::storeu(s + c, p);
+    sum = S::add(sum, p);
+  }
+  *l += S::hsum(sum);
+}
+
+// Q·Kᵀ micro-kernel: scores of kRows queries against NQ·L keys starting at column c0.
+//   q  [kRows][ldq]  (scaled queries)      kt [D][kNt] (transposed K tile)
+//   s  [kRows][kNt]  written at columns [c0, c0 + NQ·L)
+// The kRows × NQ accumulators stay in registers for the whole D loop.
+template <class S, int NQ>
+inline void qk_block(const float* q, i64 ldq, const float* kt, i64 D, float* s, int c0) {
+  constexpr int L = S::L;
+  typename S::V acc[kRows][NQ];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < NQ; ++c) acc[r][c] = S::zero();
+  for (i64 d = 0; d < D; ++d) {
+    typename S::V kv[NQ];
+#pragma GCC unroll 8
+    for (int c = 0; c < NQ; ++c) kv[c] = S::loadu(kt + d * kNt + c0 + c * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const auto qb = S::set1(q[r * ldq + d]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NQ; ++c) acc[r][c] = S::fmadd(qb, kv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < NQ; ++c) S::storeu(s + r * kNt + c0 + c * L, acc[r][c]);
+}
+
+// P·V micro-kernel: o[r][e0, e0 + NV·L) += Σ_{j ∈ [j0, j1)} p[r][j] · v[j][e0, e0 + NV·L).
+//   p [kRows][kNt]    v rows j at v + j·ldv    o [kRows][ldo]
+template <class S, int NV>
+inline void pv_block(const float* p, const float* v, i64 ldv, i64 j0, i64 j1, float* o, i64 ldo, i64 e0) {
+  constexpr int L = S::L;
+  typename S::V acc[kRows][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) acc[r][c] = S::loadu(o + r * ldo + e0 + c * L);
+  for (i64 j = j0; j < j1; ++j) {
+    typename S::V vv[NV];
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) vv[c] = S::loadu(v + j * ldv + e0 + c * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const auto pb = S::set1(p[r * kNt + j]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NV; ++c) acc[r][c] = S::fmadd(pb, vv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) S::storeu(o + r * ldo + e0 + c * L, acc[r][c]);
+}
+
+// Register blocking per ISA: NQ vectors of keys in Q·Kᵀ (NQ·L divides kNt), NV vectors of
+// value columns in P·V. AVX-512: 6×4 + 4 = 28 zmm and 6×2 + 2 = 14 zmm; AVX2 (16 ymm): 6×2 + 2.
+template <class S>
+struct Blocking {
+  static constexpr int NQ = S::L >= 16 ? 4 : 2;
+  static constexpr int NV = 2;
+};
+
+template <class S>
+void forward(const FlashArgs& a) {
+  using Blk = Blocking<S>;
+  constexpr int L = S::L;
+  constexpr int kQc = Blk::NQ * L;  // key columns per Q·Kᵀ call
+  constexpr int kVc = Blk::NV * L;  // value columns per P·V call
+  const i64 G = a.H / a.Hkv;
+  const i64 D = a.D, Dv = a.Dv;
+  const i64 Dvp = round_up(Dv, kVc);
+  const i64 nqb = (a.Sq + kMb - 1) / kMb;
+  const i64 items = a.B * a.H * nqb;
+  // V is read in place when it is f32, unit-stride along Dv and whole micro-kernel columns.
+  const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % kVc == 0;
+
+  // Per-thread scratch (floats), laid out once per call:
+  //   Qs [kMb][D]    queries of the block, × scale · log2 e
+  //   Os [kMb][Dvp]  unnormalised output accumulators (Dvp = Dv rounded up to kVc)
+  //   Ms [kMb], Ls [kMb]  running max (log2 units) and running sum
+  //   Kt [D][kNt]    the K tile, transposed (keys contiguous)
+  //   Vs [kNt][Dvp]  the V tile as f32 when it cannot be read in place
+  //   Ps [kRows][kNt] one strip's scores, then probabilities
+  const i64 n_qs = kMb * D, n_os = kMb * Dvp, n_kt = D * kNt, n_vs = v_in_place ? 0 : kNt * Dvp;
+  const i64 arena = round_up(n_qs, 16) + round_up(n_os, 16) + 2 * kMb + round_up(n_kt, 16) + round_up(n_vs, 16) +
+                    kRows * kNt;
+
+#pragma omp parallel num_threads(a.threads)
+  {
+    Scratch mem(arena * static_cast<i64>(sizeof(float)));
+    float* Qs = mem.f();
+    float* Os = Qs + round_up(n_qs, 16);
+    float* Ms = Os + round_up(n_os, 16);
+    float* Ls = Ms + kMb;
+    float* Kt = Ls + kMb;
+    float* Vs = Kt + round_up(n_kt, 16);
+    float* Ps = Vs + round_up(n_vs, 16);
+    i64 lo[kMb], hi[kMb];             // allowed keys of each row ([0, 0) for rows past Sq)
+    i64 slo[kMb / kRows], shi[kMb / kRows];  // union of the ranges of each strip
+
+#pragma omp for schedule(dynamic, 1)
+    for (i64 item = 0; item < items; ++item) {
+      const i64 qb = item % nqb, h = (item / nqb) % a.H, b = item / (nqb * a.H);
+      const i64 hk = h / G;
+      const i64 i0 = qb * kMb;
+      const int nrows = static_cast<int>(imin(kMb, a.Sq - i0));
+      const int nstrips = (nrows + kRows - 1) / kRows;
+      const i64 klen = a.key_len[b];
+
+      i64 blo = a.Skv, bhi = 0;  // union over the block
+      for (int s = 0; s < nstrips; ++s) {
+        slo[s] = a.Skv, shi[s] = 0;
+        for (int r = s * kRows; r < (s + 1) * kRows; ++r) {
+          if (r < nrows) key_range(a, i0 + r, klen, &lo[r], &hi[r]);
+          else lo[r] = hi[r] = 0;
+          if (hi[r] > lo[r]) slo[s] = imin(slo[s], lo[r]), shi[s] = imax(shi[s], hi[r]);
+        }
+        blo = imin(blo, slo[s]), bhi = imax(bhi, shi[s]);
+      }
+      for (int r = 0; r < nstrips * kRows; ++r) {
+        if (r < nrows)
+          load_row(a, a.q, b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2], a.sq[3], D, a.scale_log2, Qs + r * D);
+        else
+          std::memset(Qs + r * D, 0, sizeof(float) * static_cast<std::size_t>(D));
+        std::memset(Os + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
+        Ms[r] = kNegInf, Ls[r] = 0.0f;
+      }
+
+      const i64 kbase = b * a.sk[0] + hk * a.sk[1];
+      const i64 vbase = b * a.sv[0] + hk * a.sv[1];
+      for (i64 t0 = blo / kNt * kNt; t0 < bhi; t0 += kNt) {
+        // Keys of this tile that some row of the block may attend: only those are read.
+        const i64 j_lo = imax(t0, blo), j_hi = imin(t0 + kNt, bhi);
+        for (i64 j = j_lo; j < j_hi; ++j) {
+          const i64 off = kbase + j * a.sk[2];
+          const i64 c = j - t0;
+          if (a.bf16) {
+            const auto* kp = static_cast<const std::uint16_t*>(a.k) + off;
+            for (i64 d = 0; d < D; ++d) Kt[d * kNt + c] = bf16_bits_to_f32(kp[d * a.sk[3]]);
+          } else {
+            const auto* kp = static_cast<const float*>(a.k) + off;
+            for (i64 d = 0; d < D; ++d) Kt[d * kNt + c] = kp[d * a.sk[3]];
+          }
+        }
+        const float* vt;
+        i64 ldv;
+        if (v_in_place) {
+          vt = static_cast<const float*>(a.v) + vbase + t0 * a.sv[2];
+          ldv = a.sv[2];
+        } else {
+          for (i64 j = j_lo; j < j_hi; ++j) {
+            float* row = Vs + (j - t0) * Dvp;
+            load_row(a, a.v, vbase + j * a.sv[2], a.sv[3], Dv, 1.0f, row);
+            for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
+          }
+          vt = Vs;
+          ldv = Dvp;
+        }
+
+        for (int s = 0; s < nstrips; ++s) {
+          if (slo[s] >= t0 + kNt || shi[s] <= t0) continue;  // the rule removes the whole strip
+          const int r0 = s * kRows;
+          const i64 c_lo = imax(slo[s], t0) - t0, c_hi = imin(shi[s], t0 + kNt) - t0;
+          for (int c0 = 0; c0 < kNt; c0 += kQc)
+            if (c0 < c_hi && c0 + kQc > c_lo) qk_block<S, Blk::NQ>(Qs + r0 * D, D, Kt, D, Ps, c0);
+          bool cut = a.mask_kind != MaskKind::none;
+          for (int r = r0; r < r0 + kRows; ++r) cut = cut || lo[r] > t0 || hi[r] < t0 + kNt;
+          for (int r = 0; r < kRows; ++r) {
+            const i64 row = r0 + r;
+            if (cut)
+              mask_row(a, Ps + r * kNt, t0, lo[row], hi[row],
+                       b * a.smask[0] + h * a.smask[1] + (i0 + row) * a.smask[2]);
+            softmax_row<S>(Ps + r * kNt, &Ms[row], &Ls[row], Os + row * Dvp, Dvp);
+          }
+          for (i64 e0 = 0; e0 < Dvp; e0 += kVc)
+            pv_block<S, Blk::NV>(Ps, vt, ldv, c_lo, c_hi, Os + r0 * Dvp, Dvp, e0);
+        }
+      }
+      for (int r = 0; r < nrows; ++r) store_row<S>(a, b, h, i0 + r, Os + r * Dvp, Ms[r], Ls[r]);
+    }
+  }
+}
+
+// Scores of query rows q[r] (padded to Dp, zeros beyond D) against one key row k[0, Dp).
+template <class S>
+inline float dot(const float* q, const float* k, i64 Dp) {
+  constexpr int L = S::L;
+  auto acc = S::zero();
+  for (i64 d = 0; d < Dp; d += L) acc = S::fmadd(S::loadu(q + d), S::loadu(k + d), acc);
+  return S::hsum(acc);
+}
+
+template <class S>
+void decode(const FlashArgs& a) {
+  constexpr int L = S::L;
+  const i64 G = a.H / a.Hkv;
+  const i64 D = a.D, Dv = a.Dv;
+  const i64 Dp = round_up(D, L), Dvp = round_up(Dv, L);
+  const i64 GS = G * a.Sq;                            // query rows per (b, kv head): (h in group, i)
+  const i64 ngroups = (GS + kDecRows - 1) / kDecRows;
+  // Chunk length: kSplit keys, lengthened if the partial results would pass 256 MiB.
+  const i64 rows_total = a.B * a.Hkv * GS;
+  i64 split = kSplit;
+  while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
+  const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
+  const i64 items = a.B * a.Hkv * ngroups * nsplit;
+  const bool k_in_place = !a.bf16 && a.sk[3] == 1 && D % L == 0;
+  const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % L == 0;
+
+  // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
+  //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
+  Scratch part_o(rows_total * nsplit * Dvp * 4), part_m(rows_total * nsplit * 4), part_l(rows_total * nsplit * 4);
+  float* Op = part_o.f();
+  float* Mp = part_m.f();
+  float* Lp = part_l.f();
+
+  // Per-thread scratch: Qd [kDecRows][Dp] scaled queries, Od [kDecRows][Dvp] accumulators,
+  // Kr [Dp] / Vr [Dvp] one key / value row as f32 when not read in place, Ps [kDecRows][kNt].
+  const i64 arena = kDecRows * Dp + kDecRows * Dvp + Dp + Dvp + kDecRows * kNt;
+#pragma omp parallel num_threads(a.threads)
+  {
+    Scratch mem(arena * 4);
+    float* Qd = mem.f();
+    float* Od = Qd + kDecRows * Dp;
+    float* Kr = Od + kDecRows * Dvp;
+    float* Vr = Kr + Dp;
+    float* Ps = Vr + Dvp;
+    for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
+    i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
+    float Md[kDecRows], Ld[kDecRows];
+
+#pragma omp for schedule(dynamic, 1)
+    for (i64 item = 0; item < items; ++item) {
+      const i64 sp = item % nsplit, g = (item / nsplit) % ngroups, hk = (item / (nsplit * ngroups)) % a.Hkv;
+      const i64 b = item / (nsplit * ngroups * a.Hkv);
+      const i64 k0 = sp * split, k1 = imin(a.Skv, k0 + split);
+      const int nr = static_cast<int>(imin(kDecRows, GS - g * kDecRows));
+      const i64 klen = a.key_len[b];
+      i64 ulo = k1, uhi = k0;
+      for (int r = 0; r < nr; ++r) {
+        const i64 gr = g * kDecRows + r;
+        hs[r] = hk * G + gr / a.Sq, is[r] = gr % a.Sq;
+        key_range(a, is[r], klen, &lo[r], &hi[r]);
+        if (hi[r] > lo[r] && lo[r] < k1 && hi[r] > k0) ulo = imin(ulo, imax(lo[r], k0)), uhi = imax(uhi, imin(hi[r], k1));
+        load_row(a, a.q, b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2], a.sq[3], D, a.scale_log2, Qd + r * Dp);
+        for (i64 d = D; d < Dp; ++d) Qd[r * Dp + d] = 0.0f;
+        std::memset(Od + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
+        Md[r] = kNegInf, Ld[r] = 0.0f;
+      }
+      const i64 kbase = b * a.sk[0] + hk * a.sk[1];
+      const i64 vbase = b * a.sv[0] + hk * a.sv[1];
+      for (i64 t0 = ulo / kNt * kNt; t0 < uhi; t0 += kNt) {
+        const i64 j_lo = imax(t0, ulo), j_hi = imin(t0 + kNt, uhi);
+        for (i64 j = j_lo; j < j_hi; ++j) {
+          const float* kp;
+          if (k_in_place) {
+            kp = static_cast<const float*>(a.k) + kbase + j * a.sk[2];
+          } else {
+            load_row(a, a.k, kbase + j * a.sk[2], a.sk[3], D, 1.0f, Kr);
+            kp = Kr;
+          }
+          for (int r = 0; r < nr; ++r) Ps[r * kNt + (j - t0)] = dot<S>(Qd + r * Dp, kp, Dp);
+        }
+        for (int r = 0; r < nr; ++r) {
+          // The chunk bounds cut like the rule does: keys outside [k0, k1) are not this item's.
+          const i64 rlo = imax(lo[r], imax(k0, j_lo)), rhi = imin(hi[r], imin(k1, j_hi));
+          mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2]);
+          softmax_row<S>(Ps + r * kNt, &Md[r], &Ld[r], Od + r * Dvp, Dvp);
+        }
+        for (i64 j = j_lo; j < j_hi; ++j) {
+          const float* vp;
+          if (v_in_place) {
+            vp = static_cast<const float*>(a.v) + vbase + j * a.sv[2];
+          } else {
+            load_row(a, a.v, vbase + j * a.sv[2], a.sv[3], Dv, 1.0f, Vr);
+            for (i64 e = Dv; e < Dvp; ++e) Vr[e] = 0.0f;
+            vp = Vr;
+          }
+          for (int r = 0; r < nr; ++r) {
+            const auto pb = S::set1(Ps[r * kNt + (j - t0)]);
+            float* o = Od + r * Dvp;
+            for (i64 e = 0; e < Dvp; e += L) S::storeu(o + e, S::fmadd(pb, S::loadu(vp + e), S::loadu(o + e)));
+          }
+        }
+      }
+      for (int r = 0; r < nr; ++r) {
+        const i64 row = (b * a.Hkv + hk) * GS + g * kDecRows + r;
+        std::memcpy(Op + (row * nsplit + sp) * Dvp, Od + r * Dvp, sizeof(float) * static_cast<std::size_t>(Dvp));
+        Mp[row * nsplit + sp] = Md[r];
+        Lp[row * nsplit + sp] = Ld[r];
+      }
+    }
+
+    // Merge the chunks of each row: M = max m_s, l = Σ l_s 2^(m_s − M), O = Σ O_s 2^(m_s − M).
+    float* acc = Od;  // reused: [Dvp]
+#pragma omp for schedule(static)
+    for (i64 row = 0; row < rows_total; ++row) {
+      float M = kNegInf;
+      for (i64 s = 0; s < nsplit; ++s)
+        if (Lp[row * nsplit + s] > 0.0f && Mp[row * nsplit + s] > M) M = Mp[row * nsplit + s];
+      float l = 0.0f;
+      std::memset(acc, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
+      if (M != kNegInf) {
+        for (i64 s = 0; s < nsplit; ++s) {
+          if (!(Lp[row * nsplit + s] > 0.0f)) continue;
+          const float w = __builtin_exp2f(Mp[row * nsplit + s] - M);
+          l += Lp[row * nsplit + s] * w;
+          const auto vw = S::set1(w);
+          const float* o = Op + (row * nsplit + s) * Dvp;
+          for (i64 e = 0; e < Dvp; e += L) S::storeu(acc + e, S::fmadd(vw, S::loadu(o + e), S::loadu(acc + e)));
+        }
+      }
+      const i64 bhk = row / GS, r = row % GS;
+      const i64 b = bhk / a.Hkv, hk = bhk % a.Hkv;
+      store_row<S>(a, b, hk * G + r / a.Sq, r % a.Sq, acc, M, l);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qkv::kernels::cpu

@@ -1,0 +1,10 @@
+// The flash forward and decode kernels compiled for scalar (flags in CMakeLists.txt).
+#include "kernels/cpu/simd_scalar.hpp"  // first: see simd_avx512.hpp on GCC 12
+#include "kernels/cpu/flash_impl.hpp"
+
+namespace qkv::kernels::cpu {
+
+void flash_forward_scalar(const FlashArgs& a) { forward<SimdScalar>(a); }
+void flash_decode_scalar(const FlashArgs& a) { decode<SimdScalar>(a); }
+
+}  // namespace qkv::kernels::cpu

@@ -1,0 +1,85 @@
+// AVX-512 (F, BW, VL, DQ) vector helpers for the CPU attention kernels.
+//
+// Include only from translation units compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq
+// (see src/kernels/cpu/CMakeLists.txt); the code behind them runs only after the run-time ISA
+// check in src/attention/dispatch.cpp. Every ISA header (simd_avx2.hpp, simd_scalar.hpp)
+// offers the same static interface, so a kernel is written once as a template over it:
+//
+//   L                       lanes (floats per vector)
+//   zero, set1, loadu, storeu, load_n / store_n (first n < L lanes, the rest untouched / zero)
+//   fmadd(a, b, c) = a·b + c, mul, add, sub, max, hmax, hsum
+//   exp2(x)                 2^x, relative error ≤ 2.4e-7 (measured in tests/kernels), 0 for x < −126
+//   load_bf16 / store_bf16  L bf16 values ↔ f32 (round to nearest even, NaN kept NaN)
+#pragma once
+
+// GCC 12 warns "__Y may be used uninitialized" inside its own avx512fintrin.h (GCC bug 105593:
+// _mm512_undefined_ps). Include this header before anything that includes <immintrin.h>.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/simd_common.hpp"
+
+namespace qkv::kernels::cpu {
+
+struct SimdAvx512 {
+  static constexpr int L = 16;
+  using V = __m512;
+
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, V x) { _mm512_storeu_ps(p, x); }
+  static __mmask16 first(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static V load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(first(n), p); }
+  static void store_n(float* p, V x, int n) { _mm512_mask_storeu_ps(p, first(n), x); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static float hmax(V x) { return _mm512_reduce_max_ps(x); }
+  static float hsum(V x) { return _mm512_reduce_add_ps(x); }
+
+  // 2^x = 2^n · 2^f with n = round(x), f ∈ [−½, ½]; 2^f by the degree-5 polynomial of
+  // simd_common.hpp, 2^n by scalef. Inputs below −126 (−∞ included) give exactly 0.
+  static V exp2(V x) {
+    const V xc = _mm512_max_ps(x, set1(-127.0f));
+    const V n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V f = _mm512_sub_ps(xc, n);
+    V p = set1(kExp2Poly[5]);
+    p = fmadd(p, f, set1(kExp2Poly[4]));
+    p = fmadd(p, f, set1(kExp2Poly[3]));
+    p = fmadd(p, f, set1(kExp2Poly[2]));
+    p = fmadd(p, f, set1(kExp2Poly[1]));
+    p = fmadd(p, f, set1(kExp2Poly[0]));
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, set1(-126.0f), _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+  }
+
+  static V load_bf16(const std::uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static V load_bf16_n(const std::uint16_t* p, int n) {
+    const __m256i h = _mm256_maskz_loadu_epi16(first(n), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m256i to_bf16(V x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+  }
+  static void store_bf16(std::uint16_t* p, V x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(x));
+  }
+  static void store_bf16_n(std::uint16_t* p, V x, int n) { _mm256_mask_storeu_epi16(p, first(n), to_bf16(x)); }
+};
+
+}  // namespace qkv::kernels::cpu

@@ -1,0 +1,40 @@
+// Constants and scalar helpers shared by every ISA's attention kernels (no intrinsics here).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace qkv::kernels::cpu {
+
+// 2^f ≈ Σ_k kExp2Poly[k]·f^k on f ∈ [−½, ½]: a degree-5 fit minimising the relative error
+// (iteratively reweighted least squares on Chebyshev nodes). Evaluated in f32 with FMA its
+// relative error is ≤ 2.4e-7 (≈ 2 ulp); tests/kernels/test_flash.cpp measures and prints it.
+inline constexpr float kExp2Poly[6] = {1.0000001192092896f, 0.6931469440460205f, 0.24022120237350464f,
+                                       0.05550713464617729f, 0.009675540961325169f, 0.0013276457320898771f};
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Lazy rescaling: a row's running max (in log2 units) is raised only when a new score exceeds
+// it by more than this, so probabilities stay ≤ 2^8 (no overflow risk in f32) and the
+// accumulators are rescaled rarely (FlashAttention-4's trick; exact after the final division).
+inline constexpr float kLazyRescale = 8.0f;
+
+// bf16 <-> f32, `static` on purpose: every function an ISA translation unit compiles must have
+// internal linkage (or an ISA-specific name). A shared inline function would be emitted by the
+// AVX-512 unit too, and the linker could keep that copy for the portable callers.
+static inline float bf16_bits_to_f32(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline std::uint16_t f32_to_bf16_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+}  // namespace qkv::kernels::cpu
