@@ -1,0 +1,338 @@
+// Builds the inspect Report from a traced forward pass and writes it as JSON.
+#include "inspect/report.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+namespace qkv::inspect {
+namespace {
+
+constexpr const char* kFn = "qkv::inspect::make_report";
+
+std::string shape_of(const std::vector<std::int64_t>& s) {
+  std::ostringstream o;
+  o << '[';
+  for (std::size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << ']';
+  return o.str();
+}
+
+void expect_shape(const View& v, const std::vector<std::int64_t>& want, const std::string& what) {
+  bool ok = v.data != nullptr && is_float(v.dtype) && v.rank == static_cast<int>(want.size());
+  for (int i = 0; ok && i < v.rank; ++i) ok = v.dim(i) == want[static_cast<std::size_t>(i)];
+  if (!ok) {
+    fail(kFn, what + ": expected a float tensor of shape " + shape_of(want) + " (got " +
+                  (v.data ? std::string(dtype_name(v.dtype)) + " " + v.shape_str() : "null") + ")");
+  }
+}
+
+// Euclidean norm of row (i0, i1, :) of a rank-3 view or row i0 of a rank-2 view, in f64.
+double row_norm(const View& v, std::int64_t i0, std::int64_t i1) {
+  const int last = v.rank - 1;
+  const std::int64_t base = v.rank == 3 ? v.offset(i0, i1) : v.offset(i0);
+  double s = 0;
+  for (std::int64_t j = 0; j < v.dim(last); ++j) {
+    const double x = v.load(base + j * v.stride(last));
+    s += x * x;
+  }
+  return std::sqrt(s);
+}
+
+std::string where(std::int64_t l, std::int64_t h, std::int64_t q) {
+  return "layer " + std::to_string(l) + " head " + std::to_string(h) + " query " + std::to_string(q);
+}
+
+}  // namespace
+
+Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token> tokens,
+                   const std::vector<LayerInput>& layers, const View& last_logits,
+                   const std::function<std::string(std::int32_t)>& token_text,
+                   nlohmann::json params) {
+  Report r;
+  r.model = model;
+  r.prompt = std::move(prompt);
+  r.S = static_cast<std::int64_t>(tokens.size());
+  r.L = static_cast<std::int64_t>(layers.size());
+  r.tokens = std::move(tokens);
+  r.params = std::move(params);
+  if (r.S < 1) fail(kFn, "tokens: need at least one token (got 0)");
+  if (r.L < 1) fail(kFn, "layers: need at least one layer (got 0)");
+  if (layers[0].pattern.rank != 3) {
+    fail(kFn, "layers[0].pattern: expected [H, S, S] (got " + layers[0].pattern.shape_str() + ")");
+  }
+  r.H = layers[0].pattern.dim(0);
+  const std::int64_t S = r.S, H = r.H;
+  const std::int64_t d = layers[0].block_delta.rank == 2 ? layers[0].block_delta.dim(1) : -1;
+  if (H < 1 || d < 1) {
+    fail(kFn, "layers[0]: need H ≥ 1 heads and d_model ≥ 1 (got pattern " +
+                  layers[0].pattern.shape_str() + ", block_delta " + layers[0].block_delta.shape_str() + ")");
+  }
+  expect_shape(last_logits, {model.vocab}, "last_logits");
+
+  const auto HS = static_cast<std::size_t>(H * S * S);
+  for (std::int64_t l = 0; l < r.L; ++l) {
+    const LayerInput& in = layers[static_cast<std::size_t>(l)];
+    const std::string ln = "layers[" + std::to_string(l) + "].";
+    expect_shape(in.scores, {H, S, S}, ln + "scores");
+    expect_shape(in.pattern, {H, S, S}, ln + "pattern");
+    expect_shape(in.head_delta, {H, S, d}, ln + "head_delta");
+    expect_shape(in.block_delta, {S, d}, ln + "block_delta");
+
+    std::vector<float> sc(HS), pa(HS);
+    std::vector<HeadSummary> hs(static_cast<std::size_t>(H));
+    for (std::int64_t h = 0; h < H; ++h) {
+      HeadSummary& s = hs[static_cast<std::size_t>(h)];
+      s.entropy_bits.assign(static_cast<std::size_t>(S), 0.0);
+      s.argmax_key.assign(static_cast<std::size_t>(S), -1);
+      s.delta_norm.resize(static_cast<std::size_t>(S));
+      double prev = 0, first = 0, self = 0;
+      for (std::int64_t q = 0; q < S; ++q) {
+        double sum = 0, ent = 0, best = -1;
+        for (std::int64_t k = 0; k < S; ++k) {
+          const double x = in.scores.load(in.scores.offset(h, q, k));
+          const double p = in.pattern.load(in.pattern.offset(h, q, k));
+          const bool masked = x == -std::numeric_limits<double>::infinity();
+          if (std::isnan(x) || x == std::numeric_limits<double>::infinity()) {
+            fail(kFn, ln + "scores: " + where(l, h, q) + " key " + std::to_string(k) +
+                          ": a score must be finite or −∞ (got " + std::to_string(x) + ")");
+          }
+          if (!(p >= 0 && p <= 1) || (masked && p != 0)) {
+            fail(kFn, ln + "pattern: " + where(l, h, q) + " key " + std::to_string(k) +
+                          ": a weight must lie in [0, 1] and be 0 where masked (got " + std::to_string(p) +
+                          (masked ? ", masked)" : ")"));
+          }
+          const auto i = static_cast<std::size_t>((h * S + q) * S + k);
+          sc[i] = static_cast<float>(x);
+          pa[i] = static_cast<float>(p);
+          sum += p;
+          if (p > 0) ent -= p * std::log2(p);
+          if (!masked && p > best) {
+            best = p;
+            s.argmax_key[static_cast<std::size_t>(q)] = k;
+          }
+        }
+        if (s.argmax_key[static_cast<std::size_t>(q)] >= 0 && std::abs(sum - 1) > kRowSumTolerance) {
+          fail(kFn, ln + "pattern: " + where(l, h, q) + ": weights sum to " + std::to_string(sum) +
+                        ", not 1");
+        }
+        s.entropy_bits[static_cast<std::size_t>(q)] = ent;
+        s.delta_norm[static_cast<std::size_t>(q)] = row_norm(in.head_delta, h, q);
+        if (q >= 2) {
+          prev += pa[static_cast<std::size_t>((h * S + q) * S + q - 1)];
+          first += pa[static_cast<std::size_t>((h * S + q) * S)];
+          self += pa[static_cast<std::size_t>((h * S + q) * S + q)];
+        }
+      }
+      s.mean_entropy_bits = std::accumulate(s.entropy_bits.begin(), s.entropy_bits.end(), 0.0) /
+                            static_cast<double>(S);
+      const double nq = static_cast<double>(S - 2);
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      s.previous_token = S >= 3 ? prev / nq : nan;
+      s.first_token = S >= 3 ? first / nq : nan;
+      s.self_token = S >= 3 ? self / nq : nan;
+      if (s.previous_token >= kHeadKindShare) s.kind = "previous-token";
+      else if (s.first_token >= kHeadKindShare) s.kind = "first-token";
+    }
+    std::vector<double> bn(static_cast<std::size_t>(S));
+    for (std::int64_t q = 0; q < S; ++q) bn[static_cast<std::size_t>(q)] = row_norm(in.block_delta, q, 0);
+    r.scores.push_back(std::move(sc));
+    r.pattern.push_back(std::move(pa));
+    r.heads.push_back(std::move(hs));
+    r.block_delta_norm.push_back(std::move(bn));
+  }
+
+  // Top 10 of softmax(last_logits), computed in f64 with the max subtracted.
+  const std::int64_t V = model.vocab;
+  std::vector<double> z(static_cast<std::size_t>(V));
+  double zmax = -std::numeric_limits<double>::infinity();
+  for (std::int64_t v = 0; v < V; ++v) {
+    z[static_cast<std::size_t>(v)] = last_logits.load(v * last_logits.stride(0));
+    if (!std::isfinite(z[static_cast<std::size_t>(v)])) {
+      fail(kFn, "last_logits: logit " + std::to_string(v) + " is not finite");
+    }
+    zmax = std::max(zmax, z[static_cast<std::size_t>(v)]);
+  }
+  double zsum = 0;
+  for (double x : z) zsum += std::exp(x - zmax);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  const auto top = std::min<std::size_t>(10, ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(top), ids.end(),
+                    [&](std::int32_t a, std::int32_t b) {
+                      return z[static_cast<std::size_t>(a)] > z[static_cast<std::size_t>(b)];
+                    });
+  for (std::size_t i = 0; i < top; ++i) {
+    const double x = z[static_cast<std::size_t>(ids[i])];
+    r.next_tokens.push_back({ids[i], token_text(ids[i]), std::exp(x - zmax) / zsum, x});
+  }
+  return r;
+}
+
+KeySpans key_spans(const Report& r) {
+  const std::int64_t S = r.S;
+  KeySpans ks;
+  ks.key_lo.assign(static_cast<std::size_t>(S), S);
+  ks.key_hi.assign(static_cast<std::size_t>(S), 0);
+  for (std::int64_t l = 0; l < r.L; ++l) {
+    for (std::int64_t h = 0; h < r.H; ++h) {
+      for (std::int64_t q = 0; q < S; ++q) {
+        auto& lo = ks.key_lo[static_cast<std::size_t>(q)];
+        auto& hi = ks.key_hi[static_cast<std::size_t>(q)];
+        for (std::int64_t k = 0; k < S; ++k) {
+          if (r.score(l, h, q, k) != -std::numeric_limits<float>::infinity()) {
+            lo = std::min(lo, k);
+            hi = std::max(hi, k + 1);
+          }
+        }
+      }
+    }
+  }
+  ks.row_offset.assign(static_cast<std::size_t>(S) + 1, 0);
+  for (std::int64_t q = 0; q < S; ++q) {
+    auto& lo = ks.key_lo[static_cast<std::size_t>(q)];
+    auto& hi = ks.key_hi[static_cast<std::size_t>(q)];
+    if (hi <= lo) lo = hi = 0;  // every key masked for this query: store nothing
+    ks.row_offset[static_cast<std::size_t>(q) + 1] = ks.row_offset[static_cast<std::size_t>(q)] + hi - lo;
+  }
+  return ks;
+}
+
+namespace {
+
+using nlohmann::json;
+
+// Strings may hold invalid UTF-8 (byte-fallback tokens): replace such bytes with U+FFFD.
+std::string str(const std::string& s) {
+  return json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void put_float(std::string& out, float x) {
+  if (x == -std::numeric_limits<float>::infinity()) {
+    out += "null";
+    return;
+  }
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof buf, x);  // shortest round-trip form
+  out.append(buf, res.ptr);
+}
+
+// JSON has no NaN: a share that is undefined (S < 3) is written as null.
+json num(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+
+void base64(std::string& out, const unsigned char* p, std::size_t n) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::size_t i = 0;
+  for (; i + 3 <= n; i += 3) {
+    const unsigned v = (unsigned{p[i]} << 16) | (unsigned{p[i + 1]} << 8) | p[i + 2];
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += kAlphabet[v & 63];
+  }
+  if (i < n) {
+    const unsigned v = (unsigned{p[i]} << 16) | (i + 1 < n ? unsigned{p[i + 1]} << 8 : 0u);
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < n ? kAlphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+}
+
+// The packed cells of one layer: for each head, for each query q, keys key_lo[q]..key_hi[q)-1,
+// as little-endian f32 bytes.
+std::string packed_b64(const std::vector<float>& m, const Report& r, const KeySpans& ks) {
+  std::vector<unsigned char> bytes;
+  bytes.reserve(static_cast<std::size_t>(r.H * ks.row_offset.back()) * 4);
+  for (std::int64_t h = 0; h < r.H; ++h) {
+    for (std::int64_t q = 0; q < r.S; ++q) {
+      for (std::int64_t k = ks.key_lo[static_cast<std::size_t>(q)]; k < ks.key_hi[static_cast<std::size_t>(q)]; ++k) {
+        std::uint32_t u;
+        std::memcpy(&u, &m[static_cast<std::size_t>((h * r.S + q) * r.S + k)], 4);
+        for (int b = 0; b < 4; ++b) bytes.push_back(static_cast<unsigned char>(u >> (8 * b)));
+      }
+    }
+  }
+  std::string out;
+  base64(out, bytes.data(), bytes.size());
+  return out;
+}
+
+void put_matrix(std::string& out, const std::vector<float>& m, std::int64_t h, std::int64_t S) {
+  out += '[';
+  for (std::int64_t q = 0; q < S; ++q) {
+    out += q ? ",[" : "[";
+    for (std::int64_t k = 0; k < S; ++k) {
+      if (k) out += ',';
+      put_float(out, m[static_cast<std::size_t>((h * S + q) * S + k)]);
+    }
+    out += ']';
+  }
+  out += ']';
+}
+
+}  // namespace
+
+std::string to_json(const Report& r, Encoding enc) {
+  json model = {{"name", r.model.name},         {"n_layers", r.model.n_layers},
+                {"n_heads", r.model.n_heads},   {"n_kv_heads", r.model.n_kv_heads},
+                {"head_dim", r.model.head_dim}, {"d_model", r.model.d_model},
+                {"vocab", r.model.vocab},       {"max_seq", r.model.max_seq}};
+  json tokens = json::array();
+  for (const Token& t : r.tokens) tokens.push_back({{"id", t.id}, {"text", t.text}});
+  json next = json::array();
+  for (const NextToken& t : r.next_tokens) {
+    next.push_back({{"id", t.id}, {"text", t.text}, {"prob", t.prob}, {"logit", t.logit}});
+  }
+  const auto dump = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+
+  std::string out;
+  out += "{\"format\":\"qkv-inspect\",\"version\":1,\"layout\":";
+  out += enc == Encoding::kJson ? "\"nested\"" : "\"packed-f32-base64\"";
+  out += ",\"model\":" + dump(model);
+  out += ",\"prompt\":" + str(r.prompt);
+  out += ",\"tokens\":" + dump(tokens);
+  out += ",\"params\":" + dump(r.params);
+  out += ",\"next_tokens\":" + dump(next);
+  KeySpans ks;
+  if (enc == Encoding::kPage) {
+    ks = key_spans(r);
+    out += ",\"key_lo\":" + dump(ks.key_lo) + ",\"key_hi\":" + dump(ks.key_hi);
+  }
+  out += ",\"layers\":[";
+  for (std::int64_t l = 0; l < r.L; ++l) {
+    const auto li = static_cast<std::size_t>(l);
+    out += l ? ",{" : "{";
+    out += "\"block_delta_norm\":" + dump(r.block_delta_norm[li]);
+    if (enc == Encoding::kPage) {
+      out += ",\"pattern_f32\":\"" + packed_b64(r.pattern[li], r, ks) + '"';
+      out += ",\"scores_f32\":\"" + packed_b64(r.scores[li], r, ks) + '"';
+    }
+    out += ",\"heads\":[";
+    for (std::int64_t h = 0; h < r.H; ++h) {
+      const HeadSummary& s = r.heads[li][static_cast<std::size_t>(h)];
+      json j = {{"mean_entropy_bits", s.mean_entropy_bits}, {"previous_token", num(s.previous_token)},
+                {"first_token", num(s.first_token)},        {"self_token", num(s.self_token)},
+                {"kind", s.kind},                           {"entropy_bits", s.entropy_bits},
+                {"argmax_key", s.argmax_key},               {"delta_norm", s.delta_norm}};
+      std::string o = dump(j);
+      if (enc == Encoding::kJson) {
+        o.pop_back();  // reopen the object to append the two matrices
+        o += ",\"pattern\":";
+        put_matrix(o, r.pattern[li], h, r.S);
+        o += ",\"scores\":";
+        put_matrix(o, r.scores[li], h, r.S);
+        o += '}';
+      }
+      out += h ? "," + o : o;
+    }
+    out += "]}";
+  }
+  out += "]}";
+  return out;
+}
+
+}  // namespace qkv::inspect
