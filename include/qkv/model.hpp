@@ -1,0 +1,260 @@
+// qkv/model.hpp — a decoder-only transformer configured by data, its weights, the llama2.c
+// tokenizer, a KV cache, and generation.
+//
+// One model covers the GPT-2 and Llama families (the seeds' picture): token embedding (+ learned
+// positions or rotary or none) → n_layers pre-norm blocks on a residual stream x [S, C]:
+//
+//   x += W_O · attention(rope(W_Q · norm1(x)), rope(W_K · norm1(x)), W_V · norm1(x))   (H query heads,
+//                                                                                        Hkv kv heads)
+//   x += MLP(norm2(x))      gelu: W2 · gelu(W1 · h + b1) + b2      swiglu: W2 · (silu(W1 · h) ⊙ W3 · h)
+//
+// → final norm → logits = W_cls · x (W_cls = token embedding when tied) → softmax over the vocabulary;
+// the next token is predicted from the last position's vector.
+//
+// Dimension letters: C = dim (d_model), Hd = hidden_dim, L = n_layers, H = n_heads, Hkv = n_kv_heads,
+// D = head_dim = C / H, V = vocab_size, P = seq_len (the context), S = positions in one call.
+// Every matrix is stored [out, in] row-major (torch.nn.Linear's layout, y = x · Wᵀ).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qkv/types.hpp"
+
+namespace qkv {
+
+enum class PosEncoding : std::uint8_t { none, learned, rotary };
+enum class NormKind : std::uint8_t { layernorm, rmsnorm };
+enum class MlpKind : std::uint8_t { gelu, swiglu };
+
+struct Config {
+  std::int64_t dim = 0;         // C
+  std::int64_t hidden_dim = 0;  // Hd, the MLP's inner width
+  std::int64_t n_layers = 0;    // L
+  std::int64_t n_heads = 0;     // H
+  std::int64_t n_kv_heads = 0;  // Hkv, H % Hkv == 0
+  std::int64_t vocab_size = 0;  // V
+  std::int64_t seq_len = 0;     // P, the longest context (and the rows of a learned position table)
+  PosEncoding pos = PosEncoding::rotary;
+  NormKind norm = NormKind::rmsnorm;
+  MlpKind mlp = MlpKind::swiglu;
+  bool tied_embeddings = true;  // the classifier reuses the token embedding
+  bool bias = false;            // biases on every projection (and LayerNorm), GPT-2 style
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+
+  std::int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
+  // Throws (naming `function`) if any field is out of range or inconsistent.
+  void validate(std::string_view function) const;
+
+  // The two families, as presets. gpt2_small(): 12 layers, 12 heads, C 768, P 1024, V 50257.
+  static Config gpt2_small();
+};
+
+// Config <-> JSON text. The keys are the field names above; "pos" is "none" | "learned" |
+// "rotary", "norm" is "layernorm" | "rmsnorm", "mlp" is "gelu" | "swiglu". Unknown keys and
+// missing required keys (the seven sizes) are errors.
+Config config_from_json(std::string_view json, std::string_view source = "config");
+Config load_config(const std::string& path);
+std::string config_to_json(const Config& c);
+
+// One block's parameters. Pointers to f32, shapes in brackets; null where the config has none
+// (biases unless config.bias, LayerNorm bias with RMSNorm, w3 unless SwiGLU).
+struct LayerWeights {
+  float* norm1_w = nullptr;  // [C]
+  float* norm1_b = nullptr;  // [C]
+  float* wq = nullptr;       // [H·D, C]
+  float* bq = nullptr;       // [H·D]
+  float* wk = nullptr;       // [Hkv·D, C]
+  float* bk = nullptr;       // [Hkv·D]
+  float* wv = nullptr;       // [Hkv·D, C]
+  float* bv = nullptr;       // [Hkv·D]
+  float* wo = nullptr;       // [C, H·D]  (the seeds' stapled value-up matrices, one column block per head)
+  float* bo = nullptr;       // [C]
+  float* norm2_w = nullptr;  // [C]
+  float* norm2_b = nullptr;  // [C]
+  float* w1 = nullptr;       // [Hd, C]
+  float* b1 = nullptr;       // [Hd]
+  float* w2 = nullptr;       // [C, Hd]
+  float* b2 = nullptr;       // [C]
+  float* w3 = nullptr;       // [Hd, C]   (SwiGLU's up projection)
+};
+
+// A parameter with its canonical name (the safetensors key) and shape.
+struct NamedTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  float* data = nullptr;
+};
+
+// All parameters of a model. The memory is owned by `storage` (an allocated arena, or a private
+// copy-on-write memory map of the file they came from), so pointers stay valid while any copy of
+// the Weights lives, and writing through them never touches the file.
+struct Weights {
+  Config config;
+  float* wte = nullptr;     // [V, C]
+  float* wpe = nullptr;     // [P, C]  (learned positions only)
+  std::vector<LayerWeights> layers;
+  float* normf_w = nullptr; // [C]
+  float* normf_b = nullptr; // [C]   (LayerNorm with bias only)
+  float* wcls = nullptr;    // [V, C]  (== wte when tied)
+  std::shared_ptr<void> storage;
+
+  // Every distinct parameter, in a fixed order, named as in safetensors files:
+  //   tok_embeddings.weight, pos_embeddings.weight, layers.{l}.attention_norm.{weight,bias},
+  //   layers.{l}.attention.{wq,wk,wv,wo}.{weight,bias}, layers.{l}.ffn_norm.{weight,bias},
+  //   layers.{l}.feed_forward.{w1,w2,w3}.{weight,bias}, norm.{weight,bias}, output.weight (untied).
+  std::vector<NamedTensor> tensors() const;
+  std::int64_t num_params() const;
+
+  // Zero-filled parameters for `config` in one owned, 64-byte aligned arena.
+  static Weights allocate(const Config& config);
+  // Weights drawn N(0, std²) from a seeded generator; norms' weights 1, biases 0.
+  static Weights random(const Config& config, std::uint64_t seed, float std = 0.02f);
+};
+
+// llama2.c's checkpoint (the "legacy" version-0 export, see data/models/stories260K/README.md):
+// header of 7 int32 then f32 arrays. The file size must equal what the header implies.
+Weights load_llama2c(const std::string& path);
+// A safetensors file (memory-mapped) with its config JSON. Tensors may be F32, BF16 or F16;
+// names and shapes must be exactly those Weights::tensors() lists for the config.
+Weights load_safetensors(const std::string& path, const Config& config);
+Weights load_safetensors(const std::string& path, const std::string& config_path);
+// Picks the format by extension: *.safetensors (config from config_path, or, when empty, the
+// file beside it with .json instead of .safetensors, else config.json in its folder), else llama2.c.
+Weights load_weights(const std::string& path, const std::string& config_path = "");
+// Writes every tensor as F32 (to a temporary name, then renamed), and the config as metadata.
+void save_safetensors(const Weights& w, const std::string& path);
+
+// ---------------------------------------------------------------------------------------------
+// Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores).
+// ---------------------------------------------------------------------------------------------
+class Tokenizer {
+ public:
+  static constexpr int bos = 1;
+  static constexpr int eos = 2;
+
+  // Reads `path` for a vocabulary of `vocab_size` tokens; every length is checked against the file.
+  static Tokenizer load(const std::string& path, std::int64_t vocab_size);
+
+  // llama2.c's encode: [BOS] [dummy " " if text is non-empty] per-UTF-8-character tokens (or their
+  // byte-fallback tokens <0xXX> = 3 + byte), then repeatedly the adjacent pair whose concatenation
+  // is a token with the highest score is merged. [EOS] if asked.
+  std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
+  // The text of `token` following `prev`: a token after BOS drops its leading space; byte tokens
+  // <0xXX> become the byte itself.
+  std::string_view decode(int prev, int token) const;
+  // What llama2.c prints of a piece: nothing for an empty one or a lone unprintable byte.
+  static bool printable(std::string_view piece);
+
+  std::int64_t vocab_size() const { return static_cast<std::int64_t>(vocab_.size()); }
+  const std::string& piece(int id) const { return vocab_[static_cast<std::size_t>(id)]; }
+  float score(int id) const { return scores_[static_cast<std::size_t>(id)]; }
+
+ private:
+  std::vector<std::string> vocab_;
+  std::vector<float> scores_;
+  std::vector<int> sorted_;  // token ids ordered by piece, for lookups (first id wins on duplicates)
+  int max_token_length_ = 0;
+  int lookup(std::string_view s) const;
+};
+
+// ---------------------------------------------------------------------------------------------
+// KV cache and the forward pass
+// ---------------------------------------------------------------------------------------------
+// Keys (after rotary) and values of every position seen so far.
+//   k, v: f32 [L, Hkv, capacity, D]; positions [0, len) are filled.
+struct KvCache {
+  KvCache() = default;
+  KvCache(const Config& c, std::int64_t capacity = 0);  // capacity 0: the config's seq_len
+  Buffer k, v;
+  std::int64_t capacity = 0;
+  std::int64_t len = 0;
+  void clear() { len = 0; }
+};
+
+// What one forward_trace records per layer, for the inspector (S = tokens traced).
+struct LayerTrace {
+  Buffer scores;       // f32 [H, S, S]: scale · q_i · k_j for key j ≤ query i, −inf where masked
+  Buffer pattern;      // f32 [H, S, S]: softmax of each row of scores (row i: query i over keys)
+  Buffer head_delta;   // f32 [H, S, C]: each head's proposed change Δe_h = W_O[:, head h] · (P·V)_h
+  Buffer block_delta;  // f32 [S, C]: Σ_h Δe_h (the attention block's update before its bias b_O)
+};
+struct Trace {
+  std::vector<LayerTrace> layers;
+  Buffer logits;       // f32 [S, V]
+};
+
+class Model {
+ public:
+  explicit Model(Weights w);
+  const Config& config() const { return w_.config; }
+  const Weights& weights() const { return w_; }
+
+  // Runs `tokens` at positions cache.len … cache.len + S − 1 (appending their keys and values to
+  // the cache) and writes logits: [V] for the last position, or [S, V] when all_logits.
+  // Each query attends causally to the whole cache (qkv::attention, Align::bottom_right).
+  void forward(std::span<const int> tokens, KvCache& cache, float* logits, bool all_logits = false);
+
+  // The whole sequence from position 0, recording every layer (see LayerTrace).
+  void forward_trace(const std::vector<int>& tokens, Trace& trace);
+
+ private:
+  Weights w_;
+  // Activations for up to `rows_` positions: x, xb [S, C]; q, att [S, H·D]; k, v [S, Hkv·D];
+  // hb, hb2 [S, Hd]; xf [S, C] (the final norm's output).
+  Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_;
+  std::int64_t rows_ = 0;
+  void reserve(std::int64_t S);
+  void block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace);
+  void check_tokens(const char* fn, std::span<const int> tokens, std::int64_t start) const;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Sampling and generation
+// ---------------------------------------------------------------------------------------------
+struct SamplerOptions {
+  float temperature = 1.0f;  // 0: greedy (argmax)
+  float top_p = 0.9f;        // nucleus; ≤ 0 or ≥ 1 disables it
+  int top_k = 0;             // keep the k most likely tokens; 0 disables it
+  std::uint64_t seed = 1;    // xorshift* state, as llama2.c; must be non-zero
+};
+
+// llama2.c's sampler (same generator, same order of operations), plus top-k.
+class Sampler {
+ public:
+  Sampler(std::int64_t vocab_size, const SamplerOptions& opt);
+  // Picks a token from logits [V]; the logits are overwritten (scaled, softmaxed).
+  int sample(float* logits);
+  float random_f32();
+
+ private:
+  std::int64_t V_;
+  SamplerOptions opt_;
+  std::uint64_t state_;
+  std::vector<std::pair<float, int>> cand_;
+};
+
+struct GenerateOptions {
+  std::int64_t steps = 256;  // positions in all, counting BOS and the prompt (≤ 0 or > P: P)
+  SamplerOptions sampling;
+};
+struct GenerateStats {
+  std::int64_t prompt_tokens = 0;  // including BOS
+  std::int64_t generated = 0;      // sampled tokens
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+// llama2.c's generation loop: emits the prompt's pieces, then each sampled token's piece, through
+// `emit` as they come; stops at BOS or EOS or after `steps` positions. The caller prints the
+// final newline llama2.c adds. The prompt is prefilled in one forward call, then each new token is
+// one query against the cache.
+GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prompt, const GenerateOptions& opt,
+                       const std::function<void(std::string_view)>& emit);
+
+}  // namespace qkv

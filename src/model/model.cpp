@@ -1,0 +1,209 @@
+// The forward pass of the whole transformer, one sequence at a time, reading like the diagram:
+//
+//   x = embed(tokens)                                         x [S, C]
+//   for each layer l:
+//     xb = norm1(x)                                           xb [S, C]
+//     q = xb·W_Qᵀ, k = xb·W_Kᵀ, v = xb·W_Vᵀ                   q [S, H·D], k, v [S, Hkv·D]
+//     rotary(q, k) at positions pos0 … pos0 + S − 1
+//     cache[l] ← k, v at those positions                      cache.k[l] [Hkv, capacity, D]
+//     att = attention(q, cache.k[l][:, :pos0+S], cache.v…)    att [S, H·D]  (causal, bottom-right)
+//     x += att·W_Oᵀ                                           (+ b_O)
+//     xb = norm2(x);  x += MLP(xb)
+//   logits = norm_f(x)·W_clsᵀ                                 logits [S or 1, V]
+//
+// q, k, v and att stay in [S, heads·D] rows: qkv::attention reads them through strided views
+// ([1, H, S, D] with strides (·, D, H·D, 1)), so nothing is transposed or copied for it.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "blocks/layers.hpp"
+#include "blocks/linear.hpp"
+#include "qkv/attention.hpp"
+#include "qkv/model.hpp"
+
+namespace qkv {
+
+KvCache::KvCache(const Config& c, std::int64_t cap) {
+  c.validate("qkv::KvCache");
+  if (cap < 0 || cap > c.seq_len)
+    fail("qkv::KvCache", "capacity: must be in [0, seq_len = " + std::to_string(c.seq_len) + "], got " +
+                             std::to_string(cap));
+  capacity = cap == 0 ? c.seq_len : cap;
+  k = Buffer(DType::f32, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
+  v = Buffer(DType::f32, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
+}
+
+Model::Model(Weights w) : w_(std::move(w)) {
+  w_.config.validate("qkv::Model");
+  if (!w_.wte || !w_.wcls || !w_.normf_w || static_cast<std::int64_t>(w_.layers.size()) != w_.config.n_layers)
+    fail("qkv::Model", "w: weights are incomplete for their config (use a loader or Weights::allocate)");
+}
+
+void Model::reserve(std::int64_t S) {
+  if (S <= rows_) return;
+  const Config& c = w_.config;
+  const std::int64_t D = c.head_dim();
+  x_ = Buffer(DType::f32, {S, c.dim});
+  xb_ = Buffer(DType::f32, {S, c.dim});
+  q_ = Buffer(DType::f32, {S, c.n_heads * D});
+  att_ = Buffer(DType::f32, {S, c.n_heads * D});
+  k_ = Buffer(DType::f32, {S, c.n_kv_heads * D});
+  v_ = Buffer(DType::f32, {S, c.n_kv_heads * D});
+  hb_ = Buffer(DType::f32, {S, c.hidden_dim});
+  hb2_ = Buffer(DType::f32, {S, c.hidden_dim});
+  rows_ = S;
+}
+
+void Model::check_tokens(const char* fn, std::span<const int> tokens, std::int64_t start) const {
+  const Config& c = w_.config;
+  const auto S = static_cast<std::int64_t>(tokens.size());
+  if (S == 0) fail(fn, "tokens: must not be empty");
+  if (start + S > c.seq_len)
+    fail(fn, "tokens: positions " + std::to_string(start) + " … " + std::to_string(start + S - 1) +
+                 " exceed the model's context of seq_len = " + std::to_string(c.seq_len));
+  for (std::int64_t i = 0; i < S; ++i)
+    if (tokens[static_cast<std::size_t>(i)] < 0 || tokens[static_cast<std::size_t>(i)] >= c.vocab_size)
+      fail(fn, "tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[static_cast<std::size_t>(i)]) +
+                   " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+}
+
+namespace {
+
+void norm(const Config& c, float* out, const float* x, const float* w, const float* b, std::int64_t N) {
+  if (c.norm == NormKind::rmsnorm)
+    blocks::rmsnorm_forward(out, nullptr, x, w, N, c.dim, c.norm_eps);
+  else
+    blocks::layernorm_forward(out, nullptr, nullptr, x, w, b, N, c.dim, c.norm_eps);
+}
+
+}  // namespace
+
+// One pre-norm block on x_ [S, C] for positions cache.len … cache.len + S − 1.
+void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
+  const Config& c = w_.config;
+  const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+  const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
+  const std::int64_t pos0 = cache.len, Skv = pos0 + S, cap = cache.capacity;
+  float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>();
+  float *v = v_.ptr<float>(), *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
+
+  // ---- attention: x += W_O · attention(q, k, v)
+  norm(c, xb, x, L.norm1_w, L.norm1_b, S);
+  blocks::linear_forward(xb, L.wq, L.bq, q, S, C, H * D);
+  blocks::linear_forward(xb, L.wk, L.bk, k, S, C, Hkv * D);
+  blocks::linear_forward(xb, L.wv, L.bv, v, S, C, Hkv * D);
+  if (c.pos == PosEncoding::rotary) {
+    blocks::rope_forward(q, S, H, D, pos0, c.rope_theta);
+    blocks::rope_forward(k, S, Hkv, D, pos0, c.rope_theta);
+  }
+  // Append this call's keys and values: cache.k[l, h, pos0 + s, :] = k[s, h·D : (h+1)·D].
+  float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
+  float* vc = cache.v.ptr<float>() + l * Hkv * cap * D;
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t h = 0; h < Hkv; ++h) {
+      std::memcpy(kc + (h * cap + pos0 + s) * D, k + (s * Hkv + h) * D, sizeof(float) * D);
+      std::memcpy(vc + (h * cap + pos0 + s) * D, v + (s * Hkv + h) * D, sizeof(float) * D);
+    }
+  const View qv = View::strided(q, DType::f32, {1, H, S, D}, {S * H * D, D, H * D, 1});
+  const View kv = View::strided(kc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1});
+  const View vv = View::strided(vc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1});
+  const View ov = View::strided(att, DType::f32, {1, H, S, D}, {S * H * D, D, H * D, 1});
+  AttentionOptions opt;
+  opt.causal = true;
+  opt.align = Align::bottom_right;  // query s sits at position pos0 + s and sees keys ≤ pos0 + s
+  if (trace) {
+    // scores [H, S, S] from the same q and k, in f64 like the reference; pattern from the kernel.
+    trace->pattern = Buffer(DType::f32, {H, S, S});
+    trace->scores = Buffer(DType::f32, {H, S, S});
+    attention(qv, kv, vv, ov, opt, std::nullopt,
+              View::contiguous(trace->pattern.data(), DType::f32, {1, H, S, S}));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    float* sc = trace->scores.ptr<float>();
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < S; ++i)
+        for (std::int64_t j = 0; j < S; ++j) {
+          float& out = sc[(h * S + i) * S + j];
+          if (j > i) {
+            out = -std::numeric_limits<float>::infinity();
+            continue;
+          }
+          const float* qi = q + (i * H + h) * D;
+          const float* kj = kc + ((h / (H / Hkv)) * cap + j) * D;
+          double dot = 0;
+          for (std::int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
+          out = static_cast<float>(scale * dot);
+        }
+    // Δe_h = W_O[:, h·D:(h+1)·D] · att_h for every position: head_delta [H, S, C].
+    trace->head_delta = Buffer(DType::f32, {H, S, C});
+    trace->block_delta = Buffer(DType::f32, {S, C});
+    float* hd = trace->head_delta.ptr<float>();
+    float* bd = trace->block_delta.ptr<float>();
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t o = 0; o < C; ++o) {
+          const float* wrow = L.wo + o * H * D + h * D;
+          const float* a = att + (s * H + h) * D;
+          double acc = 0;
+          for (std::int64_t d = 0; d < D; ++d) acc += static_cast<double>(wrow[d]) * a[d];
+          hd[(h * S + s) * C + o] = static_cast<float>(acc);
+        }
+    blocks::linear_forward(att, L.wo, nullptr, bd, S, H * D, C);
+  } else {
+    attention(qv, kv, vv, ov, opt);
+  }
+  blocks::linear_forward(att, L.wo, L.bo, x, S, H * D, C, 1.0f);  // residual: x += att·W_Oᵀ + b_O
+
+  // ---- MLP: x += W2 · act(W1 · norm2(x))
+  norm(c, xb, x, L.norm2_w, L.norm2_b, S);
+  blocks::linear_forward(xb, L.w1, L.b1, hb, S, C, Hd);
+  if (c.mlp == MlpKind::swiglu) {
+    blocks::linear_forward(xb, L.w3, nullptr, hb2, S, C, Hd);
+    blocks::swiglu_forward(hb, hb, hb2, S * Hd);
+  } else {
+    blocks::gelu_forward(hb, hb, S * Hd);
+  }
+  blocks::linear_forward(hb, L.w2, L.b2, x, S, Hd, C, 1.0f);  // residual: x += hb·W2ᵀ + b2
+}
+
+void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, bool all_logits) {
+  const char* fn = "qkv::Model::forward";
+  const Config& c = w_.config;
+  if (cache.k.numel() == 0 || cache.k.shape()[0] != c.n_layers || cache.k.shape()[1] != c.n_kv_heads ||
+      cache.k.shape()[3] != c.head_dim())
+    fail(fn, "cache: not made for this model's config (construct it as KvCache(model.config()))");
+  if (cache.len + static_cast<std::int64_t>(tokens.size()) > cache.capacity)
+    fail(fn, "cache: " + std::to_string(cache.len) + " positions held + " + std::to_string(tokens.size()) +
+                 " new exceed its capacity " + std::to_string(cache.capacity));
+  check_tokens(fn, tokens, cache.len);
+  if (!logits) fail(fn, "logits: null output pointer");
+  const auto S = static_cast<std::int64_t>(tokens.size());
+  reserve(S);
+  blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, cache.len);
+  for (int l = 0; l < c.n_layers; ++l) block(l, S, cache, nullptr);
+  cache.len += S;
+  // Only the rows whose logits are wanted go through the final norm and the classifier.
+  const std::int64_t first = all_logits ? 0 : S - 1, n = S - first;
+  float* xf = xb_.ptr<float>();
+  norm(c, xf, x_.ptr<float>() + first * c.dim, w_.normf_w, w_.normf_b, n);
+  blocks::linear_forward(xf, w_.wcls, nullptr, logits, n, c.dim, c.vocab_size);
+}
+
+void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
+  const char* fn = "qkv::Model::forward_trace";
+  check_tokens(fn, tokens, 0);
+  const Config& c = w_.config;
+  const auto S = static_cast<std::int64_t>(tokens.size());
+  KvCache cache(c, S);
+  reserve(S);
+  trace.layers.clear();
+  trace.layers.resize(static_cast<std::size_t>(c.n_layers));
+  blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, 0);
+  for (int l = 0; l < c.n_layers; ++l) block(l, S, cache, &trace.layers[static_cast<std::size_t>(l)]);
+  trace.logits = Buffer(DType::f32, {S, c.vocab_size});
+  norm(c, xb_.ptr<float>(), x_.ptr<float>(), w_.normf_w, w_.normf_b, S);
+  blocks::linear_forward(xb_.ptr<float>(), w_.wcls, nullptr, trace.logits.ptr<float>(), S, c.dim, c.vocab_size);
+}
+
+}  // namespace qkv

@@ -1,0 +1,309 @@
+// safetensors (Hugging Face): u64 little-endian header length N, N bytes of JSON, then the data.
+//
+//   { "<name>": {"dtype": "F32"|"BF16"|"F16", "shape": [d0, ...], "data_offsets": [begin, end]}, ...,
+//     "__metadata__": {"<key>": "<string>", ...} }
+//
+// Offsets are relative to the first byte after the header. Everything is validated against the file
+// size before any tensor is touched: the header fits, the JSON parses, every dtype, shape and
+// offset pair is consistent (end − begin = numel · dtype size), and the tensors tile the data
+// region exactly, without overlap or holes (the rule the reference implementation enforces).
+// F32 tensors at 4-byte aligned offsets are used in place from the private mapping; the others
+// are converted to f32 into an owned arena.
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "model/mapped_file.hpp"
+#include "model/weights.hpp"
+
+namespace qkv {
+namespace {
+
+struct TensorInfo {
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;
+};
+
+struct Header {
+  std::map<std::string, TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+  const std::uint8_t* data = nullptr;  // first byte after the header
+  std::uint64_t data_size = 0;
+};
+
+std::size_t dtype_bytes(const std::string& d) {
+  if (d == "F32") return 4;
+  if (d == "BF16" || d == "F16") return 2;
+  return 0;
+}
+
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);  // inf / NaN
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal half: normalise
+    exp = 113;
+    while (!(man & 0x400u)) {
+      man <<= 1;
+      --exp;
+    }
+    u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+Header parse_header(const detail::MappedFile& file, const char* fn, const std::string& where) {
+  const std::uint64_t size = file.size();
+  if (size < 8) fail(fn, where + ": " + std::to_string(size) + " bytes is shorter than the 8-byte header length");
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | file.data()[i];
+  // The reference implementation refuses headers over 100 MB.
+  if (n > 100'000'000 || n > size - 8)
+    fail(fn, where + ": header length " + std::to_string(n) + " does not fit in the file of " + std::to_string(size) +
+                 " bytes (limit 100000000)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(file.data() + 8, file.data() + 8 + n);
+  } catch (const nlohmann::json::exception& e) {
+    fail(fn, where + ": header is not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) fail(fn, where + ": header must be a JSON object, got " + std::string(j.type_name()));
+  Header h;
+  h.data = file.data() + 8 + n;
+  h.data_size = size - 8 - n;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail(fn, where + ": __metadata__ must be an object of strings");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) fail(fn, where + ": __metadata__[\"" + m.key() + "\"] is not a string");
+        h.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string t = where + ": tensor \"" + name + "\"";
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      fail(fn, t + ": needs dtype, shape and data_offsets, got " + v.dump().substr(0, 200));
+    TensorInfo info;
+    if (!v["dtype"].is_string()) fail(fn, t + ": dtype must be a string");
+    info.dtype = v["dtype"].get<std::string>();
+    const auto& shape = v["shape"];
+    if (!shape.is_array() || shape.size() > 8) fail(fn, t + ": shape must be an array of at most 8 sizes");
+    for (const auto& d : shape) {
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (1ull << 40))
+        fail(fn, t + ": shape " + shape.dump() + " has an impossible size");
+      info.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
+    }
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(fn, t + ": data_offsets must be [begin, end], got " + off.dump());
+    info.begin = off[0].get<std::uint64_t>();
+    info.end = off[1].get<std::uint64_t>();
+    if (info.begin > info.end || info.end > h.data_size)
+      fail(fn, t + ": data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
+                   "] outside the data region of " + std::to_string(h.data_size) + " bytes");
+    const std::size_t eb = dtype_bytes(info.dtype);
+    if (eb != 0) {
+      // Each size ≤ 2^40 and rank ≤ 8 could still overflow: checked_numel refuses that.
+      std::int64_t numel = 1;
+      for (auto d : info.shape) {
+        if (d != 0 && numel > (std::int64_t{1} << 62) / d) fail(fn, t + ": shape " + shape.dump() + " overflows");
+        numel *= d;
+      }
+      if (static_cast<std::uint64_t>(numel) > (std::uint64_t{1} << 61) ||
+          static_cast<std::uint64_t>(numel) * eb != info.end - info.begin)
+        fail(fn, t + ": " + info.dtype + " " + shape.dump() + " needs " + std::to_string(numel) + " × " +
+                     std::to_string(eb) + " bytes but data_offsets span " + std::to_string(info.end - info.begin));
+    }
+    h.tensors[name] = std::move(info);
+  }
+  // The tensors must tile [0, data_size) exactly.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
+  for (const auto& [name, info] : h.tensors) spans.emplace_back(info.begin, info.end);
+  std::sort(spans.begin(), spans.end());
+  std::uint64_t at = 0;
+  for (const auto& [b, e] : spans) {
+    if (b != at)
+      fail(fn, where + ": tensor data " + (b < at ? "overlaps" : "leaves a hole") + " at byte " + std::to_string(b) +
+                   " of the data region");
+    at = e;
+  }
+  if (at != h.data_size)
+    fail(fn, where + ": the tensors cover " + std::to_string(at) + " bytes of a data region of " +
+                 std::to_string(h.data_size) + " (trailing bytes)");
+  return h;
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+struct SafetensorsStorage {
+  std::shared_ptr<detail::MappedFile> file;
+  std::unique_ptr<Buffer> arena;
+};
+
+}  // namespace
+
+Weights load_safetensors(const std::string& path, const Config& config) {
+  const char* fn = "qkv::load_safetensors";
+  const std::string where = "file '" + path + "'";
+  config.validate(fn);
+  auto file = std::make_shared<detail::MappedFile>(path, fn);
+  Header h = parse_header(*file, fn, where);
+
+  Weights w;
+  w.config = config;
+  detail::prepare_layout(w);
+  // Match the config's parameter list against the file: every name present with its exact shape
+  // and a supported dtype, nothing left over.
+  std::int64_t convert_floats = 0;
+  std::size_t used = 0;
+  detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>& shape, float*&) {
+    auto it = h.tensors.find(name);
+    if (it == h.tensors.end())
+      fail(fn, where + ": tensor \"" + name + "\" " + shape_str(shape) + " that the config needs is missing");
+    const TensorInfo& t = it->second;
+    if (t.shape != shape)
+      fail(fn, where + ": tensor \"" + name + "\" is " + shape_str(t.shape) + " but the config needs " +
+                   shape_str(shape));
+    if (dtype_bytes(t.dtype) == 0)
+      fail(fn, where + ": tensor \"" + name + "\" has dtype " + t.dtype + "; supported: F32, BF16, F16");
+    const bool in_place = t.dtype == "F32" && reinterpret_cast<std::uintptr_t>(h.data + t.begin) % 4 == 0;
+    if (!in_place) convert_floats += (t.end - t.begin) / dtype_bytes(t.dtype);
+    ++used;
+  });
+  if (used != h.tensors.size())
+    for (const auto& [name, t] : h.tensors) {
+      bool known = false;
+      detail::for_each_param(w, [&](const std::string& n, const std::vector<std::int64_t>&, float*&) {
+        known = known || n == name;
+      });
+      if (!known)
+        fail(fn, where + ": tensor \"" + name + "\" " + shape_str(t.shape) +
+                     " is not a parameter of a model with this config (" + std::to_string(config.n_layers) +
+                     " layers, pos " + std::to_string(static_cast<int>(config.pos)) + ", tied " +
+                     (config.tied_embeddings ? "yes" : "no") + ", bias " + (config.bias ? "yes" : "no") + ")");
+    }
+
+  auto storage = std::make_shared<SafetensorsStorage>();
+  storage->file = file;
+  if (convert_floats > 0)
+    storage->arena = std::make_unique<Buffer>(DType::f32, std::vector<std::int64_t>{convert_floats});
+  float* arena = storage->arena ? storage->arena->ptr<float>() : nullptr;
+  detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>&, float*& slot) {
+    const TensorInfo& t = h.tensors.at(name);
+    const std::uint8_t* src = h.data + t.begin;
+    const std::int64_t n = static_cast<std::int64_t>((t.end - t.begin) / dtype_bytes(t.dtype));
+    if (t.dtype == "F32" && reinterpret_cast<std::uintptr_t>(src) % 4 == 0) {
+      slot = reinterpret_cast<float*>(const_cast<std::uint8_t*>(src));
+      return;
+    }
+    slot = arena;
+    arena += n;
+    for (std::int64_t k = 0; k < n; ++k) {
+      if (t.dtype == "F32") {
+        std::memcpy(slot + k, src + 4 * k, 4);
+      } else {
+        std::uint16_t b;
+        std::memcpy(&b, src + 2 * k, 2);
+        slot[k] = t.dtype == "BF16" ? bf16_to_f32(b) : f16_to_f32(b);
+      }
+    }
+  });
+  w.storage = storage;
+  detail::finish_layout(w);
+  detail::check_finite(w, fn, where);
+  return w;
+}
+
+Weights load_safetensors(const std::string& path, const std::string& config_path) {
+  return load_safetensors(path, load_config(config_path));
+}
+
+Weights load_weights(const std::string& path, const std::string& config_path) {
+  const std::string ext = ".safetensors";
+  const bool st = path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  if (!st) {
+    if (!config_path.empty())
+      fail("qkv::load_weights", "config_path: '" + config_path + "' given, but '" + path +
+                                    "' is a llama2.c checkpoint whose header is its config");
+    return load_llama2c(path);
+  }
+  if (!config_path.empty()) return load_safetensors(path, config_path);
+  const std::string beside = path.substr(0, path.size() - ext.size()) + ".json";
+  const auto slash = path.find_last_of('/');
+  const std::string folder = (slash == std::string::npos ? std::string("config.json")
+                                                          : path.substr(0, slash + 1) + "config.json");
+  for (const std::string& c : {beside, folder})
+    if (::access(c.c_str(), R_OK) == 0) return load_safetensors(path, c);
+  // Last resort: the config a qkv writer stored in the file's metadata.
+  detail::MappedFile file(path, "qkv::load_weights");
+  Header h = parse_header(file, "qkv::load_weights", "file '" + path + "'");
+  auto it = h.metadata.find("qkv_config");
+  if (it == h.metadata.end())
+    fail("qkv::load_weights", "path '" + path + "': no config given, none found at '" + beside + "' or '" + folder +
+                                  "', and no qkv_config in the file's metadata");
+  return load_safetensors(path, config_from_json(it->second, "qkv_config metadata of '" + path + "'"));
+}
+
+void save_safetensors(const Weights& w, const std::string& path) {
+  const char* fn = "qkv::save_safetensors";
+  nlohmann::ordered_json j;
+  j["__metadata__"] = {{"format", "pt"}, {"qkv_config", config_to_json(w.config)}};
+  std::uint64_t at = 0;
+  const auto tensors = w.tensors();
+  for (const auto& t : tensors) {
+    std::uint64_t n = 1;
+    for (auto d : t.shape) n *= static_cast<std::uint64_t>(d);
+    j[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + 4 * n}}};
+    at += 4 * n;
+  }
+  std::string header = j.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail(fn, "path '" + tmp + "': cannot open for writing: " + std::strerror(errno));
+    std::uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
+    f.write(reinterpret_cast<const char*>(len), 8);
+    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+    for (const auto& t : tensors) {
+      std::int64_t n = 1;
+      for (auto d : t.shape) n *= d;
+      f.write(reinterpret_cast<const char*>(t.data), static_cast<std::streamsize>(n * 4));
+    }
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      fail(fn, "path '" + tmp + "': write failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    fail(fn, "path '" + path + "': cannot rename the temporary file into place: " + std::strerror(e));
+  }
+}
+
+}  // namespace qkv
