@@ -3,6 +3,7 @@
 // error (unknown option, bad value), 1 for anything else.
 #include <exception>
 #include <iostream>
+#include <new>
 #include <string>
 
 #include "cli/commands.hpp"
@@ -47,6 +48,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "qkv: error: " << one_line(e.what()) << " (run 'qkv --help')\n";
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "qkv: error: out of memory (the sizes asked for need more memory than this machine gives)\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "qkv: error: " << one_line(e.what()) << "\n";
     return 1;
