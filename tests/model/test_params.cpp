@@ -55,31 +55,22 @@ TEST(Params, Stories260KMatchesItsCheckpointFile) {
   EXPECT_EQ(c.model->total, from_file_size);
   // GQA: 8 query heads (W_Q, value-up 8·64 each) on 4 kv heads (W_K, value-down 8·64 each) = 12,288 per block.
   EXPECT_EQ(c.attention.block_weights, 8 * (512 + 512) + 4 * (512 + 512));
-  // Where the file itself is at hand, read its header and size too.
-  const std::string candidates[] = {
-      std::string(QKV_SOURCE_DIR) + "/data/stories260K/stories260K.bin",
-      std::string(QKV_SOURCE_DIR) + "/shared/data/stories260K/stories260K.bin",
-      std::string(QKV_SOURCE_DIR) + "/../shared/data/stories260K/stories260K.bin",
-      "/work/shared/data/stories260K/stories260K.bin",
-  };
-  for (const std::string& path : candidates) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec)) continue;
-    const auto bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
-    std::ifstream f(path, std::ios::binary);
-    std::int32_t h[7];
-    f.read(reinterpret_cast<char*>(h), sizeof h);
-    ASSERT_TRUE(f.good());
-    const std::int64_t head_size = h[0] / h[3];
-    const std::int64_t floats = (bytes - static_cast<std::int64_t>(sizeof h)) / 4;
-    const std::int64_t weights = floats - 2 * static_cast<std::int64_t>(h[6]) * (head_size / 2);
-    std::printf("%s: %lld bytes, dim %d hidden %d layers %d heads %d kv_heads %d vocab %d seq %d → %lld weights\n",
-                path.c_str(), static_cast<long long>(bytes), h[0], h[1], h[2], h[3], h[4], h[5], h[6],
-                static_cast<long long>(weights));
-    EXPECT_EQ(weights, c.model->total);
-    return;
-  }
-  std::printf("stories260K.bin not found beside the source; checked against its documented size only\n");
+  // The copy committed in the repository: its header and its size say the same.
+  const std::string path = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin";
+  ASSERT_TRUE(std::filesystem::is_regular_file(path)) << path;
+  const auto bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
+  std::ifstream f(path, std::ios::binary);
+  std::int32_t h[7];  // dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
+  f.read(reinterpret_cast<char*>(h), sizeof h);
+  ASSERT_TRUE(f.good());
+  const std::int64_t head_size = h[0] / h[3];
+  const std::int64_t floats = (bytes - static_cast<std::int64_t>(sizeof h)) / 4;
+  const std::int64_t weights = floats - 2 * static_cast<std::int64_t>(h[6]) * (head_size / 2);
+  std::printf("%s: %lld bytes, dim %d hidden %d layers %d heads %d kv_heads %d vocab %d seq %d: %lld weights\n",
+              path.c_str(), static_cast<long long>(bytes), h[0], h[1], h[2], h[3], h[4], h[5], h[6],
+              static_cast<long long>(weights));
+  EXPECT_EQ(bytes, 1056540);
+  EXPECT_EQ(weights, c.model->total);
 }
 
 TEST(Params, GroupedQueryCrossAttentionAndBiases) {
