@@ -16,6 +16,7 @@
 // _mm512_undefined_ps). Include this header before anything that includes <immintrin.h>.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 

@@ -1,0 +1,91 @@
+// The machine's own limits, measured where the benchmarks run: fp32 FMA peak (AVX-512 when the
+// CPU has it, else AVX2) and read bandwidth from memory, both on `threads` threads.
+// Compiled with -mavx512f -mavx2 -mfma (bench only): needs AVX2; AVX-512 only when asked for.
+#include "machine_peak.hpp"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace qkv_bench {
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// 16 independent FMA chains per thread (enough to cover 4-cycle latency on 2 pipes twice over).
+template <class V, V (*Fma)(V, V, V), V (*Set)(float)>
+float fma_loop(std::int64_t iters) {
+  V acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = Set(0.001f * static_cast<float>(i));
+  const V a = Set(0.999999f), b = Set(1e-7f);
+  for (std::int64_t n = 0; n < iters; ++n)
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = Fma(acc[i], a, b);
+  V s = acc[0];
+  for (int i = 1; i < 16; ++i) s = Fma(s, a, acc[i]);
+  float out[16];
+  std::memcpy(out, &s, sizeof(float) * (sizeof(V) / 4));
+  return out[0];
+}
+__m512 fma512(__m512 x, __m512 a, __m512 b) { return _mm512_fmadd_ps(x, a, b); }
+__m512 set512(float x) { return _mm512_set1_ps(x); }
+__m256 fma256(__m256 x, __m256 a, __m256 b) { return _mm256_fmadd_ps(x, a, b); }
+__m256 set256(float x) { return _mm256_set1_ps(x); }
+
+}  // namespace
+
+double fma_peak_gflops(int threads, bool avx512) {
+  const std::int64_t iters = 100'000'000;
+  volatile float sink = 0.0f;
+  double best = 0.0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double t0 = now();
+#pragma omp parallel num_threads(threads)
+    {
+      const float r = avx512 ? fma_loop<__m512, fma512, set512>(iters) : fma_loop<__m256, fma256, set256>(iters);
+      sink = sink + r;
+    }
+    const double t = now() - t0;
+    const double flops = 2.0 * 16 * (avx512 ? 16 : 8) * static_cast<double>(iters) * threads;
+    best = flops / t / 1e9 > best ? flops / t / 1e9 : best;
+  }
+  return best;
+}
+
+double read_bandwidth_gbs(int threads) {
+  const std::size_t n = std::size_t{1} << 27;  // 512 MiB of floats: far beyond the LLC
+  auto* x = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::size_t i = 0; i < n; ++i) x[i] = 1.0f;
+  double best = 0.0;
+  volatile float sink = 0.0f;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = now();
+#pragma omp parallel num_threads(threads)
+    {
+      // 256-bit loads (AVX2) already saturate memory; 4 chains hide the add latency.
+      __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+#pragma omp for schedule(static)
+      for (std::size_t i = 0; i < n; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_load_ps(x + i));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps(x + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps(x + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps(x + i + 24));
+      }
+      float r[8];
+      _mm256_storeu_ps(r, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+      sink = sink + r[0];
+    }
+    const double t = now() - t0;
+    const double gbs = static_cast<double>(n * sizeof(float)) / t / 1e9;
+    best = gbs > best ? gbs : best;
+  }
+  std::free(x);
+  return best;
+}
+
+}  // namespace qkv_bench

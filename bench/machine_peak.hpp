@@ -1,0 +1,9 @@
+// The machine's own fp32 FMA peak and memory read bandwidth (see machine_peak.cpp).
+#pragma once
+
+namespace qkv_bench {
+
+double fma_peak_gflops(int threads, bool avx512);  // best of 3, GFLOP/s
+double read_bandwidth_gbs(int threads);           // best of 5 sweeps over 512 MiB, GB/s
+
+}  // namespace qkv_bench

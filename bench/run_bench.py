@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""One command for the attention forward benchmarks: qkv (Google Benchmark program) and PyTorch's
+scaled_dot_product_attention on the same CPU threads, in the same run; writes the table and the
+plot, and rewrites the generated section of BENCHMARKS.md.
+
+    python3 bench/run_bench.py [--build build] [--reps 3] [--quick]
+
+Measured here, in this run: the machine's fp32 FMA peak and read bandwidth (bench_attention
+--peak). FLOP model: 4·B·H·Sq·Skv·D, halved for causal. Times are medians of --reps repeats.
+PyTorch at its best CPU settings: torch.set_num_threads(2), OMP_WAIT_POLICY=PASSIVE, the
+default SDPA dispatch (its CPU flash-attention kernel for f32/bf16), contiguous [B, H, S, D].
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "bench", "results")
+NAME = re.compile(r"(fwd|dec)/(\w+)/(\w+)/B(\d+)/H(\d+)/Hkv(\d+)/S(?:kv)?(\d+)/D(\d+)(?:/(causal|full))?/T(\d+)")
+
+TORCH_WORKER = r"""
+import json, os, statistics, sys, time
+import torch
+import torch.nn.functional as F
+torch.set_num_threads(2)
+cases, reps = json.loads(sys.argv[1]), int(sys.argv[2])
+res = {}
+for c in cases:
+    dt = torch.bfloat16 if c["dtype"] == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(0)
+    q = (torch.rand(c["B"], c["H"], c["Sq"], c["D"], generator=g) * 2 - 1).to(dt)
+    k = (torch.rand(c["B"], c["Hkv"], c["Skv"], c["D"], generator=g) * 2 - 1).to(dt)
+    v = (torch.rand(c["B"], c["Hkv"], c["Skv"], c["D"], generator=g) * 2 - 1).to(dt)
+    kw = dict(is_causal=c["causal"], enable_gqa=c["Hkv"] != c["H"])
+    with torch.inference_mode():
+        F.scaled_dot_product_attention(q, k, v, **kw)
+        ts = []
+        for _ in range(reps):
+            n, t0 = 0, time.perf_counter()
+            while True:
+                F.scaled_dot_product_attention(q, k, v, **kw)
+                n += 1
+                if time.perf_counter() - t0 > 0.2:
+                    break
+            ts.append((time.perf_counter() - t0) / n)
+    res[c["name"]] = statistics.median(ts)
+    print(c["name"], res[c["name"]], file=sys.stderr, flush=True)
+print(json.dumps({"torch": torch.__version__, "times": res}))
+"""
+
+
+def parse(name):
+    m = NAME.fullmatch(name)
+    kind, kern, dtype, B, H, Hkv, S, D, causal, T = m.groups()
+    B, H, Hkv, S, D, T = map(int, (B, H, Hkv, S, D, T))
+    Sq = 1 if kind == "dec" else S
+    c = dict(kind=kind, kernel=kern, dtype=dtype, B=B, H=H, Hkv=Hkv, Sq=Sq, Skv=S, D=D, causal=causal == "causal", T=T)
+    c["flop"] = 4.0 * B * H * Sq * S * D / (2 if c["causal"] else 1)
+    c["kv_bytes"] = 2.0 * B * Hkv * S * D * (2 if dtype == "bf16" else 4)
+    return c
+
+
+def peer_key(c):
+    """The PyTorch case matching a qkv case (same shape, dtype, causality; 2 threads)."""
+    return f"{c['kind']}/{c['dtype']}/B{c['B']}/H{c['H']}/Hkv{c['Hkv']}/Sq{c['Sq']}/Skv{c['Skv']}/D{c['D']}/{int(c['causal'])}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="S ≤ 2048 only (a smoke run, not for the table)")
+    args = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    exe = os.path.join(args.build, "bench", "bench_attention")
+    started = time.time()
+
+    flt = ["--benchmark_filter=/(S|Skv)(256|512|1024|2048)/"] if args.quick else []
+    run = subprocess.run([exe, "--peak", "--benchmark_format=json", f"--benchmark_repetitions={args.reps}",
+                          "--benchmark_report_aggregates_only=true", "--benchmark_min_time=0.2s", *flt],
+                         check=True, capture_output=True, text=True)
+    gb = json.loads(run.stdout)
+    ctx = gb["context"]
+    peak = float(ctx["fma_peak_gflops_2t"])
+    bw = float(ctx["read_bandwidth_gbs_2t"])
+    cases = {}
+    want = "aggregate" if args.reps > 1 else "iteration"  # Google Benchmark aggregates only for reps > 1
+    for b in gb["benchmarks"]:
+        if b.get("run_type") != want or (want == "aggregate" and b.get("aggregate_name") != "median"):
+            continue
+        c = parse(b["run_name"].replace("/real_time", ""))
+        c["time_s"] = b["real_time"] / 1e3  # unit: ms
+        c["label"] = b.get("label", "")
+        cases[b["run_name"].replace("/real_time", "")] = c
+    mem = json.loads(subprocess.run([exe, "--memory-probe"], check=True, capture_output=True, text=True).stdout)
+
+    peers = {}
+    for c in cases.values():
+        if c["kernel"] == "qkv" and c["T"] == 2:
+            peers[peer_key(c)] = dict(name=peer_key(c), **{k: c[k] for k in ("dtype", "B", "H", "Hkv", "Sq", "Skv", "D", "causal")})
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    tr = subprocess.run([sys.executable, "-c", TORCH_WORKER, json.dumps(list(peers.values())), str(args.reps)],
+                        check=True, capture_output=True, text=True, env=env)
+    torch_out = json.loads(tr.stdout.strip().splitlines()[-1])
+    for c in cases.values():
+        t = torch_out["times"].get(peer_key(c)) if c["kernel"] == "qkv" and c["T"] == 2 else None
+        c["torch_s"] = t
+
+    result = dict(peak_gflops=peak, peak_gflops_1t=float(ctx["fma_peak_gflops_1t"]),
+                  peak_avx2_gflops=float(ctx["fma_peak_avx2_gflops_2t"]), read_gbs=bw, memory=mem["memory_probe"],
+                  torch=torch_out["torch"], openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+                  cpu=ctx.get("host_name", ""), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  wall_s=time.time() - started, cases=list(cases.values()))
+    with open(os.path.join(OUT, "forward.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    table = write_table(result)
+    plot(result)
+    update_doc(table)
+    print(table)
+
+
+def fmt_case(c):
+    s = f"B{c['B']} H{c['H']}" + (f"/{c['Hkv']}" if c["Hkv"] != c["H"] else "")
+    s += f" Sq{c['Sq']} Skv{c['Skv']}" if c["kind"] == "dec" else f" S{c['Skv']}"
+    return s + f" D{c['D']}" + (" causal" if c["causal"] else "")
+
+
+def write_table(r):
+    lines = [f"Measured in this run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads "
+             f"({r['peak_gflops_1t']:.0f} on 1; AVX2 only: {r['peak_avx2_gflops']:.0f}), read bandwidth "
+             f"{r['read_gbs']:.1f} GB/s. PyTorch {r['torch']}; OPENBLAS_CORETYPE={r['openblas_coretype']}; "
+             f"{r['date']}; run took {r['wall_s'] / 60:.1f} min.", "",
+             "| case | dtype | threads | qkv kernel | qkv ms | GFLOP/s | % peak | torch ms | qkv / torch |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in r["cases"]:
+        g = c["flop"] / c["time_s"] / 1e9
+        extra = f"{c['kv_bytes'] / c['time_s'] / 1e9:.1f} GB/s K,V ({100 * c['kv_bytes'] / c['time_s'] / 1e9 / r['read_gbs']:.0f}% bw)" \
+            if c["kind"] == "dec" else f"{100 * g / r['peak_gflops']:.0f}%"
+        t = f"{c['torch_s'] * 1e3:.2f}" if c["torch_s"] else "—"
+        ratio = f"{c['torch_s'] / c['time_s']:.2f}×" if c["torch_s"] else "—"
+        lines.append(f"| {fmt_case(c)} | {c['dtype']} | {c['T']} | {c['label']} | {c['time_s'] * 1e3:.2f} | {g:.0f} | "
+                     f"{extra} | {t} | {ratio} |")
+    m = r["memory"]
+    lines += ["", f"Memory: S = {m['S']}, B = H = 1, D = {m['D']} ({m['kernel']}): extra peak RSS "
+              f"{m['extra_peak_MB']:.1f} MB beyond the {m['inputs_MB']:.0f} MB of q, k, v, out."]
+    ratios = [c["torch_s"] / c["time_s"] for c in r["cases"] if c["torch_s"] and c["kind"] == "fwd"]
+    if ratios:
+        lines.append(f"Forward qkv / torch speed ratio over the grid: median {statistics.median(ratios):.2f}×, "
+                     f"min {min(ratios):.2f}×, max {max(ratios):.2f}×.")
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(OUT, "forward.md"), "w") as f:
+        f.write(table)
+    return table
+
+
+def plot(r):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, D in zip(axes, (64, 128)):
+        for causal, style in ((False, "-"), (True, "--")):
+            sel = [c for c in r["cases"] if c["kind"] == "fwd" and c["kernel"] == "qkv" and c["dtype"] == "f32"
+                   and c["B"] == 1 and c["Hkv"] == 16 and c["D"] == D and c["causal"] == causal and c["T"] == 2]
+            sel.sort(key=lambda c: c["Skv"])
+            if not sel:
+                continue
+            S = [c["Skv"] for c in sel]
+            tag = "causal" if causal else "full"
+            ax.plot(S, [c["flop"] / c["time_s"] / 1e9 for c in sel], "o" + style, color="C0", label=f"qkv {tag}")
+            ts = [(c["Skv"], c["flop"] / c["torch_s"] / 1e9) for c in sel if c["torch_s"]]
+            ax.plot([a for a, _ in ts], [b for _, b in ts], "s" + style, color="C1", label=f"torch SDPA {tag}")
+        ax.axhline(r["peak_gflops"], color="gray", lw=0.8, ls=":", label="measured fp32 FMA peak")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"fp32 forward, B=1, H=16, D={D}, 2 threads")
+        ax.set_xlabel("sequence length S")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("GFLOP/s (4·B·H·S²·D, halved for causal)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(OUT, "forward_gflops.png.tmp"), dpi=110, format="png")
+    os.replace(os.path.join(OUT, "forward_gflops.png.tmp"), os.path.join(OUT, "forward_gflops.png"))
+
+
+def update_doc(table):
+    """Replaces the generated block of BENCHMARKS.md (between the two markers) with the new table."""
+    path = os.path.join(ROOT, "BENCHMARKS.md")
+    begin, end = "<!-- forward-table:begin (bench/run_bench.py) -->", "<!-- forward-table:end -->"
+    text = open(path).read() if os.path.exists(path) else ""
+    if begin not in text:
+        return
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(head + begin + "\n" + table + end + tail)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()
