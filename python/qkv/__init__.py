@@ -1,0 +1,32 @@
+"""qkv: attention, exactly and fast, on the CPU.
+
+    import qkv
+    out = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)   # as torch's, on NumPy or torch
+    res = qkv.attention(q, k, v, causal=True, align="bottom_right", return_lse=True)
+    res.out, res.lse, res.kernel.name
+
+    import qkv.torch        # autograd: qkv.torch.scaled_dot_product_attention
+    mha = qkv.MultiHeadAttention(d_model=64, n_heads=4)
+
+Arrays may be NumPy (float32, float64, ml_dtypes.bfloat16), torch CPU tensors or any DLPack
+producer; they are read in place through their strides, and outputs come back in the same kind.
+"""
+
+from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
+from .functional import (AttentionGrads, AttentionResult, KernelInfo, attention, attention_backward,
+                         scaled_dot_product_attention)
+
+__all__ = [
+    "AttentionGrads", "AttentionResult", "KernelInfo", "active_isa", "attention", "attention_backward",
+    "cpu_isa", "num_threads", "scaled_dot_product_attention", "set_isa", "set_num_threads",
+]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # `qkv.torch` without an explicit `import qkv.torch`; torch itself is imported only then.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'qkv' has no attribute {name!r}")

@@ -1,0 +1,308 @@
+"""qkv's attention functions in Python.
+
+``scaled_dot_product_attention`` is a drop-in for ``torch.nn.functional.scaled_dot_product_attention``
+on the CPU; ``attention`` and ``attention_backward`` expose the whole qkv API in its own layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
+
+from . import _arrays as A
+from . import _qkv
+
+# Anything the package accepts as an array: numpy.ndarray, torch.Tensor, or a DLPack producer.
+Array = Any
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """Which implementation ran: ``kernel`` ('reference', 'flash', 'flash_decode'), the instruction
+    set it was compiled for (``isa``) and a printable ``name`` such as 'flash_avx512_f32'."""
+
+    kernel: str
+    isa: str
+    name: str
+
+
+class AttentionResult(NamedTuple):
+    """What :func:`attention` returns. ``lse`` and ``pattern`` are None unless requested."""
+
+    out: Array
+    lse: Optional[Array]
+    pattern: Optional[Array]
+    kernel: KernelInfo
+
+
+class AttentionGrads(NamedTuple):
+    """What :func:`attention_backward` returns."""
+
+    dq: Array
+    dk: Array
+    dv: Array
+    kernel: KernelInfo
+
+
+def _window(fn: str, name: str, w: Optional[int]) -> int:
+    if w is None:
+        return -1
+    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+        raise ValueError(f"[{fn}] {name}: must be None (unbounded) or an int >= 0, got {w!r}")
+    return w
+
+
+def _scale(fn: str, scale: Optional[float]) -> Optional[float]:
+    if scale is None:
+        return None
+    try:
+        return float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"[{fn}] scale: must be None or a float, got {type(scale).__name__}") from None
+
+
+def _mask(fn: str, kind, mask: Array, name: str):
+    mk, m = A.kind_of(mask, name, fn)
+    if mk is not kind:
+        raise TypeError(f"[{fn}] {name}: must be of the same kind as the inputs ({kind.name}), got {mk.name}")
+    m = mk.prepare(m)
+    d = mk.dtype_name(m)
+    if d != "bool" and d not in A.FLOAT_DTYPES:
+        raise TypeError(f"[{fn}] {name}: dtype must be bool (True = may attend) or float32/bfloat16/float64 "
+                        f"(added to the scores), got {d} (shape {list(A.shape_of(m))})")
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# The PyTorch-compatible entry point
+# ---------------------------------------------------------------------------------------------
+
+class _SdpaPlan(NamedTuple):
+    """An SDPA call mapped onto qkv's layout: rank-4 views and the shapes to map back."""
+
+    kind: Any
+    q4: Array                 # [B, H,   L, E ]
+    k4: Array                 # [B, Hkv, S, E ]
+    v4: Array                 # [B, Hkv, S, Ev]
+    mask4: Optional[Array]    # [B, H,   L, S ] (broadcast dims have stride 0) or None
+    out_shape: A.Shape        # (*batch, L, Ev), PyTorch's output shape
+    k_full: A.Shape           # the shapes q, k, v were broadcast to before merging into B
+    v_full: A.Shape
+    q_full: A.Shape
+    causal: bool
+    scale: Optional[float]
+
+
+def _plan_sdpa(fn: str, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> _SdpaPlan:
+    kind, (q, k, v) = A.common_kind(fn, [("query", query), ("key", key), ("value", value)])
+    A.check_float(fn, [("query", q), ("key", k), ("value", v)], kind)
+    qs, ks, vs = A.shape_of(q), A.shape_of(k), A.shape_of(v)
+    shapes = f"query {list(qs)}, key {list(ks)}, value {list(vs)}"
+    if dropout_p != 0.0:
+        raise ValueError(f"[{fn}] dropout_p: qkv computes attention exactly and has no dropout; pass "
+                         f"dropout_p=0.0 (as in eval mode), got {dropout_p!r}")
+    if min(len(qs), len(ks), len(vs)) < 2:
+        raise ValueError(f"[{fn}] query, key and value must have rank >= 2 (..., L, E), got {shapes}")
+    L, E = qs[-2:]
+    S, Ev = ks[-2], vs[-1]
+    if ks[-1] != E:
+        raise ValueError(f"[{fn}] key: last dimension must equal query's E = {E}, got {shapes}")
+    if vs[-2] != S:
+        raise ValueError(f"[{fn}] value: dimension -2 must equal key's S = {S}, got {shapes}")
+    if attn_mask is not None and is_causal:
+        raise ValueError(f"[{fn}] attn_mask and is_causal=True together are ambiguous (as in torch); "
+                         f"fold the causal rule into the mask")
+
+    if enable_gqa:
+        if min(len(qs), len(ks), len(vs)) < 3:
+            raise ValueError(f"[{fn}] enable_gqa needs a head dimension (-3) on query, key and value, got {shapes}")
+        H, Hk, Hv = qs[-3], ks[-3], vs[-3]
+        if Hk == 0 or Hv == 0 or H % Hk or H % Hv:
+            raise ValueError(f"[{fn}] enable_gqa: query heads ({H}) must be a multiple of key heads ({Hk}) "
+                             f"and value heads ({Hv}), got {shapes}")
+        lead = A.broadcast_shapes(fn, [("query", qs[:-3]), ("key", ks[:-3]), ("value", vs[:-3])])
+        if Hk != Hv:
+            # qkv pairs key head j with value head j; with different head counts, give both H heads
+            # the way torch does (repeat_interleave along dim -3).
+            k = _repeat_heads(kind, k, H // Hk)
+            v = _repeat_heads(kind, v, H // Hv)
+            Hk = Hv = H
+        out_batch = lead + (H,)
+    else:
+        out_batch = A.broadcast_shapes(fn, [("query", qs[:-2]), ("key", ks[:-2]), ("value", vs[:-2])])
+        lead, H = (out_batch[:-1], out_batch[-1]) if out_batch else ((), 1)
+        Hk = H
+    q_full, k_full, v_full = lead + (H, L, E), lead + (Hk, S, E), lead + (Hk, S, Ev)
+    q4 = A.to_rank4(kind, q, lead, (H, L, E))
+    k4 = A.to_rank4(kind, k, lead, (Hk, S, E))
+    v4 = A.to_rank4(kind, v, lead, (Hk, S, Ev))
+
+    mask4 = None
+    if attn_mask is not None:
+        m = _mask(fn, kind, attn_mask, "attn_mask")
+        ms, target = A.shape_of(m), out_batch + (L, S)
+        if len(ms) > len(target) or A.broadcast_shapes(fn, [("attn_mask", ms), ("scores", target)]) != target:
+            raise ValueError(f"[{fn}] attn_mask: shape {list(ms)} does not broadcast to the scores' shape "
+                             f"{list(target)} ({shapes})")
+        mask4 = A.to_rank4(kind, m, lead, (H, L, S))
+    return _SdpaPlan(kind, q4, k4, v4, mask4, out_batch + (L, Ev), k_full, v_full, q_full,
+                     bool(is_causal), _scale(fn, scale))
+
+
+def _repeat_heads(kind, x, r: int):
+    """x with every head (dim -3) repeated r times in place, as torch.repeat_interleave(x, r, -3)."""
+    if r == 1:
+        return x
+    s = A.shape_of(x)
+    st = kind.strides(x)
+    # [..., Hk, r, S, E] with stride 0 on r, made contiguous and viewed as [..., Hk·r, S, E].
+    rep = kind.contiguous(kind.strided(x, s[:-2] + (r,) + s[-2:], st[:-2] + (0,) + st[-2:]))
+    return kind.strided(rep, s[:-3] + (s[-3] * r,) + s[-2:], A.contiguous_strides(s[:-3] + (s[-3] * r,) + s[-2:]))
+
+
+def _run_forward(p: _SdpaPlan, out4, lse4=None) -> KernelInfo:
+    n = p.kind.native
+    return KernelInfo(*_qkv.attention(
+        n(p.q4), n(p.k4), n(p.v4), n(out4), None if p.mask4 is None else n(p.mask4), None,
+        lse4, None, p.scale, p.causal, "top_left", -1, -1, 0, "automatic"))
+
+
+def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Array:
+    """Attention with the semantics of ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Args:
+        query: (..., L, E) array; float32, bfloat16 or float64.
+        key: (..., S, E), same dtype.
+        value: (..., S, Ev), same dtype.
+        attn_mask: None, a bool array (True = may attend) or a float array added to the scores,
+            broadcastable to (..., L, S).
+        dropout_p: must be 0.0: qkv has no dropout (raises ValueError otherwise).
+        is_causal: top-left causal mask (query i sees keys j <= i, also when L != S). Not together
+            with attn_mask.
+        scale: score scale; None means 1/sqrt(E).
+        enable_gqa: key and value may have fewer heads (dim -3) than query; query head h reads
+            key/value head h // (H / Hkv), as torch's repeat_interleave does.
+
+    Returns:
+        (..., L, Ev) in the dtype and framework of ``query`` (NumPy in, NumPy out; torch in, torch out).
+        The batch dimensions broadcast as in torch.
+
+    Difference from torch: a query row that may attend to no key (all False, or an additive mask of
+    -inf everywhere) gives zeros here, always. torch's documented reference implementation gives
+    NaN there (softmax of an all -inf row); recent torch CPU kernels give zeros as well.
+
+    Inputs are read in place through their strides (transposed, sliced and broadcast inputs are
+    not copied). The GIL is released while the kernel runs. For gradients use
+    ``qkv.torch.scaled_dot_product_attention``.
+    """
+    fn = "qkv.scaled_dot_product_attention"
+    p = _plan_sdpa(fn, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    out = p.kind.empty(p.out_shape, p.q4)
+    B, H, L, Ev = p.q4.shape[0], p.q4.shape[1], p.q4.shape[2], p.v4.shape[3]
+    out4 = out.reshape(B, H, L, Ev)  # a view: out is freshly allocated, contiguous
+    _run_forward(p, out4)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole qkv API, in qkv's layout
+# ---------------------------------------------------------------------------------------------
+
+def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key_lengths: Optional[Array] = None,
+              cu_seqlens_q: Optional[Array] = None, cu_seqlens_k: Optional[Array] = None,
+              scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
+              window_left: Optional[int] = None, window_right: Optional[int] = None, return_lse: bool = False,
+              return_pattern: bool = False, num_threads: int = 0, kernel: str = "automatic") -> AttentionResult:
+    """Attention with every option of qkv's C++ API.
+
+    Layout (strides are free; nothing is copied):
+        q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv] -> out [B, H, Sq, Dv];
+        H % Hkv == 0 and query head h reads key/value head h // (H / Hkv).
+        Packed variable-length batches (cu_seqlens_q and cu_seqlens_k given): q [Tq, H, D],
+        k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> out [Tq, H, Dv]; sequence b owns rows
+        cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k, v.
+
+    Args:
+        mask: bool [.., Sq, Skv] (True = may attend) or float (added to the scores), broadcastable
+            to [B, H, Sq, Skv] over its leading dims of size 1 or equal.
+        key_lengths: ints [B]: batch b attends only to its first key_lengths[b] keys.
+        scale: None means 1/sqrt(D).
+        causal: key j is allowed for query i iff j <= diag(i).
+        align: where diag lies when Sq != Skv: 'top_left' (diag(i) = i, as torch's is_causal) or
+            'bottom_right' (diag(i) = i + Skv - Sq, as FlashAttention and KV-cache decoding).
+        window_left, window_right: sliding window diag(i) - left <= j <= diag(i) + right; None is
+            unbounded.
+        return_lse: also return log-sum-exp of the allowed scores, [B, H, Sq] ([H, Tq] packed),
+            float32 (float64 for float64 inputs); -inf on rows with no allowed key.
+        return_pattern: also return the softmax probabilities [B, H, Sq, Skv] (one row per query,
+            rows sum to 1), float32 (float64 for float64 inputs). Not with packed sequences.
+        num_threads: threads for this call; 0 means qkv.num_threads().
+        kernel: 'automatic' (the fastest that supports the call), 'reference', 'flash' or
+            'flash_decode'.
+
+    Returns:
+        AttentionResult(out, lse, pattern, kernel): arrays in the framework of q, and the
+        KernelInfo of what ran. A row with no allowed key gives zeros.
+    """
+    fn = "qkv.attention"
+    kind, (q_, k_, v_) = A.common_kind(fn, [("q", q), ("k", k), ("v", v)])
+    dtype = A.check_float(fn, [("q", q_), ("k", k_), ("v", v_)], kind)
+    qs, vs = A.shape_of(q_), A.shape_of(v_)
+    aux = "float64" if dtype == "float64" else "float32"
+    wl, wr = _window(fn, "window_left", window_left), _window(fn, "window_right", window_right)
+    n = kind.native
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError(f"[{fn}] cu_seqlens_q and cu_seqlens_k: give both or neither")
+    if cu_seqlens_q is not None:
+        if len(qs) != 3 or len(vs) != 3:
+            raise ValueError(f"[{fn}] packed q, k, v must have rank 3 [T, H, D], got q {list(qs)}, "
+                             f"k {list(A.shape_of(k_))}, v {list(vs)}")
+        if mask is not None or key_lengths is not None or return_pattern:
+            raise ValueError(f"[{fn}] mask, key_lengths and return_pattern are not available with packed "
+                             f"sequences (cu_seqlens_q / cu_seqlens_k)")
+        out = kind.empty((qs[0], qs[1], vs[2]), q_)
+        lse = kind.empty((qs[1], qs[0]), q_, aux) if return_lse else None
+        info = _qkv.attention_varlen(
+            n(q_), n(k_), n(v_), n(out), A.index_array(fn, "cu_seqlens_q", cu_seqlens_q),
+            A.index_array(fn, "cu_seqlens_k", cu_seqlens_k), lse, _scale(fn, scale), bool(causal), align,
+            wl, wr, int(num_threads), kernel)
+        return AttentionResult(out, lse, None, KernelInfo(*info))
+    if len(qs) != 4 or len(vs) != 4 or len(A.shape_of(k_)) != 4:
+        raise ValueError(f"[{fn}] q, k, v must have rank 4 [B, H, S, D] (rank 3 with cu_seqlens), got "
+                         f"q {list(qs)}, k {list(A.shape_of(k_))}, v {list(vs)}")
+    out = kind.empty((qs[0], qs[1], qs[2], vs[3]), q_)
+    lse = kind.empty(qs[:3], q_, aux) if return_lse else None
+    pattern = kind.empty(qs[:3] + (A.shape_of(k_)[2],), q_, aux) if return_pattern else None
+    m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
+    kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
+    info = _qkv.attention(n(q_), n(k_), n(v_), n(out), m, kl, lse, pattern, _scale(fn, scale), bool(causal),
+                          align, wl, wr, int(num_threads), kernel)
+    return AttentionResult(out, lse, pattern, KernelInfo(*info))
+
+
+def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, lse: Array, *,
+                       mask: Optional[Array] = None, key_lengths: Optional[Array] = None,
+                       scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
+                       window_left: Optional[int] = None, window_right: Optional[int] = None,
+                       num_threads: int = 0, kernel: str = "automatic") -> AttentionGrads:
+    """Gradients of :func:`attention` (rank-4 layout only): given dout = dL/dout, returns dq, dk, dv.
+
+    ``out`` and ``lse`` (float32) come from the forward call with the same options
+    (``attention(..., return_lse=True)``). With grouped-query attention dk and dv are summed over
+    the query heads of each group. No gradient flows into an additive mask.
+    """
+    fn = "qkv.attention_backward"
+    kind, arrs = A.common_kind(fn, [("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)])
+    q_, k_, v_, o_, g_, l_ = arrs
+    A.check_float(fn, [("q", q_), ("k", k_), ("v", v_), ("out", o_), ("dout", g_)], kind)
+    dq, dk, dv = kind.empty(A.shape_of(q_), q_), kind.empty(A.shape_of(k_), k_), kind.empty(A.shape_of(v_), v_)
+    n = kind.native
+    m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
+    kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
+    info = _qkv.attention_backward(
+        n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv), m, kl, _scale(fn, scale), bool(causal),
+        align, _window(fn, "window_left", window_left), _window(fn, "window_right", window_right),
+        int(num_threads), kernel)
+    return AttentionGrads(dq, dk, dv, KernelInfo(*info))

@@ -1,0 +1,203 @@
+// qkv._qkv — the thin native layer under the Python package (a face: it converts and calls).
+//
+// Every array argument arrives as a nanobind ndarray: a NumPy array, a torch tensor or any other
+// DLPack producer, read in place through its own strides (no copy, no contiguity demanded).
+// The Python layer (python/qkv/) does the PyTorch-style broadcasting, allocates the outputs in
+// the caller's framework and passes them here already shaped [B, H, S, D].
+//
+// dtypes accepted: float32 → f32, float64 → f64, bfloat16 → bf16, uint16 → bf16 (NumPy has no
+// bfloat16: qkv/_arrays.py passes an ml_dtypes.bfloat16 array as its uint16 bit view), bool and
+// uint8 → u8, int32 → i32, int64 → i64. Anything else raises TypeError.
+//
+// The GIL is released while a kernel runs, so Python threads calling qkv compute at the same time.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "qkv/attention.hpp"
+#include "qkv/types.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// Inputs may be read-only (broadcast NumPy views are): qkv never writes through them.
+using In = nb::ndarray<nb::ro, nb::device::cpu>;
+// Outputs are written by the kernel.
+using Out = nb::ndarray<nb::device::cpu>;
+
+qkv::DType to_dtype(const char* fn, const char* name, nb::dlpack::dtype t) {
+  using C = nb::dlpack::dtype_code;
+  const auto code = static_cast<C>(t.code);
+  if (t.lanes == 1) {
+    if (code == C::Float && t.bits == 32) return qkv::DType::f32;
+    if (code == C::Float && t.bits == 64) return qkv::DType::f64;
+    if (code == C::Bfloat && t.bits == 16) return qkv::DType::bf16;
+    if (code == C::UInt && t.bits == 16) return qkv::DType::bf16;
+    if ((code == C::Bool || code == C::UInt) && t.bits == 8) return qkv::DType::u8;
+    if (code == C::Int && t.bits == 32) return qkv::DType::i32;
+    if (code == C::Int && t.bits == 64) return qkv::DType::i64;
+  }
+  throw nb::type_error((std::string("[") + fn + "] " + name + ": unsupported dtype (DLPack code " +
+                        std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits)")
+                           .c_str());
+}
+
+template <class A>
+qkv::View to_view(const char* fn, const char* name, const A& a) {
+  if (a.ndim() < 1 || a.ndim() > static_cast<size_t>(qkv::kMaxRank))
+    throw nb::value_error((std::string("[") + fn + "] " + name + ": rank must be 1.." +
+                           std::to_string(qkv::kMaxRank) + ", got " + std::to_string(a.ndim()))
+                              .c_str());
+  qkv::View v;
+  v.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  v.dtype = to_dtype(fn, name, a.dtype());
+  v.rank = static_cast<int>(a.ndim());
+  for (int i = 0; i < v.rank; ++i) {
+    v.shape[static_cast<size_t>(i)] = static_cast<std::int64_t>(a.shape(static_cast<size_t>(i)));
+    v.strides[static_cast<size_t>(i)] = a.stride(static_cast<size_t>(i));
+  }
+  return v;
+}
+
+template <class A>
+std::optional<qkv::View> to_view(const char* fn, const char* name, const std::optional<A>& a) {
+  if (!a) return std::nullopt;
+  return to_view(fn, name, *a);
+}
+
+qkv::Align to_align(const std::string& s) {
+  if (s == "top_left") return qkv::Align::top_left;
+  if (s == "bottom_right") return qkv::Align::bottom_right;
+  throw nb::value_error(("[qkv.attention] align: must be 'top_left' or 'bottom_right', got '" + s + "'").c_str());
+}
+
+qkv::Kernel to_kernel(const std::string& s) {
+  for (qkv::Kernel k : {qkv::Kernel::automatic, qkv::Kernel::reference, qkv::Kernel::flash, qkv::Kernel::flash_decode})
+    if (s == qkv::kernel_name(k)) return k;
+  throw nb::value_error(
+      ("[qkv.attention] kernel: must be 'automatic', 'reference', 'flash' or 'flash_decode', got '" + s + "'").c_str());
+}
+
+qkv::Isa to_isa(const std::string& s) {
+  for (qkv::Isa i : {qkv::Isa::scalar, qkv::Isa::avx2, qkv::Isa::avx512, qkv::Isa::avx512_bf16})
+    if (s == qkv::isa_name(i)) return i;
+  throw nb::value_error(
+      ("[qkv.set_isa] isa: must be 'scalar', 'avx2', 'avx512' or 'avx512_bf16', got '" + s + "'").c_str());
+}
+
+using Info = std::tuple<std::string, std::string, std::string>;  // (kernel, isa, name)
+Info info_tuple(const qkv::KernelInfo& i) { return {qkv::kernel_name(i.kernel), qkv::isa_name(i.isa), i.name}; }
+
+qkv::AttentionOptions options(const char* fn, const std::optional<In>& mask, const std::optional<In>& key_lengths,
+                              std::optional<double> scale, bool causal, const std::string& align,
+                              std::int64_t window_left, std::int64_t window_right, int num_threads,
+                              const std::string& kernel) {
+  qkv::AttentionOptions o;
+  o.scale = scale;
+  o.causal = causal;
+  o.align = to_align(align);
+  o.window_left = window_left;
+  o.window_right = window_right;
+  o.mask = to_view(fn, "mask", mask);
+  o.key_lengths = to_view(fn, "key_lengths", key_lengths);
+  o.num_threads = num_threads;
+  o.kernel = to_kernel(kernel);
+  return o;
+}
+
+Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<In> key_lengths,
+               std::optional<Out> lse, std::optional<Out> pattern, std::optional<double> scale, bool causal,
+               const std::string& align, std::int64_t window_left, std::int64_t window_right, int num_threads,
+               const std::string& kernel) {
+  const char* fn = "qkv.attention";
+  const qkv::AttentionOptions o =
+      options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
+                  ov = to_view(fn, "out", out);
+  const auto lv = to_view(fn, "lse", lse), pv = to_view(fn, "pattern", pattern);
+  qkv::KernelInfo info;
+  {
+    nb::gil_scoped_release unlocked;
+    info = qkv::attention(qv, kv, vv, ov, o, lv, pv);
+  }
+  return info_tuple(info);
+}
+
+Info attention_varlen(In q, In k, In v, Out out, In cu_seqlens_q, In cu_seqlens_k, std::optional<Out> lse,
+                      std::optional<double> scale, bool causal, const std::string& align, std::int64_t window_left,
+                      std::int64_t window_right, int num_threads, const std::string& kernel) {
+  const char* fn = "qkv.attention";
+  const qkv::AttentionOptions o =
+      options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
+                  ov = to_view(fn, "out", out), cq = to_view(fn, "cu_seqlens_q", cu_seqlens_q),
+                  ck = to_view(fn, "cu_seqlens_k", cu_seqlens_k);
+  const auto lv = to_view(fn, "lse", lse);
+  qkv::KernelInfo info;
+  {
+    nb::gil_scoped_release unlocked;
+    info = qkv::attention_varlen(qv, kv, vv, ov, cq, ck, o, lv);
+  }
+  return info_tuple(info);
+}
+
+Info attention_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out dk, Out dv, std::optional<In> mask,
+                        std::optional<In> key_lengths, std::optional<double> scale, bool causal,
+                        const std::string& align, std::int64_t window_left, std::int64_t window_right,
+                        int num_threads, const std::string& kernel) {
+  const char* fn = "qkv.attention_backward";
+  const qkv::AttentionOptions o =
+      options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
+                  ov = to_view(fn, "out", out), gv = to_view(fn, "dout", dout), lv = to_view(fn, "lse", lse),
+                  dqv = to_view(fn, "dq", dq), dkv = to_view(fn, "dk", dk), dvv = to_view(fn, "dv", dv);
+  qkv::KernelInfo info;
+  {
+    nb::gil_scoped_release unlocked;
+    info = qkv::attention_backward(qv, kv, vv, ov, gv, lv, dqv, dkv, dvv, o);
+  }
+  return info_tuple(info);
+}
+
+}  // namespace
+
+NB_MODULE(_qkv, m) {
+  m.doc() = "Native layer of qkv: attention on the CPU over strided arrays. Use the qkv package, not this module.";
+
+  m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "out"_a, "mask"_a.none(), "key_lengths"_a.none(),
+        "lse"_a.none(), "pattern"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a,
+        "window_right"_a, "num_threads"_a, "kernel"_a,
+        "Forward attention over [B, H, S, D] arrays into `out` (and `lse`, `pattern` when given).\n"
+        "Returns (kernel, isa, name) of the kernel that ran.");
+  m.def("attention_varlen", &attention_varlen, "q"_a, "k"_a, "v"_a, "out"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
+        "lse"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a, "window_right"_a,
+        "num_threads"_a, "kernel"_a,
+        "Forward attention over packed [T, H, D] sequences delimited by cumulative offsets.\n"
+        "Returns (kernel, isa, name) of the kernel that ran.");
+  m.def("attention_backward", &attention_backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a,
+        "dk"_a, "dv"_a, "mask"_a.none(), "key_lengths"_a.none(), "scale"_a.none(), "causal"_a, "align"_a,
+        "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a,
+        "Backward attention: writes dq, dk, dv from dout and the forward's out and lse.\n"
+        "Returns (kernel, isa, name) of the kernel that ran.");
+
+  m.def("set_num_threads", &qkv::set_num_threads, "n"_a,
+        "Threads the kernels use when a call does not say (default: QKV_NUM_THREADS, else all cores).");
+  m.def("num_threads", &qkv::num_threads, "Threads the kernels use when a call does not say.");
+  m.def(
+      "cpu_isa", [] { return std::string(qkv::isa_name(qkv::cpu_isa())); },
+      "The best instruction set this CPU supports: 'scalar', 'avx2', 'avx512' or 'avx512_bf16'.");
+  m.def(
+      "active_isa", [] { return std::string(qkv::isa_name(qkv::active_isa())); },
+      "The instruction set the kernels use (cpu_isa() unless QKV_ISA or set_isa() chose a lower one).");
+  m.def(
+      "set_isa", [](const std::string& isa) { qkv::set_isa(to_isa(isa)); }, "isa"_a,
+      "Restricts the kernels to `isa` ('scalar', 'avx2', 'avx512', 'avx512_bf16'); raises if the CPU lacks it.");
+}
