@@ -179,6 +179,12 @@ def broadcast_shapes(fn: str, named: Sequence[Tuple[str, Shape]]) -> Shape:
     return tuple(out)
 
 
+def broadcasts_to(shape: Shape, target: Shape) -> bool:
+    """Whether `shape` broadcasts (right-aligned, size 1 stretching) to exactly `target`."""
+    return len(shape) <= len(target) and all(
+        n in (1, t) for n, t in zip(reversed(shape), reversed(target)))
+
+
 def broadcast_strides(shape: Shape, strides: Shape, target: Shape) -> Shape:
     """Strides of `shape` broadcast (right-aligned) to `target`; 0 on every broadcast dimension."""
     out = []

@@ -141,7 +141,7 @@ def _plan_sdpa(fn: str, query, key, value, attn_mask, dropout_p, is_causal, scal
     if attn_mask is not None:
         m = _mask(fn, kind, attn_mask, "attn_mask")
         ms, target = A.shape_of(m), out_batch + (L, S)
-        if len(ms) > len(target) or A.broadcast_shapes(fn, [("attn_mask", ms), ("scores", target)]) != target:
+        if not A.broadcasts_to(ms, target):
             raise ValueError(f"[{fn}] attn_mask: shape {list(ms)} does not broadcast to the scores' shape "
                              f"{list(target)} ({shapes})")
         mask4 = A.to_rank4(kind, m, lead, (H, L, S))
@@ -194,10 +194,18 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
     NaN there (softmax of an all -inf row); recent torch CPU kernels give zeros as well.
 
     Inputs are read in place through their strides (transposed, sliced and broadcast inputs are
-    not copied). The GIL is released while the kernel runs. For gradients use
-    ``qkv.torch.scaled_dot_product_attention``.
+    not copied). The GIL is released while the kernel runs. When torch is recording gradients for
+    any input, the call goes through ``qkv.torch.scaled_dot_product_attention`` (qkv's backward).
     """
     fn = "qkv.scaled_dot_product_attention"
+    t = A._torch()
+    if t is not None and t.is_grad_enabled() and any(
+            isinstance(x, t.Tensor) and x.requires_grad for x in (query, key, value)):
+        # A torch graph is being recorded: keep it differentiable (qkv's backward kernel).
+        from . import torch as qkv_torch
+
+        return qkv_torch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                      enable_gqa)
     p = _plan_sdpa(fn, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     out = p.kind.empty(p.out_shape, p.q4)
     B, H, L, Ev = p.q4.shape[0], p.q4.shape[1], p.q4.shape[2], p.v4.shape[3]

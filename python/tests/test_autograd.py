@@ -1,0 +1,131 @@
+"""qkv.torch.scaled_dot_product_attention: gradients against torch autograd through torch's SDPA.
+
+Tolerances: float64 on both sides agrees to 1e-12 (different summation orders only). float32
+gradients are compared with torch's float64 gradients under the rule of test_sdpa.py: at most
+twice torch's own float32 error plus 1e-5 (the backward sums over up to Skv·Dv products of O(1)
+terms, so a few float32 ulps of O(10) values).
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+import qkv.torch  # noqa: E402
+
+
+def grads(fn, q, k, v, dout, **kw):
+    ins = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = fn(*ins, **kw)
+    return (out, *torch.autograd.grad(out, ins, dout))
+
+
+CASES = [
+    dict(qs=(2, 3, 7, 8), ks=(2, 3, 9, 8), vs=(2, 3, 9, 5)),
+    dict(qs=(2, 3, 7, 8), ks=(1, 3, 9, 8), vs=(1, 3, 9, 5)),                 # batch broadcast
+    dict(qs=(2, 4, 7, 8), ks=(2, 2, 9, 8), vs=(2, 2, 9, 5), enable_gqa=True),
+    dict(qs=(2, 4, 7, 8), ks=(2, 1, 9, 8), vs=(2, 2, 9, 5), enable_gqa=True),  # Hk != Hv
+    dict(qs=(3, 9, 16), ks=(3, 4, 16), vs=(3, 4, 16), is_causal=True),        # L > S, top-left
+    dict(qs=(5, 8), ks=(2, 3, 6, 8), vs=(2, 3, 6, 4), scale=0.2),              # rank 2 query
+    dict(qs=(2, 2, 1, 2, 5, 8), ks=(2, 1, 3, 2, 6, 8), vs=(2, 1, 3, 2, 6, 8)),  # two broadcast batch dims
+    dict(qs=(2, 3, 6, 8), ks=(2, 3, 6, 8), vs=(2, 3, 6, 8), mask="bool"),
+    dict(qs=(2, 3, 6, 8), ks=(2, 3, 6, 8), vs=(2, 3, 6, 8), mask="additive"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gradients_match_torch_autograd(case, dtype):
+    g = torch.Generator().manual_seed(7)
+    case = dict(case)
+    q, k, v = (torch.randn(case.pop(s), generator=g, dtype=torch.float64) for s in ("qs", "ks", "vs"))
+    mask = case.pop("mask", None)
+    if mask == "bool":
+        case["attn_mask"] = torch.rand(q.shape[-2], k.shape[-2], generator=g) < 0.7
+        case["attn_mask"][:, 0] = True            # no fully masked row: torch's gradient there is NaN
+    elif mask == "additive":
+        case["attn_mask"] = torch.randn(q.shape[-2], k.shape[-2], generator=g, dtype=torch.float64)
+    out64 = F.scaled_dot_product_attention(q, k, v, **case)
+    dout = torch.randn(out64.shape, generator=g, dtype=torch.float64)
+    want = grads(F.scaled_dot_product_attention, q, k, v, dout, **case)
+    cast = {kk: (vv.to(dtype) if isinstance(vv, torch.Tensor) and vv.is_floating_point() else vv)
+            for kk, vv in case.items()}
+    got = grads(qkv.torch.scaled_dot_product_attention, q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype),
+                **cast)
+    names = ("out", "dq", "dk", "dv")
+    if dtype == torch.float64:
+        bounds = [1e-12] * 4
+    else:
+        theirs = grads(F.scaled_dot_product_attention, q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype),
+                       **cast)
+        bounds = [2 * (t.double() - w).abs().max().item() + 1e-5 for t, w in zip(theirs, want)]
+    for name, a, w, bound in zip(names, got, want, bounds):
+        assert a.shape == w.shape and a.dtype == dtype
+        err = (a.double() - w).abs().max().item()
+        print(f"{dtype} {name}: max error {err:.3g} (bound {bound:.3g})")
+        assert err <= bound, name
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, n, 4, generator=g, dtype=torch.float64, requires_grad=True) for n in (3, 5, 5))
+    # Central differences in float64 against qkv's analytic backward; torch's default tolerances.
+    assert torch.autograd.gradcheck(lambda a, b, c: qkv.torch.scaled_dot_product_attention(a, b, c, is_causal=True),
+                                    (q, k, v))
+
+
+def test_bfloat16_backward_close_to_float64():
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 16, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    dout = torch.randn(1, 2, 16, 32, generator=g, dtype=torch.float64)
+    want = grads(F.scaled_dot_product_attention, q, k, v, dout, is_causal=True)
+    got = grads(qkv.torch.scaled_dot_product_attention, *(x.bfloat16() for x in (q, k, v, dout)), is_causal=True)
+    theirs = grads(F.scaled_dot_product_attention, *(x.bfloat16() for x in (q, k, v, dout)), is_causal=True)
+    for name, a, t, w in zip(("out", "dq", "dk", "dv"), got, theirs, want):
+        err, err_t = (a.double() - w).abs().max().item(), (t.double() - w).abs().max().item()
+        print(f"bf16 {name}: qkv {err:.3g}, torch {err_t:.3g}")
+        assert a.dtype == torch.bfloat16
+        # bf16 inputs are rounded by 2^-9 relative; the rule: twice torch's error + one bf16 ulp of O(4).
+        assert err <= 2 * err_t + 2.0 ** -6, name
+
+
+def test_inside_a_model_training_step():
+    """An nn.Module that calls qkv.torch's SDPA trains: its loss falls as torch's twin's does."""
+
+    class Attn(torch.nn.Module):
+        def __init__(self, sdpa):
+            super().__init__()
+            torch.manual_seed(10)
+            self.proj = torch.nn.Linear(16, 48)
+            self.out = torch.nn.Linear(16, 16)
+            self.sdpa = sdpa
+
+        def forward(self, x):
+            q, k, v = (t.unflatten(-1, (2, 8)).transpose(1, 2) for t in self.proj(x).chunk(3, -1))
+            return self.out(self.sdpa(q, k, v, is_causal=True).transpose(1, 2).flatten(2))
+
+    x = torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(11))
+    target = x.roll(1, dims=1)
+    losses = {}
+    for name, fn in (("qkv", qkv.torch.scaled_dot_product_attention), ("torch", F.scaled_dot_product_attention)):
+        m = Attn(fn)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        losses[name] = []
+        for _ in range(5):
+            opt.zero_grad()
+            loss = (m(x) - target).square().mean()
+            loss.backward()
+            opt.step()
+            losses[name].append(loss.item())
+    print(f"losses qkv {losses['qkv']}, torch {losses['torch']}")
+    assert losses["qkv"][-1] < losses["qkv"][0]
+    # Same model, same data: five SGD steps in float32 stay within float32 rounding of torch's.
+    assert np.allclose(losses["qkv"], losses["torch"], rtol=1e-4)
+
+
+def test_plain_entry_point_keeps_the_graph():
+    q, k, v = (torch.randn(1, 1, 4, 4, requires_grad=True) for _ in range(3))
+    out = qkv.scaled_dot_product_attention(q, k, v)
+    assert out.requires_grad and out.grad_fn is not None
+    out.sum().backward()
+    assert q.grad is not None
