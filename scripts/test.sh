@@ -20,3 +20,9 @@ echo "== build and test: preset asan (AddressSanitizer + UndefinedBehaviorSaniti
 cmake --preset asan
 cmake --build --preset asan -j2
 ctest --preset asan -j2
+
+echo "== Python package: pip install . (the wheel: module, qkv command), then pytest"
+# The same CMake project through scikit-build-core; build-python/ keeps the build between runs.
+python3 -m pip install . -q --no-build-isolation -Cbuild-dir=build-python \
+  -Ccmake.define.QKV_BUILD_TESTS=OFF -Ccmake.define.QKV_BUILD_BENCH=OFF
+python3 -m pytest -q python/tests
