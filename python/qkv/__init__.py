@@ -6,7 +6,9 @@
     res.out, res.lse, res.kernel.name
 
     import qkv.torch        # autograd: qkv.torch.scaled_dot_product_attention
-    mha = qkv.MultiHeadAttention(d_model=64, n_heads=4)
+    mha = qkv.MultiHeadAttention(d_model=64, n_heads=4, seed=0)
+    delta = mha(x, causal=True)                                        # x [B, S, 64] -> Δe [B, S, 64]
+    mha.save("block.safetensors"); qkv.MultiHeadAttention.load("block.safetensors")
 
 Arrays may be NumPy (float32, float64, ml_dtypes.bfloat16), torch CPU tensors or any DLPack
 producer; they are read in place through their strides, and outputs come back in the same kind.
@@ -15,10 +17,11 @@ producer; they are read in place through their strides, and outputs come back in
 from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
 from .functional import (AttentionGrads, AttentionResult, KernelInfo, attention, attention_backward,
                          scaled_dot_product_attention)
+from .mha import MhaResult, MultiHeadAttention
 
 __all__ = [
-    "AttentionGrads", "AttentionResult", "KernelInfo", "active_isa", "attention", "attention_backward",
-    "cpu_isa", "num_threads", "scaled_dot_product_attention", "set_isa", "set_num_threads",
+    "AttentionGrads", "AttentionResult", "KernelInfo", "MhaResult", "MultiHeadAttention", "active_isa", "attention",
+    "attention_backward", "cpu_isa", "num_threads", "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
 __version__ = "0.1.0"
 

@@ -16,11 +16,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "qkv/attention.hpp"
+#include "qkv/mha.hpp"
 #include "qkv/types.hpp"
 
 namespace nb = nanobind;
@@ -167,6 +170,48 @@ Info attention_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out d
   return info_tuple(info);
 }
 
+// ---- the multi-head attention block (include/qkv/mha.hpp)
+
+using Mha = qkv::MultiHeadAttention;
+
+void mha_init(Mha* self, std::int64_t d_model, std::int64_t d_source, std::int64_t n_heads, std::int64_t n_kv_heads,
+              std::int64_t d_head, std::int64_t d_value, bool bias) {
+  qkv::MhaConfig c;
+  c.d_model = d_model, c.d_source = d_source, c.n_heads = n_heads, c.n_kv_heads = n_kv_heads;
+  c.d_head = d_head, c.d_value = d_value, c.bias = bias;
+  new (self) Mha(c);
+}
+
+// The weights as writable NumPy arrays over the block's own buffers (no copy); each keeps the
+// block alive as long as it lives.
+nb::dict mha_weights(nb::handle self_h) {
+  Mha& self = nb::cast<Mha&>(self_h);
+  nb::dict d;
+  const std::pair<const char*, qkv::Buffer*> all[] = {{"w_q", &self.w_q}, {"w_k", &self.w_k}, {"w_v", &self.w_v},
+                                                      {"w_o", &self.w_o}, {"b_q", &self.b_q}, {"b_k", &self.b_k},
+                                                      {"b_v", &self.b_v}, {"b_o", &self.b_o}};
+  for (auto [name, buf] : all) {
+    size_t shape[2];
+    for (size_t i = 0; i < buf->shape().size(); ++i) shape[i] = static_cast<size_t>(buf->shape()[i]);
+    d[name] = nb::ndarray<nb::numpy, float>(buf->ptr<float>(), buf->shape().size(), shape, self_h);
+  }
+  return d;
+}
+
+void mha_forward(const Mha& self, In x, std::optional<In> source, Out delta, std::optional<Out> head_delta,
+                 std::optional<Out> pattern, std::optional<In> mask, std::optional<In> key_lengths,
+                 std::optional<double> scale, bool causal, const std::string& align, std::int64_t window_left,
+                 std::int64_t window_right, int num_threads, const std::string& kernel) {
+  const char* fn = "qkv.MultiHeadAttention";
+  const qkv::AttentionOptions o =
+      options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::View xv = to_view(fn, "x", x), dv = to_view(fn, "delta", delta);
+  const auto sv = to_view(fn, "source", source), hv = to_view(fn, "head_delta", head_delta),
+             pv = to_view(fn, "pattern", pattern);
+  nb::gil_scoped_release unlocked;
+  self.forward(xv, sv, o, dv, hv, pv);
+}
+
 }  // namespace
 
 NB_MODULE(_qkv, m) {
@@ -187,6 +232,25 @@ NB_MODULE(_qkv, m) {
         "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a,
         "Backward attention: writes dq, dk, dv from dout and the forward's out and lse.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
+
+  nb::class_<Mha>(m, "MultiHeadAttention",
+                  "The multi-head attention block of include/qkv/mha.hpp (use qkv.MultiHeadAttention).")
+      .def("__init__", &mha_init, "d_model"_a, "d_source"_a, "n_heads"_a, "n_kv_heads"_a, "d_head"_a, "d_value"_a,
+           "bias"_a, "A block with zero weights; 0 for d_source, n_kv_heads, d_value means the default.")
+      .def("init_random", &Mha::init_random, "seed"_a,
+           "Weights ~ N(0, 1/fan_in), biases ~ N(0, 0.01^2), from a fixed seed.")
+      .def(
+          "config",
+          [](const Mha& self) {
+            const qkv::MhaConfig& c = self.config();
+            return std::make_tuple(c.d_model, c.d_source, c.n_heads, c.n_kv_heads, c.d_head, c.d_value, c.bias);
+          },
+          "(d_model, d_source, n_heads, n_kv_heads, d_head, d_value, bias), defaults resolved.")
+      .def("weights", &mha_weights, "The eight weight arrays by name, writable views of the block's memory.")
+      .def("forward", &mha_forward, "x"_a, "source"_a.none(), "delta"_a, "head_delta"_a.none(), "pattern"_a.none(),
+           "mask"_a.none(), "key_lengths"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a,
+           "window_right"_a, "num_threads"_a, "kernel"_a,
+           "Writes delta [B, S, d_model] (and head_delta [B, H, S, d_model], pattern [B, H, S, Skv]).");
 
   m.def("set_num_threads", &qkv::set_num_threads, "n"_a,
         "Threads the kernels use when a call does not say (default: QKV_NUM_THREADS, else all cores).");

@@ -21,7 +21,8 @@ void linear_forward(const float* x, const float* W, const float* b, float* y, st
                     std::int64_t out, float beta) {
   if (b) {
     for (std::int64_t n = 0; n < N; ++n)
-      for (std::int64_t o = 0; o < out; ++o) y[n * out + o] = beta * y[n * out + o] + b[o];
+      // beta = 0 never reads y (as in BLAS): it may hold anything, NaN included.
+      for (std::int64_t o = 0; o < out; ++o) y[n * out + o] = (beta == 0.0f ? 0.0f : beta * y[n * out + o]) + b[o];
     beta = 1.0f;
   }
   sgemm('N', 'T', N, out, in, x, in, W, in, beta, y, out);

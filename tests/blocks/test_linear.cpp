@@ -32,6 +32,23 @@ TEST(Linear, ForwardMatchesReference) {
   EXPECT_LT(err, 1e-4);
 }
 
+// With beta = 0 the output's previous contents are never read: a y full of NaN (uninitialised
+// memory from a caller) gives the same result as above. Same tolerance as above.
+TEST(Linear, ForwardWithBiasIgnoresWhatYHeld) {
+  const std::int64_t N = 5, in = 9, out = 4;
+  auto x = randn(N * in, 4), W = randn(out * in, 5), b = randn(out, 6);
+  std::vector<float> y(N * out, std::nanf("")), r(N * out);
+  qkv::blocks::linear_forward(x.data(), W.data(), b.data(), y.data(), N, in, out);
+  qkv::blocks::linear_forward_reference(x.data(), W.data(), b.data(), r.data(), N, in, out);
+  double err = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(y[i])) << "y[" << i << "] kept the NaN it held";
+    err = std::max(err, std::abs(double(y[i]) - r[i]));
+  }
+  std::printf("max |y - ref| = %.3g\n", err);
+  EXPECT_LT(err, 1e-4);
+}
+
 // dx = dy·W, dW = dyᵀ·x, db = Σ dy, each checked element by element against f64 sums.
 TEST(Linear, BackwardMatchesClosedForm) {
   const std::int64_t N = 5, in = 9, out = 11;
