@@ -14,7 +14,6 @@ A NumPy array with negative strides (x[::-1]) is copied, since qkv reads forward
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any, Optional, Sequence, Tuple
 
@@ -64,21 +63,9 @@ class NumpyKind:
         return np.empty(tuple(shape), dtype=like.dtype if dtype is None else np.dtype(dtype))
 
     @staticmethod
-    def zeros(shape: Sequence[int], like: np.ndarray) -> np.ndarray:
-        return np.zeros(tuple(shape), dtype=like.dtype)
-
-    @staticmethod
     def native(x: np.ndarray) -> np.ndarray:
         # NumPy's DLPack has no bfloat16: the native layer reads a uint16 array as bf16 bits.
         return x.view(np.uint16) if x.dtype.name == "bfloat16" else x
-
-    @staticmethod
-    def sum_to(x: np.ndarray, shape: Shape) -> np.ndarray:
-        lead = x.ndim - len(shape)
-        axes = tuple(range(lead)) + tuple(
-            lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1)
-        r = x.sum(axis=axes, keepdims=True, dtype=np.float64 if x.dtype.name == "bfloat16" else None)
-        return r.reshape(shape).astype(x.dtype, copy=False)
 
 
 class TorchKind:
@@ -114,16 +101,8 @@ class TorchKind:
         return t.empty(tuple(shape), dtype=like.dtype if dtype is None else getattr(t, dtype))
 
     @staticmethod
-    def zeros(shape, like):
-        return _torch().zeros(tuple(shape), dtype=like.dtype)
-
-    @staticmethod
     def native(x):
         return x
-
-    @staticmethod
-    def sum_to(x, shape: Shape):
-        return x.sum_to_size(shape) if tuple(x.shape) != tuple(shape) else x
 
 
 def kind_of(x: Any, name: str, fn: str):
@@ -258,7 +237,3 @@ def index_array(fn: str, name: str, x: Any) -> Any:
     if len(a.shape) != 1:
         raise ValueError(f"[{fn}] {name}: expected rank 1, got shape {list(shape_of(a))}")
     return kind.native(a)
-
-
-def numel(shape: Shape) -> int:
-    return math.prod(shape)

@@ -7,7 +7,7 @@ on the CPU; ``attention`` and ``attention_backward`` expose the whole qkv API in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, NamedTuple, Optional
 
 from . import _arrays as A
 from . import _qkv
@@ -160,11 +160,6 @@ def _repeat_heads(kind, x, r: int):
     return kind.strided(rep, s[:-3] + (s[-3] * r,) + s[-2:], A.contiguous_strides(s[:-3] + (s[-3] * r,) + s[-2:]))
 
 
-def _run_forward(p: _SdpaPlan, out4, lse4=None) -> KernelInfo:
-    n = p.kind.native
-    return KernelInfo(*_qkv.attention(
-        n(p.q4), n(p.k4), n(p.v4), n(out4), None if p.mask4 is None else n(p.mask4), None,
-        lse4, None, p.scale, p.causal, "top_left", -1, -1, 0, "automatic"))
 
 
 def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None,
@@ -210,7 +205,9 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
     out = p.kind.empty(p.out_shape, p.q4)
     B, H, L, Ev = p.q4.shape[0], p.q4.shape[1], p.q4.shape[2], p.v4.shape[3]
     out4 = out.reshape(B, H, L, Ev)  # a view: out is freshly allocated, contiguous
-    _run_forward(p, out4)
+    n = p.kind.native
+    _qkv.attention(n(p.q4), n(p.k4), n(p.v4), n(out4), None if p.mask4 is None else n(p.mask4), None, None, None,
+                   p.scale, p.causal, "top_left", -1, -1, 0, "automatic")
     return out
 
 
