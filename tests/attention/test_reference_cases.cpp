@@ -57,21 +57,27 @@ struct Uniform {
     double mean = 0.0;
     for (auto j : allowed) mean += static_cast<double>(j + 1 + 100 * (h / (H / Hkv)));
     const double n = static_cast<double>(allowed.size());
+    double err = 0.0;
     if (allowed.empty()) {
       EXPECT_EQ(o(b, h, i), 0.0);
       EXPECT_EQ(l(b, h, i), -kInf);
     } else {
       EXPECT_NEAR(o(b, h, i), mean / n, kHandTol);
       EXPECT_NEAR(l(b, h, i), std::log(n), kHandTol);  // all scores are 0: lse = log n
+      err = std::max(std::abs(o(b, h, i) - mean / n), std::abs(l(b, h, i) - std::log(n)));
     }
     for (std::int64_t j = 0; j < Skv; ++j) {
       bool in = false;
       for (auto a : allowed) in = in || a == j;
-      if (in)
+      if (in) {
         EXPECT_NEAR(p(b, h, i, j), 1.0 / n, kHandTol);
-      else
+        err = std::max(err, std::abs(p(b, h, i, j) - 1.0 / n));
+      } else {
         EXPECT_EQ(p(b, h, i, j), 0.0) << "key " << j << " must be masked exactly";
+      }
     }
+    std::printf("b %lld h %lld query %lld: %zu keys allowed, max error %.3g\n", static_cast<long long>(b),
+                static_cast<long long>(h), static_cast<long long>(i), allowed.size(), err);
   }
 };
 
