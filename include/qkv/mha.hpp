@@ -32,6 +32,13 @@
 //   head_delta  [B, H, S, d_model]     optional, written: Δe^h of each head; Σ_h Δe^h + b_o = Δe
 //   pattern     [B, H, S, Skv]         optional, f32 or f64, written: each head's attention pattern
 //   opt                                as for qkv::attention (scale, causal, masks, window …)
+//
+// backward() arguments (x, source, opt as in the forward it differentiates; all f32, outputs contiguous):
+//
+//   d_delta     [B, S,   d_model]      ∂L/∂Δe
+//   dx          [B, S,   d_model]      written: ∂L/∂x (for self-attention through queries, keys and values)
+//   d_source    [B, Skv, d_source]     written: ∂L/∂source; needed exactly when source is given
+//   grads       MhaGrads               weight and bias gradients, ADDED to what they hold
 #pragma once
 
 #include <cstdint>
@@ -52,6 +59,12 @@ struct MhaConfig {
   bool bias = false;            // biases b_q, b_k, b_v, b_o
 };
 
+// Gradients of every weight of a block, shaped like the weights (make them with make_grads()).
+struct MhaGrads {
+  Buffer w_q, w_k, w_v, w_o;
+  Buffer b_q, b_k, b_v, b_o;  // numel 0 when the block has no biases
+};
+
 class MultiHeadAttention {
  public:
   // Validates the configuration (throws std::invalid_argument naming the field) and allocates
@@ -67,6 +80,14 @@ class MultiHeadAttention {
   void forward(const View& x, const std::optional<View>& source, const AttentionOptions& opt, const View& delta,
                const std::optional<View>& head_delta = std::nullopt,
                const std::optional<View>& pattern = std::nullopt) const;
+
+  // Backward of forward(x, source, opt): recomputes the forward's projections and attention,
+  // then writes dx (and d_source) and adds the weight gradients into grads.
+  void backward(const View& x, const std::optional<View>& source, const AttentionOptions& opt,
+                const View& d_delta, const View& dx, const std::optional<View>& d_source, MhaGrads& grads) const;
+
+  // Zero gradients shaped like this block's weights.
+  MhaGrads make_grads() const;
 
   // The weights (shapes in the table above). Their shapes are fixed; their values are the caller's.
   Buffer w_q, w_k, w_v, w_o;

@@ -9,6 +9,7 @@
 //                      is the concatenation over heads that W_O (the stapled value-ups) expects
 #include "qkv/mha.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -22,6 +23,7 @@ namespace {
 
 constexpr const char* kCtor = "qkv::MultiHeadAttention";
 constexpr const char* kFwd = "qkv::MultiHeadAttention::forward";
+constexpr const char* kBwd = "qkv::MultiHeadAttention::backward";
 
 std::int64_t mul(std::int64_t a, std::int64_t b, const char* what) {
   std::int64_t r;
@@ -42,11 +44,6 @@ const float* packed(const View& v, std::vector<float>& scratch) {
     for (std::int64_t b = 0; b < v.dim(1); ++b)
       for (std::int64_t c = 0; c < v.dim(2); ++c) scratch[n++] = v.ptr<const float>()[v.offset(a, b, c)];
   return scratch.data();
-}
-
-void expect(bool ok, const char* name, const std::string& want, const View& got) {
-  if (!ok)
-    fail(kFwd, std::string(name) + ": expected " + want + ", got " + dtype_name(got.dtype) + got.shape_str());
 }
 
 std::string dims(std::initializer_list<std::int64_t> d) {
@@ -70,12 +67,105 @@ bool overlaps(const View& a, const View& b) {
   return a0 < b1 && b0 < a1;
 }
 
-// Negative strides or dims are rejected before any offset is computed.
-void check_sane(const char* name, const View& v) {
-  for (int i = 0; i < v.rank; ++i)
-    if (v.dim(i) < 0 || v.stride(i) < 0)
-      fail(kFwd, std::string(name) + ": negative dimension or stride in " + v.shape_str());
-  if (v.numel() > 0 && !v.data) fail(kFwd, std::string(name) + ": null data pointer for " + v.shape_str());
+// Validation of one call, shared by forward and backward (fn names which).
+struct Call {
+  const char* fn = nullptr;
+  std::int64_t B = 0, S = 0, Skv = 0, N = 0, Nkv = 0;
+  View s;  // the key/value input: source, or x itself
+
+  void expect(bool ok, const char* name, const std::string& want, const View& got) const {
+    if (!ok) fail(fn, std::string(name) + ": expected " + want + ", got " + dtype_name(got.dtype) + got.shape_str());
+  }
+  // Negative strides or dims are rejected before any offset is computed.
+  void check_sane(const char* name, const View& v) const {
+    for (int i = 0; i < v.rank; ++i)
+      if (v.dim(i) < 0 || v.stride(i) < 0)
+        fail(fn, std::string(name) + ": negative dimension or stride in " + v.shape_str());
+    if (v.numel() > 0 && !v.data) fail(fn, std::string(name) + ": null data pointer for " + v.shape_str());
+  }
+  // A contiguous f32 output of exactly `want`, overlapping none of `inputs`.
+  void check_output(const char* name, const View& v, std::initializer_list<std::int64_t> want,
+                    std::initializer_list<const View*> inputs) const {
+    check_sane(name, v);
+    checked_numel(fn, name, std::vector<std::int64_t>(want), 4);
+    bool ok = v.rank == static_cast<int>(want.size()) && v.dtype == DType::f32 && v.is_contiguous();
+    int i = 0;
+    for (auto w : want) ok = ok && v.dim(i++) == w;
+    expect(ok, name, "contiguous f32 " + dims(want), v);
+    for (const View* in : inputs)
+      if (overlaps(v, *in)) fail(fn, std::string(name) + ": output memory overlaps an input or another output");
+  }
+};
+
+Call check_inputs(const char* fn, const MhaConfig& c, const View& x, const std::optional<View>& source) {
+  Call k;
+  k.fn = fn;
+  k.check_sane("x", x);
+  k.expect(x.rank == 3 && x.dtype == DType::f32 && x.dim(2) == c.d_model, "x",
+           "f32 [B, S, d_model = " + std::to_string(c.d_model) + "]", x);
+  k.B = x.dim(0), k.S = x.dim(1);
+  if (!source && c.d_source != c.d_model)
+    fail(fn, "source: required, because d_source " + std::to_string(c.d_source) + " differs from d_model " +
+                 std::to_string(c.d_model) + " (a cross-attention block)");
+  k.s = source ? *source : x;
+  if (source) {
+    k.check_sane("source", k.s);
+    k.expect(k.s.rank == 3 && k.s.dtype == DType::f32 && k.s.dim(0) == k.B && k.s.dim(2) == c.d_source, "source",
+             "f32 [B = " + std::to_string(k.B) + ", Skv, d_source = " + std::to_string(c.d_source) + "]", k.s);
+  }
+  k.Skv = k.s.dim(1);
+  // Every scratch buffer is [N or Nkv, ≤ max width]: their element counts must fit.
+  const std::int64_t wide = std::max({c.d_model, c.d_source, c.n_heads * std::max(c.d_head, c.d_value)});
+  k.N = checked_numel(fn, "x", {k.B, k.S, wide}, 4) / wide;
+  k.Nkv = checked_numel(fn, "source", {k.B, k.Skv, wide}, 4) / wide;
+  return k;
+}
+
+// The forward's intermediate tensors (see the scratch table at the top of this file), and views
+// of them in attention's [B, H, S, D] layout.
+struct Activations {
+  std::vector<float> xs, ss;  // packed copies of strided x / source
+  const float* xp = nullptr;  // x, contiguous [N, d_model]
+  const float* sp = nullptr;  // source, contiguous [Nkv, d_source]
+  Buffer qp, kp, vp, ao, lse;
+  View q4, k4, v4, o4;
+};
+
+// Projections and attention: everything of the forward but the value-up.
+void forward_core(const MultiHeadAttention& m, const Call& k, const View& x, bool has_source, const AttentionOptions& opt,
+                  const std::optional<View>& pattern, bool want_lse, Activations& a) {
+  const MhaConfig& c = m.config();
+  const std::int64_t B = k.B, S = k.S, Skv = k.Skv, H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.d_head, Dv = c.d_value;
+  a.xp = packed(x, a.xs);
+  a.sp = has_source ? packed(k.s, a.ss) : a.xp;
+  a.qp = Buffer(DType::f32, {k.N, H * Dh});
+  a.kp = Buffer(DType::f32, {k.Nkv, Hkv * Dh});
+  a.vp = Buffer(DType::f32, {k.Nkv, Hkv * Dv});
+  a.ao = Buffer(DType::f32, {k.N, H * Dv});
+  const float* bias_q = c.bias ? m.b_q.ptr<float>() : nullptr;
+  const float* bias_k = c.bias ? m.b_k.ptr<float>() : nullptr;
+  const float* bias_v = c.bias ? m.b_v.ptr<float>() : nullptr;
+  blocks::linear_forward(a.xp, m.w_q.ptr<float>(), bias_q, a.qp.ptr<float>(), k.N, c.d_model, H * Dh);
+  if (k.Nkv > 0) {
+    blocks::linear_forward(a.sp, m.w_k.ptr<float>(), bias_k, a.kp.ptr<float>(), k.Nkv, c.d_source, Hkv * Dh);
+    blocks::linear_forward(a.sp, m.w_v.ptr<float>(), bias_v, a.vp.ptr<float>(), k.Nkv, c.d_source, Hkv * Dv);
+  }
+  // Every head at once: [B, S, H·Dh] seen as [B, H, S, Dh], nothing copied.
+  a.q4 = View::strided(a.qp.data(), DType::f32, {B, H, S, Dh}, {S * H * Dh, Dh, H * Dh, 1});
+  a.k4 = View::strided(a.kp.data(), DType::f32, {B, Hkv, Skv, Dh}, {Skv * Hkv * Dh, Dh, Hkv * Dh, 1});
+  a.v4 = View::strided(a.vp.data(), DType::f32, {B, Hkv, Skv, Dv}, {Skv * Hkv * Dv, Dv, Hkv * Dv, 1});
+  a.o4 = View::strided(a.ao.data(), DType::f32, {B, H, S, Dv}, {S * H * Dv, Dv, H * Dv, 1});
+  std::optional<View> lse;
+  if (want_lse) {
+    a.lse = Buffer(DType::f32, {B, H, S});
+    lse = a.lse.view();
+  }
+  try {
+    attention(a.q4, a.k4, a.v4, a.o4, opt, lse, pattern);
+  } catch (const std::invalid_argument& e) {
+    // An option that does not fit (a mask of the wrong shape, …): say which block call it was.
+    fail(k.fn, std::string("opt: ") + e.what());
+  }
 }
 
 }  // namespace
@@ -125,85 +215,45 @@ void MultiHeadAttention::init_random(std::uint64_t seed) {
   for (Buffer* b : {&b_q, &b_k, &b_v, &b_o}) fill(*b, 0.01);
 }
 
+MhaGrads MultiHeadAttention::make_grads() const {
+  MhaGrads g;
+  g.w_q = Buffer(DType::f32, w_q.shape());
+  g.w_k = Buffer(DType::f32, w_k.shape());
+  g.w_v = Buffer(DType::f32, w_v.shape());
+  g.w_o = Buffer(DType::f32, w_o.shape());
+  g.b_q = Buffer(DType::f32, b_q.shape());
+  g.b_k = Buffer(DType::f32, b_k.shape());
+  g.b_v = Buffer(DType::f32, b_v.shape());
+  g.b_o = Buffer(DType::f32, b_o.shape());
+  return g;
+}
+
 void MultiHeadAttention::forward(const View& x, const std::optional<View>& source, const AttentionOptions& opt,
                                  const View& delta, const std::optional<View>& head_delta,
                                  const std::optional<View>& pattern) const {
-  const std::int64_t dm = cfg_.d_model, ds = cfg_.d_source, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads,
-                     Dh = cfg_.d_head, Dv = cfg_.d_value;
+  const std::int64_t dm = cfg_.d_model, H = cfg_.n_heads, Dv = cfg_.d_value;
   // ---- validation: everything the caller passed, before any work
-  check_sane("x", x);
-  expect(x.rank == 3 && x.dtype == DType::f32 && x.dim(2) == dm, "x", "f32 [B, S, d_model = " + std::to_string(dm) + "]",
-         x);
-  const std::int64_t B = x.dim(0), S = x.dim(1);
-  if (!source && ds != dm)
-    fail(kFwd, "source: required, because d_source " + std::to_string(ds) + " differs from d_model " +
-                   std::to_string(dm) + " (a cross-attention block)");
-  const View s = source ? *source : x;
-  if (source) {
-    check_sane("source", s);
-    expect(s.rank == 3 && s.dtype == DType::f32 && s.dim(0) == B && s.dim(2) == ds, "source",
-           "f32 [B = " + std::to_string(B) + ", Skv, d_source = " + std::to_string(ds) + "]", s);
-  }
-  const std::int64_t Skv = s.dim(1);
-  const std::int64_t N = checked_numel(kFwd, "x", {B, S, H * Dv}, 4) / (H * Dv);
-  const std::int64_t Nkv = checked_numel(kFwd, "source", {B, Skv, Hkv * (Dh + Dv)}, 4) / (Hkv * (Dh + Dv));
-  checked_numel(kFwd, "x", {B, S, dm, 4}, 1);
-  check_sane("delta", delta);
-  expect(delta.rank == 3 && delta.dtype == DType::f32 && delta.dim(0) == B && delta.dim(1) == S && delta.dim(2) == dm &&
-             delta.is_contiguous(),
-         "delta", "contiguous f32 " + dims({B, S, dm}), delta);
-  if (overlaps(delta, x) || overlaps(delta, s)) fail(kFwd, "delta: output memory overlaps x or source");
-  if (head_delta) {
-    check_sane("head_delta", *head_delta);
-    checked_numel(kFwd, "head_delta", {B, H, S, dm}, 4);
-    expect(head_delta->rank == 4 && head_delta->dtype == DType::f32 && head_delta->dim(0) == B &&
-               head_delta->dim(1) == H && head_delta->dim(2) == S && head_delta->dim(3) == dm &&
-               head_delta->is_contiguous(),
-           "head_delta", "contiguous f32 " + dims({B, H, S, dm}), *head_delta);
-    if (overlaps(*head_delta, x) || overlaps(*head_delta, s) || overlaps(*head_delta, delta))
-      fail(kFwd, "head_delta: output memory overlaps x, source or delta");
-  }
+  const Call k = check_inputs(kFwd, cfg_, x, source);
+  const std::int64_t B = k.B, S = k.S, Skv = k.Skv;
+  k.check_output("delta", delta, {B, S, dm}, {&x, &k.s});
+  if (head_delta) k.check_output("head_delta", *head_delta, {B, H, S, dm}, {&x, &k.s, &delta});
   if (pattern) {
-    check_sane("pattern", *pattern);
-    expect(pattern->rank == 4 && (pattern->dtype == DType::f32 || pattern->dtype == DType::f64) &&
-               pattern->dim(0) == B && pattern->dim(1) == H && pattern->dim(2) == S && pattern->dim(3) == Skv,
-           "pattern", "f32 or f64 " + dims({B, H, S, Skv}), *pattern);
-    if (overlaps(*pattern, x) || overlaps(*pattern, s) || overlaps(*pattern, delta) ||
+    k.check_sane("pattern", *pattern);
+    k.expect(pattern->rank == 4 && (pattern->dtype == DType::f32 || pattern->dtype == DType::f64) && pattern->dim(0) == B &&
+                 pattern->dim(1) == H && pattern->dim(2) == S && pattern->dim(3) == Skv,
+             "pattern", "f32 or f64 " + dims({B, H, S, Skv}), *pattern);
+    if (overlaps(*pattern, x) || overlaps(*pattern, k.s) || overlaps(*pattern, delta) ||
         (head_delta && overlaps(*pattern, *head_delta)))
       fail(kFwd, "pattern: output memory overlaps x, source, delta or head_delta");
   }
-  if (N == 0) return;
+  if (k.N == 0) return;
 
-  // ---- projections: queries from x, keys and values (value-down) from the source
-  std::vector<float> xs, ss;
-  const float* xp = packed(x, xs);
-  const float* sp = source ? packed(s, ss) : xp;
-  Buffer qp(DType::f32, {N, H * Dh}), kp(DType::f32, {Nkv, Hkv * Dh}), vp(DType::f32, {Nkv, Hkv * Dv}),
-      ao(DType::f32, {N, H * Dv});
-  const float* bias_q = cfg_.bias ? b_q.ptr<float>() : nullptr;
-  const float* bias_k = cfg_.bias ? b_k.ptr<float>() : nullptr;
-  const float* bias_v = cfg_.bias ? b_v.ptr<float>() : nullptr;
-  const float* bias_o = cfg_.bias ? b_o.ptr<float>() : nullptr;
-  blocks::linear_forward(xp, w_q.ptr<float>(), bias_q, qp.ptr<float>(), N, dm, H * Dh);
-  if (Nkv > 0) {
-    blocks::linear_forward(sp, w_k.ptr<float>(), bias_k, kp.ptr<float>(), Nkv, ds, Hkv * Dh);
-    blocks::linear_forward(sp, w_v.ptr<float>(), bias_v, vp.ptr<float>(), Nkv, ds, Hkv * Dv);
-  }
-
-  // ---- attention of every head at once: [B, S, H·Dh] seen as [B, H, S, Dh], nothing copied
-  const View q4 = View::strided(qp.data(), DType::f32, {B, H, S, Dh}, {S * H * Dh, Dh, H * Dh, 1});
-  const View k4 = View::strided(kp.data(), DType::f32, {B, Hkv, Skv, Dh}, {Skv * Hkv * Dh, Dh, Hkv * Dh, 1});
-  const View v4 = View::strided(vp.data(), DType::f32, {B, Hkv, Skv, Dv}, {Skv * Hkv * Dv, Dv, Hkv * Dv, 1});
-  const View o4 = View::strided(ao.data(), DType::f32, {B, H, S, Dv}, {S * H * Dv, Dv, H * Dv, 1});
-  try {
-    attention(q4, k4, v4, o4, opt, std::nullopt, pattern);
-  } catch (const std::invalid_argument& e) {
-    // An option that does not fit (a mask of the wrong shape, …): say which block call it was.
-    fail(kFwd, std::string("opt: ") + e.what());
-  }
+  Activations a;
+  forward_core(*this, k, x, source.has_value(), opt, pattern, false, a);
 
   // ---- value-up: Δe = ao · W_Oᵀ + b_o, the stapled value-ups of all heads in one product
-  blocks::linear_forward(ao.ptr<float>(), w_o.ptr<float>(), bias_o, delta.ptr<float>(), N, H * Dv, dm);
+  blocks::linear_forward(a.ao.ptr<float>(), w_o.ptr<float>(), cfg_.bias ? b_o.ptr<float>() : nullptr, delta.ptr<float>(),
+                         k.N, H * Dv, dm);
 
   if (!head_delta) return;
   // ---- each head's own Δe^h = ao[:, h·Dv:(h+1)·Dv] · (W_O^h)ᵀ, W_O^h = columns h·Dv … (h+1)·Dv of W_O
@@ -215,10 +265,76 @@ void MultiHeadAttention::forward(const View& x, const std::optional<View>& sourc
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t i = 0; i < S; ++i)
         for (std::int64_t c = 0; c < Dv; ++c)
-          ao_h[static_cast<std::size_t>(i * Dv + c)] = ao.ptr<float>()[(b * S + i) * H * Dv + h * Dv + c];
+          ao_h[static_cast<std::size_t>(i * Dv + c)] = a.ao.ptr<float>()[(b * S + i) * H * Dv + h * Dv + c];
       float* y = head_delta->ptr<float>() + head_delta->offset(b, h, 0, 0);
       blocks::linear_forward(ao_h.data(), wo_h.data(), nullptr, y, S, Dv, dm);
     }
+  }
+}
+
+// In the forward pass Δe = ao·W_Oᵀ + b_o, ao = attention(q, k, v), q = x·W_Qᵀ + b_Q, k = s·W_Kᵀ + b_K,
+// v = s·W_Vᵀ + b_V. So, walking back from d_delta:
+//   dao = d_delta·W_O,  dW_O += d_deltaᵀ·ao,  db_o += Σ_n d_delta
+//   dq, dk, dv = attention_backward(…, dao)
+//   dx = dq·W_Q (+ dk·W_K + dv·W_V when s is x);  d_source = dk·W_K + dv·W_V
+//   dW_Q += dqᵀ·x,  dW_K += dkᵀ·s,  dW_V += dvᵀ·s,  and each bias collects its column sums.
+void MultiHeadAttention::backward(const View& x, const std::optional<View>& source, const AttentionOptions& opt,
+                                  const View& d_delta, const View& dx, const std::optional<View>& d_source,
+                                  MhaGrads& grads) const {
+  const std::int64_t dm = cfg_.d_model, ds = cfg_.d_source, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.d_head,
+                     Dv = cfg_.d_value;
+  const Call k = check_inputs(kBwd, cfg_, x, source);
+  const std::int64_t B = k.B, S = k.S, Skv = k.Skv;
+  k.check_sane("d_delta", d_delta);
+  k.expect(d_delta.rank == 3 && d_delta.dtype == DType::f32 && d_delta.dim(0) == B && d_delta.dim(1) == S && d_delta.dim(2) == dm,
+           "d_delta", "f32 " + dims({B, S, dm}), d_delta);
+  k.check_output("dx", dx, {B, S, dm}, {&x, &k.s, &d_delta});
+  if (source.has_value() != d_source.has_value())
+    fail(kBwd, std::string("d_source: ") + (source ? "required with a source (cross-attention)" : "given without a source"));
+  if (d_source) k.check_output("d_source", *d_source, {B, Skv, ds}, {&x, &k.s, &d_delta, &dx});
+  const std::pair<const char*, std::pair<const Buffer*, const Buffer*>> pairs[] = {
+      {"grads.w_q", {&grads.w_q, &w_q}}, {"grads.w_k", {&grads.w_k, &w_k}}, {"grads.w_v", {&grads.w_v, &w_v}},
+      {"grads.w_o", {&grads.w_o, &w_o}}, {"grads.b_q", {&grads.b_q, &b_q}}, {"grads.b_k", {&grads.b_k, &b_k}},
+      {"grads.b_v", {&grads.b_v, &b_v}}, {"grads.b_o", {&grads.b_o, &b_o}}};
+  for (const auto& [name, gw] : pairs)
+    if (gw.first->dtype() != DType::f32 || gw.first->shape() != gw.second->shape())
+      fail(kBwd, std::string(name) + ": expected f32 " + gw.second->view().shape_str() + " (use make_grads()), got " +
+                     dtype_name(gw.first->dtype()) + (gw.first->shape().empty() ? "[]" : gw.first->view().shape_str()));
+  if (k.N == 0) {
+    if (d_source) std::fill_n(d_source->ptr<float>(), k.Nkv * ds, 0.0f);
+    return;
+  }
+
+  Activations a;
+  forward_core(*this, k, x, source.has_value(), opt, std::nullopt, true, a);
+  std::vector<float> dds;
+  const float* dd = packed(d_delta, dds);
+  float* gb_q = cfg_.bias ? grads.b_q.ptr<float>() : nullptr;
+  float* gb_k = cfg_.bias ? grads.b_k.ptr<float>() : nullptr;
+  float* gb_v = cfg_.bias ? grads.b_v.ptr<float>() : nullptr;
+  float* gb_o = cfg_.bias ? grads.b_o.ptr<float>() : nullptr;
+
+  // value-up
+  Buffer dao(DType::f32, {k.N, H * Dv});
+  blocks::linear_backward(a.ao.ptr<float>(), w_o.ptr<float>(), dd, dao.ptr<float>(), grads.w_o.ptr<float>(), gb_o, k.N,
+                          H * Dv, dm);
+  // attention, through the same [B, H, S, ·] views as the forward
+  Buffer dqp(DType::f32, {k.N, H * Dh}), dkp(DType::f32, {k.Nkv, Hkv * Dh}), dvp(DType::f32, {k.Nkv, Hkv * Dv});
+  const View dao4 = View::strided(dao.data(), DType::f32, {B, H, S, Dv}, {S * H * Dv, Dv, H * Dv, 1});
+  const View dq4 = View::strided(dqp.data(), DType::f32, {B, H, S, Dh}, {S * H * Dh, Dh, H * Dh, 1});
+  const View dk4 = View::strided(dkp.data(), DType::f32, {B, Hkv, Skv, Dh}, {Skv * Hkv * Dh, Dh, Hkv * Dh, 1});
+  const View dv4 = View::strided(dvp.data(), DType::f32, {B, Hkv, Skv, Dv}, {Skv * Hkv * Dv, Dv, Hkv * Dv, 1});
+  attention_backward(a.q4, a.k4, a.v4, a.o4, dao4, a.lse.view(), dq4, dk4, dv4, opt);
+  // projections: queries into dx; keys and values into dx (self-attention) or d_source
+  blocks::linear_backward(a.xp, w_q.ptr<float>(), dqp.ptr<float>(), dx.ptr<float>(), grads.w_q.ptr<float>(), gb_q, k.N, dm,
+                          H * Dh);
+  float* ds_out = d_source ? d_source->ptr<float>() : dx.ptr<float>();
+  const bool add_into = !d_source;  // self-attention: keys and values add to the queries' dx
+  if (k.Nkv > 0) {
+    blocks::linear_backward(a.sp, w_k.ptr<float>(), dkp.ptr<float>(), ds_out, grads.w_k.ptr<float>(), gb_k, k.Nkv, ds,
+                            Hkv * Dh, add_into);
+    blocks::linear_backward(a.sp, w_v.ptr<float>(), dvp.ptr<float>(), ds_out, grads.w_v.ptr<float>(), gb_v, k.Nkv, ds,
+                            Hkv * Dv, true);
   }
 }
 

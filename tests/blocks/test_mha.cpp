@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -253,6 +254,83 @@ TEST(Mha, ResidualAddsDelta) {
   for (std::int64_t i = 0; i < 24; ++i) EXPECT_EQ(out.ptr<float>()[i], e.ptr<float>()[i] + d.ptr<float>()[i]);
   qkv::add_residual(e.view(), d.view(), e.view());  // in place
   for (std::int64_t i = 0; i < 24; ++i) EXPECT_EQ(out.ptr<float>()[i], e.ptr<float>()[i]);
+}
+
+TEST(Mha, BackwardMatchesCentralDifferencesOfTheOracle) {
+  // L = Σ Δe ⊙ w, Δe from the f64 oracle above (on the block's f32 weights and inputs); each f32
+  // number is moved by ±h and the two losses differenced. The f32 rounding of x ± h is taken into
+  // account by dividing by the step actually taken.
+  for (bool cross : {false, true}) {
+    SCOPED_TRACE(cross ? "cross-attention" : "causal self-attention");
+    const MhaConfig c = cross ? MhaConfig{.d_model = 4, .d_source = 3, .n_heads = 2, .n_kv_heads = 1, .d_head = 3, .d_value = 2, .bias = true}
+                              : MhaConfig{.d_model = 4, .n_heads = 4, .n_kv_heads = 2, .d_head = 3, .d_value = 2, .bias = true};
+    MultiHeadAttention m = make(c, cross ? 70 : 71);
+    const std::int64_t B = 2, S = 3, Skv = cross ? 5 : 3;
+    Buffer x(DType::f32, {B, S, 4}), src(DType::f32, {B, Skv, 3}), w(DType::f32, {B, S, 4}), dx(DType::f32, {B, S, 4}),
+        dsrc(DType::f32, {B, Skv, 3});
+    fill_normal(x, 72);
+    fill_normal(src, 73);
+    fill_normal(w, 74);
+    AttentionOptions opt;
+    opt.causal = !cross;
+    qkv::MhaGrads g = m.make_grads();
+    std::optional<View> source, d_source;
+    if (cross) source = src.view(), d_source = dsrc.view();
+    m.backward(x.view(), source, opt, w.view(), dx.view(), d_source, g);
+    auto loss = [&] {
+      const Oracle o = oracle(m, x.view(), cross ? src.view() : x.view(), !cross);
+      double l = 0.0;
+      for (std::size_t i = 0; i < o.delta.size(); ++i) l += o.delta[i] * w.ptr<float>()[i];
+      return l;
+    };
+    // h = 1e-3: truncation ~h² times the third derivative ≈ 1e-6; the oracle is f64, so rounding adds
+    // ~1e-13/h. The analytic gradient is f32 (relative 1e-6 on |g| ≲ 5): 1e-4 covers all three with
+    // room, while any wrong index errs by O(0.1).
+    const float h = 1e-3f;
+    const double tol = 1e-4;
+    std::vector<std::tuple<const char*, Buffer*, const Buffer*>> params = {
+        {"x", &x, &dx}, {"w_q", &m.w_q, &g.w_q}, {"w_k", &m.w_k, &g.w_k}, {"w_v", &m.w_v, &g.w_v}, {"w_o", &m.w_o, &g.w_o},
+        {"b_q", &m.b_q, &g.b_q}, {"b_k", &m.b_k, &g.b_k}, {"b_v", &m.b_v, &g.b_v}, {"b_o", &m.b_o, &g.b_o}};
+    if (cross) params.emplace_back("source", &src, &dsrc);
+    for (auto& [name, p, grad] : params) {
+      double err = 0.0;
+      for (std::int64_t i = 0; i < p->numel(); ++i) {
+        float& v = p->ptr<float>()[i];
+        const float v0 = v;
+        v = v0 + h;
+        const double up = static_cast<double>(v) - v0;
+        const double lp = loss();
+        v = v0 - h;
+        const double down = v0 - static_cast<double>(v);
+        const double lm = loss();
+        v = v0;
+        err = std::max(err, std::abs((lp - lm) / (up + down) - grad->ptr<float>()[i]));
+      }
+      std::printf("%-6s %-6s max |analytic − central difference| = %.3g\n", cross ? "cross" : "self", name, err);
+      EXPECT_LT(err, tol) << name;
+    }
+  }
+}
+
+TEST(Mha, BackwardRejectsBadArguments) {
+  MultiHeadAttention m = make({.d_model = 4, .n_heads = 2, .d_head = 2}, 75);
+  Buffer x(DType::f32, {1, 3, 4}), dd(DType::f32, {1, 3, 4}), dx(DType::f32, {1, 3, 4}), wrong(DType::f32, {1, 3, 5}),
+      src(DType::f32, {1, 2, 4}), dsrc(DType::f32, {1, 2, 4});
+  qkv::MhaGrads g = m.make_grads();
+  const char* fn = "[qkv::MultiHeadAttention::backward]";
+  expect_rejects([&] { m.backward(x.view(), std::nullopt, {}, wrong.view(), dx.view(), std::nullopt, g); },
+                 {fn, "d_delta: expected f32 [1, 3, 4]", "[1, 3, 5]"});
+  expect_rejects([&] { m.backward(x.view(), std::nullopt, {}, dd.view(), wrong.view(), std::nullopt, g); },
+                 {fn, "dx: expected contiguous f32 [1, 3, 4]"});
+  expect_rejects([&] { m.backward(x.view(), std::nullopt, {}, dd.view(), x.view(), std::nullopt, g); }, {fn, "dx: output memory overlaps"});
+  expect_rejects([&] { m.backward(x.view(), src.view(), {}, dd.view(), dx.view(), std::nullopt, g); },
+                 {fn, "d_source: required with a source"});
+  expect_rejects([&] { m.backward(x.view(), std::nullopt, {}, dd.view(), dx.view(), dsrc.view(), g); },
+                 {fn, "d_source: given without a source"});
+  qkv::MhaGrads bad = m.make_grads();
+  bad.w_k = Buffer(DType::f32, {3, 4});
+  expect_rejects([&] { m.backward(x.view(), std::nullopt, {}, dd.view(), dx.view(), std::nullopt, bad); },
+                 {fn, "grads.w_k: expected f32 [4, 4] (use make_grads()), got f32[3, 4]"});
 }
 
 TEST(Mha, RejectsBadConfig) {
