@@ -1,0 +1,263 @@
+#include "blocks/training_layers.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "blocks/linear.hpp"
+#include "core/parallel.hpp"
+#include "qkv/attention.hpp"
+
+namespace qkv::blocks {
+namespace {
+
+// Rows of at most this many elements are too small to be worth waking a second thread for.
+constexpr std::int64_t kParallelGrain = 1 << 14;
+int threads_for(std::int64_t work) { return work < kParallelGrain ? 1 : qkv::num_threads(); }
+
+// e^x in f32, written so the compiler vectorises the loops that call it: x = k·ln2 + r with
+// |r| ≤ ln2/2 (ln2 split in two for an exact k·ln2), e^r by its degree-7 Taylor polynomial
+// (truncation r⁸/8! < 6e-9 relative), 2^k put in the exponent bits. Inputs are clamped to
+// [−87, 88], where 2^k stays a normal float; e^−87 ≈ 1.6e-38 is 0 for every use here.
+inline float exp_f32(float x) {
+  x = std::fmin(std::fmax(x, -87.0f), 88.0f);
+  const float kf = std::nearbyint(x * 1.44269504f);
+  const float r = (x - kf * 0.693145752f) - kf * 1.42860677e-6f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const std::int32_t bits = (static_cast<std::int32_t>(kf) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// erf in f32 by Abramowitz & Stegun 7.1.26: |error| ≤ 1.5e-7, about 2 ulp of the f32 result
+// near 1 — the same order as torch's f32 erf, which the parity test compares with.
+inline float erf_f32(float x) {
+  const float a = std::fabs(x);
+  const float t = 1.0f / (1.0f + 0.3275911f * a);
+  float p = 1.061405429f;
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  const float y = 1.0f - p * t * exp_f32(-a * a);
+  return std::copysign(y, x);
+}
+
+inline float erf_s(float x) { return erf_f32(x); }
+inline double erf_s(double x) { return std::erf(x); }
+inline float exp_s(float x) { return exp_f32(x); }
+inline double exp_s(double x) { return std::exp(x); }
+
+}  // namespace
+
+template <class S>
+void embedding_forward(S* out, const std::int32_t* tok, const S* wte, const S* wpe, std::int64_t N, std::int64_t T,
+                       std::int64_t C) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const S* e = wte + static_cast<std::int64_t>(tok[n]) * C;
+    const S* p = wpe + (n % T) * C;
+    S* o = out + n * C;
+    for (std::int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+  }
+}
+
+template <class S>
+void embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tok, std::int64_t N, std::int64_t T,
+                        std::int64_t C) {
+  // Serial on purpose: several positions may share a token row, and a fixed order of the sums
+  // keeps a training run bit-for-bit reproducible.
+  for (std::int64_t n = 0; n < N; ++n) {
+    S* de = dwte + static_cast<std::int64_t>(tok[n]) * C;
+    S* dp = dwpe + (n % T) * C;
+    const S* d = dout + n * C;
+    for (std::int64_t c = 0; c < C; ++c) {
+      de[c] += d[c];
+      dp[c] += d[c];
+    }
+  }
+}
+
+template <class S>
+void layernorm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S* b, std::int64_t N,
+                       std::int64_t C) {
+  parallel_for(N, threads_for(N * C), [&](std::int64_t n) {
+    const S* xn = x + n * C;
+    S m = 0;
+    for (std::int64_t c = 0; c < C; ++c) m += xn[c];
+    m /= static_cast<S>(C);
+    S var = 0;
+    for (std::int64_t c = 0; c < C; ++c) var += (xn[c] - m) * (xn[c] - m);
+    var /= static_cast<S>(C);
+    const S rs = S(1) / std::sqrt(var + static_cast<S>(1e-5));
+    S* o = out + n * C;
+    for (std::int64_t c = 0; c < C; ++c) o[c] = (xn[c] - m) * rs * w[c] + (b ? b[c] : S(0));
+    mean[n] = m;
+    rstd[n] = rs;
+  });
+}
+
+template <class S>
+void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S* w, const S* mean, const S* rstd,
+                        std::int64_t N, std::int64_t C) {
+  // In the forward pass this was out = norm · w + b with norm = (x − mean) · rstd, so now
+  //   dnorm = dout · w,   dx = rstd · (dnorm − mean(dnorm) − norm · mean(dnorm · norm)),
+  // the two means being the paths through mean and rstd, which every x[c] of the row feeds.
+  parallel_for(N, threads_for(N * C), [&](std::int64_t n) {
+    const S* xn = x + n * C;
+    const S* dn = dout + n * C;
+    S sum_d = 0, sum_dn = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const S norm = (xn[c] - mean[n]) * rstd[n];
+      const S d = dn[c] * w[c];
+      sum_d += d;
+      sum_dn += d * norm;
+    }
+    sum_d /= static_cast<S>(C);
+    sum_dn /= static_cast<S>(C);
+    S* dxn = dx + n * C;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const S norm = (xn[c] - mean[n]) * rstd[n];
+      dxn[c] += (dn[c] * w[c] - sum_d - norm * sum_dn) * rstd[n];
+    }
+  });
+  // dw = Σ_n dout · norm, db = Σ_n dout: rows in a fixed order (reproducible sums).
+  for (std::int64_t n = 0; n < N; ++n) {
+    const S* xn = x + n * C;
+    const S* dn = dout + n * C;
+    for (std::int64_t c = 0; c < C; ++c) {
+      dw[c] += dn[c] * ((xn[c] - mean[n]) * rstd[n]);
+      if (db) db[c] += dn[c];
+    }
+  }
+}
+
+template <class S>
+void gelu_forward(S* out, const S* x, std::int64_t n) {
+  const S inv_sqrt2 = static_cast<S>(0.70710678118654752440);
+  const std::int64_t chunk = 4096;
+  parallel_for((n + chunk - 1) / chunk, threads_for(n), [&](std::int64_t c) {
+    const std::int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
+    for (std::int64_t i = lo; i < hi; ++i) out[i] = S(0.5) * x[i] * (S(1) + erf_s(x[i] * inv_sqrt2));
+  });
+}
+
+template <class S>
+void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n) {
+  // In the forward pass this was x · Φ(x), so now the derivative is Φ(x) + x · φ(x) with
+  // φ(x) = e^(−x²/2) / √(2π).
+  const S inv_sqrt2 = static_cast<S>(0.70710678118654752440);
+  const S inv_sqrt_2pi = static_cast<S>(0.39894228040143267794);
+  const std::int64_t chunk = 4096;
+  parallel_for((n + chunk - 1) / chunk, threads_for(n), [&](std::int64_t c) {
+    const std::int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const S cdf = S(0.5) * (S(1) + erf_s(x[i] * inv_sqrt2));
+      const S pdf = inv_sqrt_2pi * exp_s(S(-0.5) * x[i] * x[i]);
+      dx[i] = dout[i] * (cdf + x[i] * pdf);
+    }
+  });
+}
+
+template <class S>
+double crossentropy_forward(S* probs, S* losses, const S* logits, const std::int32_t* targets, std::int64_t N,
+                            std::int64_t V) {
+  parallel_for(N, threads_for(N * V), [&](std::int64_t n) {
+    const S* l = logits + n * V;
+    S* p = probs + n * V;
+    const S target_logit = l[targets[n]];  // read first: probs may alias logits
+    S m = l[0];
+    for (std::int64_t v = 1; v < V; ++v) m = std::max(m, l[v]);
+    S sum = 0;
+    for (std::int64_t v = 0; v < V; ++v) {
+      p[v] = std::exp(l[v] - m);
+      sum += p[v];
+    }
+    const S inv = S(1) / sum;
+    for (std::int64_t v = 0; v < V; ++v) p[v] *= inv;
+    // −log p_target computed from the logits (not from p, which may underflow to 0).
+    losses[n] = m + std::log(sum) - target_logit;
+  });
+  double total = 0;
+  for (std::int64_t n = 0; n < N; ++n) total += losses[n];
+  return total;
+}
+
+template <class S>
+void crossentropy_backward(S* dlogits, const S* probs, const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           S scale) {
+  // In the forward pass this was loss = logsumexp(logits) − logits[target], so now
+  // ∂loss/∂logits = softmax(logits) − onehot(target).
+  for (std::int64_t n = 0; n < N; ++n) {
+    const S* p = probs + n * V;
+    S* d = dlogits + n * V;
+    for (std::int64_t v = 0; v < V; ++v) d[v] = scale * p[v];
+    d[targets[n]] -= scale;
+  }
+}
+
+template <>
+void dense_forward<float>(const float* x, const float* W, const float* b, float* y, std::int64_t N, std::int64_t in,
+                          std::int64_t out) {
+  linear_forward(x, W, b, y, N, in, out);
+}
+
+template <>
+void dense_forward<double>(const double* x, const double* W, const double* b, double* y, std::int64_t N,
+                           std::int64_t in, std::int64_t out) {
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t o = 0; o < out; ++o) {
+      double s = b ? b[o] : 0.0;
+      for (std::int64_t i = 0; i < in; ++i) s += x[n * in + i] * W[o * in + i];
+      y[n * out + o] = s;
+    }
+}
+
+template <>
+void dense_backward<float>(const float* x, const float* W, const float* dy, float* dx, float* dW, float* db,
+                           std::int64_t N, std::int64_t in, std::int64_t out, bool accumulate_dx) {
+  linear_backward(x, W, dy, dx, dW, db, N, in, out, accumulate_dx);
+}
+
+template <>
+void dense_backward<double>(const double* x, const double* W, const double* dy, double* dx, double* dW, double* db,
+                            std::int64_t N, std::int64_t in, std::int64_t out, bool accumulate_dx) {
+  // In the forward pass this was y = x·Wᵀ + b, so now dx = dy·W, dW += dyᵀ·x, db += Σ_n dy.
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t i = 0; i < in; ++i) {
+      double s = 0;
+      for (std::int64_t o = 0; o < out; ++o) s += dy[n * out + o] * W[o * in + i];
+      dx[n * in + i] = accumulate_dx ? dx[n * in + i] + s : s;
+    }
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t n = 0; n < N; ++n) {
+      const double d = dy[n * out + o];
+      if (db) db[o] += d;
+      for (std::int64_t i = 0; i < in; ++i) dW[o * in + i] += d * x[n * in + i];
+    }
+}
+
+#define QKV_INSTANTIATE(S)                                                                                      \
+  template void embedding_forward<S>(S*, const std::int32_t*, const S*, const S*, std::int64_t, std::int64_t,   \
+                                     std::int64_t);                                                             \
+  template void embedding_backward<S>(S*, S*, const S*, const std::int32_t*, std::int64_t, std::int64_t,        \
+                                      std::int64_t);                                                            \
+  template void layernorm_forward<S>(S*, S*, S*, const S*, const S*, const S*, std::int64_t, std::int64_t);     \
+  template void layernorm_backward<S>(S*, S*, S*, const S*, const S*, const S*, const S*, const S*,             \
+                                      std::int64_t, std::int64_t);                                              \
+  template void gelu_forward<S>(S*, const S*, std::int64_t);                                                    \
+  template void gelu_backward<S>(S*, const S*, const S*, std::int64_t);                                         \
+  template double crossentropy_forward<S>(S*, S*, const S*, const std::int32_t*, std::int64_t, std::int64_t);   \
+  template void crossentropy_backward<S>(S*, const S*, const std::int32_t*, std::int64_t, std::int64_t, S);
+QKV_INSTANTIATE(float)
+QKV_INSTANTIATE(double)
+#undef QKV_INSTANTIATE
+
+}  // namespace qkv::blocks

@@ -1,0 +1,65 @@
+// Internal: the layers of a GPT-2 style transformer as training needs them, llm.c style — each a
+// `*_forward` that keeps what its backward will read, and a `*_backward` that turns ∂L/∂out into
+// ∂L/∂in and the parameter gradients. Plain contiguous row-major pointers, instantiated for
+// S = float (training) and S = double (the f64 twin the gradient checks difference); sizes:
+//
+//   N  tokens in the batch (B·T)      T  positions per sequence      C  channels (embedding width)
+//   V  vocabulary size                n  element count of an elementwise layer
+//
+// Parameter gradients (dwte, dwpe, dw, db) always accumulate (+=), so micro-batches add up;
+// input gradients accumulate where the residual stream branches (said at each function).
+// Projections are blocks::linear_forward / linear_backward; attention is qkv::attention.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::blocks {
+
+// Each function below is a template on the scalar S ∈ {float, double}.
+
+// out[n, :] = wte[tok[n], :] + wpe[n % T, :]          tok [N] in [0, V)   out [N, C]
+template <class S>
+void embedding_forward(S* out, const std::int32_t* tok, const S* wte, const S* wpe, std::int64_t N,
+                       std::int64_t T, std::int64_t C);
+// dwte[tok[n], :] += dout[n, :];  dwpe[n % T, :] += dout[n, :]
+template <class S>
+void embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tok, std::int64_t N,
+                        std::int64_t T, std::int64_t C);
+
+// LayerNorm over the last axis, eps = 1e-5 (torch.nn.LayerNorm's default).
+//   x [N, C] → out [N, C];  mean [N], rstd [N] kept for the backward;  b may be null (no bias).
+template <class S>
+void layernorm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S* b,
+                       std::int64_t N, std::int64_t C);
+// dx += ∂L/∂x (the residual stream also reaches x by its skip path);  dw += …;  db += … (db may be null).
+template <class S>
+void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S* w,
+                        const S* mean, const S* rstd, std::int64_t N, std::int64_t C);
+
+// GELU, exact (erf) form as torch.nn.GELU(): out = x · Φ(x).      x, out [n]
+template <class S>
+void gelu_forward(S* out, const S* x, std::int64_t n);
+// dx = dout · (Φ(x) + x · φ(x))  (overwrites dx).
+template <class S>
+void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n);
+
+// Softmax cross-entropy of every position at once.
+//   logits [N, V] → probs [N, V] (softmax; may be the logits' own memory), losses [N] =
+//   −log probs[n, targets[n]]; returns Σ losses.
+template <class S>
+double crossentropy_forward(S* probs, S* losses, const S* logits, const std::int32_t* targets,
+                            std::int64_t N, std::int64_t V);
+// dlogits = scale · (probs − onehot(targets))  (overwrites; scale = 1/N for a mean loss).
+template <class S>
+void crossentropy_backward(S* dlogits, const S* probs, const std::int32_t* targets, std::int64_t N,
+                           std::int64_t V, S scale);
+
+// y = x · Wᵀ + b and its backward, as blocks::linear_* (same argument order and accumulation rules):
+// S = float runs the oneDNN sgemm of linear.hpp; S = double runs plain f64 loops (the twin).
+template <class S>
+void dense_forward(const S* x, const S* W, const S* b, S* y, std::int64_t N, std::int64_t in, std::int64_t out);
+template <class S>
+void dense_backward(const S* x, const S* W, const S* dy, S* dx, S* dW, S* db, std::int64_t N, std::int64_t in,
+                    std::int64_t out, bool accumulate_dx);
+
+}  // namespace qkv::blocks
