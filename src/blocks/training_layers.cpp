@@ -4,11 +4,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "blocks/layers.hpp"
 #include "blocks/linear.hpp"
 #include "core/parallel.hpp"
 #include "qkv/attention.hpp"
 
-namespace qkv::blocks {
+namespace qkv::blocks::typed {
 namespace {
 
 // Rows of at most this many elements are too small to be worth waking a second thread for.
@@ -37,24 +38,10 @@ inline float exp_f32(float x) {
   return p * scale;
 }
 
-// erf in f32 by Abramowitz & Stegun 7.1.26: |error| ≤ 1.5e-7, about 2 ulp of the f32 result
-// near 1 — the same order as torch's f32 erf, which the parity test compares with.
-inline float erf_f32(float x) {
-  const float a = std::fabs(x);
-  const float t = 1.0f / (1.0f + 0.3275911f * a);
-  float p = 1.061405429f;
-  p = p * t - 1.453152027f;
-  p = p * t + 1.421413741f;
-  p = p * t - 0.284496736f;
-  p = p * t + 0.254829592f;
-  const float y = 1.0f - p * t * exp_f32(-a * a);
-  return std::copysign(y, x);
-}
-
-inline float erf_s(float x) { return erf_f32(x); }
-inline double erf_s(double x) { return std::erf(x); }
-inline float exp_s(float x) { return exp_f32(x); }
-inline double exp_s(double x) { return std::exp(x); }
+// tanh u = 1 − 2 / (e^(2u) + 1): absolute error ~1e-7 (the f32 rounding of the quotient), which
+// is what the derivative below needs; exact at ±∞ thanks to exp_f32's clamp.
+inline float tanh_s(float u) { return 1.0f - 2.0f / (exp_f32(2.0f * u) + 1.0f); }
+inline double tanh_s(double u) { return std::tanh(u); }
 
 }  // namespace
 
@@ -67,6 +54,12 @@ void embedding_forward(S* out, const std::int32_t* tok, const S* wte, const S* w
     S* o = out + n * C;
     for (std::int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
   }
+}
+
+template <>
+void embedding_forward<float>(float* out, const std::int32_t* tok, const float* wte, const float* wpe,
+                              std::int64_t N, std::int64_t T, std::int64_t C) {
+  for (std::int64_t s0 = 0; s0 < N; s0 += T) blocks::embedding_forward(out + s0 * C, tok + s0, wte, wpe, T, C, 0);
 }
 
 template <class S>
@@ -102,6 +95,12 @@ void layernorm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S
     mean[n] = m;
     rstd[n] = rs;
   });
+}
+
+template <>
+void layernorm_forward<float>(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                              std::int64_t N, std::int64_t C) {
+  blocks::layernorm_forward(out, mean, rstd, x, w, b, N, C, 1e-5f);
 }
 
 template <class S>
@@ -141,27 +140,28 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S*
 
 template <class S>
 void gelu_forward(S* out, const S* x, std::int64_t n) {
-  const S inv_sqrt2 = static_cast<S>(0.70710678118654752440);
-  const std::int64_t chunk = 4096;
-  parallel_for((n + chunk - 1) / chunk, threads_for(n), [&](std::int64_t c) {
-    const std::int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
-    for (std::int64_t i = lo; i < hi; ++i) out[i] = S(0.5) * x[i] * (S(1) + erf_s(x[i] * inv_sqrt2));
-  });
+  const S k = static_cast<S>(0.79788456080286535588);  // √(2/π)
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = S(0.5) * x[i] * (S(1) + std::tanh(k * (x[i] + static_cast<S>(0.044715) * x[i] * x[i] * x[i])));
+}
+
+template <>
+void gelu_forward<float>(float* out, const float* x, std::int64_t n) {
+  blocks::gelu_forward(out, x, n);
 }
 
 template <class S>
 void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n) {
-  // In the forward pass this was x · Φ(x), so now the derivative is Φ(x) + x · φ(x) with
-  // φ(x) = e^(−x²/2) / √(2π).
-  const S inv_sqrt2 = static_cast<S>(0.70710678118654752440);
-  const S inv_sqrt_2pi = static_cast<S>(0.39894228040143267794);
+  // In the forward pass this was ½x(1 + tanh u) with u = √(2/π)(x + 0.044715x³), so now
+  // d/dx = ½(1 + tanh u) + ½x(1 − tanh²u) · du/dx,  du/dx = √(2/π)(1 + 3·0.044715x²).
+  const S k = static_cast<S>(0.79788456080286535588), a = static_cast<S>(0.044715);
   const std::int64_t chunk = 4096;
   parallel_for((n + chunk - 1) / chunk, threads_for(n), [&](std::int64_t c) {
     const std::int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
     for (std::int64_t i = lo; i < hi; ++i) {
-      const S cdf = S(0.5) * (S(1) + erf_s(x[i] * inv_sqrt2));
-      const S pdf = inv_sqrt_2pi * exp_s(S(-0.5) * x[i] * x[i]);
-      dx[i] = dout[i] * (cdf + x[i] * pdf);
+      const S v = x[i];
+      const S t = tanh_s(k * (v + a * v * v * v));
+      dx[i] = dout[i] * (S(0.5) * (S(1) + t) + S(0.5) * v * (S(1) - t * t) * k * (S(1) + S(3) * a * v * v));
     }
   });
 }
@@ -260,4 +260,4 @@ QKV_INSTANTIATE(float)
 QKV_INSTANTIATE(double)
 #undef QKV_INSTANTIATE
 
-}  // namespace qkv::blocks
+}  // namespace qkv::blocks::typed

@@ -1,7 +1,9 @@
 // Internal: the layers of a GPT-2 style transformer as training needs them, llm.c style — each a
 // `*_forward` that keeps what its backward will read, and a `*_backward` that turns ∂L/∂out into
-// ∂L/∂in and the parameter gradients. Plain contiguous row-major pointers, instantiated for
-// S = float (training) and S = double (the f64 twin the gradient checks difference); sizes:
+// ∂L/∂in and the parameter gradients. Plain contiguous row-major pointers, templates on the scalar:
+// S = float trains, and its forwards are the f32 layers of blocks/layers.hpp (the ones inference
+// runs, so a trained model generates with exactly the function it was trained as); S = double is
+// the f64 twin that the gradient checks take finite differences of. Sizes:
 //
 //   N  tokens in the batch (B·T)      T  positions per sequence      C  channels (embedding width)
 //   V  vocabulary size                n  element count of an elementwise layer
@@ -13,7 +15,9 @@
 
 #include <cstdint>
 
-namespace qkv::blocks {
+// In their own namespace so that these templates never compete in overload resolution with the
+// f32 functions of the same names in blocks/layers.hpp.
+namespace qkv::blocks::typed {
 
 // Each function below is a template on the scalar S ∈ {float, double}.
 
@@ -36,10 +40,11 @@ template <class S>
 void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S* w,
                         const S* mean, const S* rstd, std::int64_t N, std::int64_t C);
 
-// GELU, exact (erf) form as torch.nn.GELU(): out = x · Φ(x).      x, out [n]
+// GELU, GPT-2's tanh form (torch's gelu(approximate="tanh")):        x, out [n]
+//   out = ½x(1 + tanh(u)),  u = √(2/π)(x + 0.044715x³)
 template <class S>
 void gelu_forward(S* out, const S* x, std::int64_t n);
-// dx = dout · (Φ(x) + x · φ(x))  (overwrites dx).
+// dx = dout · (½(1 + tanh u) + ½x(1 − tanh²u) · √(2/π)(1 + 3·0.044715x²))  (overwrites dx).
 template <class S>
 void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n);
 
@@ -62,4 +67,4 @@ template <class S>
 void dense_backward(const S* x, const S* W, const S* dy, S* dx, S* dW, S* db, std::int64_t N, std::int64_t in,
                     std::int64_t out, bool accumulate_dx);
 
-}  // namespace qkv::blocks
+}  // namespace qkv::blocks::typed

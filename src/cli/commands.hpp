@@ -11,7 +11,8 @@
 
 #define QKV_CLI_COMMANDS(X) \
   X(params)                 \
-  X(attend)
+  X(attend)                 \
+  X(train)
 
 namespace qkv::cli {
 

@@ -158,7 +158,7 @@ double Gpt<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) 
   std::copy(targets, targets + N, targets_.begin());
   S* P = params.data();
   S* wte = tensor(P, "transformer.wte.weight");
-  blocks::embedding_forward(resid_.data(), tokens, wte, tensor(P, "transformer.wpe.weight"), N, T_, C);
+  blocks::typed::embedding_forward(resid_.data(), tokens, wte, tensor(P, "transformer.wpe.weight"), N, T_, C);
 
   AttentionOptions causal;
   causal.causal = true;  // every position predicts its next token at once, seeing only its past
@@ -174,26 +174,26 @@ double Gpt<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) 
     S* fch_gelu = fch_gelu_.data() + l * N * 4 * C;
     S* x_next = resid_.data() + (l + 1) * N * C;
 
-    blocks::layernorm_forward(ln1, ln1_mean_.data() + l * N, ln1_rstd_.data() + l * N, x, w.ln1w, w.ln1b, N, C);
-    blocks::dense_forward(ln1, w.qkvw, w.qkvb, qkv, N, C, 3 * C);
+    blocks::typed::layernorm_forward(ln1, ln1_mean_.data() + l * N, ln1_rstd_.data() + l * N, x, w.ln1w, w.ln1b, N, C);
+    blocks::typed::dense_forward(ln1, w.qkvw, w.qkvb, qkv, N, C, 3 * C);
     attention(heads_view(qkv, B_, H, T_, D, 3 * C, 0), heads_view(qkv, B_, H, T_, D, 3 * C, C),
               heads_view(qkv, B_, H, T_, D, 3 * C, 2 * C), heads_view(atty, B_, H, T_, D, C, 0), causal,
               View::contiguous(lse_.data() + l * B_ * H * T_, dtype_of<S>(), {B_, H, T_}));
-    blocks::dense_forward(atty, w.projw, w.projb, tmp_.data(), N, C, C);
+    blocks::typed::dense_forward(atty, w.projw, w.projb, tmp_.data(), N, C, C);
     for (std::int64_t i = 0; i < N * C; ++i) mid[i] = x[i] + tmp_[static_cast<std::size_t>(i)];
 
-    blocks::layernorm_forward(ln2, ln2_mean_.data() + l * N, ln2_rstd_.data() + l * N, mid, w.ln2w, w.ln2b, N, C);
-    blocks::dense_forward(ln2, w.fcw, w.fcb, fch, N, C, 4 * C);
-    blocks::gelu_forward(fch_gelu, fch, N * 4 * C);
-    blocks::dense_forward(fch_gelu, w.fcprojw, w.fcprojb, tmp_.data(), N, 4 * C, C);
+    blocks::typed::layernorm_forward(ln2, ln2_mean_.data() + l * N, ln2_rstd_.data() + l * N, mid, w.ln2w, w.ln2b, N, C);
+    blocks::typed::dense_forward(ln2, w.fcw, w.fcb, fch, N, C, 4 * C);
+    blocks::typed::gelu_forward(fch_gelu, fch, N * 4 * C);
+    blocks::typed::dense_forward(fch_gelu, w.fcprojw, w.fcprojb, tmp_.data(), N, 4 * C, C);
     for (std::int64_t i = 0; i < N * C; ++i) x_next[i] = mid[i] + tmp_[static_cast<std::size_t>(i)];
   }
 
-  blocks::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), resid_.data() + L * N * C,
+  blocks::typed::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), resid_.data() + L * N * C,
                             tensor(P, "transformer.ln_f.weight"), tensor(P, "transformer.ln_f.bias"), N, C);
-  blocks::dense_forward(lnf_.data(), wte, static_cast<const S*>(nullptr), probs_.data(), N, C, V);  // logits
+  blocks::typed::dense_forward(lnf_.data(), wte, static_cast<const S*>(nullptr), probs_.data(), N, C, V);  // logits
   const double total =
-      blocks::crossentropy_forward(probs_.data(), losses_.data(), probs_.data(), targets, N, V);
+      blocks::typed::crossentropy_forward(probs_.data(), losses_.data(), probs_.data(), targets, N, V);
   return total / static_cast<double>(N);
 }
 
@@ -207,13 +207,13 @@ void Gpt<S>::backward(S loss_scale) {
 
   // In the forward pass the loss was the mean over N positions of −log softmax(logits)[target],
   // so now ∂/∂logits = (probs − onehot) · loss_scale / N.
-  blocks::crossentropy_backward(dlogits_.data(), probs_.data(), targets_.data(), N, V,
+  blocks::typed::crossentropy_backward(dlogits_.data(), probs_.data(), targets_.data(), N, V,
                                 static_cast<S>(loss_scale / static_cast<S>(N)));
   // logits = lnf · wteᵀ: the tied unembedding adds its gradient into the token embedding's.
-  blocks::dense_backward(lnf_.data(), wte, dlogits_.data(), dln_.data(), dwte, static_cast<S*>(nullptr), N, C, V,
+  blocks::typed::dense_backward(lnf_.data(), wte, dlogits_.data(), dln_.data(), dwte, static_cast<S*>(nullptr), N, C, V,
                          false);
   std::fill(dresid_.begin(), dresid_.end(), S(0));
-  blocks::layernorm_backward(dresid_.data(), tensor(G, "transformer.ln_f.weight"), tensor(G, "transformer.ln_f.bias"),
+  blocks::typed::layernorm_backward(dresid_.data(), tensor(G, "transformer.ln_f.weight"), tensor(G, "transformer.ln_f.bias"),
                              dln_.data(), resid_.data() + L * N * C, tensor(P, "transformer.ln_f.weight"),
                              lnf_mean_.data(), lnf_rstd_.data(), N, C);
 
@@ -232,16 +232,16 @@ void Gpt<S>::backward(S loss_scale) {
 
     // In the forward pass this was x_next = mid + c_proj(gelu(c_fc(ln_2(mid)))). dresid holds
     // ∂L/∂x_next; the skip path hands it to mid unchanged, the MLP branch adds its part below.
-    blocks::dense_backward(fch_gelu, w.fcprojw, dresid_.data(), dfch_gelu_.data(), g.fcprojw, g.fcprojb, N, 4 * C,
+    blocks::typed::dense_backward(fch_gelu, w.fcprojw, dresid_.data(), dfch_gelu_.data(), g.fcprojw, g.fcprojb, N, 4 * C,
                            C, false);
-    blocks::gelu_backward(dfch_.data(), fch, dfch_gelu_.data(), N * 4 * C);
-    blocks::dense_backward(ln2, w.fcw, dfch_.data(), dln_.data(), g.fcw, g.fcb, N, C, 4 * C, false);
-    blocks::layernorm_backward(dresid_.data(), g.ln2w, g.ln2b, dln_.data(), mid, w.ln2w,
+    blocks::typed::gelu_backward(dfch_.data(), fch, dfch_gelu_.data(), N * 4 * C);
+    blocks::typed::dense_backward(ln2, w.fcw, dfch_.data(), dln_.data(), g.fcw, g.fcb, N, C, 4 * C, false);
+    blocks::typed::layernorm_backward(dresid_.data(), g.ln2w, g.ln2b, dln_.data(), mid, w.ln2w,
                                ln2_mean_.data() + l * N, ln2_rstd_.data() + l * N, N, C);
 
     // In the forward pass this was mid = x + c_proj(attention(q, k, v)) with q | k | v =
     // c_attn(ln_1(x)). dresid now holds ∂L/∂mid, which again flows to x by the skip path.
-    blocks::dense_backward(atty, w.projw, dresid_.data(), datty_.data(), g.projw, g.projb, N, C, C, false);
+    blocks::typed::dense_backward(atty, w.projw, dresid_.data(), datty_.data(), g.projw, g.projb, N, C, C, false);
     attention_backward(heads_view(qkv, B_, H, T_, D, 3 * C, 0), heads_view(qkv, B_, H, T_, D, 3 * C, C),
                        heads_view(qkv, B_, H, T_, D, 3 * C, 2 * C), heads_view(atty, B_, H, T_, D, C, 0),
                        heads_view(datty_.data(), B_, H, T_, D, C, 0),
@@ -251,13 +251,13 @@ void Gpt<S>::backward(S loss_scale) {
     // c_attn's weight [3C, C] is W_Q, W_K, W_V stacked by rows, so each is a contiguous [C, C] block.
     const S* dqkv[3] = {dq_.data(), dk_.data(), dv_.data()};
     for (std::int64_t part = 0; part < 3; ++part)
-      blocks::dense_backward(ln1, w.qkvw + part * C * C, dqkv[part], dln_.data(), g.qkvw + part * C * C,
+      blocks::typed::dense_backward(ln1, w.qkvw + part * C * C, dqkv[part], dln_.data(), g.qkvw + part * C * C,
                              g.qkvb ? g.qkvb + part * C : nullptr, N, C, C, part > 0);
-    blocks::layernorm_backward(dresid_.data(), g.ln1w, g.ln1b, dln_.data(), x, w.ln1w, ln1_mean_.data() + l * N,
+    blocks::typed::layernorm_backward(dresid_.data(), g.ln1w, g.ln1b, dln_.data(), x, w.ln1w, ln1_mean_.data() + l * N,
                                ln1_rstd_.data() + l * N, N, C);
   }
   // In the forward pass this was resid[0] = wte[token] + wpe[position].
-  blocks::embedding_backward(dwte, tensor(G, "transformer.wpe.weight"), dresid_.data(), tokens_.data(), N, T_, C);
+  blocks::typed::embedding_backward(dwte, tensor(G, "transformer.wpe.weight"), dresid_.data(), tokens_.data(), N, T_, C);
 }
 
 template class Gpt<float>;

@@ -1,0 +1,433 @@
+#include "train/trainer.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "train/plot.hpp"
+#include "train/rng.hpp"
+#include "train/safetensors_io.hpp"
+#include "train/tokenizer.hpp"
+#include "qkv/attention.hpp"
+#include "qkv/types.hpp"
+
+namespace qkv::train {
+namespace {
+
+constexpr const char* kFn = "qkv::train";
+constexpr const char* kFormat = "qkv-train-checkpoint-1";
+// Streams derived from the seed: batches, initial weights, validation batches (the same fixed
+// batches at every evaluation, so the curve compares like with like; bench/train_gpt_torch.py
+// draws the same ones).
+constexpr std::uint64_t kInitStream = 0x1A17'0000'0000'0001ull;
+constexpr std::uint64_t kEvalStream = 0x5EED'E7A1ull;
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted = true; }
+
+// Installs the Ctrl-C handler for the lifetime of a training run, then restores the old one.
+struct SigintGuard {
+  using Handler = void (*)(int);
+  Handler old;
+  SigintGuard() : old(std::signal(SIGINT, on_sigint)) { g_interrupted = false; }
+  ~SigintGuard() { std::signal(SIGINT, old); }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(kFn, "--data '" + path + "': cannot open the file");
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// FNV-1a over the corpus bytes: a resumed run must see the same text.
+std::string fingerprint(const std::string& text) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%zu bytes, fnv1a %016llx", text.size(), static_cast<unsigned long long>(h));
+  return buf;
+}
+
+nlohmann::json gpt_json(const GptConfig& c) {
+  return {{"vocab", c.vocab}, {"context", c.context}, {"layers", c.layers},
+          {"heads", c.heads}, {"embd", c.embd},       {"bias", c.bias}};
+}
+
+nlohmann::json run_json(const TrainOptions& o) {
+  return {{"tokenizer", o.tokenizer}, {"bpe_vocab", o.tokenizer == "bpe" ? o.bpe_vocab : 0},
+          {"batch", o.batch},         {"accum", o.accum},
+          {"seed", o.seed},           {"val_fraction", o.val_fraction},
+          {"lr", o.opt.lr},           {"min_lr", o.opt.min_lr},
+          {"warmup", o.opt.warmup},   {"decay_steps", o.opt.decay_steps},
+          {"beta1", o.opt.beta1},     {"beta2", o.opt.beta2},
+          {"eps", o.opt.eps},         {"weight_decay", o.opt.weight_decay},
+          {"clip", o.opt.clip}};
+}
+
+void check_options(const TrainOptions& o) {
+  auto positive = [](const char* what, std::int64_t v) {
+    if (v < 1) fail(kFn, std::string(what) + ": must be ≥ 1, got " + std::to_string(v));
+  };
+  positive("--batch", o.batch);
+  positive("--accum", o.accum);
+  positive("--steps", o.steps);
+  positive("--eval-interval", o.eval_interval);
+  positive("--eval-batches", o.eval_batches);
+  positive("--checkpoint-interval", o.checkpoint_interval);
+  if (o.tokenizer != "chars" && o.tokenizer != "bpe")
+    fail(kFn, "--tokenizer: must be chars or bpe, got '" + o.tokenizer + "'");
+  if (!(o.val_fraction > 0 && o.val_fraction < 1))
+    fail(kFn, "--val-fraction: must be in (0, 1), got " + std::to_string(o.val_fraction));
+  if (!(o.opt.lr > 0) || !(o.opt.min_lr >= 0) || o.opt.warmup < 0 || o.opt.decay_steps < 0 ||
+      !(o.opt.beta1 >= 0 && o.opt.beta1 < 1) || !(o.opt.beta2 >= 0 && o.opt.beta2 < 1) || !(o.opt.eps > 0) ||
+      !(o.opt.weight_decay >= 0))
+    fail(kFn, "optimiser: need lr > 0, min_lr ≥ 0, warmup ≥ 0, decay_steps ≥ 0, β in [0, 1), eps > 0, weight_decay ≥ 0");
+}
+
+// Offsets b·… of the B windows of one batch: x = data[i, i+T), y = data[i+1, i+T+1).
+void sample_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t B, std::int64_t T,
+                  std::vector<std::int32_t>& x, std::vector<std::int32_t>& y) {
+  const auto span = static_cast<std::uint64_t>(static_cast<std::int64_t>(data.size()) - T);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto i = static_cast<std::size_t>(rng.below(span));
+    for (std::int64_t t = 0; t < T; ++t) {
+      x[static_cast<std::size_t>(b * T + t)] = data[i + static_cast<std::size_t>(t)];
+      y[static_cast<std::size_t>(b * T + t)] = data[i + static_cast<std::size_t>(t) + 1];
+    }
+  }
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto t = static_cast<long long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
+  return buf;
+}
+
+std::string csv_text(const std::vector<LossRow>& rows) {
+  std::ostringstream s;
+  s << "step,lr,train_loss,val_loss,grad_norm,tokens_per_s,elapsed_s\n";
+  char buf[256];
+  for (const auto& r : rows) {
+    std::snprintf(buf, sizeof buf, "%lld,%.6g,", static_cast<long long>(r.step), r.lr);
+    s << buf;
+    if (r.has_train) {
+      std::snprintf(buf, sizeof buf, "%.6f", r.train_loss);
+      s << buf;
+    }
+    s << ',';
+    if (r.has_val) {
+      std::snprintf(buf, sizeof buf, "%.6f", r.val_loss);
+      s << buf;
+    }
+    std::snprintf(buf, sizeof buf, ",%.6g,%.1f,%.3f\n", r.grad_norm, r.tokens_per_s, r.elapsed_s);
+    s << buf;
+  }
+  return s.str();
+}
+
+// Rows of an earlier loss.csv before `step` (a resumed run continues the curve).
+std::vector<LossRow> read_csv_before(const std::string& path, std::int64_t step) {
+  std::vector<LossRow> rows;
+  std::ifstream f(path);
+  std::string line;
+  if (!f || !std::getline(f, line)) return rows;
+  while (std::getline(f, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line);
+    std::string cell;
+    while (std::getline(ls, cell, ',')) cells.push_back(cell);
+    if (cells.size() < 7) continue;
+    LossRow r;
+    r.step = std::stoll(cells[0]);
+    if (r.step >= step) break;
+    r.lr = std::stod(cells[1]);
+    if ((r.has_train = !cells[2].empty())) r.train_loss = std::stod(cells[2]);
+    if ((r.has_val = !cells[3].empty())) r.val_loss = std::stod(cells[3]);
+    r.grad_norm = std::stod(cells[4]);
+    r.tokens_per_s = std::stod(cells[5]);
+    r.elapsed_s = std::stod(cells[6]);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// Everything the run needs to continue, as one safetensors file.
+struct State {
+  std::int64_t step = 0;
+  double elapsed_s = 0;
+};
+
+void save_checkpoint(const std::string& path, const TrainOptions& o, const Gpt<float>& m,
+                     const std::vector<float>& adam_m, const std::vector<float>& adam_v, const Rng& rng,
+                     const State& st, const TextTokenizer& tok, const std::string& corpus_id) {
+  StFile f;
+  for (const auto& p : m.layout()) f.tensors[p.name] = st_f32(m.params.data() + p.offset, p.shape);
+  const auto P = static_cast<std::int64_t>(m.params.size());
+  f.tensors["optimizer.m"] = st_f32(adam_m.data(), {P});
+  f.tensors["optimizer.v"] = st_f32(adam_v.data(), {P});
+  const auto& s = rng.state();
+  f.tensors["train.rng"] = st_u64({s[0], s[1], s[2], s[3]});
+  f.tensors["train.step"] = st_i64({st.step});
+  f.metadata["format"] = kFormat;
+  f.metadata["model"] = gpt_json(m.config()).dump();
+  f.metadata["run"] = run_json(o).dump();
+  f.metadata["tokenizer"] = tok.to_json();
+  f.metadata["corpus"] = corpus_id;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", st.elapsed_s);
+  f.metadata["elapsed_s"] = buf;
+  write_safetensors(path, f);
+}
+
+// The weights alone under qkv's model names, with model.json beside them, for `qkv generate`.
+void export_model(const std::string& dir, const Gpt<float>& m) {
+  const GptConfig& c = m.config();
+  const std::int64_t C = c.embd;
+  auto at = [&](const std::string& name) {
+    for (const auto& p : m.layout())
+      if (p.name == name) return m.params.data() + p.offset;
+    fail(kFn, "internal: no parameter " + name);
+  };
+  StFile f;
+  f.tensors["tok_embeddings.weight"] = st_f32(at("transformer.wte.weight"), {c.vocab, C});
+  f.tensors["pos_embeddings.weight"] = st_f32(at("transformer.wpe.weight"), {c.context, C});
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::string src = "transformer.h." + std::to_string(l) + ".", dst = "layers." + std::to_string(l) + ".";
+    f.tensors[dst + "attention_norm.weight"] = st_f32(at(src + "ln_1.weight"), {C});
+    f.tensors[dst + "ffn_norm.weight"] = st_f32(at(src + "ln_2.weight"), {C});
+    const float* qkv = at(src + "attn.c_attn.weight");  // [3C, C] = W_Q; W_K; W_V
+    f.tensors[dst + "attention.wq.weight"] = st_f32(qkv, {C, C});
+    f.tensors[dst + "attention.wk.weight"] = st_f32(qkv + C * C, {C, C});
+    f.tensors[dst + "attention.wv.weight"] = st_f32(qkv + 2 * C * C, {C, C});
+    f.tensors[dst + "attention.wo.weight"] = st_f32(at(src + "attn.c_proj.weight"), {C, C});
+    f.tensors[dst + "feed_forward.w1.weight"] = st_f32(at(src + "mlp.c_fc.weight"), {4 * C, C});
+    f.tensors[dst + "feed_forward.w2.weight"] = st_f32(at(src + "mlp.c_proj.weight"), {C, 4 * C});
+    if (c.bias) {
+      f.tensors[dst + "attention_norm.bias"] = st_f32(at(src + "ln_1.bias"), {C});
+      f.tensors[dst + "ffn_norm.bias"] = st_f32(at(src + "ln_2.bias"), {C});
+      const float* bqkv = at(src + "attn.c_attn.bias");
+      f.tensors[dst + "attention.wq.bias"] = st_f32(bqkv, {C});
+      f.tensors[dst + "attention.wk.bias"] = st_f32(bqkv + C, {C});
+      f.tensors[dst + "attention.wv.bias"] = st_f32(bqkv + 2 * C, {C});
+      f.tensors[dst + "attention.wo.bias"] = st_f32(at(src + "attn.c_proj.bias"), {C});
+      f.tensors[dst + "feed_forward.w1.bias"] = st_f32(at(src + "mlp.c_fc.bias"), {4 * C});
+      f.tensors[dst + "feed_forward.w2.bias"] = st_f32(at(src + "mlp.c_proj.bias"), {C});
+    }
+  }
+  f.tensors["norm.weight"] = st_f32(at("transformer.ln_f.weight"), {C});
+  if (c.bias) f.tensors["norm.bias"] = st_f32(at("transformer.ln_f.bias"), {C});
+  f.metadata["config"] = model_config_json(c);
+  write_safetensors(dir + "/model.safetensors", f);
+  write_file_atomic(dir + "/model.json", model_config_json(c) + "\n");
+}
+
+}  // namespace
+
+std::string model_config_json(const GptConfig& c) {
+  nlohmann::json j = {{"dim", c.embd},         {"hidden_dim", 4 * c.embd}, {"n_layers", c.layers},
+                      {"n_heads", c.heads},     {"n_kv_heads", c.heads},    {"vocab_size", c.vocab},
+                      {"seq_len", c.context},   {"pos", "learned"},         {"norm", "layernorm"},
+                      {"mlp", "gelu"},          {"tied_embeddings", true},  {"bias", c.bias},
+                      {"norm_eps", 1e-5}};
+  return j.dump(2);
+}
+
+TrainSummary train(const TrainOptions& opts) {
+  TrainOptions o = opts;
+  check_options(o);
+  namespace fs = std::filesystem;
+  const std::string corpus = read_file(o.data_path);
+  check_text(kFn, corpus);
+  const std::string corpus_id = fingerprint(corpus);
+
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec || !fs::is_directory(o.out_dir)) fail(kFn, "--out '" + o.out_dir + "': cannot create the folder");
+  const std::string ckpt = o.out_dir + "/checkpoint.safetensors";
+  const bool have_ckpt = fs::exists(ckpt);
+  if (have_ckpt && !o.resume)
+    fail(kFn, "--out '" + o.out_dir + "': already holds checkpoint.safetensors; pass --resume to continue it or "
+                                      "choose another folder (nothing was overwritten)");
+  if (!have_ckpt && o.resume) fail(kFn, "--resume: no checkpoint.safetensors in '" + o.out_dir + "'");
+
+  // Tokenizer: learned from the corpus, or the one a resumed run was trained with.
+  StFile saved;
+  TextTokenizer tok;
+  if (o.resume) {
+    saved = read_safetensors(ckpt);
+    if (saved.metadata["format"] != kFormat)
+      fail(kFn, "--resume: '" + ckpt + "' is not a qkv training checkpoint (format '" + saved.metadata["format"] +
+                    "')");
+    if (saved.metadata["corpus"] != corpus_id)
+      fail(kFn, "--data: the checkpoint was trained on another corpus (" + saved.metadata["corpus"] +
+                    "), this one is " + corpus_id);
+    tok = TextTokenizer::from_json(saved.metadata["tokenizer"]);
+  } else {
+    tok = o.tokenizer == "bpe" ? TextTokenizer::learn_bpe(corpus, o.bpe_vocab) : TextTokenizer::learn_chars(corpus);
+  }
+  o.model.vocab = tok.vocab_size();
+  o.model.validate(kFn);
+  if (o.resume) {
+    const std::string want_model = gpt_json(o.model).dump(), have_model = saved.metadata["model"];
+    const std::string want_run = run_json(o).dump(), have_run = saved.metadata["run"];
+    if (want_model != have_model || want_run != have_run)
+      fail(kFn, "--resume: the checkpoint is from another configuration: it has model " + have_model + " run " +
+                    have_run + ", this command asks for model " + want_model + " run " + want_run);
+  }
+
+  const std::vector<std::int32_t> ids = tok.encode(corpus);
+  const auto n_all = static_cast<std::int64_t>(ids.size());
+  const auto n_train = static_cast<std::int64_t>(static_cast<double>(n_all) * (1.0 - o.val_fraction));
+  const std::vector<std::int32_t> train_ids(ids.begin(), ids.begin() + n_train), val_ids(ids.begin() + n_train, ids.end());
+  const std::int64_t T = o.model.context, B = o.batch;
+  if (static_cast<std::int64_t>(val_ids.size()) <= T || n_train <= T)
+    fail(kFn, "--context: " + std::to_string(T) + " tokens is longer than the corpus allows: " +
+                  std::to_string(n_all) + " tokens give " + std::to_string(n_train) + " to train and " +
+                  std::to_string(val_ids.size()) + " to validate, each must exceed the context");
+
+  Gpt<float> model(o.model, B, T);
+  const auto P = static_cast<std::int64_t>(model.params.size());
+  std::vector<float> adam_m(static_cast<std::size_t>(P)), adam_v(static_cast<std::size_t>(P));
+  std::vector<DecayRange> decay;
+  for (const auto& p : model.layout())
+    if (p.decay) decay.push_back({p.offset, p.offset + p.numel});
+  Rng rng(o.seed);
+  State st;
+  std::vector<LossRow> rows;
+  if (o.resume) {
+    for (const auto& p : model.layout()) st_copy_f32(saved, p.name, model.params.data() + p.offset, p.numel, "--resume");
+    st_copy_f32(saved, "optimizer.m", adam_m.data(), P, "--resume");
+    st_copy_f32(saved, "optimizer.v", adam_v.data(), P, "--resume");
+    const auto s = st_get_u64(saved, "train.rng", 4, "--resume");
+    rng.set_state({s[0], s[1], s[2], s[3]});
+    st.step = st_get_i64(saved, "train.step", 1, "--resume")[0];
+    st.elapsed_s = std::strtod(saved.metadata["elapsed_s"].c_str(), nullptr);
+    rows = read_csv_before(o.out_dir + "/loss.csv", st.step);
+    if (st.step < 0 || st.step > o.steps)
+      fail(kFn, "--steps: the checkpoint is at step " + std::to_string(st.step) + ", beyond --steps " +
+                    std::to_string(o.steps));
+  } else {
+    Rng init(o.seed ^ kInitStream);
+    model.init(init);
+  }
+
+  std::vector<std::int32_t> x(static_cast<std::size_t>(B * T)), y(static_cast<std::size_t>(B * T));
+  auto evaluate = [&] {
+    Rng er(o.seed ^ kEvalStream);
+    double sum = 0;
+    for (std::int64_t i = 0; i < o.eval_batches; ++i) {
+      sample_batch(val_ids, er, B, T, x, y);
+      sum += model.forward(x.data(), y.data());
+    }
+    return sum / static_cast<double>(o.eval_batches);
+  };
+  auto write_outputs = [&] {
+    save_checkpoint(ckpt, o, model, adam_m, adam_v, rng, st, tok, corpus_id);
+    export_model(o.out_dir, model);
+    write_file_atomic(o.out_dir + "/tokenizer.json", tok.to_json() + "\n");
+    write_file_atomic(o.out_dir + "/loss.csv", csv_text(rows));
+    write_file_atomic(o.out_dir + "/loss.png", loss_curve_png(rows));
+  };
+
+  const bool tty = isatty(2) != 0;
+  SigintGuard guard;  // from here on Ctrl-C stops after the current step and saves a checkpoint
+  std::fprintf(stderr, "qkv train: %lld parameters, vocab %lld (%s), %lld train / %lld val tokens, %d threads%s\n",
+               static_cast<long long>(P), static_cast<long long>(o.model.vocab), o.tokenizer.c_str(),
+               static_cast<long long>(n_train), static_cast<long long>(val_ids.size()), qkv::num_threads(),
+               o.resume ? (", resuming at step " + std::to_string(st.step)).c_str() : "");
+  using clock = std::chrono::steady_clock;
+  const std::int64_t first_step = st.step;
+  double train_seconds = 0, last_val = rows.empty() ? NAN : 0;
+  for (const auto& r : rows)
+    if (r.has_val) last_val = r.val_loss;
+  TrainSummary out;
+  while (true) {
+    LossRow row;
+    row.step = st.step;
+    if (st.step % o.eval_interval == 0 || st.step == o.steps) {
+      last_val = evaluate();
+      row.has_val = true;
+      row.val_loss = last_val;
+    }
+    if (st.step == o.steps) {
+      row.elapsed_s = st.elapsed_s;
+      rows.push_back(row);
+      break;
+    }
+    const auto t0 = clock::now();
+    row.lr = lr_at(o.opt, st.step);
+    model.zero_grad();
+    double loss = 0;
+    for (std::int64_t micro = 0; micro < o.accum; ++micro) {
+      sample_batch(train_ids, rng, B, T, x, y);
+      loss += model.forward(x.data(), y.data()) / static_cast<double>(o.accum);
+      model.backward(1.0f / static_cast<float>(o.accum));
+    }
+    row.grad_norm = clip_grad_norm(model.grads.data(), P, o.opt.clip);
+    adamw_step(model.params.data(), model.grads.data(), adam_m.data(), adam_v.data(), P, decay, o.opt, row.lr,
+               st.step + 1);
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    train_seconds += dt;
+    st.elapsed_s += dt;
+    ++st.step;
+    const double sps = static_cast<double>(st.step - first_step) / train_seconds;
+    row.has_train = true;
+    row.train_loss = loss;
+    row.tokens_per_s = sps * static_cast<double>(B * T * o.accum);
+    row.elapsed_s = st.elapsed_s;
+    rows.push_back(row);
+    if (!std::isfinite(loss))
+      fail(kFn, "training diverged: the loss is " + std::to_string(loss) + " at step " + std::to_string(row.step) +
+                    " (try a lower --lr)");
+
+    if (o.progress && (tty || st.step % 50 == 0 || st.step == o.steps)) {
+      const int width = 24;
+      const auto filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(st.step) /
+                                           static_cast<double>(o.steps));
+      std::string bar = std::string(static_cast<std::size_t>(filled), '#') +
+                        std::string(static_cast<std::size_t>(width - filled), '.');
+      char val[32] = "-";
+      if (std::isfinite(last_val)) std::snprintf(val, sizeof val, "%.4f", last_val);
+      std::fprintf(stderr, "%sstep %lld/%lld [%s] loss %.4f val %s | %.0f tok/s | %s left%s",
+                   tty ? "\r\033[K" : "", static_cast<long long>(st.step), static_cast<long long>(o.steps),
+                   bar.c_str(), loss, val, row.tokens_per_s,
+                   format_duration(static_cast<double>(o.steps - st.step) / sps).c_str(), tty ? "" : "\n");
+      std::fflush(stderr);
+    }
+    if (g_interrupted) {
+      write_outputs();
+      std::fprintf(stderr, "%sinterrupted: checkpoint saved at step %lld in %s; continue with --resume\n",
+                   tty ? "\n" : "", static_cast<long long>(st.step), o.out_dir.c_str());
+      out.interrupted = true;
+      break;
+    }
+    if (st.step % o.checkpoint_interval == 0 && st.step < o.steps) write_outputs();
+  }
+  if (!out.interrupted) {
+    write_outputs();
+    if (tty && o.progress) std::fprintf(stderr, "\n");
+  }
+  out.step = st.step;
+  out.val_loss = last_val;
+  out.steps_per_s = train_seconds > 0 ? static_cast<double>(st.step - first_step) / train_seconds : 0;
+  return out;
+}
+
+}  // namespace qkv::train

@@ -1,0 +1,194 @@
+// Tokenizers, bad input, bit-exact resume and a short training run of qkv::train.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include <gtest/gtest.h>
+
+#include "train/safetensors_io.hpp"
+#include "train/tokenizer.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using qkv::train::TextTokenizer;
+
+std::string shakespeare() {
+  std::ifstream f(std::string(QKV_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::string temp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("qkv_train_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// nanoGPT's shakespeare_char has 65 characters: "\n", " ", "!", "$", "&", "'", ",", "-", ".", "3",
+// ":", ";", "?", A–Z, a–z.
+TEST(Tokenizer, CharsOfShakespeare) {
+  const std::string text = shakespeare();
+  const auto t = TextTokenizer::learn_chars(text);
+  EXPECT_EQ(t.vocab_size(), 65);
+  EXPECT_EQ(t.token_text(0), "\n");
+  EXPECT_EQ(t.token_text(13), "A");
+  const auto ids = t.encode(text.substr(0, 1000));
+  EXPECT_EQ(t.decode(ids), text.substr(0, 1000));
+  const auto back = TextTokenizer::from_json(t.to_json());
+  EXPECT_EQ(back.encode("First Citizen"), t.encode("First Citizen"));
+}
+
+TEST(Tokenizer, CharsAreUnicodeCharacters) {
+  const auto t = TextTokenizer::learn_chars("héé€");
+  EXPECT_EQ(t.vocab_size(), 3);  // h, é, €
+  EXPECT_EQ(t.encode("€hé"), (std::vector<std::int32_t>{2, 0, 1}));
+  EXPECT_NE(error_of([&] { t.encode("x"); }).find("not in the 3-character vocabulary"), std::string::npos);
+}
+
+// Hand-worked: in "aaab aaab" the words are "aaab", " aaab" (counted once each). Pairs: (a,a) ×4,
+// (a,b) ×2, (' ',a) ×1, so the first merge is a+a → 256; then "aa" "a" "b": (256,a) ×2 and
+// (a,b) ×2 tie, and the smaller pair of ids (97, 98) wins → 257 = "ab".
+TEST(Tokenizer, BpeMergesByHand) {
+  const auto t = TextTokenizer::learn_bpe("aaab aaab", 258);
+  ASSERT_EQ(t.vocab_size(), 258);
+  EXPECT_EQ(t.token_text(256), "aa");
+  EXPECT_EQ(t.token_text(257), "ab");
+  EXPECT_EQ(t.encode("aaab"), (std::vector<std::int32_t>{256, 257}));
+}
+
+// On Shakespeare a 512-token BPE round-trips any text (bytes underneath) and compresses: 256 merges
+// of English reach about 2 bytes per token (GPT-2's 50,000 reach about 4); 1.8 is a loose floor.
+TEST(Tokenizer, BpeOnShakespeare) {
+  const std::string text = shakespeare().substr(0, 200000);
+  const auto t = TextTokenizer::learn_bpe(text, 512);
+  EXPECT_EQ(t.vocab_size(), 512);
+  const auto ids = t.encode(text);
+  EXPECT_EQ(t.decode(ids), text);
+  const double bytes_per_token = static_cast<double>(text.size()) / static_cast<double>(ids.size());
+  std::printf("BPE 512: %.2f bytes per token\n", bytes_per_token);
+  EXPECT_GT(bytes_per_token, 1.8);
+  const std::string odd = "Zebra! ümlaut \x01\t end";
+  EXPECT_EQ(t.decode(t.encode(odd)), odd);
+  EXPECT_EQ(TextTokenizer::from_json(t.to_json()).encode(text.substr(0, 5000)), t.encode(text.substr(0, 5000)));
+}
+
+TEST(Tokenizer, RejectsBinaryAndEmpty) {
+  EXPECT_NE(error_of([] { TextTokenizer::learn_chars(""); }).find("the file is empty"), std::string::npos);
+  EXPECT_NE(error_of([] { TextTokenizer::learn_chars(std::string("ab\0c", 4)); }).find("a NUL byte at offset 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { TextTokenizer::learn_bpe("ok \xff\xfe", 300); }).find("invalid byte 0xFF at offset 3"),
+            std::string::npos);
+}
+
+qkv::train::TrainOptions small_run(const std::string& data, const std::string& out) {
+  qkv::train::TrainOptions o;
+  o.data_path = data, o.out_dir = out;
+  o.model.layers = 2, o.model.heads = 2, o.model.embd = 32, o.model.context = 16;
+  o.batch = 4, o.accum = 2, o.steps = 6, o.eval_interval = 3, o.eval_batches = 2, o.checkpoint_interval = 100;
+  o.opt.warmup = 2, o.opt.decay_steps = 6;
+  o.progress = false;
+  return o;
+}
+
+TEST(Train, BadInputIsRejectedAndNothingOverwritten) {
+  const std::string dir = temp_dir("bad");
+  write(dir + "/empty.txt", "");
+  write(dir + "/binary.bin", std::string("\x7f" "ELF\x02\x01\x01\0\0\0", 10));
+  write(dir + "/short.txt", "To be, or not to be: that is the question.\n");
+  auto o = small_run(dir + "/empty.txt", dir + "/out");
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("the file is empty"), std::string::npos);
+  o.data_path = dir + "/binary.bin";
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("is it a binary file?"), std::string::npos);
+  o.data_path = dir + "/short.txt";
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("--context: 16 tokens is longer than the corpus allows"),
+            std::string::npos);
+  o.data_path = dir + "/missing.txt";
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("cannot open"), std::string::npos);
+
+  // A finished run, then the same folder without --resume, and with a different model.
+  write(dir + "/corpus.txt", shakespeare().substr(0, 20000));
+  o = small_run(dir + "/corpus.txt", dir + "/run");
+  o.steps = 2;
+  qkv::train::train(o);
+  const auto before = fs::last_write_time(dir + "/run/checkpoint.safetensors");
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("already holds checkpoint.safetensors"), std::string::npos);
+  o.resume = true;
+  o.model.embd = 64;
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("the checkpoint is from another configuration"),
+            std::string::npos);
+  o.model.embd = 32;
+  o.data_path = dir + "/short.txt";
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("trained on another corpus"), std::string::npos);
+  EXPECT_EQ(fs::last_write_time(dir + "/run/checkpoint.safetensors"), before);
+  EXPECT_FALSE(fs::exists(dir + "/run/checkpoint.safetensors.tmp"));
+  fs::remove_all(dir);
+}
+
+// 6 steps straight, and 3 steps + resume to 6: weights, AdamW moments and RNG state are the same
+// bytes (the run is deterministic: fixed reduction orders, the same threads, the same batches).
+TEST(Train, ResumeIsBitExact) {
+  const std::string dir = temp_dir("resume");
+  write(dir + "/corpus.txt", shakespeare().substr(0, 50000));
+  auto a = small_run(dir + "/corpus.txt", dir + "/straight");
+  qkv::train::train(a);
+  auto b = small_run(dir + "/corpus.txt", dir + "/resumed");
+  b.steps = 3;
+  qkv::train::train(b);
+  b.steps = 6;
+  b.resume = true;
+  const auto r = qkv::train::train(b);
+  EXPECT_EQ(r.step, 6);
+  const auto fa = qkv::train::read_safetensors(dir + "/straight/checkpoint.safetensors");
+  const auto fb = qkv::train::read_safetensors(dir + "/resumed/checkpoint.safetensors");
+  ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
+  int differing = 0;
+  for (const auto& [name, t] : fa.tensors) differing += fb.tensors.at(name).bytes != t.bytes;
+  std::printf("%zu tensors compared byte for byte, %d differ\n", fa.tensors.size(), differing);
+  EXPECT_EQ(differing, 0);
+  fs::remove_all(dir);
+}
+
+// 60 steps of a small character model on Shakespeare must beat the unigram entropy of the training
+// text (≈ 3.31 nats, computed here): below it the model has learned more than letter frequencies.
+TEST(Train, ShortRunBeatsUnigramEntropy) {
+  const std::string text = shakespeare();
+  const std::string dir = temp_dir("smoke");
+  const std::size_t n_train = static_cast<std::size_t>(static_cast<double>(text.size()) * 0.9);
+  std::map<char, double> count;
+  for (std::size_t i = 0; i < n_train; ++i) count[text[i]] += 1;
+  double entropy = 0;
+  for (auto [c, k] : count) entropy -= k / static_cast<double>(n_train) * std::log(k / static_cast<double>(n_train));
+  auto o = small_run(std::string(QKV_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", dir + "/run");
+  o.steps = 60, o.accum = 1, o.batch = 16, o.eval_interval = 60, o.eval_batches = 4;
+  o.opt.lr = 1e-2, o.opt.warmup = 5, o.opt.decay_steps = 60;
+  const auto r = qkv::train::train(o);
+  std::printf("unigram entropy %.4f, validation loss after 60 steps %.4f\n", entropy, r.val_loss);
+  EXPECT_LT(r.val_loss, entropy);
+  for (const char* f : {"checkpoint.safetensors", "model.safetensors", "model.json", "tokenizer.json", "loss.csv", "loss.png"})
+    EXPECT_TRUE(fs::exists(dir + "/run/" + f)) << f;
+  fs::remove_all(dir);
+}
+
+}  // namespace

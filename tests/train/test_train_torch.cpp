@@ -1,0 +1,105 @@
+// qkv's training against PyTorch: the gradient of a whole GPT from torch autograd, and
+// torch.optim.AdamW with clip_grad_norm_, both from golden files tests/train/make_golden.py writes.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "train/adamw.hpp"
+#include "train/gpt.hpp"
+
+namespace {
+
+nlohmann::json golden(const char* name) {
+  std::ifstream f(std::string(QKV_SOURCE_DIR) + "/tests/train/golden/" + name);
+  EXPECT_TRUE(f.good()) << name;
+  std::stringstream s;
+  s << f.rdbuf();
+  return nlohmann::json::parse(s.str());
+}
+
+template <class S>
+void check_gpt(double loss_tol, double grad_tol) {
+  const auto g = golden("gpt_grads.json");
+  qkv::train::GptConfig cfg;
+  const auto& c = g["config"];
+  cfg.vocab = c["vocab"], cfg.context = c["context"], cfg.layers = c["layers"], cfg.heads = c["heads"];
+  cfg.embd = c["embd"], cfg.bias = c["bias"];
+  const std::int64_t B = c["batch"];
+  qkv::train::Gpt<S> m(cfg, B, cfg.context);
+  ASSERT_EQ(m.layout().size(), g["params"].size());
+  for (const auto& p : m.layout()) {
+    const auto& w = g["params"][p.name];
+    ASSERT_EQ(static_cast<std::int64_t>(w.size()), p.numel) << p.name;
+    for (std::int64_t i = 0; i < p.numel; ++i) m.params[static_cast<std::size_t>(p.offset + i)] = static_cast<S>(w[i].template get<double>());
+  }
+  const auto x = g["tokens"].get<std::vector<std::int32_t>>(), y = g["targets"].get<std::vector<std::int32_t>>();
+  m.zero_grad();
+  const double loss = m.forward(x.data(), y.data());
+  m.backward(S(1));
+  double gmax = 0, err = 0;
+  for (const auto& p : m.layout()) {
+    const auto& gr = g["grads"][p.name];
+    for (std::int64_t i = 0; i < p.numel; ++i) {
+      const double want = gr[i].template get<double>();
+      gmax = std::max(gmax, std::abs(want));
+      err = std::max(err, std::abs(want - static_cast<double>(m.grads[static_cast<std::size_t>(p.offset + i)])));
+    }
+  }
+  const double want_loss = g["loss"].get<double>();
+  std::printf("loss qkv %.9f torch %.9f; max |grad| %.3g, max |grad qkv − torch| %.3g\n", loss, want_loss, gmax, err);
+  EXPECT_LT(std::abs(loss - want_loss), loss_tol * want_loss);
+  EXPECT_LT(err, grad_tol * gmax);
+}
+
+// torch computed in f64 on the same f32-representable weights. The f64 twin agrees up to f64
+// rounding through the network (~1e-15 relative; 1e-10 leaves room for summation order); the f32
+// model carries f32 rounding, 2^-24 grown over ~2L+2 layers, so 1e-4 of the largest gradient.
+TEST(TorchParity, GptGradientsF64) { check_gpt<double>(1e-12, 1e-10); }
+TEST(TorchParity, GptGradientsF32) { check_gpt<float>(1e-5, 1e-4); }
+
+// Three AdamW steps with clipping on a split decay/no-decay parameter set. Both sides run in f32;
+// torch updates m by lerp, qkv by β1·m + (1−β1)·g, which differ in the last bit, so parameters
+// (|p| ~ 1, moved by ~lr per step) agree to ~1e-7; 1e-6 absolute is the bound.
+TEST(TorchParity, AdamWWithClipping) {
+  const auto g = golden("adamw.json");
+  auto p = g["p0"].get<std::vector<float>>();
+  const auto n = static_cast<std::int64_t>(p.size());
+  const std::int64_t n_decay = g["n_decay"];
+  std::vector<float> m(p.size()), v(p.size());
+  qkv::train::AdamWConfig cfg;
+  cfg.beta1 = g["config"]["beta1"], cfg.beta2 = g["config"]["beta2"], cfg.eps = g["config"]["eps"];
+  cfg.weight_decay = g["config"]["weight_decay"], cfg.clip = g["config"]["clip"];
+  double norm_err = 0;
+  for (std::size_t t = 0; t < g["grads"].size(); ++t) {
+    auto grad = g["grads"][t].get<std::vector<float>>();
+    const double norm = qkv::train::clip_grad_norm(grad.data(), n, cfg.clip);
+    norm_err = std::max(norm_err, std::abs(norm - g["norms"][t].get<double>()) / norm);
+    qkv::train::adamw_step(p.data(), grad.data(), m.data(), v.data(), n, {{0, n_decay}}, cfg, g["lrs"][t].get<double>(),
+                           static_cast<std::int64_t>(t) + 1);
+  }
+  const auto want = g["p"].get<std::vector<float>>();
+  double err = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) err = std::max(err, std::abs(double(p[i]) - want[i]));
+  std::printf("max |p qkv − torch| after 3 steps %.3g; max relative gradient-norm error %.3g\n", err, norm_err);
+  EXPECT_LT(err, 1e-6);
+  EXPECT_LT(norm_err, 1e-6);  // f64 vs f32 accumulation of 12 squares
+}
+
+// nanoGPT's get_lr at hand-computed points: warmup (lr·1/101 at step 0), the cosine midpoint
+// (min + ½(lr − min)), the end (min_lr), and past the end.
+TEST(Schedule, WarmupCosine) {
+  qkv::train::AdamWConfig c;
+  c.lr = 1e-3, c.min_lr = 1e-4, c.warmup = 100, c.decay_steps = 2000;
+  EXPECT_DOUBLE_EQ(qkv::train::lr_at(c, 0), 1e-3 / 101);
+  EXPECT_DOUBLE_EQ(qkv::train::lr_at(c, 99), 1e-3 * 100 / 101);
+  EXPECT_NEAR(qkv::train::lr_at(c, 1050), 1e-4 + 0.5 * 9e-4, 1e-15);
+  EXPECT_NEAR(qkv::train::lr_at(c, 2000), 1e-4, 1e-15);
+  EXPECT_DOUBLE_EQ(qkv::train::lr_at(c, 5000), 1e-4);
+}
+
+}  // namespace
