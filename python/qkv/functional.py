@@ -249,7 +249,8 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
 
     Returns:
         AttentionResult(out, lse, pattern, kernel): arrays in the framework of q, and the
-        KernelInfo of what ran. A row with no allowed key gives zeros.
+        KernelInfo of what ran. A row with no allowed key gives zeros. No autograd here: use
+        :func:`attention_backward`, or ``qkv.torch.scaled_dot_product_attention`` inside torch models.
     """
     fn = "qkv.attention"
     kind, (q_, k_, v_) = A.common_kind(fn, [("q", q), ("k", k), ("v", v)])

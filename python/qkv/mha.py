@@ -47,6 +47,8 @@ class MultiHeadAttention:
         d_source: width of the key/value input (cross-attention); default d_model.
         bias: whether the four maps have biases.
         seed: weights drawn N(0, 1/fan_in) (biases N(0, 0.01^2)) from this seed; None leaves zeros.
+
+    The block runs forward only (no autograd: torch inputs are read, not recorded).
     """
 
     def __init__(self, d_model: int, n_heads: int, *, d_head: Optional[int] = None, n_kv_heads: Optional[int] = None,
