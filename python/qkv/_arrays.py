@@ -202,7 +202,10 @@ def contiguous_strides(shape: Shape) -> Shape:
 def to_rank4(kind, x, lead: Shape, tail: Shape):
     """A [B, *tail] view of x broadcast to lead + tail, with B = prod(lead) (copies only if it must)."""
     full = tuple(lead) + tuple(tail)
-    st = broadcast_strides(shape_of(x), kind.strides(x), full)
+    shape = shape_of(x)
+    if len(lead) == 1 and shape == full:
+        return x  # already [B, *tail]: the common rank-4 call costs nothing here
+    st = broadcast_strides(shape, kind.strides(x), full)
     merged = merge_dims(full[: len(lead)], st[: len(lead)])
     if merged is None:
         x = kind.contiguous(kind.strided(x, full, st))
