@@ -18,6 +18,7 @@ KernelInfo run_reference(const kernels::AttnParams& p) {
 
 // "flash[_decode]_<isa>_<dtype>": the names KernelInfo reports, as static strings.
 const char* flash_name(Kernel k, Isa isa, bool bf16) {
+  if (k == Kernel::flash && isa == Isa::avx512_bf16) return "flash_avx512_bf16_bf16";
   static const char* const names[2][3][2] = {
       {{"flash_scalar_f32", "flash_scalar_bf16"}, {"flash_avx2_f32", "flash_avx2_bf16"},
        {"flash_avx512_f32", "flash_avx512_bf16"}},
@@ -43,8 +44,12 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
   // even at batch 1. The choice depends on the shape only, so results do not depend on threads.
   Kernel k = requested;
   if (k == Kernel::automatic) k = p.Sq <= 8 && p.Skv >= 1024 ? Kernel::flash_decode : Kernel::flash;
-  const Isa isa = active_isa() >= Isa::avx512 ? Isa::avx512 : active_isa();
+  // AVX-512 BF16 changes only the bf16 flash forward (dot-product instructions); everything
+  // else runs the AVX-512 code there.
   const bool bf16 = p.q.dtype == DType::bf16;
+  const Isa isa = active_isa() == Isa::avx512_bf16 && bf16 && k == Kernel::flash ? Isa::avx512_bf16
+                  : active_isa() >= Isa::avx512                                  ? Isa::avx512
+                                                                                 : active_isa();
   const KernelInfo info{k, isa, flash_name(k, isa, bf16)};
   if (p.B == 0 || p.H == 0 || p.Sq == 0) return info;  // nothing to write
 
@@ -55,7 +60,8 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
     else if (isa == Isa::avx2) c::flash_decode_avx2(a);
     else c::flash_decode_scalar(a);
   } else {
-    if (isa == Isa::avx512) c::flash_forward_avx512(a);
+    if (isa == Isa::avx512_bf16) c::flash_forward_avx512_bf16(a);
+    else if (isa == Isa::avx512) c::flash_forward_avx512(a);
     else if (isa == Isa::avx2) c::flash_forward_avx2(a);
     else c::flash_forward_scalar(a);
   }

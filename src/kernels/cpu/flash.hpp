@@ -47,6 +47,7 @@ bool flash_supports(const AttnParams& p);
 // flash_decode: keys split into fixed chunks, parallel over (b, kv head, row group, chunk),
 // partial results merged by logsumexp. Both give the same bits for every thread count.
 void flash_forward_avx512(const FlashArgs& a);
+void flash_forward_avx512_bf16(const FlashArgs& a);  // bf16 tensors only: vdpbf16ps
 void flash_forward_avx2(const FlashArgs& a);
 void flash_forward_scalar(const FlashArgs& a);
 void flash_decode_avx512(const FlashArgs& a);

@@ -244,42 +244,100 @@ struct Blocking {
   static constexpr int NV = 2;
 };
 
+// The operands of forward() in f32 (any input dtype, converted once per block / tile):
+//   Qs [kMb][D]    the block's queries × scale · log2 e
+//   Kt [D][kNt]    the K tile, transposed (keys contiguous)
+//   Vs [kNt][Dvp]  the V tile as f32, unless V is read in place (f32, unit stride, Dv % kVc = 0)
+// Another operand policy (flash_avx512bf16.cpp) keeps bf16 pairs for the dot-product instructions;
+// forward() only sees load_q / load_kv / qk / pv.
 template <class S>
+struct OperandsF32 {
+  static constexpr int kQc = Blocking<S>::NQ * S::L;  // key columns per Q·Kᵀ call
+  static constexpr int kVc = Blocking<S>::NV * S::L;  // value columns per P·V call
+  static i64 scratch_floats(const FlashArgs& a) {
+    const i64 Dvp = round_up(a.Dv, kVc);
+    return round_up(kMb * a.D, 16) + round_up(a.D * kNt, 16) + (in_place(a) ? 0 : kNt * Dvp);
+  }
+  static bool in_place(const FlashArgs& a) { return !a.bf16 && a.sv[3] == 1 && a.Dv % kVc == 0; }
+
+  const FlashArgs& a;
+  i64 D, Dvp;
+  float *Qs, *Kt, *Vs;
+  const float* vt = nullptr;  // the V tile used by pv(): in place or Vs
+  i64 ldv = 0;
+
+  OperandsF32(const FlashArgs& args, float* mem) : a(args), D(args.D), Dvp(round_up(args.Dv, kVc)) {
+    Qs = mem;
+    Kt = Qs + round_up(kMb * D, 16);
+    Vs = Kt + round_up(D * kNt, 16);
+  }
+  // Rows [0, nrows) from q[b, h, i0 + r, :], rows [nrows, npad) zero.
+  void load_q(i64 b, i64 h, i64 i0, int nrows, int npad) {
+    for (int r = 0; r < npad; ++r) {
+      if (r < nrows) load_row(a, a.q, b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2], a.sq[3], D, a.scale_log2, Qs + r * D);
+      else std::memset(Qs + r * D, 0, sizeof(float) * static_cast<std::size_t>(D));
+    }
+  }
+  // Keys [j_lo, j_hi) of the tile starting at t0 (only those are read; other columns are masked).
+  void load_kv(i64 kbase, i64 vbase, i64 t0, i64 j_lo, i64 j_hi) {
+    for (i64 j = j_lo; j < j_hi; ++j) {
+      const i64 off = kbase + j * a.sk[2], c = j - t0;
+      if (a.bf16) {
+        const auto* kp = static_cast<const std::uint16_t*>(a.k) + off;
+        for (i64 d = 0; d < D; ++d) Kt[d * kNt + c] = bf16_bits_to_f32(kp[d * a.sk[3]]);
+      } else {
+        const auto* kp = static_cast<const float*>(a.k) + off;
+        for (i64 d = 0; d < D; ++d) Kt[d * kNt + c] = kp[d * a.sk[3]];
+      }
+    }
+    if (in_place(a)) {
+      vt = static_cast<const float*>(a.v) + vbase + t0 * a.sv[2];
+      ldv = a.sv[2];
+      return;
+    }
+    for (i64 j = j_lo; j < j_hi; ++j) {
+      float* row = Vs + (j - t0) * Dvp;
+      load_row(a, a.v, vbase + j * a.sv[2], a.sv[3], a.Dv, 1.0f, row);
+      for (i64 e = a.Dv; e < Dvp; ++e) row[e] = 0.0f;
+    }
+    vt = Vs;
+    ldv = Dvp;
+  }
+  // Scores (log2 units) of strip rows [r0, r0 + kRows) for the column blocks meeting [c_lo, c_hi).
+  void qk(int r0, float* Ps, i64 c_lo, i64 c_hi) const {
+    for (int c0 = 0; c0 < kNt; c0 += kQc)
+      if (c0 < c_hi && c0 + kQc > c_lo) qk_block<S, Blocking<S>::NQ>(Qs + r0 * D, D, Kt, D, Ps, c0);
+  }
+  // o[kRows][Dvp] += P[:, c_lo:c_hi] · V[c_lo:c_hi, :]
+  void pv(const float* Ps, i64 c_lo, i64 c_hi, float* o) const {
+    for (i64 e0 = 0; e0 < Dvp; e0 += kVc) pv_block<S, Blocking<S>::NV>(Ps, vt, ldv, c_lo, c_hi, o, Dvp, e0);
+  }
+};
+
+template <class S, class Ops>
 void forward(const FlashArgs& a) {
-  using Blk = Blocking<S>;
-  constexpr int L = S::L;
-  constexpr int kQc = Blk::NQ * L;  // key columns per Q·Kᵀ call
-  constexpr int kVc = Blk::NV * L;  // value columns per P·V call
   const i64 G = a.H / a.Hkv;
-  const i64 D = a.D, Dv = a.Dv;
-  const i64 Dvp = round_up(Dv, kVc);
+  const i64 Dvp = round_up(a.Dv, Ops::kVc);
   const i64 nqb = (a.Sq + kMb - 1) / kMb;
   const i64 items = a.B * a.H * nqb;
-  // V is read in place when it is f32, unit-stride along Dv and whole micro-kernel columns.
-  const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % kVc == 0;
 
   // Per-thread scratch (floats), laid out once per call:
-  //   Qs [kMb][D]    queries of the block, × scale · log2 e
-  //   Os [kMb][Dvp]  unnormalised output accumulators (Dvp = Dv rounded up to kVc)
+  //   Os [kMb][Dvp]  unnormalised output accumulators (Dvp = Dv rounded up to the P·V block)
   //   Ms [kMb], Ls [kMb]  running max (log2 units) and running sum
-  //   Kt [D][kNt]    the K tile, transposed (keys contiguous)
-  //   Vs [kNt][Dvp]  the V tile as f32 when it cannot be read in place
   //   Ps [kRows][kNt] one strip's scores, then probabilities
-  const i64 n_qs = kMb * D, n_os = kMb * Dvp, n_kt = D * kNt, n_vs = v_in_place ? 0 : kNt * Dvp;
-  const i64 arena = round_up(n_qs, 16) + round_up(n_os, 16) + 2 * kMb + round_up(n_kt, 16) + round_up(n_vs, 16) +
-                    kRows * kNt;
+  //   then the operands' own scratch (Ops::scratch_floats: queries, K and V tiles)
+  const i64 n_os = round_up(kMb * Dvp, 16);
+  const i64 arena = n_os + 2 * kMb + kRows * kNt + Ops::scratch_floats(a);
 
 #pragma omp parallel num_threads(a.threads)
   {
     Scratch mem(arena * static_cast<i64>(sizeof(float)));
-    float* Qs = mem.f();
-    float* Os = Qs + round_up(n_qs, 16);
-    float* Ms = Os + round_up(n_os, 16);
+    float* Os = mem.f();
+    float* Ms = Os + n_os;
     float* Ls = Ms + kMb;
-    float* Kt = Ls + kMb;
-    float* Vs = Kt + round_up(n_kt, 16);
-    float* Ps = Vs + round_up(n_vs, 16);
-    i64 lo[kMb], hi[kMb];             // allowed keys of each row ([0, 0) for rows past Sq)
+    float* Ps = Ls + kMb;
+    Ops ops(a, Ps + kRows * kNt);
+    i64 lo[kMb], hi[kMb];                    // allowed keys of each row ([0, 0) for rows past Sq)
     i64 slo[kMb / kRows], shi[kMb / kRows];  // union of the ranges of each strip
 
 #pragma omp for schedule(dynamic, 1)
@@ -301,11 +359,8 @@ void forward(const FlashArgs& a) {
         }
         blo = imin(blo, slo[s]), bhi = imax(bhi, shi[s]);
       }
+      ops.load_q(b, h, i0, nrows, nstrips * kRows);
       for (int r = 0; r < nstrips * kRows; ++r) {
-        if (r < nrows)
-          load_row(a, a.q, b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2], a.sq[3], D, a.scale_log2, Qs + r * D);
-        else
-          std::memset(Qs + r * D, 0, sizeof(float) * static_cast<std::size_t>(D));
         std::memset(Os + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
         Ms[r] = kNegInf, Ls[r] = 0.0f;
       }
@@ -314,39 +369,12 @@ void forward(const FlashArgs& a) {
       const i64 vbase = b * a.sv[0] + hk * a.sv[1];
       for (i64 t0 = blo / kNt * kNt; t0 < bhi; t0 += kNt) {
         // Keys of this tile that some row of the block may attend: only those are read.
-        const i64 j_lo = imax(t0, blo), j_hi = imin(t0 + kNt, bhi);
-        for (i64 j = j_lo; j < j_hi; ++j) {
-          const i64 off = kbase + j * a.sk[2];
-          const i64 c = j - t0;
-          if (a.bf16) {
-            const auto* kp = static_cast<const std::uint16_t*>(a.k) + off;
-            for (i64 d = 0; d < D; ++d) Kt[d * kNt + c] = bf16_bits_to_f32(kp[d * a.sk[3]]);
-          } else {
-            const auto* kp = static_cast<const float*>(a.k) + off;
-            for (i64 d = 0; d < D; ++d) Kt[d * kNt + c] = kp[d * a.sk[3]];
-          }
-        }
-        const float* vt;
-        i64 ldv;
-        if (v_in_place) {
-          vt = static_cast<const float*>(a.v) + vbase + t0 * a.sv[2];
-          ldv = a.sv[2];
-        } else {
-          for (i64 j = j_lo; j < j_hi; ++j) {
-            float* row = Vs + (j - t0) * Dvp;
-            load_row(a, a.v, vbase + j * a.sv[2], a.sv[3], Dv, 1.0f, row);
-            for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
-          }
-          vt = Vs;
-          ldv = Dvp;
-        }
-
+        ops.load_kv(kbase, vbase, t0, imax(t0, blo), imin(t0 + kNt, bhi));
         for (int s = 0; s < nstrips; ++s) {
           if (slo[s] >= t0 + kNt || shi[s] <= t0) continue;  // the rule removes the whole strip
           const int r0 = s * kRows;
           const i64 c_lo = imax(slo[s], t0) - t0, c_hi = imin(shi[s], t0 + kNt) - t0;
-          for (int c0 = 0; c0 < kNt; c0 += kQc)
-            if (c0 < c_hi && c0 + kQc > c_lo) qk_block<S, Blk::NQ>(Qs + r0 * D, D, Kt, D, Ps, c0);
+          ops.qk(r0, Ps, c_lo, c_hi);
           bool cut = a.mask_kind != MaskKind::none;
           for (int r = r0; r < r0 + kRows; ++r) cut = cut || lo[r] > t0 || hi[r] < t0 + kNt;
           for (int r = 0; r < kRows; ++r) {
@@ -356,8 +384,7 @@ void forward(const FlashArgs& a) {
                        b * a.smask[0] + h * a.smask[1] + (i0 + row) * a.smask[2]);
             softmax_row<S>(Ps + r * kNt, &Ms[row], &Ls[row], Os + row * Dvp, Dvp);
           }
-          for (i64 e0 = 0; e0 < Dvp; e0 += kVc)
-            pv_block<S, Blk::NV>(Ps, vt, ldv, c_lo, c_hi, Os + r0 * Dvp, Dvp, e0);
+          ops.pv(Ps, c_lo, c_hi, Os + r0 * Dvp);
         }
       }
       for (int r = 0; r < nrows; ++r) store_row<S>(a, b, h, i0 + r, Os + r * Dvp, Ms[r], Ls[r]);
