@@ -3,6 +3,7 @@
 // per-chunk dQ partials in a fixed order (reduce). See attention_backward.hpp for the algorithm.
 #include "kernels/cpu/attention_backward.hpp"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstdlib>
@@ -78,6 +79,23 @@ void store_row(const View& t, std::int64_t off, std::int64_t stride, std::int64_
 // (so the padded row is the row itself).
 bool usable_in_place(const View& t, std::int64_t n) {
   return t.dtype == DType::f32 && (t.stride(3) == 1 || n == 1) && n % 16 == 0;
+}
+
+// Tasks to aim for: several per thread on a 2-core machine, so that largest-first dynamic
+// scheduling ends within a small task of balance, while the dQ partials stay few.
+constexpr std::int64_t kTargetTasks = 32;
+
+// Query blocks of batch b whose allowed keys meet [k0, k0 + nk) (the tasks' skip test).
+std::int64_t live_query_blocks(const AttnParams& p, std::int64_t b, std::int64_t k0, std::int64_t nk) {
+  std::int64_t n = 0;
+  for (std::int64_t i0 = 0; i0 < p.Sq; i0 += kBq) {
+    const std::int64_t i1 = std::min(i0 + kBq, p.Sq) - 1;
+    std::int64_t lo_first, hi_first, lo_last, hi_last;
+    p.rule.range(i0, p.key_len[static_cast<std::size_t>(b)], &lo_first, &hi_first);
+    p.rule.range(i1, p.key_len[static_cast<std::size_t>(b)], &lo_last, &hi_last);
+    if (std::max(lo_first, k0) < std::min(hi_last, k0 + nk)) ++n;
+  }
+  return n;
 }
 
 }  // namespace
@@ -199,16 +217,46 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   });
 
   // Key chunks: enough tasks to balance the threads even for small B·Hkv, but never more
-  // dQ partials than ~256 MiB. The choice depends on the shapes only (determinism).
+  // than ~256 MiB of dQ partials. The choice depends on the shapes only (determinism).
   cx.key_blocks = (p.Skv + kBk - 1) / kBk;
   const std::int64_t bhk = p.B * p.Hkv;
-  std::int64_t C = bhk > 0 ? (16 + bhk - 1) / bhk : 1;
+  std::int64_t C = bhk > 0 ? (kTargetTasks + bhk - 1) / bhk : 1;
   if (C > cx.key_blocks) C = cx.key_blocks;
   const std::int64_t part_floats = rows * cx.Dp;
   while (C > 1 && C * part_floats > (std::int64_t{64} << 20)) --C;
   cx.chunks = C < 1 ? 1 : C;
   Floats dq_part(cx.chunks * part_floats);
   cx.dq_part = dq_part.get();
+
+  // Work of each key block (tiles the mask rule does not skip), chunk cuts at equal shares of
+  // it, and the tasks run largest first so the last ones to finish are short.
+  std::vector<std::int64_t> cuts(static_cast<std::size_t>(p.B * (cx.chunks + 1)));
+  std::vector<std::int64_t> task_cost(static_cast<std::size_t>(cx.tasks()));
+  std::vector<std::int64_t> block_cost(static_cast<std::size_t>(cx.key_blocks));
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    std::int64_t total = 0;
+    for (std::int64_t kb = 0; kb < cx.key_blocks; ++kb) {
+      block_cost[static_cast<std::size_t>(kb)] = live_query_blocks(p, b, kb * kBk, std::min(kBk, p.Skv - kb * kBk));
+      total += block_cost[static_cast<std::size_t>(kb)];
+    }
+    std::int64_t* cut = cuts.data() + b * (cx.chunks + 1);
+    cut[0] = 0;
+    std::int64_t kb = 0, acc = 0;
+    for (std::int64_t c = 0; c < cx.chunks; ++c) {
+      const std::int64_t start_acc = acc;
+      while (kb < cx.key_blocks && (c + 1 == cx.chunks || acc * cx.chunks < total * (c + 1)))
+        acc += block_cost[static_cast<std::size_t>(kb++)];
+      cut[c + 1] = kb;
+      for (std::int64_t hk = 0; hk < p.Hkv; ++hk)
+        task_cost[static_cast<std::size_t>((b * p.Hkv + hk) * cx.chunks + c)] = acc - start_acc;
+    }
+  }
+  cx.chunk_begin = cuts.data();
+  std::vector<std::int64_t> order(task_cost.size());
+  for (std::size_t t = 0; t < order.size(); ++t) order[t] = static_cast<std::int64_t>(t);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return task_cost[static_cast<std::size_t>(a)] > task_cost[static_cast<std::size_t>(b)];
+  });
 
   cx.arena_floats = arena_size(p.D, p.Dv);
   Floats arenas(cx.arena_floats * p.threads);
@@ -221,7 +269,7 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   }
   parallel_for(cx.tasks(), p.threads, [&](std::int64_t t) {
     assert(thread_index() < p.threads);
-    task_fn(cx, arenas.get() + thread_index() * cx.arena_floats, t);
+    task_fn(cx, arenas.get() + thread_index() * cx.arena_floats, order[static_cast<std::size_t>(t)]);
   });
 
   // Reduce: dq = Σ_c dQ_c in increasing c, rounded once to dq's dtype.

@@ -53,6 +53,9 @@ struct Context {
   float* dq_part = nullptr;
   std::int64_t chunks = 1;       // C
   std::int64_t key_blocks = 0;   // ceil(Skv / kBk)
+  // Key blocks [chunk_begin[b·(C+1) + c], chunk_begin[b·(C+1) + c + 1]) form chunk c of batch b;
+  // the cuts give every chunk about the same number of tiles that are not skipped.
+  const std::int64_t* chunk_begin = nullptr;
 
   std::int64_t arena_floats = 0;  // per-thread scratch size, see arena layout in the ISA files
 

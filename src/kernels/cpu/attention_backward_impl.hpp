@@ -128,7 +128,8 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
 
   const V16 vscale = vset1(cx.scale);
   const V16 vc = vset1(cx.scale_log2e);
-  const std::int64_t kb_begin = cx.key_blocks * c / cx.chunks, kb_end = cx.key_blocks * (c + 1) / cx.chunks;
+  const std::int64_t kb_begin = cx.chunk_begin[b * (cx.chunks + 1) + c];
+  const std::int64_t kb_end = cx.chunk_begin[b * (cx.chunks + 1) + c + 1];
   for (std::int64_t kb = kb_begin; kb < kb_end; ++kb) {
     const std::int64_t k0 = kb * kBk, nk = imin(kBk, cx.Skv - k0);
     const std::int64_t ngk = (nk + kLanes - 1) / kLanes;  // V16 groups spanning the block's keys
