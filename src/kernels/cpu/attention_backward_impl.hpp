@@ -1,6 +1,8 @@
-// Internal: the tile loop of the fast attention backward, written once over V16 (simd.hpp) and
-// compiled per instruction set by attention_backward_{avx512,avx2,scalar}.cpp, each of which
-// defines QKV_ISA_NS and includes this file. See attention_backward.hpp for the algorithm.
+// Internal: the tile loop of the fast attention backward, written once as a template over the
+// vector helpers of simd_{avx512,avx2,scalar}.hpp (the same exp2 as the flash forward) and
+// instantiated by attention_backward_{avx512,avx2,scalar}.cpp, each compiled with its ISA's
+// flags. See attention_backward.hpp for the algorithm. Everything here has internal linkage
+// (anonymous namespace), so no copy compiled with AVX-512 flags can leak into portable code.
 //
 // Per-thread arena (floats, each piece a multiple of 16 so all stay 64-byte aligned):
 //   KT  [D,   kBk]   keys of the block, transposed      (B operand of S = Q·Kᵀ)
@@ -15,75 +17,115 @@
 #include <utility>
 
 #include "kernels/cpu/attention_backward.hpp"
-#include "kernels/cpu/simd.hpp"
 
-namespace qkv::kernels::QKV_ISA_NS {
+namespace qkv::kernels::bwd {
 namespace {
 
-using bwd::Context;
-using bwd::kBk;
-using bwd::kBq;
+inline constexpr int kLanes = 16;  // columns per group: padded widths are multiples of 16
 
-// Register tile of the micro-kernel: kM rows × kNG groups of 16 columns held in registers.
-#if defined(__AVX512F__)
-inline constexpr int kM = 6, kNG = 4;  // 24 of 32 zmm accumulate; 4 loads + 6 broadcasts per 24 FMAs
-#elif defined(__AVX2__)
-inline constexpr int kM = 6, kNG = 1;  // 12 of 16 ymm accumulate
-#else
-inline constexpr int kM = 4, kNG = 1;
-#endif
+// 16 floats as 16 / Simd::L native vectors (one zmm, two ymm, or two 8-float arrays).
+template <class Simd>
+struct V16 {
+  static constexpr int P = kLanes / Simd::L;
+  typename Simd::V r[P];
+
+  static V16 zero() {
+    V16 a;
+    for (int i = 0; i < P; ++i) a.r[i] = Simd::zero();
+    return a;
+  }
+  static V16 set1(float x) {
+    V16 a;
+    for (int i = 0; i < P; ++i) a.r[i] = Simd::set1(x);
+    return a;
+  }
+  static V16 load(const float* p) {
+    V16 a;
+    for (int i = 0; i < P; ++i) a.r[i] = Simd::loadu(p + i * Simd::L);
+    return a;
+  }
+  void store(float* p) const {
+    for (int i = 0; i < P; ++i) Simd::storeu(p + i * Simd::L, r[i]);
+  }
+  // this·b + c
+  V16 fma(V16 b, V16 c) const {
+    for (int i = 0; i < P; ++i) c.r[i] = Simd::fmadd(r[i], b.r[i], c.r[i]);
+    return c;
+  }
+  V16 operator+(V16 b) const {
+    for (int i = 0; i < P; ++i) b.r[i] = Simd::add(r[i], b.r[i]);
+    return b;
+  }
+  V16 operator-(V16 b) const {
+    for (int i = 0; i < P; ++i) b.r[i] = Simd::sub(r[i], b.r[i]);
+    return b;
+  }
+  V16 operator*(V16 b) const {
+    for (int i = 0; i < P; ++i) b.r[i] = Simd::mul(r[i], b.r[i]);
+    return b;
+  }
+  // 2^x, exactly 0 below −126 (so −∞ gives 0).
+  V16 exp2() const {
+    V16 a;
+    for (int i = 0; i < P; ++i) a.r[i] = Simd::exp2(r[i]);
+    return a;
+  }
+};
 
 inline std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 inline std::int64_t imax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
 
 // C[m, 16·g + l] (+)= Σ_k A[m·a_rs + k·a_cs] · B[k·ldb + 16·g + l]  for m < M, g < NG, l < 16.
 // A is broadcast one element at a time, so it may be read transposed (a_rs = 1) as well.
-template <int M, int NG>
+template <class Simd, int M, int NG>
 void tile(const float* A, std::int64_t a_rs, std::int64_t a_cs, const float* B, std::int64_t ldb, float* C,
           std::int64_t ldc, std::int64_t K, bool accumulate) {
-  V16 c[M][NG];
+  using V = V16<Simd>;
+  V c[M][NG];
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) c[m][g] = accumulate ? vload(C + m * ldc + kLanes * g) : vzero();
+    for (int g = 0; g < NG; ++g) c[m][g] = accumulate ? V::load(C + m * ldc + kLanes * g) : V::zero();
   for (std::int64_t k = 0; k < K; ++k) {
-    V16 b[NG];
+    V b[NG];
 #pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) b[g] = vload(B + k * ldb + kLanes * g);
+    for (int g = 0; g < NG; ++g) b[g] = V::load(B + k * ldb + kLanes * g);
     const float* a = A + k * a_cs;
 #pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
-      const V16 am = vset1(a[m * a_rs]);
+      const V am = V::set1(a[m * a_rs]);
 #pragma GCC unroll 8
-      for (int g = 0; g < NG; ++g) c[m][g] = vfma(am, b[g], c[m][g]);
+      for (int g = 0; g < NG; ++g) c[m][g] = am.fma(b[g], c[m][g]);
     }
   }
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) vstore(C + m * ldc + kLanes * g, c[m][g]);
+    for (int g = 0; g < NG; ++g) c[m][g].store(C + m * ldc + kLanes * g);
 }
 
 using TileFn = void (*)(const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*, std::int64_t,
                         std::int64_t, bool);
+// Register tiles of every size up to kM × kNG, for the edges of a product.
+template <class Simd, int kM, int kNG>
 struct TileTable {
   TileFn f[kM][kNG];
+  template <int M, std::size_t... G>
+  constexpr void fill_row(std::index_sequence<G...>) {
+    ((f[M - 1][G] = &tile<Simd, M, static_cast<int>(G) + 1>), ...);
+  }
+  template <std::size_t... Mi>
+  constexpr TileTable(std::index_sequence<Mi...>) : f{} {
+    (fill_row<static_cast<int>(Mi) + 1>(std::make_index_sequence<kNG>{}), ...);
+  }
 };
-template <int M, std::size_t... G>
-constexpr void fill_row(TileFn* row, std::index_sequence<G...>) {
-  ((row[G] = &tile<M, static_cast<int>(G) + 1>), ...);
-}
-template <std::size_t... Mi>
-constexpr TileTable make_table(std::index_sequence<Mi...>) {
-  TileTable t{};
-  (fill_row<static_cast<int>(Mi) + 1>(t.f[Mi], std::make_index_sequence<kNG>{}), ...);
-  return t;
-}
-constexpr TileTable kTiles = make_table(std::make_index_sequence<kM>{});
 
-// C [m, 16·ng] (+)= A [m, K] · B [K, 16·ng], A read as A[i·a_rs + k·a_cs], B and C row-major.
+// C [m, 16·ng] (+)= A [m, K] · B [K, 16·ng], A read as A[i·a_rs + k·a_cs], B and C row-major;
+// kM × kNG register tiles (kNG groups of 16 columns).
+template <class Simd, int kM, int kNG>
 void gemm(std::int64_t m, std::int64_t ng, std::int64_t K, const float* A, std::int64_t a_rs, std::int64_t a_cs,
           const float* B, std::int64_t ldb, float* C, std::int64_t ldc, bool accumulate) {
+  static constexpr TileTable<Simd, kM, kNG> kTiles{std::make_index_sequence<kM>{}};
   for (std::int64_t g0 = 0; g0 < ng; g0 += kNG) {
     const std::int64_t gn = imin(kNG, ng - g0);
     for (std::int64_t m0 = 0; m0 < m; m0 += kM) {
@@ -107,9 +149,10 @@ inline void row_range(const KeyRange& r, std::int64_t i, std::int64_t key_len, s
 
 inline void zero_floats(float* p, std::int64_t n) { std::memset(p, 0, static_cast<std::size_t>(n) * sizeof(float)); }
 
-}  // namespace
-
+// One task (b, hk, chunk): see attention_backward.hpp. kM × kNG: the register tile.
+template <class Simd, int kM, int kNG>
 void backward_task(const Context& cx, float* arena, std::int64_t task) {
+  using V = V16<Simd>;
   const std::int64_t c = task % cx.chunks;
   const std::int64_t b = task / cx.chunks / cx.Hkv, hk = task / cx.chunks % cx.Hkv;
   const std::int64_t D = cx.D, Dv = cx.Dv, Dp = cx.Dp, Dvp = cx.Dvp, Sq = cx.Sq;
@@ -126,14 +169,14 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
 
   for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h) zero_floats(cx.dq_rows(c, b, h), Sq * Dp);
 
-  const V16 vscale = vset1(cx.scale);
-  const V16 vc = vset1(cx.scale_log2e);
+  const V vscale = V::set1(cx.scale);
+  const V vc = V::set1(cx.scale_log2e);
   const std::int64_t kb_begin = cx.chunk_begin[b * (cx.chunks + 1) + c];
   const std::int64_t kb_end = cx.chunk_begin[b * (cx.chunks + 1) + c + 1];
   for (std::int64_t kb = kb_begin; kb < kb_end; ++kb) {
     const std::int64_t k0 = kb * kBk, nk = imin(kBk, cx.Skv - k0);
     const std::int64_t ngk = (nk + kLanes - 1) / kLanes;  // V16 groups spanning the block's keys
-    bwd::pack_kv_block(cx, b, hk, k0, nk, KT, Kr, VT);
+    pack_kv_block(cx, b, hk, k0, nk, KT, Kr, VT);
     zero_floats(dK, kBk * Dp);
     zero_floats(dV, kBk * Dvp);
 
@@ -158,13 +201,13 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         const float* dO = dOh + i0 * cx.o_ld;
 
         // S = Q·Kᵀ, then P = 2^(S·scale·log2e + mask − L) on allowed keys, 0 elsewhere.
-        gemm(mq, ngk, D, Q, cx.q_ld, 1, KT, kBk, S, kBk, false);
+        gemm<Simd, kM, kNG>(mq, ngk, D, Q, cx.q_ld, 1, KT, kBk, S, kBk, false);
         for (std::int64_t r = 0; r < mq; ++r) {
           float* Sr = S + r * kBk;
-          const V16 negL = vset1(-Lh[i0 + r]);
+          const V negL = V::set1(-Lh[i0 + r]);
           if (full) {
             for (std::int64_t g = 0; g < ngk; ++g)
-              vstore(Sr + kLanes * g, vexp2(vfma(vload(Sr + kLanes * g), vc, negL)));
+              V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
             continue;
           }
           std::int64_t lo, hi;
@@ -176,35 +219,36 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
             continue;
           }
           if (cx.has_mask) {
-            bwd::load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
+            load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
             for (std::int64_t g = 0; g < ngk; ++g)
-              vstore(Sr + kLanes * g, vexp2(vfma(vload(Sr + kLanes * g), vc, vadd(vload(mrow + kLanes * g), negL))));
+              V::load(Sr + kLanes * g).fma(vc, V::load(mrow + kLanes * g) + negL).exp2().store(Sr + kLanes * g);
           } else {
             for (std::int64_t g = 0; g < ngk; ++g)
-              vstore(Sr + kLanes * g, vexp2(vfma(vload(Sr + kLanes * g), vc, negL)));
+              V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
           }
           zero_floats(Sr, lo);
           zero_floats(Sr + hi, ngk * kLanes - hi);
         }
 
         // dP = dO·Vᵀ, then dS = P ∘ (dP − delta) · scale.
-        gemm(mq, ngk, Dv, dO, cx.o_ld, 1, VT, kBk, dP, kBk, false);
+        gemm<Simd, kM, kNG>(mq, ngk, Dv, dO, cx.o_ld, 1, VT, kBk, dP, kBk, false);
         for (std::int64_t r = 0; r < mq; ++r) {
-          const V16 dl = vset1(delta_h[i0 + r]);
+          const V dl = V::set1(delta_h[i0 + r]);
           float* dPr = dP + r * kBk;
           const float* Pr = S + r * kBk;
           for (std::int64_t g = 0; g < ngk; ++g)
-            vstore(dPr + kLanes * g, vmul(vmul(vload(Pr + kLanes * g), vsub(vload(dPr + kLanes * g), dl)), vscale));
+            (V::load(Pr + kLanes * g) * (V::load(dPr + kLanes * g) - dl) * vscale).store(dPr + kLanes * g);
         }
 
         // dV += Pᵀ·dO, dK += dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ += dS·K.
-        gemm(nk, Dvp / kLanes, mq, S, 1, kBk, dO, cx.o_ld, dV, Dvp, true);
-        gemm(nk, Dp / kLanes, mq, dP, 1, kBk, Q, cx.q_ld, dK, Dp, true);
-        gemm(mq, Dp / kLanes, nk, dP, kBk, 1, Kr, Dp, dQh + i0 * Dp, Dp, true);
+        gemm<Simd, kM, kNG>(nk, Dvp / kLanes, mq, S, 1, kBk, dO, cx.o_ld, dV, Dvp, true);
+        gemm<Simd, kM, kNG>(nk, Dp / kLanes, mq, dP, 1, kBk, Q, cx.q_ld, dK, Dp, true);
+        gemm<Simd, kM, kNG>(mq, Dp / kLanes, nk, dP, kBk, 1, Kr, Dp, dQh + i0 * Dp, Dp, true);
       }
     }
-    bwd::store_dkdv_block(cx, b, hk, k0, nk, dK, dV);
+    store_dkdv_block(cx, b, hk, k0, nk, dK, dV);
   }
 }
 
-}  // namespace qkv::kernels::QKV_ISA_NS
+}  // namespace
+}  // namespace qkv::kernels::bwd
