@@ -1,17 +1,23 @@
-// Attention backward speed: qkv::attention_backward alone and forward + backward together,
-// B = 1, H = 8, D = Dv = 128 unless the name says otherwise, f32 or bf16, 2 threads by default
-// (QKV_NUM_THREADS). The peer (torch scaled_dot_product_attention forward + backward) is
-// bench/backward_torch.py, run on the same shapes; BENCHMARKS.md has both side by side.
+// Google Benchmark program for qkv's attention backward (bench/run_backward_bench.py drives it and
+// times PyTorch in the same run). Two kinds of case:
+//   bwd     attention_backward alone (dq, dk, dv from q, k, v, out, dout, lse)
+//   fwdbwd  attention (out and lse) followed by attention_backward: one training step's attention
+// FLOP model (FlashAttention's convention): forward 4·B·H·S²·D, backward 2.5× that (five S×S×D
+// products: S, dP, dV, dK, dQ), halved for causal; the counter GFLOPs is that over the time.
 //
-// FLOP model (FlashAttention's convention): forward 4·B·H·Sq·Skv·D, backward 2.5× that
-// (five Sq×Skv×D products: S, dP, dV, dK, dQ), halved for causal. Counter "GFLOPs" is that
-// model divided by the measured time.
-#include <cstdint>
-#include <random>
-#include <string>
-
+//   bench_backward [--peak]     also measure the machine's FMA peak (machine_peak.cpp)
+//   any Google Benchmark flag (--benchmark_filter, --benchmark_repetitions, ...)
+//
+// Case names: <bwd|fwdbwd>/qkv/<dtype>/B<B>/H<H>/Hkv<Hkv>/S<S>/D<D>/<causal|full>/T<threads>
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "machine_peak.hpp"
 #include "qkv/attention.hpp"
 
 namespace {
@@ -19,51 +25,90 @@ namespace {
 using qkv::Buffer;
 using qkv::DType;
 
-struct Inputs {
-  Buffer q, k, v, out, dout, lse, dq, dk, dv;
-  Inputs(DType t, std::int64_t B, std::int64_t H, std::int64_t S, std::int64_t D)
-      : q(t, {B, H, S, D}), k(t, {B, H, S, D}), v(t, {B, H, S, D}), out(t, {B, H, S, D}), dout(t, {B, H, S, D}),
-        lse(DType::f32, {B, H, S}), dq(t, {B, H, S, D}), dk(t, {B, H, S, D}), dv(t, {B, H, S, D}) {
-    std::mt19937 g(1);
-    std::normal_distribution<double> nd(0.0, 1.0);
-    for (const Buffer* b : {&q, &k, &v, &dout})
-      for (std::int64_t e = 0; e < b->numel(); ++e) b->view().store(e, nd(g));
-  }
+struct Shape {
+  bool with_forward;
+  std::int64_t B, H, Hkv, S, D;
+  bool causal;
+  DType dtype;
+  int threads;
 };
 
-// args: S, causal (0/1), bf16 (0/1), with_forward (0/1)
-void BM_attention_backward(benchmark::State& st) {
-  const std::int64_t B = 1, H = 8, D = 128, S = st.range(0);
-  const bool causal = st.range(1) != 0, bf16 = st.range(2) != 0, with_forward = st.range(3) != 0;
-  Inputs in(bf16 ? DType::bf16 : DType::f32, B, H, S, D);
-  qkv::AttentionOptions opt;
-  opt.causal = causal;
-  qkv::attention(in.q.view(), in.k.view(), in.v.view(), in.out.view(), opt, in.lse.view());
-  const char* name = "";
-  for (auto _ : st) {
-    if (with_forward) qkv::attention(in.q.view(), in.k.view(), in.v.view(), in.out.view(), opt, in.lse.view());
-    name = qkv::attention_backward(in.q.view(), in.k.view(), in.v.view(), in.out.view(), in.dout.view(),
-                                   in.lse.view(), in.dq.view(), in.dk.view(), in.dv.view(), opt)
-               .name;
-    benchmark::DoNotOptimize(in.dq.data());
-  }
-  const double fwd_flops = 4.0 * B * H * static_cast<double>(S) * S * D * (causal ? 0.5 : 1.0);
-  const double flops = fwd_flops * (with_forward ? 3.5 : 2.5);
-  st.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  st.SetLabel(std::string(name) + (with_forward ? " +fwd" : " bwd only") + (causal ? " causal" : ""));
+void fill_random(const Buffer& b, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (std::int64_t i = 0; i < b.numel(); ++i) b.view().store(i, u(rng));
 }
 
-BENCHMARK(BM_attention_backward)
-    ->ArgNames({"S", "causal", "bf16", "fwd"})
-    ->ArgsProduct({{1024, 2048, 4096}, {0, 1}, {0}, {0, 1}})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK(BM_attention_backward)
-    ->ArgNames({"S", "causal", "bf16", "fwd"})
-    ->ArgsProduct({{2048}, {0, 1}, {1}, {0}})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+void run(benchmark::State& st, Shape s) {
+  const DType t = s.dtype;
+  Buffer q(t, {s.B, s.H, s.S, s.D}), k(t, {s.B, s.Hkv, s.S, s.D}), v(t, {s.B, s.Hkv, s.S, s.D}), out(t, {s.B, s.H, s.S, s.D}),
+      dout(t, {s.B, s.H, s.S, s.D}), dq(t, {s.B, s.H, s.S, s.D}), dk(t, {s.B, s.Hkv, s.S, s.D}), dv(t, {s.B, s.Hkv, s.S, s.D});
+  Buffer lse(DType::f32, {s.B, s.H, s.S});
+  fill_random(q, 1), fill_random(k, 2), fill_random(v, 3), fill_random(dout, 4);
+  qkv::AttentionOptions o;
+  o.causal = s.causal;
+  o.num_threads = s.threads;
+  qkv::attention(q.view(), k.view(), v.view(), out.view(), o, lse.view());
+  std::string name;
+  for (auto _ : st) {
+    std::string fwd;
+    if (s.with_forward) fwd = qkv::attention(q.view(), k.view(), v.view(), out.view(), o, lse.view()).name;
+    const char* bwd = qkv::attention_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(),
+                                              dq.view(), dk.view(), dv.view(), o)
+                          .name;
+    name = s.with_forward ? fwd + " + " + bwd : bwd;
+  }
+  double flops = 4.0 * static_cast<double>(s.B * s.H * s.S * s.S * s.D) * (s.with_forward ? 3.5 : 2.5);
+  if (s.causal) flops /= 2;
+  st.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(name);
+}
+
+void add(const Shape& s) {
+  char n[200];
+  std::snprintf(n, sizeof n, "%s/qkv/%s/B%lld/H%lld/Hkv%lld/S%lld/D%lld/%s/T%d", s.with_forward ? "fwdbwd" : "bwd",
+                s.dtype == DType::bf16 ? "bf16" : "f32", (long long)s.B, (long long)s.H, (long long)s.Hkv,
+                (long long)s.S, (long long)s.D, s.causal ? "causal" : "full", s.threads);
+  benchmark::RegisterBenchmark(n, run, s)->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+// The grid: B = 1, H = 8 (PyTorch's CPU backward is slow enough that H = 16 at S = 4096 would
+// take minutes per repeat), f32, 2 threads:
+//   D = 128, S ∈ {1024, 2048, 4096}, causal and not, forward + backward and backward alone
+//   D = 64 at S = 2048; bf16 and GQA (Hkv = 2) at S = 2048, D = 128; one thread at S = 2048
+//   (whose CPU times run_backward_bench.py also compares: they do not depend on other load)
+void register_grid() {
+  for (bool fwd : {true, false})
+    for (std::int64_t S : {1024, 2048, 4096})
+      for (bool c : {false, true}) add({fwd, 1, 8, 8, S, 128, c, DType::f32, 2});
+  for (bool c : {false, true}) {
+    add({true, 1, 8, 8, 2048, 64, c, DType::f32, 2});
+    add({true, 1, 8, 8, 2048, 128, c, DType::bf16, 2});
+    add({true, 1, 8, 2, 2048, 128, c, DType::f32, 2});
+    add({true, 1, 8, 8, 2048, 128, c, DType::f32, 1});
+    add({false, 1, 8, 8, 2048, 128, c, DType::f32, 1});
+  }
+}
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  bool peak = false;
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--peak") == 0) peak = true;
+    else rest.push_back(argv[i]);
+  }
+  if (peak) {
+    const bool avx512 = qkv::cpu_isa() >= qkv::Isa::avx512;
+    benchmark::AddCustomContext("fma_peak_gflops_2t", std::to_string(qkv_bench::fma_peak_gflops(2, avx512)));
+    benchmark::AddCustomContext("fma_peak_gflops_1t", std::to_string(qkv_bench::fma_peak_gflops(1, avx512)));
+  }
+  benchmark::AddCustomContext("qkv_isa", qkv::isa_name(qkv::active_isa()));
+  register_grid();
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

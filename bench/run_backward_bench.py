@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""One command for the attention backward benchmarks: qkv (bench_backward, Google Benchmark) and
+PyTorch's scaled_dot_product_attention forward + backward on the same CPU threads, in the same run;
+writes bench/results/backward.{json,md} and rewrites the generated section of BENCHMARKS.md.
+
+    python3 bench/run_backward_bench.py [--build build] [--reps 3] [--quick]
+
+Measured in this run: the machine's fp32 FMA peak (bench_backward --peak). FLOP model
+(FlashAttention's convention): forward 4·B·H·S²·D, backward 2.5× that, halved for causal.
+Times are medians of --reps repeats. PyTorch at its best CPU settings: torch.set_num_threads(2)
+(1 for the one-thread rows), OMP_WAIT_POLICY=PASSIVE, default SDPA dispatch, contiguous
+[B, H, S, D] tensors with requires_grad; "bwd" times out.backward(dout) on a retained graph.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "bench", "results")
+NAME = re.compile(r"(fwdbwd|bwd)/qkv/(\w+)/B(\d+)/H(\d+)/Hkv(\d+)/S(\d+)/D(\d+)/(causal|full)/T(\d+)")
+
+TORCH_WORKER = r"""
+import json, statistics, sys, time
+import torch
+import torch.nn.functional as F
+cases, reps = json.loads(sys.argv[1]), int(sys.argv[2])
+res, cpu = {}, {}
+for c in cases:
+    torch.set_num_threads(c["T"])
+    dt = torch.bfloat16 if c["dtype"] == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(0)
+    mk = lambda h: (torch.rand(c["B"], h, c["S"], c["D"], generator=g) * 2 - 1).to(dt).requires_grad_()
+    q, k, v = mk(c["H"]), mk(c["Hkv"]), mk(c["Hkv"])
+    dout = (torch.rand(c["B"], c["H"], c["S"], c["D"], generator=g) * 2 - 1).to(dt)
+    kw = dict(is_causal=c["causal"], enable_gqa=c["Hkv"] != c["H"])
+    if c["kind"] == "fwdbwd":
+        def step():
+            F.scaled_dot_product_attention(q, k, v, **kw).backward(dout)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
+        def step():
+            out.backward(dout, retain_graph=True)
+    step()
+    ts, cs = [], []
+    for _ in range(reps):
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
+        while True:
+            step()
+            n += 1
+            if time.perf_counter() - t0 > 0.2:
+                break
+        ts.append((time.perf_counter() - t0) / n)
+        cs.append((time.process_time() - c0) / n)
+    res[c["name"]] = statistics.median(ts)
+    cpu[c["name"]] = statistics.median(cs)
+    print(c["name"], res[c["name"]], file=sys.stderr, flush=True)
+print(json.dumps({"torch": torch.__version__, "times": res, "cpu_times": cpu}))
+"""
+
+
+def parse(name):
+    kind, dtype, B, H, Hkv, S, D, causal, T = NAME.fullmatch(name).groups()
+    B, H, Hkv, S, D, T = map(int, (B, H, Hkv, S, D, T))
+    c = dict(name=name, kind=kind, dtype=dtype, B=B, H=H, Hkv=Hkv, S=S, D=D, causal=causal == "causal", T=T)
+    c["flop"] = 4.0 * B * H * S * S * D * (3.5 if kind == "fwdbwd" else 2.5) / (2 if c["causal"] else 1)
+    return c
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="S ≤ 2048 only (a smoke run, not for the table)")
+    args = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    exe = os.path.join(args.build, "bench", "bench_backward")
+    started = time.time()
+    flt = ["--benchmark_filter=/S(1024|2048)/"] if args.quick else []
+    run = subprocess.run([exe, "--peak", "--benchmark_format=json", f"--benchmark_repetitions={args.reps}",
+                          "--benchmark_report_aggregates_only=true", "--benchmark_min_time=0.2s", *flt],
+                         check=True, capture_output=True, text=True)
+    gb = json.loads(run.stdout)
+    ctx = gb["context"]
+    want = "aggregate" if args.reps > 1 else "iteration"
+    cases = []
+    for b in gb["benchmarks"]:
+        if b.get("run_type") != want or (want == "aggregate" and b.get("aggregate_name") != "median"):
+            continue
+        c = parse(b["run_name"].replace("/real_time", ""))
+        c["time_s"] = b["real_time"] / 1e3  # unit: ms
+        c["cpu_s"] = b["cpu_time"] / 1e3  # the main thread's CPU time: all of it when T = 1
+        c["label"] = b.get("label", "")
+        cases.append(c)
+
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    tr = subprocess.run([sys.executable, "-c", TORCH_WORKER, json.dumps(cases), str(args.reps)],
+                        check=True, capture_output=True, text=True, env=env)
+    torch_out = json.loads(tr.stdout.strip().splitlines()[-1])
+    for c in cases:
+        c["torch_s"] = torch_out["times"].get(c["name"])
+        c["torch_cpu_s"] = torch_out["cpu_times"].get(c["name"])
+
+    result = dict(peak_gflops=float(ctx["fma_peak_gflops_2t"]), peak_gflops_1t=float(ctx["fma_peak_gflops_1t"]),
+                  torch=torch_out["torch"], openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wall_s=time.time() - started, cases=cases)
+    tmp = os.path.join(OUT, "backward.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, os.path.join(OUT, "backward.json"))
+    table = write_table(result)
+    update_doc(table)
+    print(table)
+
+
+def write_table(r):
+    lines = [f"Measured in this run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads "
+             f"({r['peak_gflops_1t']:.0f} on 1). PyTorch {r['torch']}; OPENBLAS_CORETYPE={r['openblas_coretype']}; "
+             f"{r['date']}; run took {r['wall_s'] / 60:.1f} min.", "",
+             "| what | case | dtype | threads | qkv kernels | qkv ms | GFLOP/s | % peak | torch ms | qkv / torch |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in r["cases"]:
+        g = c["flop"] / c["time_s"] / 1e9
+        peak = r["peak_gflops"] if c["T"] == 2 else r["peak_gflops_1t"]
+        case = f"B{c['B']} H{c['H']}" + (f"/{c['Hkv']}" if c["Hkv"] != c["H"] else "") + f" S{c['S']} D{c['D']}"
+        case += " causal" if c["causal"] else ""
+        t = f"{c['torch_s'] * 1e3:.1f}" if c["torch_s"] else "—"
+        ratio = f"{c['torch_s'] / c['time_s']:.2f}×" if c["torch_s"] else "—"
+        what = "fwd+bwd" if c["kind"] == "fwdbwd" else "bwd"
+        lines.append(f"| {what} | {case} | {c['dtype']} | {c['T']} | {c['label']} | {c['time_s'] * 1e3:.1f} | {g:.0f} | "
+                     f"{100 * g / peak:.0f}% | {t} | {ratio} |")
+    one = [c for c in r["cases"] if c["T"] == 1 and c["torch_cpu_s"]]
+    if one:
+        lines += ["", "One thread, by CPU time (insensitive to other processes sharing the cores):", "",
+                  "| what | case | qkv CPU ms | GFLOP per CPU-s | torch CPU ms | qkv / torch |",
+                  "|---|---|---|---|---|---|"]
+        for c in one:
+            g = c["flop"] / c["cpu_s"] / 1e9
+            lines.append(f"| {'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} | S{c['S']} D{c['D']}"
+                         f"{' causal' if c['causal'] else ''} {c['dtype']} | {c['cpu_s'] * 1e3:.1f} | {g:.0f} | "
+                         f"{c['torch_cpu_s'] * 1e3:.1f} | "
+                         f"{c['torch_cpu_s'] / c['cpu_s']:.2f}× |")
+    ratios = [c["torch_s"] / c["time_s"] for c in r["cases"] if c["torch_s"]]
+    if ratios:
+        lines.append("")
+        lines.append(f"qkv / torch speed ratio over the grid: median {statistics.median(ratios):.2f}×, "
+                     f"min {min(ratios):.2f}×, max {max(ratios):.2f}×.")
+    table = "\n".join(lines) + "\n"
+    tmp = os.path.join(OUT, "backward.md.tmp")
+    with open(tmp, "w") as f:
+        f.write(table)
+    os.replace(tmp, os.path.join(OUT, "backward.md"))
+    return table
+
+
+def update_doc(table):
+    """Replaces the generated block of BENCHMARKS.md (between the two markers) with the new table."""
+    path = os.path.join(ROOT, "BENCHMARKS.md")
+    begin, end = "<!-- backward-table:begin (bench/run_backward_bench.py) -->", "<!-- backward-table:end -->"
+    text = open(path).read() if os.path.exists(path) else ""
+    if begin not in text:
+        return
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(head + begin + "\n" + table + end + tail)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()
