@@ -335,7 +335,7 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
     w.strides = {0, t.stride(1), t.stride(0), t.stride(2)};
     return w;
   };
-  KernelInfo info;
+  std::vector<AttnParams> seqs;
   for (std::int64_t b = 0; b + 1 < n; ++b) {
     const auto q0 = oq[static_cast<std::size_t>(b)], lq = oq[static_cast<std::size_t>(b + 1)] - q0;
     const auto k0 = ok[static_cast<std::size_t>(b)], lk = ok[static_cast<std::size_t>(b + 1)] - k0;
@@ -351,9 +351,9 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
     if (lq == 0) continue;
     AttnParams p = resolve(fn, window(q, q0, lq), window(k, k0, lk), window(v, k0, lk), window(out, q0, lq), opt);
     attach_lse(fn, p, lse_b);
-    info = detail::run_forward(fn, p, opt.kernel);
+    seqs.push_back(std::move(p));
   }
-  return info;
+  return detail::run_forward_varlen(fn, seqs, opt.kernel);
 }
 
 }  // namespace qkv

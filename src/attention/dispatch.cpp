@@ -4,6 +4,7 @@
 #include "attention/dispatch.hpp"
 
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/attention_backward.hpp"
 #include "kernels/cpu/flash.hpp"
@@ -29,43 +30,79 @@ const char* flash_name(Kernel k, Isa isa, bool bf16) {
   return names[ki][ii][bf16 ? 1 : 0];
 }
 
+// The ISA a flash kernel runs on: AVX-512 BF16 changes only the bf16 flash forward (dot-product
+// instructions); everything else runs the AVX-512 code there.
+Isa flash_isa(Kernel k, bool bf16) {
+  const Isa active = active_isa();
+  if (active == Isa::avx512_bf16 && bf16 && k == Kernel::flash) return Isa::avx512_bf16;
+  return active >= Isa::avx512 ? Isa::avx512 : active;
+}
+
+void run_flash_forward(Isa isa, const kernels::cpu::FlashArgs* list, std::int64_t n) {
+  namespace c = kernels::cpu;
+  if (isa == Isa::avx512_bf16) c::flash_forward_avx512_bf16(list, n);
+  else if (isa == Isa::avx512) c::flash_forward_avx512(list, n);
+  else if (isa == Isa::avx2) c::flash_forward_avx2(list, n);
+  else c::flash_forward_scalar(list, n);
+}
+
+// Throws unless the fast kernels take p (called when one was explicitly requested).
+void require_flash(const char* fn, const kernels::AttnParams& p, Kernel requested) {
+  if (kernels::cpu::flash_supports(p)) return;
+  fail(fn, std::string("opt.kernel: ") + kernel_name(requested) +
+               " takes f32 or bf16 tensors, 1 ≤ D, Dv ≤ 512 and no pattern output (got " + dtype_name(p.q.dtype) +
+               ", D = " + std::to_string(p.D) + ", Dv = " + std::to_string(p.Dv) +
+               (p.pattern.data ? ", pattern requested)" : ")"));
+}
+
 }  // namespace
 
 KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requested) {
   if (requested == Kernel::reference) return run_reference(p);
   if (!kernels::cpu::flash_supports(p)) {
     if (requested == Kernel::automatic) return run_reference(p);
-    fail(fn, std::string("opt.kernel: ") + kernel_name(requested) +
-                 " takes f32 or bf16 tensors, 1 ≤ D, Dv ≤ 512 and no pattern output (got " +
-                 dtype_name(p.q.dtype) + ", D = " + std::to_string(p.D) + ", Dv = " + std::to_string(p.Dv) +
-                 (p.pattern.data ? ", pattern requested)" : ")"));
+    require_flash(fn, p, requested);
   }
   // A few queries against many keys: split the keys (flash-decoding) so that every core works
   // even at batch 1. The choice depends on the shape only, so results do not depend on threads.
   Kernel k = requested;
   if (k == Kernel::automatic) k = p.Sq <= 8 && p.Skv >= 1024 ? Kernel::flash_decode : Kernel::flash;
-  // AVX-512 BF16 changes only the bf16 flash forward (dot-product instructions); everything
-  // else runs the AVX-512 code there.
   const bool bf16 = p.q.dtype == DType::bf16;
-  const Isa isa = active_isa() == Isa::avx512_bf16 && bf16 && k == Kernel::flash ? Isa::avx512_bf16
-                  : active_isa() >= Isa::avx512                                  ? Isa::avx512
-                                                                                 : active_isa();
+  const Isa isa = flash_isa(k, bf16);
   const KernelInfo info{k, isa, flash_name(k, isa, bf16)};
   if (p.B == 0 || p.H == 0 || p.Sq == 0) return info;  // nothing to write
 
   const kernels::cpu::FlashArgs a = kernels::cpu::make_flash_args(p);
-  namespace c = kernels::cpu;
-  if (k == Kernel::flash_decode) {
-    if (isa == Isa::avx512) c::flash_decode_avx512(a);
-    else if (isa == Isa::avx2) c::flash_decode_avx2(a);
-    else c::flash_decode_scalar(a);
+  if (k == Kernel::flash) {
+    run_flash_forward(isa, &a, 1);
+  } else if (isa == Isa::avx512) {
+    kernels::cpu::flash_decode_avx512(a);
+  } else if (isa == Isa::avx2) {
+    kernels::cpu::flash_decode_avx2(a);
   } else {
-    if (isa == Isa::avx512_bf16) c::flash_forward_avx512_bf16(a);
-    else if (isa == Isa::avx512) c::flash_forward_avx512(a);
-    else if (isa == Isa::avx2) c::flash_forward_avx2(a);
-    else c::flash_forward_scalar(a);
+    kernels::cpu::flash_decode_scalar(a);
   }
   return info;
+}
+
+KernelInfo run_forward_varlen(const char* fn, const std::vector<kernels::AttnParams>& seqs, Kernel requested) {
+  if (seqs.empty()) return {};
+  bool fast = requested == Kernel::automatic || requested == Kernel::flash;
+  for (const auto& p : seqs) fast = fast && kernels::cpu::flash_supports(p);
+  if (!fast) {
+    KernelInfo info;
+    for (const auto& p : seqs) info = run_forward(fn, p, requested);
+    return info;
+  }
+  // One parallel loop over (sequence, head, query block) of every sequence, so that many short
+  // sequences keep all threads busy (flash kernel for all of them; no per-sequence decode split).
+  const bool bf16 = seqs.front().q.dtype == DType::bf16;
+  const Isa isa = flash_isa(Kernel::flash, bf16);
+  std::vector<kernels::cpu::FlashArgs> args;
+  args.reserve(seqs.size());
+  for (const auto& p : seqs) args.push_back(kernels::cpu::make_flash_args(p));
+  run_flash_forward(isa, args.data(), static_cast<std::int64_t>(args.size()));
+  return {Kernel::flash, isa, flash_name(Kernel::flash, isa, bf16)};
 }
 
 // Backward: the flash backward (FlashAttention-2 style, src/kernels/cpu/attention_backward*)

@@ -43,13 +43,14 @@ FlashArgs make_flash_args(const AttnParams& p);
 // Whether the fast kernels take p at all (dtype f32/bf16, no pattern output, 1 ≤ D, Dv ≤ 512).
 bool flash_supports(const AttnParams& p);
 
-// Entry points, one per ISA. flash_forward: parallel over (b, h, query block of 192 rows).
+// Entry points, one per ISA. flash_forward: parallel over (call, b, h, query block of 192 rows)
+// for list[0, n), calls that share D, Dv, dtype and threads (the sequences of a varlen batch).
 // flash_decode: keys split into fixed chunks, parallel over (b, kv head, row group, chunk),
 // partial results merged by logsumexp. Both give the same bits for every thread count.
-void flash_forward_avx512(const FlashArgs& a);
-void flash_forward_avx512_bf16(const FlashArgs& a);  // bf16 tensors only: vdpbf16ps
-void flash_forward_avx2(const FlashArgs& a);
-void flash_forward_scalar(const FlashArgs& a);
+void flash_forward_avx512(const FlashArgs* list, std::int64_t n);
+void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n);  // bf16 tensors only: vdpbf16ps
+void flash_forward_avx2(const FlashArgs* list, std::int64_t n);
+void flash_forward_scalar(const FlashArgs* list, std::int64_t n);
 void flash_decode_avx512(const FlashArgs& a);
 void flash_decode_avx2(const FlashArgs& a);
 void flash_decode_scalar(const FlashArgs& a);

@@ -4,7 +4,7 @@
 
 namespace qkv::kernels::cpu {
 
-void flash_forward_avx2(const FlashArgs& a) { forward<SimdAvx2, OperandsF32<SimdAvx2>>(a); }
+void flash_forward_avx2(const FlashArgs* list, std::int64_t n) { forward<SimdAvx2, OperandsF32<SimdAvx2>>(list, n); }
 void flash_decode_avx2(const FlashArgs& a) { decode<SimdAvx2>(a); }
 
 }  // namespace qkv::kernels::cpu

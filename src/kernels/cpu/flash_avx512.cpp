@@ -4,7 +4,7 @@
 
 namespace qkv::kernels::cpu {
 
-void flash_forward_avx512(const FlashArgs& a) { forward<SimdAvx512, OperandsF32<SimdAvx512>>(a); }
+void flash_forward_avx512(const FlashArgs* list, std::int64_t n) { forward<SimdAvx512, OperandsF32<SimdAvx512>>(list, n); }
 void flash_decode_avx512(const FlashArgs& a) { decode<SimdAvx512>(a); }
 
 }  // namespace qkv::kernels::cpu

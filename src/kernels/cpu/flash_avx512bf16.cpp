@@ -140,6 +140,6 @@ struct OperandsBf16 {
 
 }  // namespace
 
-void flash_forward_avx512_bf16(const FlashArgs& a) { forward<S, OperandsBf16>(a); }
+void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n) { forward<S, OperandsBf16>(list, n); }
 
 }  // namespace qkv::kernels::cpu

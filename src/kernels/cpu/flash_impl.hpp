@@ -314,12 +314,21 @@ struct OperandsF32 {
   }
 };
 
+// list[0, n): independent calls sharing D, Dv, dtypes and threads (one per sequence of a
+// varlen batch, or just one); their work items go through a single parallel loop.
 template <class S, class Ops>
-void forward(const FlashArgs& a) {
-  const i64 G = a.H / a.Hkv;
-  const i64 Dvp = round_up(a.Dv, Ops::kVc);
-  const i64 nqb = (a.Sq + kMb - 1) / kMb;
-  const i64 items = a.B * a.H * nqb;
+void forward(const FlashArgs* list, i64 n) {
+  const i64 Dvp = round_up(list[0].Dv, Ops::kVc);
+  // first[c]: index of call c's first work item (b, h, query block); first[n]: the total.
+  Scratch first_mem((n + 1) * static_cast<i64>(sizeof(i64)));
+  auto* first = static_cast<i64*>(first_mem.p);
+  first[0] = 0;
+  i64 ops_floats = 0;
+  for (i64 c = 0; c < n; ++c) {
+    first[c + 1] = first[c] + list[c].B * list[c].H * ((list[c].Sq + kMb - 1) / kMb);
+    ops_floats = imax(ops_floats, Ops::scratch_floats(list[c]));
+  }
+  const i64 items = first[n];
 
   // Per-thread scratch (floats), laid out once per call:
   //   Os [kMb][Dvp]  unnormalised output accumulators (Dvp = Dv rounded up to the P·V block)
@@ -327,22 +336,31 @@ void forward(const FlashArgs& a) {
   //   Ps [kRows][kNt] one strip's scores, then probabilities
   //   then the operands' own scratch (Ops::scratch_floats: queries, K and V tiles)
   const i64 n_os = round_up(kMb * Dvp, 16);
-  const i64 arena = n_os + 2 * kMb + kRows * kNt + Ops::scratch_floats(a);
+  const i64 arena = n_os + 2 * kMb + kRows * kNt + ops_floats;
 
-#pragma omp parallel num_threads(a.threads)
+#pragma omp parallel num_threads(list[0].threads)
   {
     Scratch mem(arena * static_cast<i64>(sizeof(float)));
     float* Os = mem.f();
     float* Ms = Os + n_os;
     float* Ls = Ms + kMb;
     float* Ps = Ls + kMb;
-    Ops ops(a, Ps + kRows * kNt);
     i64 lo[kMb], hi[kMb];                    // allowed keys of each row ([0, 0) for rows past Sq)
     i64 slo[kMb / kRows], shi[kMb / kRows];  // union of the ranges of each strip
 
 #pragma omp for schedule(dynamic, 1)
     for (i64 item = 0; item < items; ++item) {
-      const i64 qb = item % nqb, h = (item / nqb) % a.H, b = item / (nqb * a.H);
+      i64 c0 = 0, c1 = n;  // the call owning this item: first[c0] ≤ item < first[c0 + 1]
+      while (c1 - c0 > 1) {
+        const i64 mid = (c0 + c1) / 2;
+        (first[mid] <= item ? c0 : c1) = mid;
+      }
+      const FlashArgs& a = list[c0];
+      Ops ops(a, Ps + kRows * kNt);
+      const i64 G = a.H / a.Hkv;
+      const i64 nqb = (a.Sq + kMb - 1) / kMb;
+      const i64 local = item - first[c0];
+      const i64 qb = local % nqb, h = (local / nqb) % a.H, b = local / (nqb * a.H);
       const i64 hk = h / G;
       const i64 i0 = qb * kMb;
       const int nrows = static_cast<int>(imin(kMb, a.Sq - i0));

@@ -4,7 +4,7 @@
 
 namespace qkv::kernels::cpu {
 
-void flash_forward_scalar(const FlashArgs& a) { forward<SimdScalar, OperandsF32<SimdScalar>>(a); }
+void flash_forward_scalar(const FlashArgs* list, std::int64_t n) { forward<SimdScalar, OperandsF32<SimdScalar>>(list, n); }
 void flash_decode_scalar(const FlashArgs& a) { decode<SimdScalar>(a); }
 
 }  // namespace qkv::kernels::cpu
