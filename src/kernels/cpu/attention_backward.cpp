@@ -62,7 +62,10 @@ void store_row(const View& t, std::int64_t off, std::int64_t stride, std::int64_
   switch (t.dtype) {
     case DType::f32: {
       float* d = t.ptr<float>() + off;
-      for (std::int64_t e = 0; e < n; ++e) d[e * stride] = src[e];
+      if (stride == 1)
+        std::memcpy(d, src, static_cast<std::size_t>(n) * sizeof(float));
+      else
+        for (std::int64_t e = 0; e < n; ++e) d[e * stride] = src[e];
       return;
     }
     case DType::bf16: {
@@ -82,8 +85,9 @@ bool usable_in_place(const View& t, std::int64_t n) {
 }
 
 // Tasks to aim for: several per thread on a 2-core machine, so that largest-first dynamic
-// scheduling ends within a small task of balance, while the dQ partials stay few.
-constexpr std::int64_t kTargetTasks = 32;
+// scheduling ends within a small task of balance, while the dQ partials stay few (each chunk
+// beyond the first costs a dq-sized f32 buffer: fresh pages to fault in, and a reduction).
+constexpr std::int64_t kTargetTasks = 16;
 
 // Query blocks of batch b whose allowed keys meet [k0, k0 + nk) (the tasks' skip test).
 std::int64_t live_query_blocks(const AttnParams& p, std::int64_t b, std::int64_t k0, std::int64_t nk) {
@@ -278,6 +282,10 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
     std::vector<float> acc(static_cast<std::size_t>(cx.Dp));
     for (std::int64_t i = 0; i < p.Sq; ++i) {
       const float* first = cx.dq_rows(0, b, h) + i * cx.Dp;
+      if (cx.chunks == 1) {
+        store_row(bp.dq, bp.dq.offset(b, h, i, 0), bp.dq.stride(3), p.D, first);
+        continue;
+      }
       std::memcpy(acc.data(), first, static_cast<std::size_t>(cx.Dp) * sizeof(float));
       for (std::int64_t c = 1; c < cx.chunks; ++c) {
         const float* part = cx.dq_rows(c, b, h) + i * cx.Dp;
