@@ -229,7 +229,10 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   const std::int64_t part_floats = rows * cx.Dp;
   while (C > 1 && C * part_floats > (std::int64_t{64} << 20)) --C;
   cx.chunks = C < 1 ? 1 : C;
-  Floats dq_part(cx.chunks * part_floats);
+  if (usable_in_place(bp.dq, p.D)) {
+    cx.dq0 = bp.dq.ptr<float>(), cx.dq0_sb = bp.dq.stride(0), cx.dq0_sh = bp.dq.stride(1), cx.dq0_ld = bp.dq.stride(2);
+  }
+  Floats dq_part((cx.chunks - (cx.dq0 ? 1 : 0)) * part_floats);
   cx.dq_part = dq_part.get();
 
   // Work of each key block (tiles the mask rule does not skip), chunk cuts at equal shares of
@@ -276,12 +279,22 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
     task_fn(cx, arenas.get() + thread_index() * cx.arena_floats, order[static_cast<std::size_t>(t)]);
   });
 
-  // Reduce: dq = Σ_c dQ_c in increasing c, rounded once to dq's dtype.
-  parallel_for(p.B * p.H, p.threads, [&](std::int64_t bh) {
+  // Reduce: dq = Σ_c dQ_c in increasing c, rounded once to dq's dtype (nothing left to do when
+  // the only chunk accumulated in dq itself).
+  const std::int64_t reduce_tasks = cx.dq0 && cx.chunks == 1 ? 0 : p.B * p.H;
+  parallel_for(reduce_tasks, p.threads, [&](std::int64_t bh) {
     const std::int64_t b = bh / p.H, h = bh % p.H;
     std::vector<float> acc(static_cast<std::size_t>(cx.Dp));
     for (std::int64_t i = 0; i < p.Sq; ++i) {
-      const float* first = cx.dq_rows(0, b, h) + i * cx.Dp;
+      const float* first = cx.dq_rows(0, b, h) + i * cx.dq_ld(0);
+      if (cx.dq0) {  // chunk 0 is dq itself: add the others to it, in increasing c
+        float* row = cx.dq_rows(0, b, h) + i * cx.dq_ld(0);
+        for (std::int64_t c = 1; c < cx.chunks; ++c) {
+          const float* part = cx.dq_rows(c, b, h) + i * cx.Dp;
+          for (std::int64_t d = 0; d < p.D; ++d) row[d] += part[d];
+        }
+        continue;
+      }
       if (cx.chunks == 1) {
         store_row(bp.dq, bp.dq.offset(b, h, i, 0), bp.dq.stride(3), p.D, first);
         continue;

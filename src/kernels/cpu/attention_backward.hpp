@@ -49,7 +49,11 @@ struct Context {
   const float* L = nullptr;      // [B, H, Sq] lse · log2(e); +∞ for rows without allowed keys
   const float* delta = nullptr;  // [B, H, Sq]
 
-  // dQ partial sums [C, B, H, Sq, Dp], one slice per key chunk.
+  // dQ partial sums, one per key chunk. Chunk 0 accumulates straight into the caller's dq when
+  // that is f32 with unit inner stride and D a multiple of 16 (dq0 ≠ nullptr); the other chunks
+  // (all of them otherwise) in dq_part [C or C − 1, B, H, Sq, Dp].
+  float* dq0 = nullptr;
+  std::int64_t dq0_sb = 0, dq0_sh = 0, dq0_ld = 0;
   float* dq_part = nullptr;
   std::int64_t chunks = 1;       // C
   std::int64_t key_blocks = 0;   // ceil(Skv / kBk)
@@ -62,8 +66,10 @@ struct Context {
   const float* q_rows(std::int64_t b, std::int64_t h) const { return q + b * q_sb + h * q_sh; }
   const float* dout_rows(std::int64_t b, std::int64_t h) const { return dout + b * o_sb + h * o_sh; }
   float* dq_rows(std::int64_t c, std::int64_t b, std::int64_t h) const {
+    if (dq0) return c == 0 ? dq0 + b * dq0_sb + h * dq0_sh : dq_part + (((c - 1) * B + b) * H + h) * Sq * Dp;
     return dq_part + ((c * B + b) * H + h) * Sq * Dp;
   }
+  std::int64_t dq_ld(std::int64_t c) const { return dq0 && c == 0 ? dq0_ld : Dp; }
   std::int64_t tasks() const { return B * Hkv * chunks; }
 };
 

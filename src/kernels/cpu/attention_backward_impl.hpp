@@ -167,7 +167,9 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
   float* dP = S + kBq * kBk;
   float* mrow = dP + kBq * kBk;
 
-  for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h) zero_floats(cx.dq_rows(c, b, h), Sq * Dp);
+  const std::int64_t dq_ld = cx.dq_ld(c);
+  for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h)
+    for (std::int64_t i = 0; i < Sq; ++i) zero_floats(cx.dq_rows(c, b, h) + i * dq_ld, Dp);
 
   const V vscale = V::set1(cx.scale);
   const V vc = V::set1(cx.scale_log2e);
@@ -243,7 +245,7 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         // dV += Pᵀ·dO, dK += dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ += dS·K.
         gemm<Simd, kM, kNG>(nk, Dvp / kLanes, mq, S, 1, kBk, dO, cx.o_ld, dV, Dvp, true);
         gemm<Simd, kM, kNG>(nk, Dp / kLanes, mq, dP, 1, kBk, Q, cx.q_ld, dK, Dp, true);
-        gemm<Simd, kM, kNG>(mq, Dp / kLanes, nk, dP, kBk, 1, Kr, Dp, dQh + i0 * Dp, Dp, true);
+        gemm<Simd, kM, kNG>(mq, Dp / kLanes, nk, dP, kBk, 1, Kr, Dp, dQh + i0 * dq_ld, dq_ld, true);
       }
     }
     store_dkdv_block(cx, b, hk, k0, nk, dK, dV);
