@@ -280,7 +280,19 @@ struct OperandsF32 {
   }
   // Keys [j_lo, j_hi) of the tile starting at t0 (only those are read; other columns are masked).
   void load_kv(i64 kbase, i64 vbase, i64 t0, i64 j_lo, i64 j_hi) {
-    for (i64 j = j_lo; j < j_hi; ++j) {
+    i64 j_done = j_lo;
+    if (S::kHasTranspose16 && !a.bf16 && a.sk[3] == 1 && D >= 16) {
+      // Whole 16 × 16 blocks in registers; the last D % 16 dims of those keys below.
+      const auto* k = static_cast<const float*>(a.k) + kbase;
+      for (; j_done + 16 <= j_hi; j_done += 16) {
+        const i64 c = j_done - t0;
+        i64 d0 = 0;
+        for (; d0 + 16 <= D; d0 += 16) S::transpose16(k + j_done * a.sk[2] + d0, a.sk[2], Kt + d0 * kNt + c, kNt);
+        for (i64 j = j_done; j < j_done + 16; ++j)
+          for (i64 d = d0; d < D; ++d) Kt[d * kNt + (j - t0)] = k[j * a.sk[2] + d];
+      }
+    }
+    for (i64 j = j_done; j < j_hi; ++j) {
       const i64 off = kbase + j * a.sk[2], c = j - t0;
       if (a.bf16) {
         const auto* kp = static_cast<const std::uint16_t*>(a.k) + off;

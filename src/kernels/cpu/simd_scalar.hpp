@@ -88,6 +88,8 @@ struct SimdScalar {
     return r;
   }
 
+  static constexpr bool kHasTranspose16 = false;
+  static void transpose16(const float*, std::int64_t, float*, std::int64_t) {}
   static V load_bf16(const std::uint16_t* p) { return load_bf16_n(p, L); }
   static V load_bf16_n(const std::uint16_t* p, int n) {
     V r = zero();
