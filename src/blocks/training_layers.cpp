@@ -16,13 +16,13 @@ namespace {
 constexpr std::int64_t kParallelGrain = 1 << 14;
 int threads_for(std::int64_t work) { return work < kParallelGrain ? 1 : qkv::num_threads(); }
 
-// e^x in f32, written so the compiler vectorises the loops that call it: x = k·ln2 + r with
-// |r| ≤ ln2/2 (ln2 split in two for an exact k·ln2), e^r by its degree-7 Taylor polynomial
-// (truncation r⁸/8! < 6e-9 relative), 2^k put in the exponent bits. Inputs are clamped to
-// [−87, 88], where 2^k stays a normal float; e^−87 ≈ 1.6e-38 is 0 for every use here.
-inline float exp_f32(float x) {
-  x = std::fmin(std::fmax(x, -87.0f), 88.0f);
-  const float kf = std::nearbyint(x * 1.44269504f);
+// e^x in f32, written so that `omp simd` loops calling it vectorise: x = k·ln2 + r with
+// |r| ≤ ln2/2 (ln2 split in two for an exact k·ln2; k rounded by the 1.5·2^23 trick), e^r by its
+// degree-7 Taylor polynomial (truncation r⁸/8! < 6e-9 relative), 2^k put in the exponent bits.
+// Inputs are clamped to [−87, 88], where 2^k stays a normal float.
+[[gnu::always_inline]] inline float exp_f32(float x) {
+  x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+  const float kf = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
   const float r = (x - kf * 0.693145752f) - kf * 1.42860677e-6f;
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
@@ -38,10 +38,61 @@ inline float exp_f32(float x) {
   return p * scale;
 }
 
-// tanh u = 1 − 2 / (e^(2u) + 1): absolute error ~1e-7 (the f32 rounding of the quotient), which
-// is what the derivative below needs; exact at ±∞ thanks to exp_f32's clamp.
-inline float tanh_s(float u) { return 1.0f - 2.0f / (exp_f32(2.0f * u) + 1.0f); }
-inline double tanh_s(double u) { return std::tanh(u); }
+// tanh u = 1 − 2 / (e^(2u) + 1): absolute error ≤ ~2e-7 against std::tanh (the f32 rounding of
+// the quotient; tested in test_gpt_grad against the f64 twin), saturating exactly at ±1.
+[[gnu::always_inline]] inline float tanh_f32(float u) { return 1.0f - 2.0f / (exp_f32(2.0f * u) + 1.0f); }
+
+// GELU (tanh form) forward and backward over [lo, hi), f32. The bodies are inlined into one
+// wrapper per instruction set, so the same loop is compiled for AVX-512, AVX2 and the baseline,
+// and gelu_kernels() picks one at run time (qkv::active_isa(), overridable by QKV_ISA).
+constexpr float kGeluK = 0.79788456080286535588f;  // √(2/π)
+constexpr float kGeluA = 0.044715f;
+
+[[gnu::always_inline]] inline void gelu_fwd_body(float* out, const float* x, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + tanh_f32(kGeluK * (v + kGeluA * v * v * v)));
+  }
+}
+
+[[gnu::always_inline]] inline void gelu_bwd_body(float* dx, const float* x, const float* dout, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float t = tanh_f32(kGeluK * (v + kGeluA * v * v * v));
+    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluA * v * v));
+  }
+}
+
+void gelu_fwd_base(float* o, const float* x, std::int64_t n) { gelu_fwd_body(o, x, n); }
+void gelu_bwd_base(float* dx, const float* x, const float* d, std::int64_t n) { gelu_bwd_body(dx, x, d, n); }
+[[gnu::target("avx2,fma")]] void gelu_fwd_avx2(float* o, const float* x, std::int64_t n) { gelu_fwd_body(o, x, n); }
+[[gnu::target("avx2,fma")]] void gelu_bwd_avx2(float* dx, const float* x, const float* d, std::int64_t n) {
+  gelu_bwd_body(dx, x, d, n);
+}
+[[gnu::target("avx512f,avx512dq,avx512vl,avx512bw,fma")]] void gelu_fwd_avx512(float* o, const float* x,
+                                                                              std::int64_t n) {
+  gelu_fwd_body(o, x, n);
+}
+[[gnu::target("avx512f,avx512dq,avx512vl,avx512bw,fma")]] void gelu_bwd_avx512(float* dx, const float* x,
+                                                                              const float* d, std::int64_t n) {
+  gelu_bwd_body(dx, x, d, n);
+}
+
+struct GeluKernels {
+  void (*fwd)(float*, const float*, std::int64_t);
+  void (*bwd)(float*, const float*, const float*, std::int64_t);
+};
+GeluKernels gelu_kernels() {
+  const Isa isa = active_isa();
+  if (isa >= Isa::avx512) return {gelu_fwd_avx512, gelu_bwd_avx512};
+  if (isa >= Isa::avx2) return {gelu_fwd_avx2, gelu_bwd_avx2};
+  return {gelu_fwd_base, gelu_bwd_base};
+}
+
+// Elementwise work in chunks of this many elements, spread over the threads.
+constexpr std::int64_t kChunk = 16384;
 
 }  // namespace
 
@@ -84,23 +135,20 @@ void layernorm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S
   parallel_for(N, threads_for(N * C), [&](std::int64_t n) {
     const S* xn = x + n * C;
     S m = 0;
+#pragma omp simd reduction(+ : m)
     for (std::int64_t c = 0; c < C; ++c) m += xn[c];
     m /= static_cast<S>(C);
     S var = 0;
+#pragma omp simd reduction(+ : var)
     for (std::int64_t c = 0; c < C; ++c) var += (xn[c] - m) * (xn[c] - m);
     var /= static_cast<S>(C);
     const S rs = S(1) / std::sqrt(var + static_cast<S>(1e-5));
     S* o = out + n * C;
+#pragma omp simd
     for (std::int64_t c = 0; c < C; ++c) o[c] = (xn[c] - m) * rs * w[c] + (b ? b[c] : S(0));
     mean[n] = m;
     rstd[n] = rs;
   });
-}
-
-template <>
-void layernorm_forward<float>(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                              std::int64_t N, std::int64_t C) {
-  blocks::layernorm_forward(out, mean, rstd, x, w, b, N, C, 1e-5f);
 }
 
 template <class S>
@@ -113,6 +161,7 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S*
     const S* xn = x + n * C;
     const S* dn = dout + n * C;
     S sum_d = 0, sum_dn = 0;
+#pragma omp simd reduction(+ : sum_d, sum_dn)
     for (std::int64_t c = 0; c < C; ++c) {
       const S norm = (xn[c] - mean[n]) * rstd[n];
       const S d = dn[c] * w[c];
@@ -122,6 +171,7 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S*
     sum_d /= static_cast<S>(C);
     sum_dn /= static_cast<S>(C);
     S* dxn = dx + n * C;
+#pragma omp simd
     for (std::int64_t c = 0; c < C; ++c) {
       const S norm = (xn[c] - mean[n]) * rstd[n];
       dxn[c] += (dn[c] * w[c] - sum_d - norm * sum_dn) * rstd[n];
@@ -131,23 +181,30 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S*
   for (std::int64_t n = 0; n < N; ++n) {
     const S* xn = x + n * C;
     const S* dn = dout + n * C;
-    for (std::int64_t c = 0; c < C; ++c) {
-      dw[c] += dn[c] * ((xn[c] - mean[n]) * rstd[n]);
-      if (db) db[c] += dn[c];
-    }
+    const S mn = mean[n], rs = rstd[n];
+#pragma omp simd
+    for (std::int64_t c = 0; c < C; ++c) dw[c] += dn[c] * ((xn[c] - mn) * rs);
+    if (db)
+#pragma omp simd
+      for (std::int64_t c = 0; c < C; ++c) db[c] += dn[c];
   }
 }
 
 template <class S>
 void gelu_forward(S* out, const S* x, std::int64_t n) {
-  const S k = static_cast<S>(0.79788456080286535588);  // √(2/π)
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = S(0.5) * x[i] * (S(1) + std::tanh(k * (x[i] + static_cast<S>(0.044715) * x[i] * x[i] * x[i])));
+  const S k = static_cast<S>(0.79788456080286535588), a = static_cast<S>(0.044715);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = S(0.5) * x[i] * (S(1) + std::tanh(k * (x[i] + a * x[i] * x[i] * x[i])));
 }
 
+// f32: the vectorised kernel (the inference layer blocks::gelu_forward computes the same function
+// with std::tanh; the two differ by ≤ ~1e-7 · |x|).
 template <>
 void gelu_forward<float>(float* out, const float* x, std::int64_t n) {
-  blocks::gelu_forward(out, x, n);
+  const auto fwd = gelu_kernels().fwd;
+  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](std::int64_t c) {
+    const std::int64_t lo = c * kChunk;
+    fwd(out + lo, x + lo, std::min(kChunk, n - lo));
+  });
 }
 
 template <class S>
@@ -155,14 +212,19 @@ void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n) {
   // In the forward pass this was ½x(1 + tanh u) with u = √(2/π)(x + 0.044715x³), so now
   // d/dx = ½(1 + tanh u) + ½x(1 − tanh²u) · du/dx,  du/dx = √(2/π)(1 + 3·0.044715x²).
   const S k = static_cast<S>(0.79788456080286535588), a = static_cast<S>(0.044715);
-  const std::int64_t chunk = 4096;
-  parallel_for((n + chunk - 1) / chunk, threads_for(n), [&](std::int64_t c) {
-    const std::int64_t lo = c * chunk, hi = std::min(n, lo + chunk);
-    for (std::int64_t i = lo; i < hi; ++i) {
-      const S v = x[i];
-      const S t = tanh_s(k * (v + a * v * v * v));
-      dx[i] = dout[i] * (S(0.5) * (S(1) + t) + S(0.5) * v * (S(1) - t * t) * k * (S(1) + S(3) * a * v * v));
-    }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const S v = x[i];
+    const S t = std::tanh(k * (v + a * v * v * v));
+    dx[i] = dout[i] * (S(0.5) * (S(1) + t) + S(0.5) * v * (S(1) - t * t) * k * (S(1) + S(3) * a * v * v));
+  }
+}
+
+template <>
+void gelu_backward<float>(float* dx, const float* x, const float* dout, std::int64_t n) {
+  const auto bwd = gelu_kernels().bwd;  // the same derivative as above, vectorised
+  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](std::int64_t c) {
+    const std::int64_t lo = c * kChunk;
+    bwd(dx + lo, x + lo, dout + lo, std::min(kChunk, n - lo));
   });
 }
 

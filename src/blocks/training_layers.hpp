@@ -1,8 +1,8 @@
 // Internal: the layers of a GPT-2 style transformer as training needs them, llm.c style — each a
 // `*_forward` that keeps what its backward will read, and a `*_backward` that turns ∂L/∂out into
 // ∂L/∂in and the parameter gradients. Plain contiguous row-major pointers, templates on the scalar:
-// S = float trains, and its forwards are the f32 layers of blocks/layers.hpp (the ones inference
-// runs, so a trained model generates with exactly the function it was trained as); S = double is
+// S = float trains (the embedding forward is blocks/layers.hpp's; LayerNorm and GELU are threaded,
+// vectorised versions of the same functions, agreeing with them to f32 rounding); S = double is
 // the f64 twin that the gradient checks take finite differences of. Sizes:
 //
 //   N  tokens in the batch (B·T)      T  positions per sequence      C  channels (embedding width)

@@ -14,10 +14,12 @@ double lr_at(const AdamWConfig& c, std::int64_t step) {
 
 double clip_grad_norm(float* g, std::int64_t n, double max_norm) {
   double ss = 0;
+#pragma omp simd reduction(+ : ss)
   for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(g[i]) * g[i];
   const double norm = std::sqrt(ss);
   if (max_norm > 0 && norm > max_norm) {
     const auto coef = static_cast<float>(max_norm / (norm + 1e-6));
+#pragma omp simd
     for (std::int64_t i = 0; i < n; ++i) g[i] *= coef;
   }
   return norm;
@@ -33,7 +35,9 @@ void adamw_step(float* p, const float* g, float* m, float* v, std::int64_t n, co
   const auto eps = static_cast<float>(c.eps);
   const auto shrink = static_cast<float>(1.0 - lr * c.weight_decay);
   for (const auto& r : decay)
+#pragma omp simd
     for (std::int64_t i = r.begin; i < r.end; ++i) p[i] *= shrink;
+#pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) {
     m[i] = b1 * m[i] + (1.0f - b1) * g[i];
     v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];

@@ -180,12 +180,14 @@ double Gpt<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) 
               heads_view(qkv, B_, H, T_, D, 3 * C, 2 * C), heads_view(atty, B_, H, T_, D, C, 0), causal,
               View::contiguous(lse_.data() + l * B_ * H * T_, dtype_of<S>(), {B_, H, T_}));
     blocks::typed::dense_forward(atty, w.projw, w.projb, tmp_.data(), N, C, C);
+#pragma omp simd
     for (std::int64_t i = 0; i < N * C; ++i) mid[i] = x[i] + tmp_[static_cast<std::size_t>(i)];
 
     blocks::typed::layernorm_forward(ln2, ln2_mean_.data() + l * N, ln2_rstd_.data() + l * N, mid, w.ln2w, w.ln2b, N, C);
     blocks::typed::dense_forward(ln2, w.fcw, w.fcb, fch, N, C, 4 * C);
     blocks::typed::gelu_forward(fch_gelu, fch, N * 4 * C);
     blocks::typed::dense_forward(fch_gelu, w.fcprojw, w.fcprojb, tmp_.data(), N, 4 * C, C);
+#pragma omp simd
     for (std::int64_t i = 0; i < N * C; ++i) x_next[i] = mid[i] + tmp_[static_cast<std::size_t>(i)];
   }
 

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "qkv/attention.hpp"
 #include "train/gpt.hpp"
 #include "train/rng.hpp"
 
@@ -48,6 +49,10 @@ class GptGrad : public ::testing::TestWithParam<bool> {};
 TEST_P(GptGrad, MatchesFiniteDifferencesInF64) {
   const GptConfig cfg = tiny(GetParam());
   const std::int64_t B = 2, T = 5;
+  // One thread: 2 × 1,800 forwards of a tiny model, where waking a second thread costs more than
+  // the work (and on a loaded machine much more).
+  const int threads = qkv::num_threads();
+  qkv::set_num_threads(1);
   Gpt<double> m(cfg, B, T);
   random_weights(m.params, 1);
   std::vector<std::int32_t> x, y;
@@ -67,6 +72,7 @@ TEST_P(GptGrad, MatchesFiniteDifferencesInF64) {
     m.params[i] = w;
     err = std::max(err, std::abs((lp - lm) / (2 * h) - m.grads[i]));
   }
+  qkv::set_num_threads(threads);
   std::printf("%zu parameters, max |grad| %.3g, max |analytic − finite difference| %.3g\n", m.params.size(), gmax,
               err);
   EXPECT_GT(gmax, 1e-2);
