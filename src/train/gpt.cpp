@@ -22,7 +22,7 @@ void GptConfig::validate(const char* fn) const {
   in_range("heads", heads, 1, 1024);
   in_range("embd", embd, 1, 1 << 16);
   if (embd % heads != 0)
-    fail(fn, "embd, heads: embd must be a multiple of heads, got embd " + std::to_string(embd) + " and heads " +
+    fail(fn, "embd, heads: the width (--d-model) must be a multiple of heads, got " + std::to_string(embd) + " and heads " +
                  std::to_string(heads));
 }
 

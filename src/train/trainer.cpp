@@ -233,7 +233,7 @@ void export_model(const std::string& dir, const Gpt<float>& m) {
   }
   f.tensors["norm.weight"] = st_f32(at("transformer.ln_f.weight"), {C});
   if (c.bias) f.tensors["norm.bias"] = st_f32(at("transformer.ln_f.bias"), {C});
-  f.metadata["config"] = model_config_json(c);
+  f.metadata["qkv_config"] = model_config_json(c);  // what qkv::load_weights reads when no .json is beside
   write_safetensors(dir + "/model.safetensors", f);
   write_file_atomic(dir + "/model.json", model_config_json(c) + "\n");
 }
