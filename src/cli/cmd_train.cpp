@@ -75,7 +75,7 @@ void add_train(CLI::App& app) {
   bind("lr", &o->opt.lr, "peak learning rate");
   bind("min-lr", &o->opt.min_lr, "learning rate at the end of the cosine decay");
   bind("warmup", &o->opt.warmup, "linear warmup steps");
-  auto* decay_opt = bind("decay-steps", &o->opt.decay_steps, "steps of cosine decay (default: --steps)");
+  auto* decay_opt = bind("decay-steps", &o->opt.decay_steps, "steps of cosine decay (default: --steps; give it to extend a run with --resume)");
   bind("beta1", &o->opt.beta1, "AdamW beta1");
   bind("beta2", &o->opt.beta2, "AdamW beta2");
   bind("weight-decay", &o->opt.weight_decay, "decoupled weight decay on matrices and embeddings");

@@ -6,23 +6,12 @@
 #include <cstdio>
 #include <cstring>
 
+#include <zlib.h>
+
+#include "qkv/types.hpp"
+
 namespace qkv::train {
 namespace {
-
-std::uint32_t crc32(const std::uint8_t* p, std::size_t n, std::uint32_t crc = 0) {
-  static const auto table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  crc = ~crc;
-  for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
 
 void put_be32(std::string& s, std::uint32_t v) {
   for (int i = 3; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -33,7 +22,8 @@ void chunk(std::string& out, const char* type, const std::string& data) {
   std::string body(type, 4);
   body += data;
   out += body;
-  put_be32(out, crc32(reinterpret_cast<const std::uint8_t*>(body.data()), body.size()));
+  put_be32(out, static_cast<std::uint32_t>(
+                     ::crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size()))));
 }
 
 // 5×7 glyphs, one byte per row, bit 4 = leftmost pixel.
@@ -97,26 +87,12 @@ std::string encode_png(const Image& img) {
     raw.append(reinterpret_cast<const char*>(&img.rgb[static_cast<std::size_t>(y * img.w * 3)]),
                static_cast<std::size_t>(img.w * 3));
   }
-  // zlib stream: header, stored deflate blocks of ≤ 65535 bytes, Adler-32.
-  std::string z = "\x78\x01";
-  for (std::size_t off = 0; off < raw.size() || off == 0;) {
-    const std::size_t n = std::min<std::size_t>(65535, raw.size() - off);
-    const bool last = off + n == raw.size();
-    z.push_back(last ? '\x01' : '\x00');
-    z.push_back(static_cast<char>(n & 0xff));
-    z.push_back(static_cast<char>(n >> 8));
-    z.push_back(static_cast<char>(~n & 0xff));
-    z.push_back(static_cast<char>((~n >> 8) & 0xff));
-    z.append(raw, off, n);
-    off += n;
-    if (last) break;
-  }
-  std::uint32_t a = 1, b = 0;
-  for (char ch : raw) {
-    a = (a + static_cast<unsigned char>(ch)) % 65521;
-    b = (b + a) % 65521;
-  }
-  put_be32(z, (b << 16) | a);
+  uLongf zlen = compressBound(static_cast<uLong>(raw.size()));
+  std::string z(zlen, '\0');
+  if (compress2(reinterpret_cast<Bytef*>(z.data()), &zlen, reinterpret_cast<const Bytef*>(raw.data()),
+                static_cast<uLong>(raw.size()), 9) != Z_OK)
+    fail("qkv::train::encode_png", "zlib compress2 failed");
+  z.resize(zlen);
   std::string png = "\x89PNG\r\n\x1a\n";
   std::string ihdr;
   put_be32(ihdr, static_cast<std::uint32_t>(img.w));

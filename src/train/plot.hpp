@@ -1,5 +1,6 @@
-// Internal: the loss curve as a PNG image (no dependencies: a minimal PNG encoder with stored,
-// uncompressed deflate blocks, and a few drawing primitives with a 5×7 pixel font).
+// Internal: the loss curve as a PNG image: a minimal PNG encoder on zlib and a few drawing
+// primitives with a 5×7 pixel font. (inspect/png.hpp has an encoder too, but it lives a floor
+// above training, in the qkv_inspect library that links this one.)
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,7 @@ set -u
 qkv=$1 data=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-args=(--data "$data" --out "$dir/run" --layers 1 --heads 1 --d-model 16 --context 16 --batch 2 --eval-batches 1 --quiet)
+args=(--data "$data" --out "$dir/run" --layers 1 --heads 1 --d-model 16 --context 16 --batch 2 --eval-batches 1 --decay-steps 1000 --quiet)
 "$qkv" train "${args[@]}" --steps 1000000 >"$dir/out" 2>"$dir/err" &
 pid=$!
 for _ in $(seq 600); do grep -q "^qkv train:" "$dir/err" && break; sleep 0.1; done
@@ -17,7 +17,7 @@ rc=$?
 step=$(sed -n 's/^stopped at step \([0-9]*\):.*/\1/p' "$dir/out")
 [[ -n $step && -f $dir/run/checkpoint.safetensors && ! -e $dir/run/checkpoint.safetensors.tmp ]] ||
   { echo "no 'stopped at step' or no checkpoint"; cat "$dir/out" "$dir/err"; exit 1; }
-"$qkv" train "${args[@]}" --steps 1000000 --resume --steps $((step + 2)) >"$dir/out2" 2>"$dir/err2" ||
+"$qkv" train "${args[@]}" --resume --steps $((step + 2)) >"$dir/out2" 2>"$dir/err2" ||
   { echo "resume failed"; cat "$dir/err2"; exit 1; }
 grep -q "^done at step $((step + 2)):" "$dir/out2" || { echo "resume did not reach step $((step + 2))"; cat "$dir/out2"; exit 1; }
 echo "interrupted at step $step, resumed to step $((step + 2))"
