@@ -96,7 +96,8 @@ void check_options(const TrainOptions& o) {
     fail(kFn, "optimiser: need lr > 0, min_lr ≥ 0, warmup ≥ 0, decay_steps ≥ 0, β in [0, 1), eps > 0, weight_decay ≥ 0");
 }
 
-// Offsets b·… of the B windows of one batch: x = data[i, i+T), y = data[i+1, i+T+1).
+// One batch of B windows, each at an offset i drawn uniformly from [0, len − T):
+// x[b] = data[i, i+T), y[b] = data[i+1, i+T+1) (every position's next token).
 void sample_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t B, std::int64_t T,
                   std::vector<std::int32_t>& x, std::vector<std::int32_t>& y) {
   const auto span = static_cast<std::uint64_t>(static_cast<std::int64_t>(data.size()) - T);
@@ -155,14 +156,18 @@ std::vector<LossRow> read_csv_before(const std::string& path, std::int64_t step)
     while (std::getline(ls, cell, ',')) cells.push_back(cell);
     if (cells.size() < 7) continue;
     LossRow r;
-    r.step = std::stoll(cells[0]);
-    if (r.step >= step) break;
-    r.lr = std::stod(cells[1]);
-    if ((r.has_train = !cells[2].empty())) r.train_loss = std::stod(cells[2]);
-    if ((r.has_val = !cells[3].empty())) r.val_loss = std::stod(cells[3]);
-    r.grad_norm = std::stod(cells[4]);
-    r.tokens_per_s = std::stod(cells[5]);
-    r.elapsed_s = std::stod(cells[6]);
+    try {
+      r.step = std::stoll(cells[0]);
+      if (r.step >= step) break;
+      r.lr = std::stod(cells[1]);
+      if ((r.has_train = !cells[2].empty())) r.train_loss = std::stod(cells[2]);
+      if ((r.has_val = !cells[3].empty())) r.val_loss = std::stod(cells[3]);
+      r.grad_norm = std::stod(cells[4]);
+      r.tokens_per_s = std::stod(cells[5]);
+      r.elapsed_s = std::stod(cells[6]);
+    } catch (const std::exception&) {
+      fail(kFn, "--resume: '" + path + "' holds a line that is not a loss row: '" + line + "'");
+    }
     rows.push_back(r);
   }
   return rows;
@@ -354,7 +359,7 @@ TrainSummary train(const TrainOptions& opts) {
                o.resume ? (", resuming at step " + std::to_string(st.step)).c_str() : "");
   using clock = std::chrono::steady_clock;
   const std::int64_t first_step = st.step;
-  double train_seconds = 0, last_val = rows.empty() ? NAN : 0;
+  double train_seconds = 0, last_val = NAN;
   for (const auto& r : rows)
     if (r.has_val) last_val = r.val_loss;
   TrainSummary out;
