@@ -81,9 +81,13 @@ def main():
     started = time.time()
 
     flt = ["--benchmark_filter=/(S|Skv)(256|512|1024|2048)/"] if args.quick else []
+    # Both sides run with OMP_WAIT_POLICY=PASSIVE: on a shared machine, threads spinning at
+    # OpenMP barriers cost small calls several times their work (measured: 41.9 ms active vs
+    # 10.9 ms passive for S = 256, D = 64 while others compiled).
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     run = subprocess.run([exe, "--peak", "--benchmark_format=json", f"--benchmark_repetitions={args.reps}",
                           "--benchmark_report_aggregates_only=true", "--benchmark_min_time=0.2s", *flt],
-                         check=True, capture_output=True, text=True)
+                         check=True, capture_output=True, text=True, env=env)
     gb = json.loads(run.stdout)
     ctx = gb["context"]
     peak = float(ctx["fma_peak_gflops_2t"])
@@ -103,7 +107,6 @@ def main():
     for c in cases.values():
         if c["kernel"] == "qkv" and c["T"] == 2:
             peers[peer_key(c)] = dict(name=peer_key(c), **{k: c[k] for k in ("dtype", "B", "H", "Hkv", "Sq", "Skv", "D", "causal")})
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     tr = subprocess.run([sys.executable, "-c", TORCH_WORKER, json.dumps(list(peers.values())), str(args.reps)],
                         check=True, capture_output=True, text=True, env=env)
     torch_out = json.loads(tr.stdout.strip().splitlines()[-1])

@@ -1,5 +1,5 @@
 // The flash forward and decode kernels compiled for avx2 (flags in CMakeLists.txt).
-#include "kernels/cpu/simd_avx2.hpp"  // first: see simd_avx512.hpp on GCC 12
+#include "kernels/cpu/simd_avx2.hpp"  // first, as in every ISA unit (simd_avx512.hpp)
 #include "kernels/cpu/flash_impl.hpp"
 
 namespace qkv::kernels::cpu {

@@ -1,5 +1,5 @@
 // The flash forward and decode kernels compiled for scalar (flags in CMakeLists.txt).
-#include "kernels/cpu/simd_scalar.hpp"  // first: see simd_avx512.hpp on GCC 12
+#include "kernels/cpu/simd_scalar.hpp"  // first, as in every ISA unit (simd_avx512.hpp)
 #include "kernels/cpu/flash_impl.hpp"
 
 namespace qkv::kernels::cpu {
