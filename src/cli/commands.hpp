@@ -12,7 +12,8 @@
 #define QKV_CLI_COMMANDS(X) \
   X(params)                 \
   X(attend)                 \
-  X(train)
+  X(train)                  \
+  X(inspect)
 
 namespace qkv::cli {
 

@@ -1,0 +1,140 @@
+// qkv inspect — one traced forward pass over a prompt, drawn head by head as the seeds draw
+// attention (docs/inspect.md):
+//
+//   qkv inspect --model data/models/stories260K/stories260K.bin --prompt "a fluffy blue creature" --out DIR
+//
+// writes DIR/index.html (self-contained) and DIR/layer_<l>.png, or with --format json DIR/inspect.json,
+// and prints the path of what it wrote.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "cli/commands.hpp"
+#include "inspect/page.hpp"
+#include "qkv/model.hpp"
+#include "qkv/params.hpp"
+
+namespace qkv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kFn = "qkv inspect";
+
+struct InspectArgs {
+  std::string model, tokenizer, config, prompt, out, format = "html";
+};
+
+// tokenizer.bin beside the model, else the one tok*.bin there (llama2.c names it tok<V>.bin).
+std::string find_tokenizer(const std::string& model) {
+  const fs::path dir = fs::path(model).parent_path().empty() ? fs::path(".") : fs::path(model).parent_path();
+  if (fs::exists(dir / "tokenizer.bin")) return (dir / "tokenizer.bin").string();
+  std::string found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("tok", 0) == 0 && e.path().extension() == ".bin") {
+      if (!found.empty()) fail(kFn, "--tokenizer: not given, and " + dir.string() + " holds several tok*.bin");
+      found = e.path().string();
+    }
+  }
+  if (found.empty()) fail(kFn, "--tokenizer: not given, and no tokenizer.bin or tok*.bin beside " + model);
+  return found;
+}
+
+// The `qkv params` scorekeeping of the loaded model, as rows for the page.
+nlohmann::json params_of(const Config& c, std::int64_t in_file) {
+  ModelShape s;
+  s.name = "model";
+  s.d_model = c.dim;
+  s.n_heads = c.n_heads;
+  s.n_kv_heads = c.n_kv_heads;
+  s.d_head = c.head_dim();
+  s.n_layers = c.n_layers;
+  s.attn_bias = s.mlp_bias = c.bias;
+  s.d_ff = c.hidden_dim;
+  s.mlp = c.mlp == qkv::MlpKind::swiglu ? ParamsMlp::swiglu : ParamsMlp::gelu;
+  s.vocab = c.vocab_size;
+  s.context = c.seq_len;
+  s.positions = c.pos == PosEncoding::learned ? PositionKind::learned : PositionKind::rotary;
+  s.norm = c.norm == qkv::NormKind::rmsnorm ? ParamsNorm::rmsnorm : ParamsNorm::layernorm;
+  s.tied_embeddings = c.tied_embeddings;
+  const ParamCounts n = count_params(s);
+  const AttentionCounts& a = n.attention;
+  const std::string C = std::to_string(c.dim), D = std::to_string(c.head_dim());
+  nlohmann::json rows = nlohmann::json::array();
+  const auto row = [&rows](const char* group, const std::string& name, std::int64_t count, const std::string& detail) {
+    rows.push_back({{"group", group}, {"name", name}, {"count", count}, {"detail", detail}});
+  };
+  row("one head", "query W_Q", a.query, "[" + D + " × " + C + "]");
+  row("one head", "key W_K", a.key, "[" + D + " × " + C + "], one per kv head");
+  row("one head", "value-down W_V", a.value_down, "[" + D + " × " + C + "], one per kv head");
+  row("one head", "value-up (its columns of W_O)", a.value_up, "[" + C + " × " + D + "]");
+  row("one block", "attention block", a.block,
+      std::to_string(c.n_heads) + " query heads, " + std::to_string(c.n_kv_heads) + " kv heads" +
+          (a.block_biases ? ", biases included" : ""));
+  nlohmann::json out = {{"rows", rows}, {"in_file", in_file}};
+  if (n.model) {
+    const ModelCounts& m = *n.model;
+    row("whole model", "token embedding", m.token_embedding, "[" + std::to_string(c.vocab_size) + " × " + C + "]");
+    if (m.positions) row("whole model", "learned positions", m.positions, "[" + std::to_string(c.seq_len) + " × " + C + "]");
+    row("whole model", "attention", a.all, std::to_string(c.n_layers) + " blocks");
+    row("whole model", "MLP", m.mlp_per_layer * c.n_layers, std::to_string(c.n_layers) + " layers");
+    row("whole model", "norms", m.norms_per_layer * c.n_layers + m.final_norm,
+        std::to_string(2 * c.n_layers + 1) + " norms");
+    row("whole model", "unembedding", m.unembedding, c.tied_embeddings ? "tied to the token embedding" : "");
+    out["rows"] = rows;
+    out["total"] = m.total;
+  }
+  return out;
+}
+
+void run(const InspectArgs& a) {
+  const std::string tok_path = a.tokenizer.empty() ? find_tokenizer(a.model) : a.tokenizer;
+  Model model(load_weights(a.model, a.config));
+  const Config& c = model.config();
+  const Tokenizer tok = Tokenizer::load(tok_path, c.vocab_size);
+  const std::vector<int> ids = tok.encode(a.prompt, /*add_bos=*/true, /*add_eos=*/false);
+  if (static_cast<std::int64_t>(ids.size()) > c.seq_len) {
+    fail(kFn, "--prompt: " + std::to_string(ids.size()) + " tokens with BOS, more than the model's context of " +
+                  std::to_string(c.seq_len));
+  }
+  Trace trace;
+  model.forward_trace(ids, trace);
+
+  const auto piece = [&tok](std::int32_t id) -> std::string {
+    if (id == Tokenizer::bos) return "<s>";
+    if (id == Tokenizer::eos) return "</s>";
+    return tok.piece(id);
+  };
+  std::vector<inspect::Token> tokens;
+  for (int id : ids) tokens.push_back({id, piece(id)});
+  std::vector<inspect::LayerInput> layers;
+  for (const LayerTrace& t : trace.layers) {
+    layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view()});
+  }
+  const std::int64_t S = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
+  const View last = View::contiguous(trace.logits.ptr<float>() + (S - 1) * V, DType::f32, {V});
+  const inspect::ModelInfo info{fs::path(a.model).filename().string(), c.n_layers, c.n_heads, c.n_kv_heads,
+                                c.head_dim(), c.dim, c.vocab_size, c.seq_len};
+  const inspect::Report report = inspect::make_report(info, a.prompt, std::move(tokens), layers, last, piece,
+                                                      params_of(c, model.weights().num_params()));
+  std::cout << (a.format == "json" ? inspect::write_json(report, a.out) : inspect::write_page(report, a.out)) << "\n";
+}
+
+}  // namespace
+
+void add_inspect(CLI::App& app) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* cmd = app.add_subcommand("inspect", "draw every head's attention pattern for a prompt (HTML page, PNGs or JSON)");
+  cmd->add_option("--model", args->model, "weights: a llama2.c checkpoint (.bin) or .safetensors")->required();
+  cmd->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer; default: tokenizer.bin or tok*.bin beside the model");
+  cmd->add_option("--config", args->config, "config JSON of a .safetensors model; default: the one beside it");
+  cmd->add_option("--prompt", args->prompt, "the text to run")->required();
+  cmd->add_option("--out", args->out, "output directory (created if missing)")->required();
+  cmd->add_option("--format", args->format, "html: index.html and layer PNGs; json: inspect.json")
+      ->check(CLI::IsMember({"html", "json"}));
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace qkv::cli
