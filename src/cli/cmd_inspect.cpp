@@ -53,11 +53,11 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
   s.n_layers = c.n_layers;
   s.attn_bias = s.mlp_bias = c.bias;
   s.d_ff = c.hidden_dim;
-  s.mlp = c.mlp == qkv::MlpKind::swiglu ? ParamsMlp::swiglu : ParamsMlp::gelu;
+  s.mlp = c.mlp;
   s.vocab = c.vocab_size;
   s.context = c.seq_len;
   s.positions = c.pos == PosEncoding::learned ? PositionKind::learned : PositionKind::rotary;
-  s.norm = c.norm == qkv::NormKind::rmsnorm ? ParamsNorm::rmsnorm : ParamsNorm::layernorm;
+  s.norm = c.norm;
   s.tied_embeddings = c.tied_embeddings;
   const ParamCounts n = count_params(s);
   const AttentionCounts& a = n.attention;

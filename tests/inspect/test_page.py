@@ -164,3 +164,69 @@ def test_long_prompt_stays_usable(browser, tmp_path):
     assert seconds < 30 and ms < 250  # generous: two shared cores
     tip = hover_cell(browser, 500, 511)
     assert "query 511 " in tip and "key   500 " in tip, tip
+
+
+# ---- The real model: stories260K (5 layers × 8 heads, 4 kv heads), through `qkv inspect` -------------
+SEED_PROMPT = "a fluffy blue creature roamed the verdant forest"
+STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+LONG_PROMPT = STORY * 16 + "Once upon a time, there was a little girl named Lily."  # 512 tokens with BOS
+
+
+def inspect_real(out, prompt):
+    assert QKV and MODEL_DIR, "QKV_BIN and QKV_MODEL_DIR must be set (ctest sets them)"
+    model = os.path.join(MODEL_DIR, "stories260K.bin")
+    for fmt in ("html", "json"):
+        res = subprocess.run([QKV, "inspect", "--model", model, "--prompt", prompt, "--out", str(out),
+                              "--format", fmt], check=True, capture_output=True, text=True)
+        name = "index.html" if fmt == "html" else "inspect.json"
+        assert res.stdout.strip() == str(out / name), res.stdout  # the command prints the path
+    return out / "index.html", json.loads((out / "inspect.json").read_text())
+
+
+def test_real_model_page(browser, tmp_path):
+    page, doc = inspect_real(tmp_path, SEED_PROMPT)
+    assert (len(doc["layers"]), len(doc["layers"][0]["heads"]), doc["model"]["n_kv_heads"]) == (5, 8, 4)
+    assert doc["tokens"][0]["text"] == "<s>" and len(doc["next_tokens"]) == 10
+    assert doc["params"]["total"] == doc["params"]["in_file"] == 260032  # data/README.md's count
+    browser.open(page)
+    verify(checks_of(browser), doc)
+    no_network(browser)
+    # Hover the last query's column at key 0 (the seeds' orientation).
+    S = len(doc["tokens"])
+    tip = hover_cell(browser, 0, S - 1)
+    assert f"query {S - 1} " in tip and "key   0 " in tip and "weight" in tip, tip
+    # Every layer's PNG decodes (Pillow, independent of our encoder) to the documented size.
+    from PIL import Image
+    cell = max(1, min(24, 256 // S))
+    for l in range(5):
+        with Image.open(tmp_path / f"layer_{l}.png") as im:
+            assert im.size == (8 + 4 * (S * cell + 2 + 8), 8 + 2 * (S * cell + 2 + 8))
+            im.load()
+    browser.eval("window.scrollTo(0, 0); tip.style.display = 'none'")
+    shot = os.environ.get("QKV_INSPECT_SCREENSHOT") or str(tmp_path / "inspect.png")
+    browser.screenshot(shot)
+    # A second picture: one previous-token head up close, a cell under the mouse.
+    browser.eval("select(1, 3, false); zoom = 22; layoutDetail(); $('detail-title').scrollIntoView()")
+    tip = hover_cell(browser, 13, 14)
+    browser.eval("window.scrollTo(0, document.getElementById('detail-title').getBoundingClientRect().top"
+                 " + window.scrollY - 8)")
+    browser.mouse(*[browser.eval(f"(() => {{ const b = dcv.getBoundingClientRect(); return [b.left + LW + "
+                                 f"{14.5} * zoom - wrap.scrollLeft, b.top + TH + {13.5} * zoom - wrap.scrollTop][{i}]; }})()")
+                    for i in (0, 1)])
+    close = shot[:-4] + "-head.png"
+    browser.screenshot(close)
+    print(f"screenshots: {shot}, {close}")
+
+
+def test_real_model_512_tokens(browser, tmp_path):
+    page, doc = inspect_real(tmp_path, LONG_PROMPT)
+    assert len(doc["tokens"]) == 512
+    seconds = browser.open(page)
+    verify(checks_of(browser), doc)
+    ms = browser.eval("""(() => { const t = performance.now();
+        for (let i = 0; i < 10; i++) { wrap.scrollTop = 300 * i; wrap.scrollLeft = 200 * i; drawDetail(); }
+        return (performance.now() - t) / 10; })()""")
+    print(f"stories260K, 512 tokens, 40 heads: page ready in {seconds:.2f} s, one scroll redraw {ms:.1f} ms")
+    assert seconds < 60 and ms < 250  # generous: two shared cores
+    tip = hover_cell(browser, 510, 511)
+    assert "query 511 " in tip and "key   510 " in tip, tip
