@@ -44,6 +44,8 @@ def browser():
 def fixture_page(out, S):
     assert FIXTURE, "QKV_INSPECT_FIXTURE must name the inspect_fixture program (ctest sets it)"
     subprocess.run([FIXTURE, str(out), str(S)], check=True, capture_output=True)
+    if "json" not in formats:
+        return out / "index.html", None
     return out / "index.html", json.loads((out / "inspect.json").read_text())
 
 
@@ -51,10 +53,11 @@ def checks_of(browser):
     return json.loads(browser.eval("document.getElementById('qkv-checks').textContent"))
 
 
-def verify(checks, doc):
+def verify(checks, doc, shape=None):
     """The page drew every head with S×S cells and every column sums to 1; its counts agree
-    with the JSON document (decoded here, not by the page)."""
-    S, L, H = len(doc["tokens"]), len(doc["layers"]), len(doc["layers"][0]["heads"])
+    with the JSON document (decoded here, not by the page). Without a document, `shape` gives
+    (S, L, H) of a causal model: S(S−1)/2 masked cells per head."""
+    S, L, H = shape or (len(doc["tokens"]), len(doc["layers"]), len(doc["layers"][0]["heads"]))
     assert (checks["tokens"], checks["layers"], checks["heads"]) == (S, L, H)
     assert checks["grid_elements"] == L * H, "a head's grid is missing from the page"
     seen = {(g["layer"], g["head"]) for g in checks["grids"]}
@@ -66,12 +69,16 @@ def verify(checks, doc):
         assert g["cells"] == S * S, f"{where}: {g['cells']} cells drawn, expected {S * S}"
         err = g["max_column_error"]
         assert err is not None and err <= COLUMN_TOL, f"{where}: a column sums to 1 ± {err}"
+        if doc is None:
+            assert g["masked"] == S * (S - 1) // 2, f"{where}: {g['masked']} masked cells, not the causal triangle"
+            continue
         head = doc["layers"][g["layer"]]["heads"][g["head"]]
         masked = sum(s is None for row in head["scores"] for s in row)
         assert g["masked"] == masked, f"{where}: page shows {g['masked']} masked cells, JSON has {masked}"
         for q in range(S):
             worst_json = max(worst_json, abs(math.fsum(head["pattern"][q]) - 1))
-    print(f"S={S}: max |column sum − 1| page {checks['max_column_error']:.3g}, json {worst_json:.3g}; "
+    print(f"S={S}: max |column sum − 1| page {checks['max_column_error']:.3g}, "
+          f"json {'not read' if doc is None else format(worst_json, '.3g')}; "
           f"page ready in {checks['ms']} ms")
     assert worst_json <= COLUMN_TOL
 
@@ -172,14 +179,16 @@ STORY = "Once upon a time, there was a little girl named Lily. She loved to play
 LONG_PROMPT = STORY * 16 + "Once upon a time, there was a little girl named Lily."  # 512 tokens with BOS
 
 
-def inspect_real(out, prompt):
+def inspect_real(out, prompt, formats=("html", "json")):
     assert QKV and MODEL_DIR, "QKV_BIN and QKV_MODEL_DIR must be set (ctest sets them)"
     model = os.path.join(MODEL_DIR, "stories260K.bin")
-    for fmt in ("html", "json"):
+    for fmt in formats:
         res = subprocess.run([QKV, "inspect", "--model", model, "--prompt", prompt, "--out", str(out),
                               "--format", fmt], check=True, capture_output=True, text=True)
         name = "index.html" if fmt == "html" else "inspect.json"
         assert res.stdout.strip() == str(out / name), res.stdout  # the command prints the path
+    if "json" not in formats:
+        return out / "index.html", None
     return out / "index.html", json.loads((out / "inspect.json").read_text())
 
 
@@ -219,10 +228,10 @@ def test_real_model_page(browser, tmp_path):
 
 
 def test_real_model_512_tokens(browser, tmp_path):
-    page, doc = inspect_real(tmp_path, LONG_PROMPT)
-    assert len(doc["tokens"]) == 512
+    # The page alone (the JSON of 512 tokens is 160 MB; the 31-token test compares with it).
+    page, _ = inspect_real(tmp_path, LONG_PROMPT, formats=("html",))
     seconds = browser.open(page)
-    verify(checks_of(browser), doc)
+    verify(checks_of(browser), None, shape=(512, 5, 8))
     ms = browser.eval("""(() => { const t = performance.now();
         for (let i = 0; i < 10; i++) { wrap.scrollTop = 300 * i; wrap.scrollLeft = 200 * i; drawDetail(); }
         return (performance.now() - t) / 10; })()""")
