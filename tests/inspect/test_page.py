@@ -44,8 +44,6 @@ def browser():
 def fixture_page(out, S):
     assert FIXTURE, "QKV_INSPECT_FIXTURE must name the inspect_fixture program (ctest sets it)"
     subprocess.run([FIXTURE, str(out), str(S)], check=True, capture_output=True)
-    if "json" not in formats:
-        return out / "index.html", None
     return out / "index.html", json.loads((out / "inspect.json").read_text())
 
 
