@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job, from a fresh machine: installs what is missing, builds the qkv tool, and shows what
 # it does: the parameter count of GPT-3's attention (the figures of seed 004), then one attention
-# block (random weights, one token per word) on the seed sentence, its pattern printed as a grid.
+# block (random weights, one token per word) on the seed sentence, its pattern printed as a grid; then the
+# default model (stories260K) tells a story from the seed sentence, and `qkv inspect` draws every head of
+# that model on the same prompt: a page that opens from disk. The last line is the page's path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,3 +17,14 @@ echo "== qkv params --preset gpt3"
 echo
 echo "== qkv attend --text \"a fluffy blue creature roamed the verdant forest\""
 ./build/qkv attend --text "a fluffy blue creature roamed the verdant forest"
+
+prompt="a fluffy blue creature roamed the verdant forest"
+echo
+echo "== qkv generate --prompt \"$prompt\" --temperature 0 --steps 128"
+./build/qkv generate --prompt "$prompt" --temperature 0 --steps 128
+
+echo
+echo "== qkv inspect --model data/models/stories260K/stories260K.bin --prompt \"$prompt\" --out build/inspect"
+page=$(./build/qkv inspect --model data/models/stories260K/stories260K.bin --prompt "$prompt" --out build/inspect)
+echo "every layer and head of stories260K on that prompt; open it in a browser:"
+realpath "$page"
