@@ -4,16 +4,22 @@
 //   qkv inspect --model data/models/stories260K/stories260K.bin --prompt "a fluffy blue creature" --out DIR
 //
 // writes DIR/index.html (self-contained) and DIR/layer_<l>.png, or with --format json DIR/inspect.json,
-// and prints the path of what it wrote.
+// and prints the path of what it wrote. Models: llama2.c checkpoints with their tokenizer, and what
+// `qkv train` exports (model.safetensors + model.json + tokenizer.json).
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli/commands.hpp"
 #include "inspect/page.hpp"
 #include "qkv/model.hpp"
 #include "qkv/params.hpp"
+#include "train/tokenizer.hpp"
 
 namespace qkv::cli {
 namespace {
@@ -25,10 +31,13 @@ struct InspectArgs {
   std::string model, tokenizer, config, prompt, out, format = "html";
 };
 
-// tokenizer.bin beside the model, else the one tok*.bin there (llama2.c names it tok<V>.bin).
+// Beside the model: tokenizer.json (written by `qkv train`), else tokenizer.bin, else the one
+// tok*.bin (llama2.c names it tok<V>.bin).
 std::string find_tokenizer(const std::string& model) {
   const fs::path dir = fs::path(model).parent_path().empty() ? fs::path(".") : fs::path(model).parent_path();
-  if (fs::exists(dir / "tokenizer.bin")) return (dir / "tokenizer.bin").string();
+  for (const char* name : {"tokenizer.json", "tokenizer.bin"}) {
+    if (fs::exists(dir / name)) return (dir / name).string();
+  }
   std::string found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -38,8 +47,39 @@ std::string find_tokenizer(const std::string& model) {
       found = e.path().string();
     }
   }
-  if (found.empty()) fail(kFn, "--tokenizer: not given, and no tokenizer.bin or tok*.bin beside " + model);
+  if (found.empty()) {
+    fail(kFn, "--tokenizer: not given, and no tokenizer.json, tokenizer.bin or tok*.bin beside " + model);
+  }
   return found;
+}
+
+// The prompt as token ids, and the text of any id, from either kind of tokenizer.
+struct Tokens {
+  std::vector<int> ids;
+  std::function<std::string(std::int32_t)> piece;
+};
+
+Tokens tokenize(const std::string& path, const std::string& prompt, std::int64_t vocab) {
+  if (fs::path(path).extension() == ".json") {  // qkv train's characters or byte-level BPE, no BOS
+    std::ifstream f(path, std::ios::binary);
+    if (!f) fail(kFn, "--tokenizer: cannot read " + path);
+    std::ostringstream text;
+    text << f.rdbuf();
+    auto tok = std::make_shared<train::TextTokenizer>(train::TextTokenizer::from_json(text.str()));
+    if (tok->vocab_size() != vocab) {
+      fail(kFn, "--tokenizer: " + path + " has " + std::to_string(tok->vocab_size()) +
+                    " tokens, the model " + std::to_string(vocab));
+    }
+    const std::vector<std::int32_t> ids = tok->encode(prompt);
+    if (ids.empty()) fail(kFn, "--prompt: empty (a model without BOS needs at least one token)");
+    return {std::vector<int>(ids.begin(), ids.end()), [tok](std::int32_t id) { return tok->token_text(id); }};
+  }
+  auto tok = std::make_shared<Tokenizer>(Tokenizer::load(path, vocab));
+  return {tok->encode(prompt, /*add_bos=*/true, /*add_eos=*/false), [tok](std::int32_t id) -> std::string {
+            if (id == Tokenizer::bos) return "<s>";
+            if (id == Tokenizer::eos) return "</s>";
+            return tok->piece(id);
+          }};
 }
 
 // The `qkv params` scorekeeping of the loaded model, as rows for the page.
@@ -93,22 +133,17 @@ void run(const InspectArgs& a) {
   const std::string tok_path = a.tokenizer.empty() ? find_tokenizer(a.model) : a.tokenizer;
   Model model(load_weights(a.model, a.config));
   const Config& c = model.config();
-  const Tokenizer tok = Tokenizer::load(tok_path, c.vocab_size);
-  const std::vector<int> ids = tok.encode(a.prompt, /*add_bos=*/true, /*add_eos=*/false);
+  const Tokens prompt = tokenize(tok_path, a.prompt, c.vocab_size);
+  const std::vector<int>& ids = prompt.ids;
   if (static_cast<std::int64_t>(ids.size()) > c.seq_len) {
-    fail(kFn, "--prompt: " + std::to_string(ids.size()) + " tokens with BOS, more than the model's context of " +
+    fail(kFn, "--prompt: " + std::to_string(ids.size()) + " tokens, more than the model's context of " +
                   std::to_string(c.seq_len));
   }
   Trace trace;
   model.forward_trace(ids, trace);
 
-  const auto piece = [&tok](std::int32_t id) -> std::string {
-    if (id == Tokenizer::bos) return "<s>";
-    if (id == Tokenizer::eos) return "</s>";
-    return tok.piece(id);
-  };
   std::vector<inspect::Token> tokens;
-  for (int id : ids) tokens.push_back({id, piece(id)});
+  for (int id : ids) tokens.push_back({id, prompt.piece(id)});
   std::vector<inspect::LayerInput> layers;
   for (const LayerTrace& t : trace.layers) {
     layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view()});
@@ -117,7 +152,7 @@ void run(const InspectArgs& a) {
   const View last = View::contiguous(trace.logits.ptr<float>() + (S - 1) * V, DType::f32, {V});
   const inspect::ModelInfo info{fs::path(a.model).filename().string(), c.n_layers, c.n_heads, c.n_kv_heads,
                                 c.head_dim(), c.dim, c.vocab_size, c.seq_len};
-  const inspect::Report report = inspect::make_report(info, a.prompt, std::move(tokens), layers, last, piece,
+  const inspect::Report report = inspect::make_report(info, a.prompt, std::move(tokens), layers, last, prompt.piece,
                                                       params_of(c, model.weights().num_params()));
   std::cout << (a.format == "json" ? inspect::write_json(report, a.out) : inspect::write_page(report, a.out)) << "\n";
 }
@@ -128,7 +163,7 @@ void add_inspect(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "draw every head's attention pattern for a prompt (HTML page, PNGs or JSON)");
   cmd->add_option("--model", args->model, "weights: a llama2.c checkpoint (.bin) or .safetensors")->required();
-  cmd->add_option("--tokenizer", args->tokenizer, "llama2.c tokenizer; default: tokenizer.bin or tok*.bin beside the model");
+  cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json (qkv train) or llama2.c .bin; default: the one beside the model");
   cmd->add_option("--config", args->config, "config JSON of a .safetensors model; default: the one beside it");
   cmd->add_option("--prompt", args->prompt, "the text to run")->required();
   cmd->add_option("--out", args->out, "output directory (created if missing)")->required();

@@ -237,3 +237,27 @@ def test_real_model_512_tokens(browser, tmp_path):
     assert seconds < 60 and ms < 250  # generous: two shared cores
     tip = hover_cell(browser, 510, 511)
     assert "query 511 " in tip and "key   510 " in tip, tip
+
+
+def test_trained_model_page(browser, tmp_path):
+    """What `qkv train` exports (GPT-2 style: LayerNorm, GELU, learned positions; tokenizer.json)
+    inspects like stories260K: a 3-step character-level run on the first 20,000 characters of tiny
+    Shakespeare, 2 layers × 3 heads."""
+    corpus = os.environ.get("QKV_CORPUS")
+    assert QKV and corpus, "QKV_BIN and QKV_CORPUS must be set (ctest sets them)"
+    small = tmp_path / "corpus.txt"
+    small.write_text(open(corpus, encoding="utf-8").read()[:20000], encoding="utf-8")
+    run = tmp_path / "run"
+    subprocess.run([QKV, "train", "--data", str(small), "--out", str(run), "--layers", "2", "--heads", "3",
+                    "--d-model", "24", "--context", "32", "--batch", "2", "--steps", "3", "--eval-interval", "3",
+                    "--eval-batches", "1", "--quiet"], check=True, capture_output=True)
+    out = tmp_path / "page"
+    for fmt in ("html", "json"):
+        subprocess.run([QKV, "inspect", "--model", str(run / "model.safetensors"), "--prompt", "ROMEO: O, she doth",
+                        "--out", str(out), "--format", fmt], check=True, capture_output=True)
+    doc = json.loads((out / "inspect.json").read_text())
+    assert (len(doc["layers"]), len(doc["layers"][0]["heads"])) == (2, 3)
+    assert "".join(t["text"] for t in doc["tokens"]) == "ROMEO: O, she doth"  # one token per character
+    assert doc["params"]["total"] == doc["params"]["in_file"]  # the scorekeeping counts every tensor
+    browser.open(out / "index.html")
+    verify(checks_of(browser), doc)
