@@ -113,7 +113,7 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
   row("one block", "attention block", a.block,
       std::to_string(c.n_heads) + " query heads, " + std::to_string(c.n_kv_heads) + " kv heads" +
           (a.block_biases ? ", biases included" : ""));
-  nlohmann::json out = {{"rows", rows}, {"in_file", in_file}};
+  std::int64_t total = -1;
   if (n.model) {
     const ModelCounts& m = *n.model;
     row("whole model", "token embedding", m.token_embedding, "[" + std::to_string(c.vocab_size) + " × " + C + "]");
@@ -123,9 +123,10 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
     row("whole model", "norms", m.norms_per_layer * c.n_layers + m.final_norm,
         std::to_string(2 * c.n_layers + 1) + " norms");
     row("whole model", "unembedding", m.unembedding, c.tied_embeddings ? "tied to the token embedding" : "");
-    out["rows"] = rows;
-    out["total"] = m.total;
+    total = m.total;
   }
+  nlohmann::json out = {{"rows", rows}, {"in_file", in_file}};
+  if (total >= 0) out["total"] = total;
   return out;
 }
 
