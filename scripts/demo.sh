@@ -2,8 +2,8 @@
 # The main job, from a fresh machine: installs what is missing, builds the qkv tool, and shows what
 # it does: the parameter count of GPT-3's attention (the figures of seed 004), then one attention
 # block (random weights, one token per word) on the seed sentence, its pattern printed as a grid; then the
-# default model (stories260K) tells a story from the seed sentence, and `qkv inspect` draws every head of
-# that model on the same prompt: a page that opens from disk. The last line is the page's path.
+# default model (stories260K): `qkv inspect` draws every head of that model on the seed sentence, a page
+# that opens from disk. The last line is the page's path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +19,6 @@ echo "== qkv attend --text \"a fluffy blue creature roamed the verdant forest\""
 ./build/qkv attend --text "a fluffy blue creature roamed the verdant forest"
 
 prompt="a fluffy blue creature roamed the verdant forest"
-echo
-echo "== qkv generate --prompt \"$prompt\" --temperature 0 --steps 128"
-./build/qkv generate --prompt "$prompt" --temperature 0 --steps 128
 
 echo
 echo "== qkv inspect --model data/models/stories260K/stories260K.bin --prompt \"$prompt\" --out build/inspect"
