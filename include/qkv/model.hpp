@@ -62,7 +62,7 @@ struct Config {
 // missing required keys (the seven sizes) are errors.
 Config config_from_json(std::string_view json, std::string_view source = "config");
 Config load_config(const std::string& path);
-std::string config_to_json(const Config& c);
+std::string config_to_json(const Config& c, bool indent = true);
 
 // One block's parameters. Pointers to f32, shapes in brackets; null where the config has none
 // (biases unless config.bias, LayerNorm bias with RMSNorm, w3 unless SwiGLU).

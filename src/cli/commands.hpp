@@ -13,7 +13,8 @@
   X(params)                 \
   X(attend)                 \
   X(train)                  \
-  X(inspect)
+  X(inspect)                \
+  X(generate)
 
 namespace qkv::cli {
 

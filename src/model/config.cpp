@@ -139,7 +139,7 @@ Config load_config(const std::string& path) {
   return config_from_json(text, "config '" + path + "'");
 }
 
-std::string config_to_json(const Config& c) {
+std::string config_to_json(const Config& c, bool indent) {
   nlohmann::ordered_json j;
   j["dim"] = c.dim;
   j["hidden_dim"] = c.hidden_dim;
@@ -155,7 +155,7 @@ std::string config_to_json(const Config& c) {
   j["bias"] = c.bias;
   j["norm_eps"] = c.norm_eps;
   j["rope_theta"] = c.rope_theta;
-  return j.dump(2);
+  return indent ? j.dump(2) : j.dump();
 }
 
 }  // namespace qkv

@@ -45,7 +45,7 @@ Weights load_llama2c(const std::string& path) {
                              ", n_kv_heads " + std::to_string(h[4]) + ", vocab_size " + std::to_string(h[5]) +
                              ", seq_len " + std::to_string(h[6]) + ")";
   try {
-    c.validate(fn);
+    c.validate("header");
   } catch (const std::invalid_argument& e) {
     fail(fn, where + ": impossible " + header + ": " + e.what());
   }

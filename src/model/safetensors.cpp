@@ -200,9 +200,7 @@ Weights load_safetensors(const std::string& path, const Config& config) {
       });
       if (!known)
         fail(fn, where + ": tensor \"" + name + "\" " + shape_str(t.shape) +
-                     " is not a parameter of a model with this config (" + std::to_string(config.n_layers) +
-                     " layers, pos " + std::to_string(static_cast<int>(config.pos)) + ", tied " +
-                     (config.tied_embeddings ? "yes" : "no") + ", bias " + (config.bias ? "yes" : "no") + ")");
+                     " is not a parameter of a model with this config: " + config_to_json(config, false));
     }
 
   auto storage = std::make_shared<SafetensorsStorage>();

@@ -1,0 +1,81 @@
+// qkv generate — run a language model on a prompt and stream the text, as llama2.c's `run` does.
+//
+//   qkv generate --prompt "Once upon a time" --steps 256 --temperature 0.8 --top-p 0.9 --seed 7
+//   qkv generate --model M.safetensors --config M.json --tokenizer T.bin --temperature 0
+//
+// stdout carries the text alone (the prompt, then the continuation, then one newline, exactly as
+// llama2.c prints them); speeds go to stderr. --steps counts every position including BOS and the
+// prompt's tokens.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "cli/commands.hpp"
+#include "qkv/model.hpp"
+
+namespace qkv::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin";
+  std::string tokenizer = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/tok512.bin";
+  std::string config;
+  std::string prompt;
+  std::int64_t steps = 256;
+  float temperature = 1.0f;
+  float top_p = 0.9f;
+  int top_k = 0;
+  std::int64_t seed = -1;  // -1: from the clock, as llama2.c does
+};
+
+void run(const GenerateArgs& a) {
+  Model model(load_weights(a.model, a.config));
+  const Tokenizer tok = Tokenizer::load(a.tokenizer, model.config().vocab_size);
+  GenerateOptions opt;
+  opt.steps = a.steps;
+  opt.sampling.temperature = a.temperature;
+  opt.sampling.top_p = a.top_p;
+  opt.sampling.top_k = a.top_k;
+  opt.sampling.seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed)
+                                  : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  if (opt.sampling.seed == 0) fail("qkv generate", "--seed: must be non-zero");
+  const GenerateStats st = generate(model, tok, a.prompt, opt, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  // The first sampled token comes from the prefill's logits: decode forwards = generated − 1.
+  const std::int64_t decoded = st.generated > 0 ? st.generated - 1 : 0;
+  std::fprintf(stderr, "prompt %lld tokens, prefill %.1f tok/s; generated %lld tokens, decode %.1f tok/s; seed %llu\n",
+               static_cast<long long>(st.prompt_tokens),
+               st.prefill_seconds > 0 ? static_cast<double>(st.prompt_tokens) / st.prefill_seconds : 0.0,
+               static_cast<long long>(st.generated),
+               st.decode_seconds > 0 ? static_cast<double>(decoded) / st.decode_seconds : 0.0,
+               static_cast<unsigned long long>(opt.sampling.seed));
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* sub = app.add_subcommand("generate", "generate text from a prompt with a language model (llama2.c's run)");
+  sub->add_option("--model", a->model, "weights: llama2.c checkpoint (.bin) or .safetensors")->capture_default_str();
+  sub->add_option("--tokenizer", a->tokenizer, "llama2.c tokenizer file")->capture_default_str();
+  sub->add_option("--config", a->config,
+                  "config JSON for .safetensors (default: beside the file, then config.json in its folder)");
+  sub->add_option("--prompt,-i", a->prompt, "the text to continue (default: empty, the story starts from BOS)");
+  sub->add_option("--steps,-n", a->steps, "positions in all, counting BOS and the prompt (0: the whole context)")
+      ->capture_default_str()
+      ->check(at_least(0));
+  sub->add_option("--temperature,-t", a->temperature, "0 is greedy")->capture_default_str()->check(CLI::Range(0.0f, 100.0f));
+  sub->add_option("--top-p,-p", a->top_p, "nucleus sampling mass (0 or 1 disables it)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--top-k", a->top_k, "keep the k most likely tokens (0 disables it)")->capture_default_str()->check(at_least(0));
+  sub->add_option("--seed,-s", a->seed, "random seed (default: the clock)")->check(at_least(1));
+  sub->callback([a] { run(*a); });
+}
+
+}  // namespace qkv::cli

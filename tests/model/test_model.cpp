@@ -1,0 +1,286 @@
+// The model floor: the traced forward's invariants, incremental decoding against a full forward,
+// safetensors round trips, the tokenizer's round trip, and every loader's refusal of bad files.
+#include <cmath>
+#include <cstring>
+#include <unistd.h>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "qkv/model.hpp"
+
+namespace {
+
+const std::string kDir = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/";
+const std::string kModel = kDir + "stories260K.bin";
+const std::string kTok = kDir + "tok512.bin";
+
+std::string read_file(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+std::string tmp_path(const std::string& name) {
+  return ::testing::TempDir() + "qkv_model_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string write_tmp(const std::string& name, const std::string& bytes) {
+  const std::string p = tmp_path(name);
+  std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return p;
+}
+
+// Runs f, expecting std::invalid_argument whose message contains every one of `parts`.
+template <class F>
+void expect_error(F f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one mentioning " << *parts.begin();
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    std::printf("  refused: %s\n", m.c_str());
+    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "message: " << m << "\nmissing: " << p;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traced forward (for qkv inspect)
+// ---------------------------------------------------------------------------------------------
+TEST(Model, TraceHeadsSumToBlockAndPatternIsSoftmaxOfScores) {
+  qkv::Model model(qkv::load_llama2c(kModel));
+  const auto tok = qkv::Tokenizer::load(kTok, model.config().vocab_size);
+  const std::vector<int> tokens = tok.encode("Lily saw a big red ball in the park.", true, false);
+  qkv::Trace tr;
+  model.forward_trace(tokens, tr);
+  const auto& c = model.config();
+  const std::int64_t S = static_cast<std::int64_t>(tokens.size()), H = c.n_heads, C = c.dim;
+  ASSERT_EQ(static_cast<std::int64_t>(tr.layers.size()), c.n_layers);
+  double err_sum = 0, err_pat = 0, max_row = 0;
+  for (const auto& L : tr.layers) {
+    const float *hd = L.head_delta.ptr<float>(), *bd = L.block_delta.ptr<float>();
+    const float *sc = L.scores.ptr<float>(), *pa = L.pattern.ptr<float>();
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t o = 0; o < C; ++o) {
+        double sum = 0;
+        for (std::int64_t h = 0; h < H; ++h) sum += hd[(h * S + s) * C + o];
+        err_sum = std::max(err_sum, std::abs(sum - bd[s * C + o]));
+      }
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < S; ++i) {
+        const float* row = sc + (h * S + i) * S;
+        double mx = -1e300, z = 0;
+        for (std::int64_t j = 0; j <= i; ++j) mx = std::max(mx, double(row[j]));
+        for (std::int64_t j = 0; j <= i; ++j) z += std::exp(row[j] - mx);
+        double rs = 0;
+        for (std::int64_t j = 0; j < S; ++j) {
+          const double want = j <= i ? std::exp(row[j] - mx) / z : 0.0;
+          if (j > i) {
+            EXPECT_EQ(row[j], -std::numeric_limits<float>::infinity());
+          }
+          err_pat = std::max(err_pat, std::abs(want - pa[(h * S + i) * S + j]));
+          rs += pa[(h * S + i) * S + j];
+        }
+        max_row = std::max(max_row, std::abs(rs - 1));
+      }
+  }
+  std::printf("max |Σ_h Δe_h − block Δe| = %.3g, max |pattern − softmax(scores)| = %.3g, max |row sum − 1| = %.3g\n",
+              err_sum, err_pat, max_row);
+  // Per-head deltas are f64 dot products rounded to f32; the block delta an f32 sgemm over H·D = 64
+  // terms: both err by ~1e-7 relative on values ≤ ~10.
+  EXPECT_LT(err_sum, 1e-5);
+  // Scores come from the same q, k in f64 here vs the kernel's f32: ~1e-6 after the softmax.
+  EXPECT_LT(err_pat, 1e-5);
+  EXPECT_LT(max_row, 1e-5);
+
+  // The trace's logits are the ordinary forward's, position by position.
+  qkv::KvCache cache(c);
+  std::vector<float> logits(static_cast<std::size_t>(S * c.vocab_size));
+  model.forward(tokens, cache, logits.data(), true);
+  double err_l = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i) err_l = std::max(err_l, std::abs(double(logits[i]) - tr.logits.ptr<float>()[i]));
+  std::printf("max |trace logits − forward logits| = %.3g\n", err_l);
+  EXPECT_LT(err_l, 1e-4);  // same f32 arithmetic except the attention kernel chosen: ~1e-6 on logits of ~10
+}
+
+// One query at a time against the cache gives what one call over the whole sequence gives.
+TEST(Model, IncrementalDecodingMatchesFullForward) {
+  qkv::Model model(qkv::load_llama2c(kModel));
+  const auto& c = model.config();
+  std::vector<int> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back(1 + (i * 37) % 511);
+  const std::int64_t S = 40, V = c.vocab_size;
+  qkv::KvCache full(c);
+  std::vector<float> ref(static_cast<std::size_t>(S * V)), step(static_cast<std::size_t>(V));
+  model.forward(tokens, full, ref.data(), true);
+  qkv::KvCache inc(c);
+  model.forward(std::span<const int>(tokens.data(), 7), inc, step.data());  // a prefill of 7, then one by one
+  double err = 0;
+  for (std::int64_t v = 0; v < V; ++v) err = std::max(err, std::abs(double(step[v]) - ref[6 * V + v]));
+  for (std::int64_t s = 7; s < S; ++s) {
+    model.forward(std::span<const int>(tokens.data() + s, 1), inc, step.data());
+    for (std::int64_t v = 0; v < V; ++v) err = std::max(err, std::abs(double(step[v]) - ref[s * V + v]));
+  }
+  std::printf("max |incremental − full| logits = %.3g\n", err);
+  EXPECT_LT(err, 1e-4);  // GEMV vs GEMM summation order in f32, 5 layers: ~1e-6 relative on logits ~10
+  EXPECT_EQ(inc.len, S);
+  expect_error([&] { model.forward(std::span<const int>(tokens.data(), 1), inc, nullptr); }, {"logits"});
+  int bad = 512;
+  expect_error([&] { model.forward(std::span<const int>(&bad, 1), inc, step.data()); }, {"outside the vocabulary"});
+  qkv::KvCache small(c, 4);
+  expect_error([&] { model.forward(tokens, small, ref.data(), true); }, {"capacity 4"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// safetensors
+// ---------------------------------------------------------------------------------------------
+TEST(Model, SafetensorsRoundTripIsExact) {
+  const qkv::Weights w = qkv::load_llama2c(kModel);
+  const std::string p = tmp_path("rt.safetensors");
+  qkv::save_safetensors(w, p);
+  const qkv::Weights r = qkv::load_weights(p);  // config from the file's qkv_config metadata
+  EXPECT_EQ(qkv::config_to_json(r.config), qkv::config_to_json(w.config));
+  const auto a = w.tensors(), b = r.tensors();
+  ASSERT_EQ(a.size(), b.size());
+  std::int64_t n_all = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].shape, b[i].shape);
+    std::int64_t n = 1;
+    for (auto d : a[i].shape) n *= d;
+    n_all += n;
+    EXPECT_EQ(std::memcmp(a[i].data, b[i].data, static_cast<std::size_t>(n) * 4), 0) << a[i].name;  // bit for bit
+  }
+  EXPECT_EQ(n_all, 260032);  // stories260K: the float count of the file less header and rotary tables
+  std::remove(p.c_str());
+}
+
+// Builds a small safetensors file by hand: header JSON + data, to corrupt on purpose.
+std::string safetensors_bytes(const std::string& header, std::size_t data_bytes) {
+  std::string out(8, '\0');
+  std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+TEST(Model, SafetensorsRefusesBadFiles) {
+  qkv::Config c;
+  c.dim = 8; c.hidden_dim = 16; c.n_layers = 1; c.n_heads = 2; c.n_kv_heads = 1; c.vocab_size = 5; c.seq_len = 4;
+  const qkv::Weights w = qkv::Weights::random(c, 3);
+  const std::string good = tmp_path("good.safetensors");
+  qkv::save_safetensors(w, good);
+  EXPECT_NO_THROW(qkv::load_safetensors(good, c));
+  const std::string bytes = read_file(good);
+
+  auto p = write_tmp("trunc.safetensors", bytes.substr(0, bytes.size() - 3));
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"trunc.safetensors", "data_offsets"});
+  p = write_tmp("over.safetensors", bytes + "xxxx");
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"over.safetensors", "trailing bytes"});
+  p = write_tmp("short.safetensors", bytes.substr(0, 5));
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"short.safetensors", "8-byte header length"});
+  p = write_tmp("hlen.safetensors", std::string("\xff\xff\xff\xff\x00\x00\x00\x00{}", 10));
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"hlen.safetensors", "does not fit"});
+  p = write_tmp("json.safetensors", safetensors_bytes("{\"a\": [1,", 0));
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"json.safetensors", "not valid JSON"});
+  p = write_tmp("shape.safetensors",
+                safetensors_bytes(R"({"x": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})", 20));
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"shape.safetensors", "\"x\"", "needs 6 × 4 bytes"});
+  p = write_tmp("overlap.safetensors",
+                safetensors_bytes(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                      "y": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12));
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"overlap.safetensors", "overlaps"});
+  p = write_tmp("dtype.safetensors",
+                safetensors_bytes(R"({"tok_embeddings.weight": {"dtype": "I64", "shape": [5, 8], "data_offsets": [0, 320]}})", 320));
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"dtype.safetensors", "I64"});
+  // A config that does not match the weights: one layer more, a wider model, an untied classifier.
+  qkv::Config more = c;
+  more.n_layers = 2;
+  expect_error([&] { qkv::load_safetensors(good, more); }, {"good.safetensors", "layers.1.", "missing"});
+  qkv::Config wide = c;
+  wide.hidden_dim = 32;
+  expect_error([&] { qkv::load_safetensors(good, wide); }, {"good.safetensors", "feed_forward.w1.weight", "[16, 8]", "[32, 8]"});
+  qkv::Config fewer = c;
+  fewer.mlp = qkv::MlpKind::gelu;
+  expect_error([&] { qkv::load_safetensors(good, fewer); }, {"good.safetensors", "w3.weight", "not a parameter"});
+  // A NaN weight is refused, not turned into NaN logits.
+  qkv::Weights nan = qkv::Weights::random(c, 4);
+  nan.layers[0].wk[3] = std::numeric_limits<float>::quiet_NaN();
+  p = tmp_path("nan.safetensors");
+  qkv::save_safetensors(nan, p);
+  expect_error([&] { qkv::load_safetensors(p, c); }, {"nan.safetensors", "layers.0.attention.wk.weight", "non-finite"});
+  // Configs: unknown key, bad value, missing size.
+  expect_error([] { qkv::config_from_json(R"({"dim": 8})", "cfg.json"); }, {"cfg.json", "hidden_dim"});
+  expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":3,"n_kv_heads":1,"vocab_size":5,"seq_len":4})", "cfg.json"); },
+               {"cfg.json", "multiple of n_heads"});
+  expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":2,"n_kv_heads":1,"vocab_size":5,"seq_len":4,"rope":1})", "cfg.json"); },
+               {"cfg.json", "unknown key \"rope\""});
+}
+
+// ---------------------------------------------------------------------------------------------
+// llama2.c checkpoint and tokenizer files
+// ---------------------------------------------------------------------------------------------
+TEST(Model, Llama2cLoaderRefusesBadFiles) {
+  const std::string bytes = read_file(kModel);
+  auto p = write_tmp("trunc.bin", bytes.substr(0, bytes.size() - 100));
+  expect_error([&] { qkv::load_llama2c(p); }, {"trunc.bin", "1056440 bytes", "implies 1056540", "truncated"});
+  p = write_tmp("over.bin", bytes + std::string(8, '\0'));
+  expect_error([&] { qkv::load_llama2c(p); }, {"over.bin", "trailing bytes"});
+  p = write_tmp("tiny.bin", bytes.substr(0, 20));
+  expect_error([&] { qkv::load_llama2c(p); }, {"tiny.bin", "28-byte header"});
+  std::string bad = bytes;
+  const std::int32_t seven = 7;
+  std::memcpy(bad.data() + 12, &seven, 4);  // n_heads 7 does not divide dim 64
+  p = write_tmp("heads.bin", bad);
+  expect_error([&] { qkv::load_llama2c(p); }, {"heads.bin", "n_heads 7", "multiple of n_heads"});
+  bad = bytes;
+  const std::int32_t huge = 0x7fffffff;
+  std::memcpy(bad.data() + 20, &huge, 4);  // vocab_size 2^31 − 1
+  p = write_tmp("vocab.bin", bad);
+  expect_error([&] { qkv::load_llama2c(p); }, {"vocab.bin", "vocab_size"});
+  expect_error([] { qkv::load_llama2c("/nonexistent/model.bin"); }, {"/nonexistent/model.bin", "cannot open"});
+}
+
+TEST(Model, TokenizerRefusesBadFilesAndRoundTrips) {
+  const std::string bytes = read_file(kTok);
+  EXPECT_NO_THROW(qkv::Tokenizer::load(kTok, 512));
+  expect_error([&] { qkv::Tokenizer::load(kTok, 600); }, {"tok512.bin", "truncated"});
+  expect_error([&] { qkv::Tokenizer::load(kTok, 500); }, {"tok512.bin", "bytes left after 500 tokens"});
+  std::string bad = bytes;
+  const std::int32_t len = 1 << 20;
+  std::memcpy(bad.data() + 4 + 4, &len, 4);  // token 0's length
+  auto p = write_tmp("tok_len.bin", bad);
+  expect_error([&] { qkv::Tokenizer::load(p, 512); }, {"tok_len.bin", "token 0", "impossible length 1048576"});
+  const std::int32_t neg = -5;
+  std::memcpy(bad.data() + 8, &neg, 4);
+  p = write_tmp("tok_neg.bin", bad);
+  expect_error([&] { qkv::Tokenizer::load(p, 512); }, {"tok_neg.bin", "impossible length -5"});
+  std::memcpy(bad.data(), &neg, 4);
+  p = write_tmp("tok_max.bin", bad);
+  expect_error([&] { qkv::Tokenizer::load(p, 512); }, {"tok_max.bin", "max_token_length -5"});
+
+  // decode(encode(text)) gives the text back: the dummy-prefix space is dropped after BOS, and
+  // characters outside the 512-token vocabulary (ü, 猫) go through byte fallback and come back whole.
+  const auto tok = qkv::Tokenizer::load(kTok, 512);
+  for (const std::string text : {"Once upon a time, Lily had a cat.", "caf\xc3\xa9 m\xc3\xbc" "de \xe7\x8c\xab!", "  two spaces\n"}) {
+    const auto ids = tok.encode(text, true, true);
+    EXPECT_EQ(ids.front(), qkv::Tokenizer::bos);
+    EXPECT_EQ(ids.back(), qkv::Tokenizer::eos);
+    std::string back;
+    for (std::size_t i = 1; i + 1 < ids.size(); ++i) back += tok.decode(ids[i - 1], ids[i]);
+    EXPECT_EQ(back, text);
+  }
+  // é is a token of its own (485); ü is not, so it becomes its UTF-8 bytes as tokens 3 + 0xC3, 3 + 0xBC.
+  const auto e = tok.encode("\xc3\xa9", false, false);  // [dummy " ", é]
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[1], 485);
+  const auto u = tok.encode("\xc3\xbc", false, false);
+  ASSERT_EQ(u.size(), 3u);
+  EXPECT_EQ(u[1], 3 + 0xC3);
+  EXPECT_EQ(u[2], 3 + 0xBC);
+  EXPECT_EQ(tok.encode("", true, false), std::vector<int>{1});  // empty prompt: BOS alone, no dummy space
+}
+
+}  // namespace
