@@ -18,6 +18,11 @@ echo
 echo "== qkv attend --text \"a fluffy blue creature roamed the verdant forest\""
 ./build/qkv attend --text "a fluffy blue creature roamed the verdant forest"
 
+echo
+echo "== qkv generate --prompt \"Once upon a time, there was a little dog\" --temperature 0.8 --seed 42"
+echo "   (stories260K, a real Llama-style model trained by Andrej Karpathy on TinyStories; data/models/)"
+./build/qkv generate --prompt "Once upon a time, there was a little dog" --temperature 0.8 --seed 42 --steps 256
+
 prompt="a fluffy blue creature roamed the verdant forest"
 
 echo

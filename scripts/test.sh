@@ -26,3 +26,6 @@ echo "== Python package: pip install . (the wheel: module, qkv command), then py
 python3 -m pip install . -q --no-build-isolation -Cbuild-dir=build-python \
   -Ccmake.define.QKV_BUILD_TESTS=OFF -Ccmake.define.QKV_BUILD_BENCH=OFF
 python3 -m pytest -q python/tests
+
+echo "== fuzz the model loaders (llama2.c checkpoint, safetensors, tokenizer), 20 s each"
+bash scripts/fuzz.sh 20

@@ -211,6 +211,7 @@ class Model {
   // hb, hb2 [S, Hd]; xf [S, C] (the final norm's output).
   Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_;
   std::int64_t rows_ = 0;
+  std::int64_t params_ = 0;  // parameter count, to size the work of a call
   void reserve(std::int64_t S);
   void block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace);
   void check_tokens(const char* fn, std::span<const int> tokens, std::int64_t start) const;

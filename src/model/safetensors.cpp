@@ -193,7 +193,9 @@ Weights load_safetensors(const std::string& path, const Config& config) {
     ++used;
   });
   if (used != h.tensors.size())
-    for (const auto& [name, t] : h.tensors) {
+    for (const auto& entry : h.tensors) {
+      const std::string& name = entry.first;
+      const TensorInfo& t = entry.second;
       bool known = false;
       detail::for_each_param(w, [&](const std::string& n, const std::vector<std::int64_t>&, float*&) {
         known = known || n == name;

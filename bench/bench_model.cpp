@@ -1,0 +1,72 @@
+// Prefill and decode speed of qkv's model at batch 1 (BENCHMARKS.md, "Model"):
+//
+//   bench_model --model M [--config C] | --gpt2-small      [--prompt P] [--decode N] [--repeats R]
+//
+// prefill: one forward over P prompt tokens into an empty cache (tokens/s = P / time);
+// decode:  N more tokens, each one query against the cache (tokens/s = N / time).
+// Prints the median of R repeats as one JSON line, which bench/model_peer.py reads.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "qkv/model.hpp"
+
+int main(int argc, char** argv) {
+  std::string model, config;
+  bool gpt2 = false;
+  std::int64_t prompt = 128, decode = 128;
+  int repeats = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_model: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--config") config = next();
+    else if (a == "--gpt2-small") gpt2 = true;
+    else if (a == "--prompt") prompt = std::stoll(next());
+    else if (a == "--decode") decode = std::stoll(next());
+    else if (a == "--repeats") repeats = std::stoi(next());
+    else {
+      std::fprintf(stderr, "bench_model: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  try {
+    qkv::Model m(gpt2 ? qkv::Weights::random(qkv::Config::gpt2_small(), 1) : qkv::load_weights(model, config));
+    const auto& c = m.config();
+    if (prompt + decode > c.seq_len) qkv::fail("bench_model", "--prompt + --decode exceed the context");
+    std::vector<int> tokens(static_cast<std::size_t>(prompt + decode));
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int>((i * 7919 + 1) % static_cast<std::size_t>(c.vocab_size));
+    std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+    std::vector<double> pre, dec;
+    using clock = std::chrono::steady_clock;
+    for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up (page faults, JIT, threads)
+      qkv::KvCache cache(c, prompt + decode);
+      auto t0 = clock::now();
+      m.forward(std::span<const int>(tokens.data(), static_cast<std::size_t>(prompt)), cache, logits.data());
+      auto t1 = clock::now();
+      for (std::int64_t s = prompt; s < prompt + decode; ++s)
+        m.forward(std::span<const int>(tokens.data() + s, 1), cache, logits.data());
+      auto t2 = clock::now();
+      if (r == 0) continue;
+      pre.push_back(static_cast<double>(prompt) / std::chrono::duration<double>(t1 - t0).count());
+      dec.push_back(static_cast<double>(decode) / std::chrono::duration<double>(t2 - t1).count());
+    }
+    std::sort(pre.begin(), pre.end());
+    std::sort(dec.begin(), dec.end());
+    std::printf("{\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"params\": %lld}\n", pre[pre.size() / 2],
+                dec[dec.size() / 2], static_cast<long long>(m.weights().num_params()));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_model: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,89 @@
+"""qkv's model beside a plain PyTorch implementation (eager, KV cache; tools/torch_model.py with
+F.scaled_dot_product_attention), same shapes, same run, batch 1. Prints the table of BENCHMARKS.md.
+
+    python3 bench/model_peer.py [--build build] [--repeats 5]
+
+stories260K: prompt 128 tokens, decode 128. GPT-2-small shape (12 layers, 12 heads, d_model 768,
+context 1024, vocab 50257, random weights): prompt 512, decode 64. Medians of the repeats.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from torch_model import TorchModel, load_llama2c  # noqa: E402
+
+
+def torch_speed(model, vocab, prompt, decode, repeats):
+    tokens = [(i * 7919 + 1) % vocab for i in range(prompt + decode)]
+    pre, dec = [], []
+    for r in range(repeats + 1):
+        cache = model.new_cache()
+        t0 = time.perf_counter()
+        model.forward(tokens[:prompt], cache, 0, all_logits=False)
+        t1 = time.perf_counter()
+        for s in range(prompt, prompt + decode):
+            model.forward(tokens[s:s + 1], cache, s, all_logits=False)
+        t2 = time.perf_counter()
+        if r:
+            pre.append(prompt / (t1 - t0))
+            dec.append(decode / (t2 - t1))
+    return statistics.median(pre), statistics.median(dec)
+
+
+def gpt2_small_params():
+    g = torch.Generator().manual_seed(1)
+    C, Hd, L, V, P = 768, 3072, 12, 50257, 1024
+    p = {"tok_embeddings.weight": 0.02 * torch.randn(V, C, generator=g),
+         "pos_embeddings.weight": 0.02 * torch.randn(P, C, generator=g),
+         "norm.weight": torch.ones(C), "norm.bias": torch.zeros(C)}
+    for l in range(L):
+        q = f"layers.{l}."
+        for n in ("attention_norm", "ffn_norm"):
+            p[q + n + ".weight"], p[q + n + ".bias"] = torch.ones(C), torch.zeros(C)
+        for n, o, i in (("attention.wq", C, C), ("attention.wk", C, C), ("attention.wv", C, C),
+                        ("attention.wo", C, C), ("feed_forward.w1", Hd, C), ("feed_forward.w2", C, Hd)):
+            p[q + n + ".weight"] = 0.02 * torch.randn(o, i, generator=g)
+            p[q + n + ".bias"] = torch.zeros(o)
+    cfg = dict(dim=C, hidden_dim=Hd, n_layers=L, n_heads=12, n_kv_heads=12, vocab_size=V, seq_len=P,
+               pos="learned", norm="layernorm", mlp="gelu", tied_embeddings=True, bias=True,
+               norm_eps=1e-5, rope_theta=10000.0)
+    return cfg, p
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("QKV_NUM_THREADS", "2")))
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    exe = os.path.join(a.build, "bench", "bench_model")
+    rows = []
+    for name, qkv_args, make, prompt, decode in (
+            ("stories260K", ["--model", os.path.join(root, "data/models/stories260K/stories260K.bin")],
+             lambda: load_llama2c(os.path.join(root, "data/models/stories260K/stories260K.bin")), 128, 128),
+            ("GPT-2-small shape", ["--gpt2-small"], gpt2_small_params, 512, 64)):
+        out = subprocess.run([exe, *qkv_args, "--prompt", str(prompt), "--decode", str(decode),
+                              "--repeats", str(a.repeats)], check=True, capture_output=True, text=True).stdout
+        q = json.loads(out)
+        cfg, p = make()
+        tp, td = torch_speed(TorchModel(cfg, p, sdpa=True), cfg["vocab_size"], prompt, decode, a.repeats)
+        rows.append((name, prompt, decode, q["prefill_tok_s"], tp, q["decode_tok_s"], td))
+        del p
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; medians of {a.repeats}")
+    print("| model | prompt | decode | qkv prefill tok/s | torch prefill tok/s | ratio | qkv decode tok/s | torch decode tok/s | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n, P, N, qp, tp, qd, td in rows:
+        print(f"| {n} | {P} | {N} | {qp:.0f} | {tp:.0f} | {qp / tp:.2f}× | {qd:.1f} | {td:.1f} | {qd / td:.2f}× |")
+
+
+if __name__ == "__main__":
+    main()
