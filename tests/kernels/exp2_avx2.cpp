@@ -1,30 +1,11 @@
-// Max relative error of the avx2 vector exp2 (simd_avx2.hpp) against std::exp2 in f64, over
-// x ∈ [−126, 8] in steps of 2^-12 (x ≤ 8: scores never exceed the running max by more than
-// kLazyRescale), plus the exact zeros below −126. Compiled with the avx2 flags (CMakeLists.txt).
+// The avx2 exp2's error (exp2_error.hpp), compiled with the avx2 flags (tests/CMakeLists.txt).
 #include "kernels/cpu/simd_avx2.hpp"
-
-#include <cmath>
+#include "kernels/exp2_error.hpp"
 
 namespace qkv_test {
 
 double exp2_max_rel_error_avx2(bool* zeros_ok) {
-  using S = qkv::kernels::cpu::SimdAvx2;
-  double worst = 0.0;
-  float x[S::L], y[S::L];
-  for (double base = -126.0; base <= 8.0; base += S::L / 4096.0) {
-    for (int i = 0; i < S::L; ++i) x[i] = static_cast<float>(base + i / 4096.0);
-    S::storeu(y, S::exp2(S::loadu(x)));
-    for (int i = 0; i < S::L; ++i) {
-      if (x[i] < -126.0f) continue;
-      const double want = std::exp2(static_cast<double>(x[i]));
-      worst = std::fmax(worst, std::fabs(y[i] - want) / want);
-    }
-  }
-  for (int i = 0; i < S::L; ++i) x[i] = i % 2 ? -INFINITY : -126.5f - static_cast<float>(i);
-  S::storeu(y, S::exp2(S::loadu(x)));
-  *zeros_ok = true;
-  for (int i = 0; i < S::L; ++i) *zeros_ok = *zeros_ok && y[i] == 0.0f;
-  return worst;
+  return exp2_max_rel_error<qkv::kernels::cpu::SimdAvx2>(zeros_ok);
 }
 
 }  // namespace qkv_test
