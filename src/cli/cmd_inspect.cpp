@@ -28,7 +28,9 @@ namespace fs = std::filesystem;
 constexpr const char* kFn = "qkv inspect";
 
 struct InspectArgs {
-  std::string model, tokenizer, config, prompt, out, format = "html";
+  // The default model is the one `qkv generate` runs: stories260K as the repository carries it.
+  std::string model = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin";
+  std::string tokenizer, config, prompt, out, format = "html";
 };
 
 // Beside the model: tokenizer.json (written by `qkv train`), else tokenizer.bin, else the one
@@ -163,7 +165,7 @@ void run(const InspectArgs& a) {
 void add_inspect(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "draw every head's attention pattern for a prompt (HTML page, PNGs or JSON)");
-  cmd->add_option("--model", args->model, "weights: a llama2.c checkpoint (.bin) or .safetensors")->required();
+  cmd->add_option("--model", args->model, "weights: a llama2.c checkpoint (.bin) or .safetensors")->capture_default_str();
   cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json (qkv train) or llama2.c .bin; default: the one beside the model");
   cmd->add_option("--config", args->config, "config JSON of a .safetensors model; default: the one beside it");
   cmd->add_option("--prompt", args->prompt, "the text to run")->required();
