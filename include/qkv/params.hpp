@@ -46,6 +46,7 @@ struct ModelShape {
   std::int64_t context = 0;       // positions of a learned position table
   PositionKind positions = PositionKind::learned;
   NormKind norm = NormKind::layernorm;
+  bool norm_bias = true;          // LayerNorm's bias (GPT-2 has it; nanoGPT's bias=False models do not)
   bool tied_embeddings = true;    // the unembedding reuses the token embedding
 
   // True when the shape describes a whole model (MLP and embeddings known).

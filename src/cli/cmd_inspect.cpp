@@ -93,7 +93,7 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
   s.n_kv_heads = c.n_kv_heads;
   s.d_head = c.head_dim();
   s.n_layers = c.n_layers;
-  s.attn_bias = s.mlp_bias = c.bias;
+  s.attn_bias = s.mlp_bias = s.norm_bias = c.bias;  // Config::bias covers LayerNorm too
   s.d_ff = c.hidden_dim;
   s.mlp = c.mlp;
   s.vocab = c.vocab_size;

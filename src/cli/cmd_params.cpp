@@ -60,7 +60,7 @@ ModelShape shape_from(const ParamsArgs& a) {
   if (!a.mlp.empty()) s.mlp = a.mlp == "swiglu" ? MlpKind::swiglu : MlpKind::gelu;
   if (!a.norm.empty()) s.norm = a.norm == "rmsnorm" ? NormKind::rmsnorm : NormKind::layernorm;
   if (!a.positions.empty()) s.positions = a.positions == "rotary" ? PositionKind::rotary : PositionKind::learned;
-  if (a.bias >= 0) s.attn_bias = s.mlp_bias = a.bias != 0;
+  if (a.bias >= 0) s.attn_bias = s.mlp_bias = s.norm_bias = a.bias != 0;
   if (a.tied >= 0) s.tied_embeddings = a.tied != 0;
   if (!a.preset.empty() && (width_changed || a.layers >= 0 || a.kv_heads >= 0 || a.d_ff >= 0 || a.vocab >= 0 ||
                             a.context >= 0 || a.d_source >= 0 || a.d_value >= 0))
@@ -186,7 +186,7 @@ void add_params(CLI::App& app) {
   cmd->add_option("--positions", args->positions, "position encoding")->check(CLI::IsMember({"learned", "rotary"}));
   cmd->add_flag_function(
       "--bias,!--no-bias", [args](std::int64_t n) { args->bias = n > 0 ? 1 : 0; },
-      "biases on the projections and the MLP");
+      "biases on the projections, the MLP and LayerNorm (nanoGPT's bias flag)");
   cmd->add_flag_function(
       "--tied,!--untied", [args](std::int64_t n) { args->tied = n > 0 ? 1 : 0; },
       "unembedding tied to the token embedding");

@@ -76,7 +76,7 @@ ParamCounts count_params(const ModelShape& s) {
   const std::int64_t n_mats = s.mlp == MlpKind::swiglu ? 3 : 2;
   m.mlp_per_layer = mul(n_mats, mul(s.d_ff, s.d_model, "mlp"), "mlp");
   if (s.mlp_bias) m.mlp_per_layer = add(m.mlp_per_layer, add(mul(n_mats - 1, s.d_ff, "mlp"), s.d_model, "mlp"), "mlp");
-  const std::int64_t one_norm = s.norm == NormKind::layernorm ? mul(2, s.d_model, "norm") : s.d_model;
+  const std::int64_t one_norm = s.norm == NormKind::layernorm && s.norm_bias ? mul(2, s.d_model, "norm") : s.d_model;
   m.norms_per_layer = mul(2, one_norm, "norms");
   m.final_norm = one_norm;
   m.unembedding = s.tied_embeddings ? 0 : mul(s.vocab, s.d_model, "unembedding");

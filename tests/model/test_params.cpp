@@ -97,6 +97,28 @@ TEST(Params, GroupedQueryCrossAttentionAndBiases) {
   EXPECT_FALSE(c.model.has_value());  // no d_ff / vocab: attention only
 }
 
+TEST(Params, BiasFreeLayerNormModel) {
+  // nanoGPT's CPU Shakespeare model (bias=False: no biases anywhere, LayerNorm weight only), by hand:
+  //   per layer: attention 4·128·128 = 65,536; MLP 2·512·128 = 131,072; two LayerNorms 2·128 = 256
+  //   4 layers 787,456 + token embedding 65·128 = 8,320 + positions 64·128 = 8,192 + final norm 128
+  //   = 804,096 (nanoGPT prints 0.80M: the same less the 8,192 position weights).
+  qkv::ModelShape s;
+  s.d_model = 128;
+  s.n_heads = 4;
+  s.d_head = 32;
+  s.n_layers = 4;
+  s.d_ff = 512;
+  s.vocab = 65;
+  s.context = 64;
+  s.norm_bias = false;
+  const auto c = count_params(s);
+  ASSERT_TRUE(c.model.has_value());
+  EXPECT_EQ(c.model->norms_per_layer, 256);
+  EXPECT_EQ(c.model->total, 804096);
+  s.norm_bias = true;  // GPT-2 style LayerNorm: + 2·128 per layer and 128 at the end
+  EXPECT_EQ(count_params(s).model->total, 804096 + 4 * 256 + 128);
+}
+
 TEST(Params, WithCommas) {
   EXPECT_EQ(qkv::with_commas(0), "0");
   EXPECT_EQ(qkv::with_commas(999), "999");
