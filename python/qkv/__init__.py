@@ -10,6 +10,10 @@
     delta = mha(x, causal=True)                                        # x [B, S, 64] -> Δe [B, S, 64]
     mha.save("block.safetensors"); qkv.MultiHeadAttention.load("block.safetensors")
 
+    model = qkv.Model.load("stories260K.bin"); tok = qkv.Tokenizer.load("tok512.bin", 512)
+    model.generate(tok, "Once upon a time", steps=64, temperature=0)   # llama2.c's greedy story
+    model.trace(tok.encode("a fluffy blue creature")).layers[0].pattern  # [H, S, S], every head
+
 Arrays may be NumPy (float32, float64, ml_dtypes.bfloat16), torch CPU tensors or any DLPack
 producer; they are read in place through their strides, and outputs come back in the same kind.
 """
@@ -18,10 +22,12 @@ from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
 from .functional import (AttentionGrads, AttentionResult, KernelInfo, attention, attention_backward,
                          scaled_dot_product_attention)
 from .mha import MhaResult, MultiHeadAttention
+from .model import Generation, LayerTrace, Model, ModelTrace, Tokenizer
 
 __all__ = [
-    "AttentionGrads", "AttentionResult", "KernelInfo", "MhaResult", "MultiHeadAttention", "active_isa", "attention",
-    "attention_backward", "cpu_isa", "num_threads", "scaled_dot_product_attention", "set_isa", "set_num_threads",
+    "AttentionGrads", "AttentionResult", "Generation", "KernelInfo", "LayerTrace", "MhaResult", "Model", "ModelTrace",
+    "MultiHeadAttention", "Tokenizer", "active_isa", "attention", "attention_backward", "cpu_isa", "num_threads",
+    "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
 __version__ = "0.1.0"
 

@@ -14,7 +14,9 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
@@ -24,6 +26,7 @@
 
 #include "qkv/attention.hpp"
 #include "qkv/mha.hpp"
+#include "qkv/model.hpp"
 #include "qkv/types.hpp"
 
 namespace nb = nanobind;
@@ -212,6 +215,91 @@ void mha_forward(const Mha& self, In x, std::optional<In> source, Out delta, std
   self.forward(xv, sv, o, dv, hv, pv);
 }
 
+// ---- the model (include/qkv/model.hpp): weights, the llama2.c tokenizer, a KV cache, generation
+
+using F32Array = nb::ndarray<nb::numpy, float>;
+
+// A Buffer handed to NumPy without a copy: the array owns it through a capsule.
+F32Array to_numpy(qkv::Buffer&& b) {
+  auto* owned = new qkv::Buffer(std::move(b));
+  nb::capsule del(owned, [](void* p) noexcept { delete static_cast<qkv::Buffer*>(p); });
+  size_t shape[qkv::kMaxRank];
+  const std::vector<std::int64_t>& s = owned->shape();
+  for (size_t i = 0; i < s.size(); ++i) shape[i] = static_cast<size_t>(s[i]);
+  return F32Array(owned->ptr<float>(), s.size(), shape, del);
+}
+
+// A model and its own KV cache: forward() continues from the positions already run.
+struct PyModel {
+  qkv::Model model;
+  qkv::KvCache cache;
+  explicit PyModel(qkv::Weights w) : model(std::move(w)), cache(model.config()) {}
+};
+
+std::vector<int> to_tokens(const char* fn, const std::vector<std::int64_t>& t) {
+  std::vector<int> out(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] < 0 || t[i] > INT32_MAX)
+      throw nb::value_error((std::string("[") + fn + "] tokens: token " + std::to_string(i) + " is " +
+                             std::to_string(t[i]) + ", outside [0, 2^31)")
+                                .c_str());
+    out[i] = static_cast<int>(t[i]);
+  }
+  return out;
+}
+
+F32Array model_forward(PyModel& self, const std::vector<std::int64_t>& tokens, bool all_logits) {
+  const std::vector<int> t = to_tokens("qkv.Model.forward", tokens);
+  const std::int64_t V = self.model.config().vocab_size;
+  const std::int64_t rows = all_logits ? static_cast<std::int64_t>(t.size()) : 1;
+  qkv::Buffer logits(qkv::DType::f32, all_logits ? std::vector<std::int64_t>{rows, V} : std::vector<std::int64_t>{V});
+  {
+    nb::gil_scoped_release unlocked;
+    self.model.forward(std::span<const int>(t), self.cache, logits.ptr<float>(), all_logits);
+  }
+  return to_numpy(std::move(logits));
+}
+
+// forward_trace as Python data: ([{scores, pattern, head_delta, block_delta} per layer], logits).
+std::tuple<nb::list, F32Array> model_trace(PyModel& self, const std::vector<std::int64_t>& tokens) {
+  const std::vector<int> t = to_tokens("qkv.Model.trace", tokens);
+  qkv::Trace tr;
+  {
+    nb::gil_scoped_release unlocked;
+    self.model.forward_trace(t, tr);
+  }
+  nb::list layers;
+  for (qkv::LayerTrace& l : tr.layers) {
+    nb::dict d;
+    d["scores"] = to_numpy(std::move(l.scores));
+    d["pattern"] = to_numpy(std::move(l.pattern));
+    d["head_delta"] = to_numpy(std::move(l.head_delta));
+    d["block_delta"] = to_numpy(std::move(l.block_delta));
+    layers.append(d);
+  }
+  return {layers, to_numpy(std::move(tr.logits))};
+}
+
+// llama2.c's generation loop; the text comes back as bytes (pieces may split UTF-8 characters).
+std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate(
+    PyModel& self, const qkv::Tokenizer& tok, const std::string& prompt, std::int64_t steps, float temperature,
+    float top_p, int top_k, std::uint64_t seed) {
+  qkv::GenerateOptions o;
+  o.steps = steps;
+  o.sampling.temperature = temperature;
+  o.sampling.top_p = top_p;
+  o.sampling.top_k = top_k;
+  o.sampling.seed = seed;
+  std::string text;
+  qkv::GenerateStats st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = qkv::generate(self.model, tok, prompt, o, [&text](std::string_view piece) { text += piece; });
+  }
+  return {nb::bytes(text.data(), text.size()), st.prompt_tokens, st.generated, st.prefill_seconds,
+          st.decode_seconds};
+}
+
 }  // namespace
 
 NB_MODULE(_qkv, m) {
@@ -251,6 +339,45 @@ NB_MODULE(_qkv, m) {
            "mask"_a.none(), "key_lengths"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a,
            "window_right"_a, "num_threads"_a, "kernel"_a,
            "Writes delta [B, S, d_model] (and head_delta [B, H, S, d_model], pattern [B, H, S, Skv]).");
+
+  nb::class_<qkv::Tokenizer>(m, "Tokenizer", "llama2.c's tokenizer (use qkv.Tokenizer).")
+      .def_static("load", &qkv::Tokenizer::load, "path"_a, "vocab_size"_a,
+                  "Reads a llama2.c tokenizer file for a vocabulary of vocab_size tokens.")
+      .def("encode", &qkv::Tokenizer::encode, "text"_a, "bos"_a, "eos"_a, "llama2.c's encode.")
+      .def(
+          "decode",
+          [](const qkv::Tokenizer& t, int prev, int token) {
+            if (token < 0 || token >= t.vocab_size() || prev < 0 || prev >= t.vocab_size())
+              throw nb::value_error(("[qkv.Tokenizer.decode] token: must be in [0, " +
+                                     std::to_string(t.vocab_size()) + "), got prev " + std::to_string(prev) +
+                                     ", token " + std::to_string(token))
+                                        .c_str());
+            const std::string_view p = t.decode(prev, token);
+            return nb::bytes(p.data(), p.size());
+          },
+          "prev"_a, "token"_a, "The bytes of token after prev (leading space dropped after BOS; <0xXX> → the byte).")
+      .def_prop_ro("vocab_size", &qkv::Tokenizer::vocab_size);
+
+  nb::class_<PyModel>(m, "Model", "A transformer with its KV cache (use qkv.Model).")
+      .def("__init__",
+           [](PyModel* self, const std::string& path, const std::string& config) {
+             qkv::Weights w;
+             {
+               nb::gil_scoped_release unlocked;
+               w = qkv::load_weights(path, config);
+             }
+             new (self) PyModel(std::move(w));
+           },
+           "path"_a, "config"_a, "Loads a llama2.c checkpoint or a .safetensors file (+ config JSON).")
+      .def("config_json", [](const PyModel& self) { return qkv::config_to_json(self.model.config(), false); })
+      .def("num_params", [](const PyModel& self) { return self.model.weights().num_params(); })
+      .def_prop_ro("position", [](const PyModel& self) { return self.cache.len; })
+      .def("reset", [](PyModel& self) { self.cache.clear(); })
+      .def("forward", &model_forward, "tokens"_a, "all_logits"_a,
+           "Runs tokens after the cached positions; logits [V] for the last, or [S, V].")
+      .def("trace", &model_trace, "tokens"_a, "The whole sequence from position 0, every layer recorded.")
+      .def("generate", &model_generate, "tokenizer"_a, "prompt"_a, "steps"_a, "temperature"_a, "top_p"_a,
+           "top_k"_a, "seed"_a, "llama2.c's generation: (text bytes, prompt tokens, generated, prefill s, decode s).");
 
   m.def("set_num_threads", &qkv::set_num_threads, "n"_a,
         "Threads the kernels use when a call does not say (default: QKV_NUM_THREADS, else all cores).");

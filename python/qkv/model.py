@@ -1,0 +1,165 @@
+"""qkv.Model and qkv.Tokenizer: run a real trained transformer and look at every head.
+
+    import qkv
+    model = qkv.Model.load("data/models/stories260K/stories260K.bin")
+    tok = qkv.Tokenizer.load("data/models/stories260K/tok512.bin", model.config["vocab_size"])
+    print(model.generate(tok, "Once upon a time", steps=100, temperature=0))   # llama2.c's greedy text
+    ids = tok.encode("a fluffy blue creature")
+    t = model.trace(ids)                   # every layer's scores, pattern and each head's change
+    t.layers[0].pattern[3]                 # head 3 of the first block: [S, S], row i = query i over keys
+
+The model is the one of include/qkv/model.hpp (GPT-2 and Llama families, configured by data):
+llama2.c checkpoints, or .safetensors with a config JSON (beside the file, or `config=`). It keeps
+its own KV cache: forward() runs the given tokens after the positions already run (reset() starts
+over), so generating one token at a time is one query against the cache.
+
+Shapes (S = tokens traced, H = query heads, C = d_model, V = vocabulary), all float32 NumPy:
+    forward(tokens)                  logits [V] of the last position ([S, V] with all_logits=True)
+    trace(tokens).logits             [S, V]
+    trace(tokens).layers[l].scores   [H, S, S]  scale · q_i · k_j for j ≤ i, -inf where masked
+                           .pattern  [H, S, S]  softmax of each row of scores
+                        .head_delta  [H, S, C]  each head's proposed change to every embedding
+                       .block_delta  [S, C]     their sum, the attention block's update (before b_O)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from . import _qkv
+
+
+class LayerTrace(NamedTuple):
+    """One block of :meth:`Model.trace` (shapes in the module docstring)."""
+
+    scores: np.ndarray
+    pattern: np.ndarray
+    head_delta: np.ndarray
+    block_delta: np.ndarray
+
+
+class ModelTrace(NamedTuple):
+    """What :meth:`Model.trace` returns: one :class:`LayerTrace` per block, and the logits [S, V]."""
+
+    layers: List[LayerTrace]
+    logits: np.ndarray
+
+
+class Generation(NamedTuple):
+    """What :meth:`Model.generate` returns with ``return_stats=True``."""
+
+    text: str              # the prompt, then the continuation, as llama2.c's run prints them
+    prompt_tokens: int     # including BOS
+    generated: int         # sampled tokens
+    prefill_seconds: float
+    decode_seconds: float
+
+
+def _tokens(fn: str, tokens: Sequence[int]) -> List[int]:
+    try:
+        out = [int(t) for t in np.asarray(tokens).reshape(-1)]
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"[{fn}] tokens: must be a sequence of integers ({e})") from None
+    if not out:
+        raise ValueError(f"[{fn}] tokens: empty (give at least one token)")
+    return out
+
+
+class Tokenizer:
+    """llama2.c's tokenizer: score-ordered merges, byte fallback, BOS = 1 and EOS = 2."""
+
+    bos = 1
+    eos = 2
+
+    def __init__(self, native: Any):
+        self._t = native
+
+    @classmethod
+    def load(cls, path: str, vocab_size: int) -> "Tokenizer":
+        """Reads a llama2.c tokenizer file for a vocabulary of ``vocab_size`` tokens."""
+        return cls(_qkv.Tokenizer.load(str(path), int(vocab_size)))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._t.vocab_size
+
+    def encode(self, text: str, bos: bool = True, eos: bool = False) -> List[int]:
+        """Token ids of ``text`` as llama2.c encodes them ([BOS] first unless ``bos=False``)."""
+        return list(self._t.encode(text, bos, eos))
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` as llama2.c prints it (a token after BOS drops its leading space)."""
+        ids = _tokens("qkv.Tokenizer.decode", tokens)
+        prev = self.bos
+        out = bytearray()
+        for t in ids:
+            if t not in (self.bos, self.eos):
+                out += self._t.decode(prev, t)
+            prev = t
+        return out.decode("utf-8", errors="replace")
+
+    def piece(self, prev: int, token: int) -> bytes:
+        """The bytes of one token following ``prev`` (pieces can split a UTF-8 character)."""
+        return self._t.decode(int(prev), int(token))
+
+
+class Model:
+    """A decoder-only transformer with its own KV cache (see the module docstring)."""
+
+    def __init__(self, native: Any):
+        self._m = native
+        self._config: Dict[str, Any] = json.loads(native.config_json())
+
+    @classmethod
+    def load(cls, path: str, config: Optional[str] = None) -> "Model":
+        """A llama2.c checkpoint (.bin) or a .safetensors file with its config JSON."""
+        return cls(_qkv.Model(str(path), "" if config is None else str(config)))
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The configuration (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len, ...)."""
+        return dict(self._config)
+
+    @property
+    def num_params(self) -> int:
+        return self._m.num_params()
+
+    @property
+    def position(self) -> int:
+        """Positions already in the KV cache; the next forward() starts there."""
+        return self._m.position
+
+    def reset(self) -> None:
+        """Empties the KV cache: the next forward() starts at position 0."""
+        self._m.reset()
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Runs ``tokens`` after the cached positions: logits [V] of the last ([S, V] if all_logits)."""
+        return self._m.forward(_tokens("qkv.Model.forward", tokens), bool(all_logits))
+
+    __call__ = forward
+
+    def trace(self, tokens: Sequence[int]) -> ModelTrace:
+        """Runs ``tokens`` from position 0 (cache untouched) and records every layer."""
+        layers, logits = self._m.trace(_tokens("qkv.Model.trace", tokens))
+        return ModelTrace([LayerTrace(**d) for d in layers], logits)
+
+    def generate(self, tokenizer: Tokenizer, prompt: str = "", steps: int = 256, temperature: float = 1.0,
+                 top_p: float = 0.9, top_k: int = 0, seed: int = 1, return_stats: bool = False):
+        """llama2.c's generation: ``steps`` positions in all (BOS and the prompt included), stopping
+        at BOS/EOS; temperature 0 is greedy. Returns the text (prompt + continuation), or a
+        :class:`Generation` with timings. Uses a cache of its own (this model's is untouched)."""
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError("[qkv.Model.generate] tokenizer: must be a qkv.Tokenizer")
+        if int(seed) < 1:
+            raise ValueError(f"[qkv.Model.generate] seed: must be >= 1, got {seed}")
+        raw, n_prompt, n_gen, t_pre, t_dec = self._m.generate(tokenizer._t, str(prompt), int(steps),
+                                                               float(temperature), float(top_p), int(top_k),
+                                                               int(seed))
+        text = raw.decode("utf-8", errors="replace")
+        if return_stats:
+            return Generation(text, n_prompt, n_gen, t_pre, t_dec)
+        return text
