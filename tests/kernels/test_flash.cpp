@@ -423,6 +423,17 @@ TEST(Flash, AutomaticChoice) {
   EXPECT_EQ(qkv::attention(q.view(), k.view(), v.view(), out.view()).kernel, Kernel::flash);
   Buffer q1(DType::f32, {1, 2, 1, 32}), o1(DType::f32, {1, 2, 1, 32});
   EXPECT_EQ(qkv::attention(q1.view(), k.view(), v.view(), o1.view()).kernel, Kernel::flash_decode);
+  // The decode rule's boundary (src/attention/dispatch.cpp): Sq ≤ 2 always, Sq ≤ 8 from Skv = 512.
+  const auto choice = [](i64 Sq, i64 Skv) {
+    Buffer qq(DType::f32, {1, 2, Sq, 32}), kk(DType::f32, {1, 2, Skv, 32}), vv(DType::f32, {1, 2, Skv, 32}),
+        oo(DType::f32, {1, 2, Sq, 32});
+    return qkv::attention(qq.view(), kk.view(), vv.view(), oo.view()).kernel;
+  };
+  EXPECT_EQ(choice(1, 1), Kernel::flash_decode);
+  EXPECT_EQ(choice(2, 100), Kernel::flash_decode);
+  EXPECT_EQ(choice(3, 511), Kernel::flash);
+  EXPECT_EQ(choice(8, 512), Kernel::flash_decode);
+  EXPECT_EQ(choice(9, 4096), Kernel::flash);
   Buffer pat(DType::f32, {1, 2, 1, 2048});
   EXPECT_EQ(qkv::attention(q1.view(), k.view(), v.view(), o1.view(), {}, std::nullopt, pat.view()).kernel,
             Kernel::reference);
