@@ -106,6 +106,14 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
                             const AttentionOptions& opt = {},
                             const std::optional<View>& lse = std::nullopt);
 
+// Backward of attention_varlen: dq [Tq, H, D], dk [Tk, Hkv, D], dv [Tk, Hkv, Dv] from
+// dout [Tq, H, Dv] and the forward's out and lse [H, Tq] (f32), with the same offsets and options.
+// Keys of a sequence without queries get zero gradients. Deterministic for any thread count.
+KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v, const View& out,
+                                     const View& dout, const View& lse, const View& dq, const View& dk,
+                                     const View& dv, const View& cu_seqlens_q, const View& cu_seqlens_k,
+                                     const AttentionOptions& opt = {});
+
 // Threads used by the kernels when AttentionOptions::num_threads is 0. The default is the
 // environment variable QKV_NUM_THREADS if set, else the number of cores.
 void set_num_threads(int n);

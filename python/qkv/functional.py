@@ -290,14 +290,17 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
 
 def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, lse: Array, *,
                        mask: Optional[Array] = None, key_lengths: Optional[Array] = None,
+                       cu_seqlens_q: Optional[Array] = None, cu_seqlens_k: Optional[Array] = None,
                        scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
                        window_left: Optional[int] = None, window_right: Optional[int] = None,
                        num_threads: int = 0, kernel: str = "automatic") -> AttentionGrads:
-    """Gradients of :func:`attention` (rank-4 layout only): given dout = dL/dout, returns dq, dk, dv.
+    """Gradients of :func:`attention`: given dout = dL/dout, returns dq, dk, dv (shaped as q, k, v).
 
     ``out`` and ``lse`` (float32) come from the forward call with the same options
-    (``attention(..., return_lse=True)``). With grouped-query attention dk and dv are summed over
-    the query heads of each group. No gradient flows into an additive mask.
+    (``attention(..., return_lse=True)``), in either layout: rank 4, or packed sequences with
+    ``cu_seqlens_q`` / ``cu_seqlens_k`` (lse [H, Tq]; keys of a sequence without queries get zero
+    gradients). With grouped-query attention dk and dv are summed over the query heads of each
+    group. No gradient flows into an additive mask.
     """
     fn = "qkv.attention_backward"
     kind, arrs = A.common_kind(fn, [("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)])
@@ -305,6 +308,18 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
     A.check_float(fn, [("q", q_), ("k", k_), ("v", v_), ("out", o_), ("dout", g_)], kind)
     dq, dk, dv = kind.empty(A.shape_of(q_), q_), kind.empty(A.shape_of(k_), k_), kind.empty(A.shape_of(v_), v_)
     n = kind.native
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError(f"[{fn}] cu_seqlens_q and cu_seqlens_k: give both or neither")
+    if cu_seqlens_q is not None:
+        if mask is not None or key_lengths is not None:
+            raise ValueError(f"[{fn}] mask and key_lengths are not available with packed sequences "
+                             f"(cu_seqlens_q / cu_seqlens_k)")
+        info = _qkv.attention_varlen_backward(
+            n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv),
+            A.index_array(fn, "cu_seqlens_q", cu_seqlens_q), A.index_array(fn, "cu_seqlens_k", cu_seqlens_k),
+            _scale(fn, scale), bool(causal), align, _window(fn, "window_left", window_left),
+            _window(fn, "window_right", window_right), int(num_threads), kernel)
+        return AttentionGrads(dq, dk, dv, KernelInfo(*info))
     m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
     info = _qkv.attention_backward(

@@ -3,6 +3,7 @@
     import qkv.torch
     out = qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # differentiable
     out.sum().backward()
+    out = qkv.torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=True)  # packed [T, H, D]
 
 The forward is qkv's forward (it also keeps the log-sum-exp of every row), the backward is
 qkv::attention_backward, which recomputes the attention pattern from it instead of storing it.
@@ -60,6 +61,57 @@ class ScaledDotProductAttention(torch.autograd.Function):
         dk = _reduce(dk4.reshape(p.k_full), ks)
         dv = _reduce(dv4.reshape(p.v_full), vs)
         return dq, dk, dv, None, None, None, None
+
+
+_FN_VARLEN = "qkv.torch.attention_varlen"
+
+
+class AttentionVarlen(torch.autograd.Function):
+    """Packed variable-length attention (FlashAttention's varlen layout) with qkv's backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, align, window_left, window_right):
+        fn = _FN_VARLEN
+        cq = A.index_array(fn, "cu_seqlens_q", cu_seqlens_q)
+        ck = A.index_array(fn, "cu_seqlens_k", cu_seqlens_k)
+        out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+        _qkv.attention_varlen(q, k, v, out, cq, ck, lse, scale, causal, align, window_left, window_right, 0,
+                              "automatic")
+        ctx.opts = (scale, causal, align, window_left, window_right)
+        ctx.cu = (cq, ck)  # int arrays of any kind (not necessarily tensors): kept on ctx
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        cq, ck = ctx.cu
+        scale, causal, align, wl, wr = ctx.opts
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+        _qkv.attention_varlen_backward(q, k, v, out, grad_out, lse, dq, dk, dv, cq, ck, scale, causal, align, wl, wr,
+                                       0, "automatic")
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k, *,
+                     scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
+                     window_left: Optional[int] = None, window_right: Optional[int] = None) -> torch.Tensor:
+    """Packed variable-length attention, differentiable (FlashAttention's ``flash_attn_varlen_func``).
+
+    q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> out [Tq, H, Dv]; sequence b owns rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v.
+    Options as :func:`qkv.attention` (``align='bottom_right'`` is FlashAttention's causal
+    convention when Sq != Skv). Gradients flow to q, k and v.
+    """
+    from .functional import _scale, _window
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"[{_FN_VARLEN}] {name}: expected a torch.Tensor, got {type(t).__name__}")
+    return AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale(_FN_VARLEN, scale), bool(causal), align,
+                                 _window(_FN_VARLEN, "window_left", window_left),
+                                 _window(_FN_VARLEN, "window_right", window_right))
 
 
 def _reduce(g: torch.Tensor, shape) -> torch.Tensor:

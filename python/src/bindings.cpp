@@ -173,6 +173,25 @@ Info attention_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out d
   return info_tuple(info);
 }
 
+Info attention_varlen_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out dk, Out dv, In cu_seqlens_q,
+                               In cu_seqlens_k, std::optional<double> scale, bool causal, const std::string& align,
+                               std::int64_t window_left, std::int64_t window_right, int num_threads,
+                               const std::string& kernel) {
+  const char* fn = "qkv.attention_backward";
+  const qkv::AttentionOptions o =
+      options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
+                  ov = to_view(fn, "out", out), gv = to_view(fn, "dout", dout), lv = to_view(fn, "lse", lse),
+                  dqv = to_view(fn, "dq", dq), dkv = to_view(fn, "dk", dk), dvv = to_view(fn, "dv", dv),
+                  cq = to_view(fn, "cu_seqlens_q", cu_seqlens_q), ck = to_view(fn, "cu_seqlens_k", cu_seqlens_k);
+  qkv::KernelInfo info;
+  {
+    nb::gil_scoped_release unlocked;
+    info = qkv::attention_varlen_backward(qv, kv, vv, ov, gv, lv, dqv, dkv, dvv, cq, ck, o);
+  }
+  return info_tuple(info);
+}
+
 // ---- the multi-head attention block (include/qkv/mha.hpp)
 
 using Mha = qkv::MultiHeadAttention;
@@ -319,6 +338,12 @@ NB_MODULE(_qkv, m) {
         "dk"_a, "dv"_a, "mask"_a.none(), "key_lengths"_a.none(), "scale"_a.none(), "causal"_a, "align"_a,
         "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a,
         "Backward attention: writes dq, dk, dv from dout and the forward's out and lse.\n"
+        "Returns (kernel, isa, name) of the kernel that ran.");
+
+  m.def("attention_varlen_backward", &attention_varlen_backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
+        "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "scale"_a.none(), "causal"_a, "align"_a,
+        "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a,
+        "Backward of attention_varlen over packed [T, H, D] sequences: writes dq, dk, dv.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
 
   nb::class_<Mha>(m, "MultiHeadAttention",

@@ -129,3 +129,69 @@ def test_plain_entry_point_keeps_the_graph():
     assert out.requires_grad and out.grad_fn is not None
     out.sum().backward()
     assert q.grad is not None
+
+
+def _varlen_torch(q, k, v, cq, ck, causal):
+    """Oracle: torch's SDPA per sequence on the unpacked rows, bottom-right causal mask, GQA by repeat."""
+    outs = []
+    H, Hkv = q.shape[1], k.shape[1]
+    for b in range(len(cq) - 1):
+        qb, kb, vb = q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]]
+        Sq, Sk = qb.shape[0], kb.shape[0]
+        if Sq == 0:
+            continue
+        kb, vb = kb.repeat_interleave(H // Hkv, dim=1), vb.repeat_interleave(H // Hkv, dim=1)
+        mask = None
+        if causal:  # key j allowed for query i iff j <= i + Sk - Sq
+            mask = torch.arange(Sk)[None, :] <= (torch.arange(Sq)[:, None] + Sk - Sq)
+        o = F.scaled_dot_product_attention(qb.transpose(0, 1), kb.transpose(0, 1), vb.transpose(0, 1),
+                                           attn_mask=mask)
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_gradients_match_torch_autograd(dtype, causal):
+    # Four packed sequences (Sq, Skv) = (5, 9), (0, 3), (7, 7), (40, 52), GQA 4 query heads on 2.
+    cq, ck = [0, 5, 5, 12, 52], [0, 9, 12, 19, 71]
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(cq[-1], 4, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(ck[-1], 2, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(ck[-1], 2, 8, generator=g, dtype=torch.float64)
+    dout = torch.randn(cq[-1], 4, 8, generator=g, dtype=torch.float64)
+    align = "bottom_right"
+    got = grads(lambda a, b, c: qkv.torch.attention_varlen(a, b, c, torch.tensor(cq, dtype=torch.int32),
+                                                           torch.tensor(ck), causal=causal, align=align),
+                q.to(dtype), k.to(dtype), v.to(dtype), dout.to(dtype))
+    want = grads(lambda a, b, c: _varlen_torch(a, b, c, cq, ck, causal), q, k, v, dout)
+    # The keys of the sequence without queries (rows 9..11) get exactly zero gradients, on both sides.
+    assert torch.all(got[2][9:12] == 0) and torch.all(got[3][9:12] == 0)
+    if dtype == torch.float64:
+        errs = [float((a - b).detach().abs().max()) for a, b in zip(got, want)]
+        print(f"float64 varlen: max |qkv - torch| out, dq, dk, dv = {errs}")
+        assert max(errs) < 1e-12  # both float64, summation order only
+    else:
+        own = grads(lambda a, b, c: _varlen_torch(a, b, c, cq, ck, causal), q.float(), k.float(), v.float(),
+                    dout.float())
+        for name, a, b, t in zip(("out", "dq", "dk", "dv"), got, want, own):
+            err = float((a.double() - b).detach().abs().max())
+            terr = float((t.double() - b).detach().abs().max())
+            print(f"float32 varlen {name}: qkv err {err:.3g}, torch's own float32 err {terr:.3g}")
+            assert err <= 2 * terr + 1e-5  # the rule of this file's header
+
+
+def test_varlen_backward_numpy_matches_torch_path():
+    # qkv.attention_backward with cu_seqlens (NumPy in, NumPy out) equals the autograd path's gradients.
+    cq, ck = np.array([0, 3, 10]), np.array([0, 4, 10])
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((10, 2, 8), (10, 2, 8), (10, 2, 8)))
+    dout = rng.standard_normal((10, 2, 8)).astype(np.float32)
+    r = qkv.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=True, return_lse=True)
+    g = qkv.attention_backward(q, k, v, r.out, dout, r.lse, cu_seqlens_q=cq, cu_seqlens_k=ck, causal=True)
+    t = grads(lambda a, b, c: qkv.torch.attention_varlen(a, b, c, cq, ck, causal=True),
+              *(torch.from_numpy(x) for x in (q, k, v, dout)))
+    for a, b in zip((g.dq, g.dk, g.dv), t[1:]):
+        assert np.array_equal(a, b.numpy())  # the same kernels on the same data: the same bits
+    with pytest.raises(ValueError, match="give both or neither"):
+        qkv.attention_backward(q, k, v, r.out, dout, r.lse, cu_seqlens_q=cq)

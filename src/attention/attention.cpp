@@ -274,9 +274,17 @@ KernelInfo attention_backward(const View& q, const View& k, const View& v, const
   return detail::run_backward(fn, bp, opt.kernel);
 }
 
-KernelInfo attention_varlen(const View& q, const View& k, const View& v, const View& out, const View& cu_seqlens_q,
-                            const View& cu_seqlens_k, const AttentionOptions& opt, const std::optional<View>& lse) {
-  const char* fn = "qkv::attention_varlen";
+namespace {
+
+// A packed variable-length batch, validated: the offsets of every sequence, read once.
+struct Packed {
+  std::vector<std::int64_t> oq, ok;  // [B + 1] row offsets into the packed q (and out) and k, v
+};
+
+// Checks q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv], out [Tq, H, Dv] and the offsets
+// (shared by the forward and the backward of packed batches).
+Packed check_packed(const char* fn, const View& q, const View& k, const View& v, const View& out,
+                    const View& cu_seqlens_q, const View& cu_seqlens_k, const AttentionOptions& opt) {
   check_view(fn, "q", q, 3, "[Tq, H, D]");
   check_view(fn, "k", k, 3, "[Tk, Hkv, D]");
   check_view(fn, "v", v, 3, "[Tk, Hkv, Dv]");
@@ -300,8 +308,6 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
     fail(fn, "k: query heads H = " + std::to_string(q.dim(1)) + " must be a multiple of key/value heads Hkv = " +
                  std::to_string(k.dim(1)) + " ≥ 1");
   expect_shape(fn, "out", out, {q.dim(0), q.dim(1), v.dim(2)}, "[Tq, H, Dv]");
-  check_writable(fn, "out", out);
-  check_no_overlap(fn, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}});
   auto read_offsets = [&](const char* name, const View& cu, std::int64_t total) {
     if (cu.dtype != DType::i32 && cu.dtype != DType::i64)
       fail(fn, std::string(name) + ": dtype must be i32 or i64, got " + dtype_name(cu.dtype));
@@ -316,44 +322,113 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
                      std::to_string(i - 1));
     return o;
   };
-  const auto oq = read_offsets("cu_seqlens_q", cu_seqlens_q, q.dim(0));
-  const auto ok = read_offsets("cu_seqlens_k", cu_seqlens_k, k.dim(0));
+  Packed pk;
+  pk.oq = read_offsets("cu_seqlens_q", cu_seqlens_q, q.dim(0));
+  pk.ok = read_offsets("cu_seqlens_k", cu_seqlens_k, k.dim(0));
+  return pk;
+}
+
+// Rows [t0, t0 + len) of a packed [T, H, X] tensor as an ordinary [1, H, len, X] view (no copy).
+View seq_window(const View& t, std::int64_t t0, std::int64_t len) {
+  View w = t;
+  w.data = static_cast<char*>(t.data) + t0 * t.stride(0) * static_cast<std::int64_t>(dtype_size(t.dtype));
+  w.rank = 4;
+  w.shape = {1, t.dim(1), len, t.dim(2)};
+  w.strides = {0, t.stride(1), t.stride(0), t.stride(2)};
+  return w;
+}
+
+// Columns [t0, t0 + len) of a packed lse [H, T] as the [1, H, len] view one sequence's call takes.
+View lse_window(const View& lse, std::int64_t t0, std::int64_t len) {
+  View l = lse;
+  l.data = static_cast<char*>(lse.data) + t0 * lse.stride(1) * static_cast<std::int64_t>(dtype_size(lse.dtype));
+  l.rank = 3;
+  l.shape = {1, lse.dim(0), len, 0};
+  l.strides = {0, lse.stride(0), lse.stride(1), 0};
+  return l;
+}
+
+void check_packed_lse(const char* fn, const View& lse, const View& q) {
+  check_view(fn, "lse", lse, 2, "[H, Tq]");
+  if (lse.dtype != DType::f32 && lse.dtype != DType::f64)
+    fail(fn, "lse: dtype must be f32 or f64, got " + std::string(dtype_name(lse.dtype)));
+  expect_shape(fn, "lse", lse, {q.dim(1), q.dim(0)}, "[H, Tq]");
+}
+
+}  // namespace
+
+KernelInfo attention_varlen(const View& q, const View& k, const View& v, const View& out, const View& cu_seqlens_q,
+                            const View& cu_seqlens_k, const AttentionOptions& opt, const std::optional<View>& lse) {
+  const char* fn = "qkv::attention_varlen";
+  const Packed pk = check_packed(fn, q, k, v, out, cu_seqlens_q, cu_seqlens_k, opt);
+  check_writable(fn, "out", out);
+  check_no_overlap(fn, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}});
   if (lse) {
-    check_view(fn, "lse", *lse, 2, "[H, Tq]");
-    if (lse->dtype != DType::f32 && lse->dtype != DType::f64)
-      fail(fn, "lse: dtype must be f32 or f64, got " + std::string(dtype_name(lse->dtype)));
-    expect_shape(fn, "lse", *lse, {q.dim(1), q.dim(0)}, "[H, Tq]");
+    check_packed_lse(fn, *lse, q);
     check_writable(fn, "lse", *lse);
     check_no_overlap(fn, "lse", *lse, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   }
   // Each sequence is an ordinary [1, H, S, D] call on a strided window of the packed tensors.
-  auto window = [](const View& t, std::int64_t t0, std::int64_t len) {
-    View w = t;
-    w.data = static_cast<char*>(t.data) + t0 * t.stride(0) * static_cast<std::int64_t>(dtype_size(t.dtype));
-    w.rank = 4;
-    w.shape = {1, t.dim(1), len, t.dim(2)};
-    w.strides = {0, t.stride(1), t.stride(0), t.stride(2)};
-    return w;
-  };
   std::vector<AttnParams> seqs;
-  for (std::int64_t b = 0; b + 1 < n; ++b) {
-    const auto q0 = oq[static_cast<std::size_t>(b)], lq = oq[static_cast<std::size_t>(b + 1)] - q0;
-    const auto k0 = ok[static_cast<std::size_t>(b)], lk = ok[static_cast<std::size_t>(b + 1)] - k0;
-    std::optional<View> lse_b;
-    if (lse) {
-      View l = *lse;
-      l.data = static_cast<char*>(lse->data) + q0 * lse->stride(1) * static_cast<std::int64_t>(dtype_size(lse->dtype));
-      l.rank = 3;
-      l.shape = {1, lse->dim(0), lq, 0};
-      l.strides = {0, lse->stride(0), lse->stride(1), 0};
-      lse_b = l;
-    }
+  for (std::size_t b = 0; b + 1 < pk.oq.size(); ++b) {
+    const auto q0 = pk.oq[b], lq = pk.oq[b + 1] - q0, k0 = pk.ok[b], lk = pk.ok[b + 1] - k0;
     if (lq == 0) continue;
-    AttnParams p = resolve(fn, window(q, q0, lq), window(k, k0, lk), window(v, k0, lk), window(out, q0, lq), opt);
-    attach_lse(fn, p, lse_b);
+    AttnParams p = resolve(fn, seq_window(q, q0, lq), seq_window(k, k0, lk), seq_window(v, k0, lk),
+                           seq_window(out, q0, lq), opt);
+    attach_lse(fn, p, lse ? std::optional<View>(lse_window(*lse, q0, lq)) : std::nullopt);
     seqs.push_back(std::move(p));
   }
   return detail::run_forward_varlen(fn, seqs, opt.kernel);
+}
+
+KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v, const View& out, const View& dout,
+                                     const View& lse, const View& dq, const View& dk, const View& dv,
+                                     const View& cu_seqlens_q, const View& cu_seqlens_k,
+                                     const AttentionOptions& opt) {
+  const char* fn = "qkv::attention_varlen_backward";
+  const Packed pk = check_packed(fn, q, k, v, out, cu_seqlens_q, cu_seqlens_k, opt);
+  check_packed_lse(fn, lse, q);
+  check_view(fn, "dout", dout, 3, "[Tq, H, Dv]");
+  check_view(fn, "dq", dq, 3, "[Tq, H, D]");
+  check_view(fn, "dk", dk, 3, "[Tk, Hkv, D]");
+  check_view(fn, "dv", dv, 3, "[Tk, Hkv, Dv]");
+  for (auto [name, t] : {std::pair{"dout", &dout}, std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}})
+    if (t->dtype != q.dtype)
+      fail(fn, std::string(name) + ": dtype " + dtype_name(t->dtype) + " differs from q's " + dtype_name(q.dtype));
+  expect_shape(fn, "dout", dout, {q.dim(0), q.dim(1), v.dim(2)}, "[Tq, H, Dv]");
+  expect_shape(fn, "dq", dq, {q.dim(0), q.dim(1), q.dim(2)}, "[Tq, H, D]");
+  expect_shape(fn, "dk", dk, {k.dim(0), k.dim(1), k.dim(2)}, "[Tk, Hkv, D]");
+  expect_shape(fn, "dv", dv, {v.dim(0), v.dim(1), v.dim(2)}, "[Tk, Hkv, Dv]");
+  for (auto [name, g] : {std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}}) check_writable(fn, name, *g);
+  for (auto [name, g] : {std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}})
+    check_no_overlap(fn, name, *g, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}});
+  if (overlaps(dq, dk) || overlaps(dq, dv) || overlaps(dk, dv)) fail(fn, "dq, dk, dv: gradient outputs overlap each other");
+  // Validate every sequence before writing anything, then run them one after the other (each
+  // call uses all threads and is deterministic, so the whole is too).
+  std::vector<AttnBwdParams> seqs;
+  std::vector<std::pair<std::int64_t, std::int64_t>> keys_without_queries;  // (k0, lk): their dk, dv are 0
+  for (std::size_t b = 0; b + 1 < pk.oq.size(); ++b) {
+    const auto q0 = pk.oq[b], lq = pk.oq[b + 1] - q0, k0 = pk.ok[b], lk = pk.ok[b + 1] - k0;
+    if (lq == 0) {
+      if (lk > 0) keys_without_queries.emplace_back(k0, lk);
+      continue;
+    }
+    AttnBwdParams bp;
+    bp.fwd = resolve(fn, seq_window(q, q0, lq), seq_window(k, k0, lk), seq_window(v, k0, lk), seq_window(out, q0, lq),
+                     opt);
+    attach_lse(fn, bp.fwd, lse_window(lse, q0, lq));
+    bp.dout = seq_window(dout, q0, lq), bp.dq = seq_window(dq, q0, lq);
+    bp.dk = seq_window(dk, k0, lk), bp.dv = seq_window(dv, k0, lk);
+    seqs.push_back(std::move(bp));
+  }
+  for (auto [k0, lk] : keys_without_queries)
+    for (const View* g : {&dk, &dv})
+      for (std::int64_t t = k0; t < k0 + lk; ++t)
+        for (std::int64_t h = 0; h < g->dim(1); ++h)
+          for (std::int64_t d = 0; d < g->dim(2); ++d) g->store(g->offset(t, h, d), 0.0);
+  KernelInfo info;  // what a batch of empty sequences reports (as the forward)
+  for (const AttnBwdParams& bp : seqs) info = detail::run_backward(fn, bp, opt.kernel);
+  return info;
 }
 
 }  // namespace qkv

@@ -175,6 +175,39 @@ TEST(Validation, Backward) {
                  {kBwd, "dv: output elements overlap each other"});
 }
 
+TEST(Validation, VarlenBackward) {
+  // Packed: Tq 5, Tk 7, H 2, Hkv 1, D 3, Dv 4; two sequences (2, 3) and (3, 4).
+  Buffer q(DType::f32, {5, 2, 3}), k(DType::f32, {7, 1, 3}), v(DType::f32, {7, 1, 4}), out(DType::f32, {5, 2, 4}),
+      dout(DType::f32, {5, 2, 4}), lse(DType::f32, {2, 5}), dq(DType::f32, {5, 2, 3}), dk(DType::f32, {7, 1, 3}),
+      dv(DType::f32, {7, 1, 4}), cq(DType::i32, {3}), ck(DType::i32, {3});
+  const std::int32_t oq[3] = {0, 2, 5}, ok[3] = {0, 3, 7};
+  for (int i = 0; i < 3; ++i) {
+    cq.ptr<std::int32_t>()[i] = oq[i];
+    ck.ptr<std::int32_t>()[i] = ok[i];
+  }
+  qkv::attention_varlen(q.view(), k.view(), v.view(), out.view(), cq.view(), ck.view(), {}, lse.view());
+  qkv::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), dq.view(), dk.view(),
+                                 dv.view(), cq.view(), ck.view());
+  constexpr const char* kVb = "[qkv::attention_varlen_backward]";
+  Buffer lse_t(DType::f32, {5, 2}), dk_bad(DType::f32, {7, 1, 4}), dq64(DType::f64, {5, 2, 3}), dout_bad(DType::f32, {5, 2, 3});
+  expect_rejects([&] { qkv::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse_t.view(), dq.view(), dk.view(), dv.view(), cq.view(), ck.view()); },
+                 {kVb, "lse: expected [H, Tq] = [2, 5], got [5, 2]"});
+  expect_rejects([&] { qkv::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), dq.view(), dk_bad.view(), dv.view(), cq.view(), ck.view()); },
+                 {kVb, "dk", "[Tk, Hkv, D]"});
+  expect_rejects([&] { qkv::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), dq64.view(), dk.view(), dv.view(), cq.view(), ck.view()); },
+                 {kVb, "dq: dtype f64 differs from q's f32"});
+  expect_rejects([&] { qkv::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout_bad.view(), lse.view(), dq.view(), dk.view(), dv.view(), cq.view(), ck.view()); },
+                 {kVb, "dout", "[Tq, H, Dv]"});
+  expect_rejects([&] { qkv::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), dq.view(), dq.view(), dv.view(), cq.view(), ck.view()); },
+                 {kVb, "dk"});
+  expect_rejects([&] { qkv::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), dq.view(), dk.view(), dv.view(), cq.view(), cq.view()); },
+                 {kVb, "cu_seqlens_k: must start at 0 and end at the token count 7"});
+  AttentionOptions o;
+  o.kernel = qkv::Kernel::flash_decode;
+  expect_rejects([&] { qkv::attention_varlen_backward(q.view(), k.view(), v.view(), out.view(), dout.view(), lse.view(), dq.view(), dk.view(), dv.view(), cq.view(), ck.view(), o); },
+                 {kVb, "opt.kernel", "has no backward"});
+}
+
 TEST(Validation, Varlen) {
   // Packed: Tq 5, Tk 7, H 2, Hkv 1, D 3, Dv 4; two sequences (2, 3) and (3, 4).
   Buffer q(DType::f32, {5, 2, 3}), k(DType::f32, {7, 1, 3}), v(DType::f32, {7, 1, 4}), out(DType::f32, {5, 2, 4}), cq(DType::i32, {3}),
