@@ -253,6 +253,8 @@ const Case kCases[] = {
     {"additive_mask", 2, 2, 1, 35, 90, 48, 48, false, Align::top_left, -1, -1, MaskType::additive},
     {"strided_misaligned", 2, 4, 2, 45, 77, 64, 64, true, Align::top_left, -1, -1, MaskType::none, false, true},
     {"strided_odd", 1, 3, 3, 19, 23, 33, 7, false, Align::top_left, -1, -1, MaskType::none, true, true},
+    // Odd D with an even row stride: the bf16 K tile takes the 16 × 16 pair transpose plus an odd tail.
+    {"strided_D33_even_rows", 1, 4, 2, 40, 90, 33, 40, true, Align::bottom_right, -1, -1, MaskType::none, false, true},
     {"empty_keys", 1, 2, 2, 5, 0, 16, 16},
 };
 

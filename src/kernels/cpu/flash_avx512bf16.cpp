@@ -61,7 +61,26 @@ struct OperandsBf16 {
   void load_kv(i64 kbase, i64 vbase, i64 t0, i64 j_lo, i64 j_hi) {
     const auto* k = static_cast<const std::uint16_t*>(a.k);
     const auto* v = static_cast<const std::uint16_t*>(a.v);
-    for (i64 j = j_lo; j < j_hi; ++j) {
+    // Kt seen as 32-bit words [Dp2/2][kNt] is the transpose of the K rows seen as words
+    // [key][D/2], so whole 16 keys × 16 pairs blocks go through the f32 register transpose
+    // (it only moves bits) when the pairs lie in place: unit stride and an even row stride.
+    i64 j_done = j_lo;
+    const i64 W = a.D / 2;  // whole pairs per row
+    if (a.sk[3] == 1 && a.sk[2] % 2 == 0 && W >= 16) {
+      for (; j_done + 16 <= j_hi; j_done += 16) {
+        const std::uint16_t* kp = k + kbase + j_done * a.sk[2];
+        const i64 c = j_done - t0;
+        i64 w0 = 0;
+        for (; w0 + 16 <= W; w0 += 16)
+          S::transpose16(reinterpret_cast<const float*>(kp + 2 * w0), a.sk[2] / 2,
+                         reinterpret_cast<float*>(Kt) + w0 * kNt + c, kNt);
+        for (i64 j = 0; j < 16; ++j) {
+          for (i64 d = 2 * w0; d < a.D; ++d) Kt[((d >> 1) * kNt + c + j) * 2 + (d & 1)] = kp[j * a.sk[2] + d];
+          if (a.D < Dp2) Kt[((a.D >> 1) * kNt + c + j) * 2 + 1] = 0;
+        }
+      }
+    }
+    for (i64 j = j_done; j < j_hi; ++j) {
       const std::uint16_t* kp = k + kbase + j * a.sk[2];
       const i64 c = j - t0;
       for (i64 d = 0; d < a.D; ++d) Kt[((d >> 1) * kNt + c) * 2 + (d & 1)] = kp[d * a.sk[3]];
@@ -69,6 +88,23 @@ struct OperandsBf16 {
     }
     // V: every key of the tile is written (zeros outside [j_lo, j_hi) and past Dv), because a
     // pair straddling the range edge is multiplied by a zero probability and must be finite.
+    if (a.sv[3] == 1) {
+      // 16 columns of two keys at a time: word e = v[2jp][e] | v[2jp + 1][e] << 16.
+      for (i64 jp = 0; jp < kNt / 2; ++jp) {
+        const i64 ja = t0 + 2 * jp, jb = ja + 1;
+        const bool in_a = ja >= j_lo && ja < j_hi, in_b = jb >= j_lo && jb < j_hi;
+        const std::uint16_t* pa = in_a ? v + vbase + ja * a.sv[2] : nullptr;
+        const std::uint16_t* pb = in_b ? v + vbase + jb * a.sv[2] : nullptr;
+        std::uint16_t* dst = Vt + jp * Dvp * 2;
+        for (i64 e = 0; e < Dvp; e += 16) {
+          const __mmask16 m = S::first(static_cast<int>(imax(imin(a.Dv - e, 16), 0)));
+          const __m512i wa = in_a ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, pa + e)) : _mm512_setzero_si512();
+          const __m512i wb = in_b ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, pb + e)) : _mm512_setzero_si512();
+          _mm512_storeu_si512(reinterpret_cast<void*>(dst + 2 * e), _mm512_or_si512(wa, _mm512_slli_epi32(wb, 16)));
+        }
+      }
+      return;
+    }
     for (i64 c = 0; c < kNt; ++c) {
       const i64 j = t0 + c;
       std::uint16_t* dst = Vt + (c >> 1) * Dvp * 2 + (c & 1);
