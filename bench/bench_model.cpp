@@ -1,6 +1,7 @@
 // Prefill and decode speed of qkv's model at batch 1 (BENCHMARKS.md, "Model"):
 //
 //   bench_model --model M [--config C] | --gpt2-small      [--prompt P] [--decode N] [--repeats R]
+//               [--weights f32|bf16]   (bf16: ModelOptions::weights, projections read as bf16)
 //
 // prefill: one forward over P prompt tokens into an empty cache (tokens/s = P / time);
 // decode:  N more tokens, each one query against the cache (tokens/s = N / time).
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   bool gpt2 = false;
   std::int64_t prompt = 128, decode = 128;
   int repeats = 5;
+  qkv::ModelOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -34,13 +36,22 @@ int main(int argc, char** argv) {
     else if (a == "--prompt") prompt = std::stoll(next());
     else if (a == "--decode") decode = std::stoll(next());
     else if (a == "--repeats") repeats = std::stoi(next());
+    else if (a == "--weights") {
+      const std::string w = next();
+      if (w != "f32" && w != "bf16") {
+        std::fprintf(stderr, "bench_model: --weights must be f32 or bf16, got %s\n", w.c_str());
+        return 2;
+      }
+      options.weights = w == "bf16" ? qkv::DType::bf16 : qkv::DType::f32;
+    }
     else {
       std::fprintf(stderr, "bench_model: unknown argument %s\n", a.c_str());
       return 2;
     }
   }
   try {
-    qkv::Model m(gpt2 ? qkv::Weights::random(qkv::Config::gpt2_small(), 1) : qkv::load_weights(model, config));
+    qkv::Model m(gpt2 ? qkv::Weights::random(qkv::Config::gpt2_small(), 1) : qkv::load_weights(model, config),
+               options);
     const auto& c = m.config();
     if (prompt + decode > c.seq_len) qkv::fail("bench_model", "--prompt + --decode exceed the context");
     std::vector<int> tokens(static_cast<std::size_t>(prompt + decode));

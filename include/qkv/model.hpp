@@ -191,9 +191,19 @@ struct Trace {
   Buffer logits;       // f32 [S, V]
 };
 
+// How the model computes. weights = f32 (the default, exact against the PyTorch oracle) or bf16:
+// every projection matrix (W_Q, W_K, W_V, W_O, W1, W2, W3, the classifier) is rounded once, at
+// construction, to bf16 (nearest even) and read as bf16 from then on, which halves the bytes a
+// decoding step streams; activations, norms, embeddings and every accumulation stay f32. The f32
+// weights stay held (the embedding and norms still use them).
+struct ModelOptions {
+  DType weights = DType::f32;  // f32 or bf16
+};
+
 class Model {
  public:
-  explicit Model(Weights w);
+  explicit Model(Weights w, ModelOptions options = {});
+  const ModelOptions& options() const { return opt_; }
   const Config& config() const { return w_.config; }
   const Weights& weights() const { return w_; }
 
@@ -211,6 +221,21 @@ class Model {
   // hb, hb2 [S, Hd]; xf [S, C] (the final norm's output).
   Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_;
   std::int64_t rows_ = 0;
+  ModelOptions opt_;
+  // weights = bf16: every projection matrix rounded to bf16 in one arena, with per-layer pointers
+  // (null where the f32 matrix is null); wide_ is an f32 scratch as large as the largest matrix,
+  // where a call with more rows than a GEMV takes widens one matrix for oneDNN's sgemm.
+  struct LayerBf16 {
+    const std::uint16_t *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+    const std::uint16_t *w1 = nullptr, *w2 = nullptr, *w3 = nullptr;
+  };
+  Buffer bf16_, wide_;
+  std::vector<LayerBf16> layers_bf16_;
+  const std::uint16_t* wcls_bf16_ = nullptr;
+  // y [S, out] = beta·y + x [S, in] · Wᵀ + b, with W as f32 (Wb null) or bf16 (Wb): GEMV kernels for
+  // S ≤ 4 rows (decoding), oneDNN's sgemm above.
+  void project(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y, std::int64_t S,
+               std::int64_t in, std::int64_t out, float beta = 0.0f);
   std::int64_t params_ = 0;  // parameter count, to size the work of a call
   void reserve(std::int64_t S);
   void block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace);

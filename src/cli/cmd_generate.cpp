@@ -2,6 +2,7 @@
 //
 //   qkv generate --prompt "Once upon a time" --steps 256 --temperature 0.8 --top-p 0.9 --seed 7
 //   qkv generate --model M.safetensors --config M.json --tokenizer T.bin --temperature 0
+//   qkv generate --weights bf16 ...     (projection matrices held and read as bf16: ModelOptions)
 //
 // stdout carries the text alone (the prompt, then the continuation, then one newline, exactly as
 // llama2.c prints them); speeds go to stderr. --steps counts every position including BOS and the
@@ -27,10 +28,11 @@ struct GenerateArgs {
   float top_p = 0.9f;
   int top_k = 0;
   std::int64_t seed = -1;  // -1: from the clock, as llama2.c does
+  std::string weights = "f32";
 };
 
 void run(const GenerateArgs& a) {
-  Model model(load_weights(a.model, a.config));
+  Model model(load_weights(a.model, a.config), ModelOptions{a.weights == "bf16" ? DType::bf16 : DType::f32});
   const Tokenizer tok = Tokenizer::load(a.tokenizer, model.config().vocab_size);
   GenerateOptions opt;
   opt.steps = a.steps;
@@ -75,6 +77,10 @@ void add_generate(CLI::App& app) {
       ->check(CLI::Range(0.0f, 1.0f));
   sub->add_option("--top-k", a->top_k, "keep the k most likely tokens (0 disables it)")->capture_default_str()->check(at_least(0));
   sub->add_option("--seed,-s", a->seed, "random seed (default: the clock)")->check(at_least(1));
+  sub->add_option("--weights", a->weights,
+                  "f32 (exact) or bf16 (projection matrices rounded to bf16 once at load: half the bytes per token)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   sub->callback([a] { run(*a); });
 }
 

@@ -13,6 +13,7 @@
 //
 // q, k, v and att stay in [S, heads·D] rows: qkv::attention reads them through strided views
 // ([1, H, S, D] with strides (·, D, H·D, 1)), so nothing is transposed or copied for it.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,8 +21,10 @@
 
 #include <omp.h>
 
+#include "blocks/dense.hpp"
 #include "blocks/layers.hpp"
 #include "blocks/linear.hpp"
+#include "core/parallel.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/model.hpp"
 
@@ -37,11 +40,60 @@ KvCache::KvCache(const Config& c, std::int64_t cap) {
   v = Buffer(DType::f32, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
 }
 
-Model::Model(Weights w) : w_(std::move(w)) {
+Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) {
   w_.config.validate("qkv::Model");
   if (!w_.wte || !w_.wcls || !w_.normf_w || static_cast<std::int64_t>(w_.layers.size()) != w_.config.n_layers)
     fail("qkv::Model", "w: weights are incomplete for their config (use a loader or Weights::allocate)");
+  if (opt_.weights != DType::f32 && opt_.weights != DType::bf16)
+    fail("qkv::Model", std::string("options.weights: must be f32 or bf16, got ") + dtype_name(opt_.weights));
   params_ = w_.num_params();
+  if (opt_.weights == DType::bf16) {
+    const Config& c = w_.config;
+    const std::int64_t C = c.dim, D = c.head_dim(), Hd = c.hidden_dim;
+    const std::int64_t per_layer = (c.n_heads + 2 * c.n_kv_heads) * D * C + C * c.n_heads * D +
+                                   (c.mlp == MlpKind::swiglu ? 3 : 2) * Hd * C;
+    bf16_ = Buffer(DType::bf16, {c.n_layers * per_layer + c.vocab_size * C});
+    std::uint16_t* at = bf16_.ptr<std::uint16_t>();
+    std::int64_t largest = 0;
+    auto take = [&](const float* src, std::int64_t rows, std::int64_t cols) -> const std::uint16_t* {
+      if (!src) return nullptr;
+      blocks::f32_to_bf16(at, src, rows * cols);
+      largest = std::max(largest, rows * cols);
+      const std::uint16_t* p = at;
+      at += rows * cols;
+      return p;
+    };
+    for (const LayerWeights& L : w_.layers) {
+      LayerBf16 b;
+      b.wq = take(L.wq, c.n_heads * D, C);
+      b.wk = take(L.wk, c.n_kv_heads * D, C);
+      b.wv = take(L.wv, c.n_kv_heads * D, C);
+      b.wo = take(L.wo, C, c.n_heads * D);
+      b.w1 = take(L.w1, Hd, C);
+      b.w2 = take(L.w2, C, Hd);
+      b.w3 = take(L.w3, Hd, C);
+      layers_bf16_.push_back(b);
+    }
+    wcls_bf16_ = take(w_.wcls, c.vocab_size, C);
+    wide_ = Buffer(DType::f32, {largest});
+  }
+}
+
+void Model::project(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y,
+                    std::int64_t S, std::int64_t in, std::int64_t out, float beta) {
+  const int threads = omp_get_max_threads();
+  if (S <= blocks::kGemvMaxRows) {
+    if (Wb) blocks::gemv_bf16(x, Wb, b, y, S, in, out, beta, threads, active_isa());
+    else blocks::gemv_f32(x, W, b, y, S, in, out, beta, threads, active_isa());
+    return;
+  }
+  if (Wb) {
+    // Prefill with bf16 weights: widen this matrix (exactly) and run the f32 GEMM; the widening
+    // streams in·out·6 bytes, small beside the GEMM's 2·S·in·out FLOPs at S > 4.
+    blocks::bf16_to_f32(wide_.ptr<float>(), Wb, in * out, threads);
+    W = wide_.ptr<float>();
+  }
+  blocks::linear_forward(x, W, b, y, S, in, out, beta);
 }
 
 namespace {
@@ -93,11 +145,16 @@ void Model::check_tokens(const char* fn, std::span<const int> tokens, std::int64
 
 namespace {
 
+// Rows are independent: chunks of 16 rows shared over the threads (one chunk when decoding).
 void norm(const Config& c, float* out, const float* x, const float* w, const float* b, std::int64_t N) {
-  if (c.norm == NormKind::rmsnorm)
-    blocks::rmsnorm_forward(out, nullptr, x, w, N, c.dim, c.norm_eps);
-  else
-    blocks::layernorm_forward(out, nullptr, nullptr, x, w, b, N, c.dim, c.norm_eps);
+  constexpr std::int64_t kRows = 16;
+  parallel_for((N + kRows - 1) / kRows, omp_get_max_threads(), [&](std::int64_t k) {
+    const std::int64_t r0 = k * kRows, n = std::min(kRows, N - r0);
+    if (c.norm == NormKind::rmsnorm)
+      blocks::rmsnorm_forward(out + r0 * c.dim, nullptr, x + r0 * c.dim, w, n, c.dim, c.norm_eps);
+    else
+      blocks::layernorm_forward(out + r0 * c.dim, nullptr, nullptr, x + r0 * c.dim, w, b, n, c.dim, c.norm_eps);
+  });
 }
 
 }  // namespace
@@ -106,6 +163,7 @@ void norm(const Config& c, float* out, const float* x, const float* w, const flo
 void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
   const Config& c = w_.config;
   const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+  const LayerBf16 Lb = layers_bf16_.empty() ? LayerBf16{} : layers_bf16_[static_cast<std::size_t>(l)];
   const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
   const std::int64_t pos0 = cache.len, Skv = pos0 + S, cap = cache.capacity;
   float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>();
@@ -113,9 +171,9 @@ void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
 
   // ---- attention: x += W_O · attention(q, k, v)
   norm(c, xb, x, L.norm1_w, L.norm1_b, S);
-  blocks::linear_forward(xb, L.wq, L.bq, q, S, C, H * D);
-  blocks::linear_forward(xb, L.wk, L.bk, k, S, C, Hkv * D);
-  blocks::linear_forward(xb, L.wv, L.bv, v, S, C, Hkv * D);
+  project(xb, L.wq, Lb.wq, L.bq, q, S, C, H * D);
+  project(xb, L.wk, Lb.wk, L.bk, k, S, C, Hkv * D);
+  project(xb, L.wv, Lb.wv, L.bv, v, S, C, Hkv * D);
   if (c.pos == PosEncoding::rotary) {
     blocks::rope_forward(q, S, H, D, pos0, c.rope_theta);
     blocks::rope_forward(k, S, Hkv, D, pos0, c.rope_theta);
@@ -172,22 +230,22 @@ void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
           for (std::int64_t d = 0; d < D; ++d) acc += static_cast<double>(wrow[d]) * a[d];
           hd[(h * S + s) * C + o] = static_cast<float>(acc);
         }
-    blocks::linear_forward(att, L.wo, nullptr, bd, S, H * D, C);
+    project(att, L.wo, Lb.wo, nullptr, bd, S, H * D, C);
   } else {
     attention(qv, kv, vv, ov, opt);
   }
-  blocks::linear_forward(att, L.wo, L.bo, x, S, H * D, C, 1.0f);  // residual: x += att·W_Oᵀ + b_O
+  project(att, L.wo, Lb.wo, L.bo, x, S, H * D, C, 1.0f);  // residual: x += att·W_Oᵀ + b_O
 
   // ---- MLP: x += W2 · act(W1 · norm2(x))
   norm(c, xb, x, L.norm2_w, L.norm2_b, S);
-  blocks::linear_forward(xb, L.w1, L.b1, hb, S, C, Hd);
+  project(xb, L.w1, Lb.w1, L.b1, hb, S, C, Hd);
   if (c.mlp == MlpKind::swiglu) {
-    blocks::linear_forward(xb, L.w3, nullptr, hb2, S, C, Hd);
+    project(xb, L.w3, Lb.w3, nullptr, hb2, S, C, Hd);
     blocks::swiglu_forward(hb, hb, hb2, S * Hd);
   } else {
-    blocks::gelu_forward(hb, hb, S * Hd);
+    blocks::gelu_fast(hb, hb, S * Hd, omp_get_max_threads(), active_isa());
   }
-  blocks::linear_forward(hb, L.w2, L.b2, x, S, Hd, C, 1.0f);  // residual: x += hb·W2ᵀ + b2
+  project(hb, L.w2, Lb.w2, L.b2, x, S, Hd, C, 1.0f);  // residual: x += hb·W2ᵀ + b2
 }
 
 void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, bool all_logits) {
@@ -211,7 +269,7 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
   const std::int64_t first = all_logits ? 0 : S - 1, n = S - first;
   float* xf = xb_.ptr<float>();
   norm(c, xf, x_.ptr<float>() + first * c.dim, w_.normf_w, w_.normf_b, n);
-  blocks::linear_forward(xf, w_.wcls, nullptr, logits, n, c.dim, c.vocab_size);
+  project(xf, w_.wcls, wcls_bf16_, nullptr, logits, n, c.dim, c.vocab_size);
 }
 
 void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
@@ -227,7 +285,7 @@ void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
   for (int l = 0; l < c.n_layers; ++l) block(l, S, cache, &trace.layers[static_cast<std::size_t>(l)]);
   trace.logits = Buffer(DType::f32, {S, c.vocab_size});
   norm(c, xb_.ptr<float>(), x_.ptr<float>(), w_.normf_w, w_.normf_b, S);
-  blocks::linear_forward(xb_.ptr<float>(), w_.wcls, nullptr, trace.logits.ptr<float>(), S, c.dim, c.vocab_size);
+  project(xb_.ptr<float>(), w_.wcls, wcls_bf16_, nullptr, trace.logits.ptr<float>(), S, c.dim, c.vocab_size);
 }
 
 }  // namespace qkv

@@ -19,8 +19,8 @@ const char* kPublished =
     "Lily was sad and didn't know what to do. She said, \"I'm sorry, Lily. I didn't know what to do.\"\n"
     "Lily didn't want to help her mom, so she";
 
-std::string run(const std::string& prompt, std::int64_t steps) {
-  qkv::Model model(qkv::load_llama2c(kDir + "stories260K.bin"));
+std::string run(const std::string& prompt, std::int64_t steps, qkv::ModelOptions mo = {}) {
+  qkv::Model model(qkv::load_llama2c(kDir + "stories260K.bin"), mo);
   const auto tok = qkv::Tokenizer::load(kDir + "tok512.bin", model.config().vocab_size);
   qkv::GenerateOptions opt;
   opt.steps = steps;
@@ -34,6 +34,20 @@ TEST(Generate, Stories260KGreedyMatchesLlama2c) {
   const std::string out = run("", 200);
   std::printf("%s\n", out.c_str());
   EXPECT_EQ(out, kPublished);
+}
+
+// With bf16 weights the logits move by ~2^-9 of their scale (test_golden_model.cpp), enough to
+// flip a near-tie between the top two tokens somewhere in 200 greedy steps, after which the story
+// goes its own way. What is pinned: the text is the published one up to the first such flip, that
+// flip comes no earlier than measured here, and the whole output stays made of the model's words.
+TEST(Generate, Stories260KGreedyWithBf16WeightsFollowsLlama2c) {
+  const std::string out = run("", 200, qkv::ModelOptions{qkv::DType::bf16});
+  const std::string pub = kPublished;
+  std::size_t same = 0;
+  while (same < out.size() && same < pub.size() && out[same] == pub[same]) ++same;
+  std::printf("%s\n\nbf16 weights: the first %zu of %zu bytes equal llama2.c's fp32 output\n", out.c_str(), same,
+              pub.size());
+  EXPECT_GE(same, 400u);  // measured: 429 on every ISA (scalar, avx2, avx512, avx512_bf16)
 }
 
 }  // namespace

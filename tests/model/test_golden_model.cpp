@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+
+#include "qkv/attention.hpp"
 #include "qkv/model.hpp"
 
 namespace {
@@ -40,9 +42,9 @@ Golden read_golden(const std::string& name) {
 }
 
 // Max |qkv − torch| over all logits, for a full forward and for prefill + one-at-a-time decoding.
-void check(const std::string& name, qkv::Weights w, double tol) {
+void check(const std::string& name, qkv::Weights w, double tol, qkv::ModelOptions opt = {}) {
   const Golden g = read_golden(name);
-  qkv::Model model(std::move(w));
+  qkv::Model model(std::move(w), opt);
   ASSERT_EQ(model.config().vocab_size, g.V);
   std::vector<float> full(g.logits.size()), step(static_cast<std::size_t>(g.V));
   qkv::KvCache c1(model.config());
@@ -60,8 +62,9 @@ void check(const std::string& name, qkv::Weights w, double tol) {
     for (std::int64_t v = 0; v < g.V; ++v)
       err_inc = std::max(err_inc, std::abs(double(step[v]) - g.logits[static_cast<std::size_t>(s * g.V + v)]));
   }
-  std::printf("%s: max |logit| %.2f, max |qkv − torch| full forward %.3g, KV-cache decoding %.3g (tolerance %.0e)\n",
-              name.c_str(), max_logit, err_full, err_inc, tol);
+  std::printf("%s (%s weights): max |logit| %.2f, max |qkv − torch| full forward %.3g, KV-cache decoding %.3g "
+              "(tolerance %.0e)\n",
+              name.c_str(), qkv::dtype_name(opt.weights), max_logit, err_full, err_inc, tol);
   EXPECT_LT(err_full, tol);
   EXPECT_LT(err_inc, tol);
 }
@@ -82,6 +85,98 @@ TEST(GoldenModel, Gpt2StyleSafetensorsMatchesTorch) {
 TEST(GoldenModel, GqaBf16SafetensorsMatchesTorch) {
   // The config is found beside the weights (tiny_gqa_bf16.json).
   check("tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"), 1e-4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 weights (ModelOptions::weights = bf16)
+// ---------------------------------------------------------------------------------------------
+// The same parameters with every projection matrix and the classifier rounded to bf16, held as
+// f32: what the bf16 model computes, done by the f32 model. Norms, biases and the embedding table
+// (looked up in f32 by both) stay as they were, so a tied classifier becomes an untied, rounded copy.
+qkv::Weights rounded_twin(const qkv::Weights& w) {
+  qkv::Config c = w.config;
+  c.tied_embeddings = false;
+  qkv::Weights r = qkv::Weights::allocate(c);
+  const auto src = w.tensors();
+  for (const auto& t : r.tensors()) {
+    const bool cls = t.name == "output.weight";
+    const float* from = nullptr;
+    for (const auto& s : src)
+      if (s.name == t.name || (cls && s.name == (w.config.tied_embeddings ? "tok_embeddings.weight" : "output.weight")))
+        from = s.data;
+    std::int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    const bool matrix = t.shape.size() == 2 && t.name != "tok_embeddings.weight" && t.name != "pos_embeddings.weight";
+    for (std::int64_t i = 0; i < n; ++i) t.data[i] = matrix ? qkv::bf16_to_f32(qkv::f32_to_bf16(from[i])) : from[i];
+  }
+  return r;
+}
+
+// Two checks per model. (1) Exactness of the bf16 path: the bf16 model against the f32 model run on
+// the bf16-rounded matrices (rounded_twin): the same numbers, so only f32 summation order differs
+// and the fp32 tolerance 1e-4 applies (plus the vdpbf16ps kernel's split, below). (2) Distance to the fp32 PyTorch logits: rounding a weight
+// to bf16 moves it by ≤ 2^-9 relative (8 significand bits, round to nearest), so each projection's
+// output moves by ≤ 2^-9 · Σ|x·w|; through L layers of residual updates these add up to a few 2^-9
+// of the logits' scale. The bound used is 8 · 2^-9 · max|logit| per logit (8 ≈ 2 projections per
+// sub-block × 2 sub-blocks × 2 for the classifier and norm), printed beside the error seen.
+void check_bf16(const std::string& name, const qkv::Weights& w) {
+  const Golden g = read_golden(name);
+  qkv::Model bf(w, qkv::ModelOptions{qkv::DType::bf16});
+  qkv::Model twin(rounded_twin(w));
+  std::vector<float> a(g.logits.size()), b(g.logits.size());
+  qkv::KvCache ca(bf.config()), cb(twin.config());
+  bf.forward(g.tokens, ca, a.data(), true);
+  twin.forward(g.tokens, cb, b.data(), true);
+  double err_twin = 0, err_torch = 0, max_logit = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    err_twin = std::max(err_twin, std::abs(double(a[i]) - b[i]));
+    err_torch = std::max(err_torch, std::abs(double(a[i]) - g.logits[i]));
+    max_logit = std::max(max_logit, std::abs(double(g.logits[i])));
+  }
+  const double tol_torch = 8.0 * std::ldexp(1.0, -9) * max_logit;
+  std::printf("%s bf16 weights: max |bf16 model − f32 model on rounded weights| %.3g (tolerance 1e-4); "
+              "max |bf16 model − torch fp32| %.3g (tolerance %.3g)\n",
+              name.c_str(), err_twin, err_torch, tol_torch);
+  // The KV-cache path (GEMV kernels with bf16 weights) against the twin's full forward.
+  qkv::KvCache cc(bf.config());
+  std::vector<float> step(static_cast<std::size_t>(g.V));
+  const std::int64_t prefill = g.S / 3;
+  double err_step = 0;
+  bf.forward(std::span<const int>(g.tokens.data(), static_cast<std::size_t>(prefill)), cc, step.data());
+  for (std::int64_t s = prefill - 1; s < g.S; ++s) {
+    if (s >= prefill) bf.forward(std::span<const int>(g.tokens.data() + s, 1), cc, step.data());
+    for (std::int64_t v = 0; v < g.V; ++v)
+      err_step = std::max(err_step, std::abs(double(step[v]) - b[static_cast<std::size_t>(s * g.V + v)]));
+  }
+  // The vdpbf16ps kernel (Isa::avx512_bf16) also rounds each activation to x_hi + x_lo (≤ 2^-17
+  // relative): by the argument below with 2^-17 for 2^-9, it adds up to 8 · 2^-17 · max|logit|.
+  double max_logit_twin = 0;
+  for (float v : b) max_logit_twin = std::max(max_logit_twin, std::abs(double(v)));
+  const double tol_step =
+      1e-4 + (qkv::active_isa() == qkv::Isa::avx512_bf16 ? 8.0 * std::ldexp(1.0, -17) * max_logit_twin : 0.0);
+  std::printf("%s bf16 weights, KV-cache decoding on %s: max |bf16 model − f32 model on rounded weights| %.3g "
+              "(tolerance %.3g)\n",
+              name.c_str(), qkv::isa_name(qkv::active_isa()), err_step, tol_step);
+  EXPECT_LT(err_twin, 1e-4);
+  EXPECT_LT(err_step, tol_step);
+  EXPECT_LT(err_torch, tol_torch);
+  // And the KV-cache path (GEMV kernels) against the same golden logits, with the same bound.
+  check(name, w, tol_torch, qkv::ModelOptions{qkv::DType::bf16});
+}
+
+TEST(GoldenModel, Bf16WeightsStories260K) {
+  check_bf16("stories260K", qkv::load_llama2c(std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin"));
+}
+
+TEST(GoldenModel, Bf16WeightsGpt2Style) {
+  check_bf16("tiny_gpt2", qkv::load_safetensors(kGolden + "tiny_gpt2.safetensors", kGolden + "tiny_gpt2.json"));
+}
+
+TEST(GoldenModel, Bf16WeightsGqa) { check_bf16("tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors")); }
+
+TEST(GoldenModel, RefusesOtherWeightDtypes) {
+  EXPECT_THROW(qkv::Model(qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"), qkv::ModelOptions{qkv::DType::f64}),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -1,0 +1,127 @@
+// The dense kernels' portable side: ISA dispatch, the split of output rows over threads, the
+// scalar fallbacks and the f64 reference (dense.hpp). No intrinsics here.
+#include "blocks/dense.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "blocks/dense_kernels.hpp"
+#include "blocks/layers.hpp"
+#include "core/parallel.hpp"
+#include "kernels/cpu/simd_common.hpp"
+
+namespace qkv::blocks {
+namespace {
+
+using detail::GemvArgs;
+using i64 = std::int64_t;
+
+// Scalar fallback: one output at a time, f32 accumulation.
+template <class Wt>
+void gemv_scalar(const GemvArgs& a, i64 o0, i64 o1) {
+  const auto* W = static_cast<const Wt*>(a.W);
+  for (i64 m = 0; m < a.M; ++m)
+    for (i64 o = o0; o < o1; ++o) {
+      float s = 0.0f;
+      for (i64 i = 0; i < a.in; ++i) {
+        float w;
+        if constexpr (sizeof(Wt) == 2) w = kernels::cpu::bf16_bits_to_f32(W[o * a.in + i]);
+        else w = W[o * a.in + i];
+        s += a.x[m * a.in + i] * w;
+      }
+      float* y = a.y + m * a.out + o;
+      *y = (a.beta == 0.0f ? 0.0f : *y) + s + (a.b ? a.b[o] : 0.0f);
+    }
+}
+
+// Output rows split into `threads` contiguous ranges (multiples of 4 rows, the kernels' block),
+// so each thread streams its own part of W once.
+void split_rows(const GemvArgs& a, int threads, void (*kernel)(const GemvArgs&, i64, i64)) {
+  const i64 blocks = (a.out + 3) / 4;
+  const i64 t = std::max<i64>(1, std::min<i64>(threads, blocks));
+  parallel_for(t, static_cast<int>(t), [&](i64 k) {
+    const i64 o0 = std::min(a.out, blocks * k / t * 4), o1 = std::min(a.out, blocks * (k + 1) / t * 4);
+    kernel(a, o0, o1);
+  });
+}
+
+void check_rows(const char* fn, i64 M, float beta) {
+  if (M < 1 || M > kGemvMaxRows || (beta != 0.0f && beta != 1.0f))
+    fail(fn, "M, beta: need 1 ≤ M ≤ " + std::to_string(kGemvMaxRows) + " and beta ∈ {0, 1}, got M = " +
+                 std::to_string(M) + ", beta = " + std::to_string(beta));
+}
+
+}  // namespace
+
+void gemv_f32(const float* x, const float* W, const float* b, float* y, i64 M, i64 in, i64 out, float beta,
+              int threads, Isa isa) {
+  check_rows("qkv::blocks::gemv_f32", M, beta);
+  const GemvArgs a{x, W, b, y, M, in, out, beta, nullptr};
+  split_rows(a, threads,
+             isa >= Isa::avx512 ? detail::gemv_f32_avx512 : isa == Isa::avx2 ? detail::gemv_f32_avx2 : gemv_scalar<float>);
+}
+
+void gemv_bf16(const float* x, const std::uint16_t* W, const float* b, float* y, i64 M, i64 in, i64 out,
+               float beta, int threads, Isa isa) {
+  check_rows("qkv::blocks::gemv_bf16", M, beta);
+  GemvArgs a{x, W, b, y, M, in, out, beta, nullptr};
+  if (isa == Isa::avx512_bf16) {
+    // x [M, in] → xs [M][2][in]: x_hi = bf16(x), x_lo = bf16(x − x_hi) (both round to nearest even).
+    thread_local std::vector<std::uint16_t> xs;
+    xs.resize(static_cast<std::size_t>(2 * M * in));
+    for (i64 m = 0; m < M; ++m)
+      for (i64 i = 0; i < in; ++i) {
+        const float v = x[m * in + i];
+        const std::uint16_t hi = kernels::cpu::f32_to_bf16_bits(v);
+        xs[static_cast<std::size_t>(2 * m * in + i)] = hi;
+        xs[static_cast<std::size_t>((2 * m + 1) * in + i)] =
+            kernels::cpu::f32_to_bf16_bits(v - kernels::cpu::bf16_bits_to_f32(hi));
+      }
+    a.xs = xs.data();
+    split_rows(a, threads, detail::gemv_bf16_avx512bf16);
+    return;
+  }
+  split_rows(a, threads,
+             isa == Isa::avx512 ? detail::gemv_bf16_avx512 : isa == Isa::avx2 ? detail::gemv_bf16_avx2
+                                                                              : gemv_scalar<std::uint16_t>);
+}
+
+void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y, i64 M,
+                    i64 in, i64 out, float beta) {
+  for (i64 m = 0; m < M; ++m)
+    for (i64 o = 0; o < out; ++o) {
+      double s = b ? b[o] : 0.0;
+      for (i64 i = 0; i < in; ++i)
+        s += static_cast<double>(x[m * in + i]) *
+             (W ? W[o * in + i] : kernels::cpu::bf16_bits_to_f32(Wbf16[o * in + i]));
+      float* yo = y + m * out + o;
+      *yo = static_cast<float>((beta == 0.0f ? 0.0 : static_cast<double>(*yo)) + s);
+    }
+}
+
+void gelu_fast(float* out, const float* x, i64 n, int threads, Isa isa) {
+  // Chunks of 4096 values (a multiple of every ISA's lanes) shared over the threads.
+  constexpr i64 kChunk = 4096;
+  const i64 chunks = (n + kChunk - 1) / kChunk;
+  auto* kernel = isa >= Isa::avx512 ? detail::gelu_avx512 : isa == Isa::avx2 ? detail::gelu_avx2 : gelu_forward;
+  parallel_for(chunks, threads, [&](i64 c) {
+    const i64 i0 = c * kChunk, len = std::min(kChunk, n - i0);
+    kernel(out + i0, x + i0, len);
+  });
+}
+
+void bf16_to_f32(float* dst, const std::uint16_t* src, i64 n, int threads) {
+  constexpr i64 kChunk = 1 << 16;
+  parallel_for((n + kChunk - 1) / kChunk, threads, [&](i64 c) {
+    const i64 i1 = std::min(n, (c + 1) * kChunk);
+    for (i64 i = c * kChunk; i < i1; ++i) dst[i] = kernels::cpu::bf16_bits_to_f32(src[i]);
+  });
+}
+
+void f32_to_bf16(std::uint16_t* dst, const float* src, i64 n) {
+  for (i64 i = 0; i < n; ++i) dst[i] = kernels::cpu::f32_to_bf16_bits(src[i]);
+}
+
+}  // namespace qkv::blocks

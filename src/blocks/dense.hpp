@@ -1,0 +1,44 @@
+// Internal: the model's inference-only dense kernels, per ISA (runtime dispatch on active_isa()).
+//
+// GEMV — the projections of decoding, where a call has only a few rows:
+//   x [M, in] f32   W [out, in] f32 or bf16 (raw bits)   b [out] or null   y [M, out] f32
+//   y = beta·y + x · Wᵀ + b          M ≤ kGemvMaxRows, beta ∈ {0, 1} (0 never reads y)
+// At M = 1 every weight is read once and used once, so the speed is the memory bandwidth; the
+// kernels stream 4 rows of W at a time with 16-lane accumulators and split the output rows over
+// `threads`. bf16 weights halve the bytes read. Activations and accumulation stay f32.
+//   avx512_bf16: vdpbf16ps on (W, x_hi) and (W, x_lo), x = x_hi + x_lo split into two bf16
+//                (x_hi + x_lo carries 16 of x's 24 significand bits: error ≤ 2^-17·|x|).
+//   avx512, avx2: W widened to f32 (a 16-bit shift), f32 FMA: exact products.
+//   scalar:      the plain loop below, in f32 (the fallback).
+// gemv_reference is the f64 twin the tests compare with.
+//
+// GELU (tanh form), vectorised: gelu(x) = ½x(1 + tanh(u)) = x / (1 + e^(−2u)),
+// u = √(2/π)(x + 0.044715x³), with e^ from the ISA's exp2 (relative error ≤ 2.4e-7).
+// blocks::gelu_forward (std::tanh) is its reference twin.
+#pragma once
+
+#include <cstdint>
+
+#include "qkv/attention.hpp"  // Isa
+
+namespace qkv::blocks {
+
+inline constexpr std::int64_t kGemvMaxRows = 4;
+
+void gemv_f32(const float* x, const float* W, const float* b, float* y, std::int64_t M, std::int64_t in,
+              std::int64_t out, float beta, int threads, Isa isa);
+void gemv_bf16(const float* x, const std::uint16_t* W, const float* b, float* y, std::int64_t M, std::int64_t in,
+               std::int64_t out, float beta, int threads, Isa isa);
+// f64 accumulation of the same sum; W as f32 (Wbf16 null) or as bf16 bits (W null).
+void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y,
+                    std::int64_t M, std::int64_t in, std::int64_t out, float beta);
+
+// out [n] (may equal x), split over `threads`.
+void gelu_fast(float* out, const float* x, std::int64_t n, int threads, Isa isa);
+
+// dst [n] f32 = src [n] bf16 bits (exact), split over `threads`.
+void bf16_to_f32(float* dst, const std::uint16_t* src, std::int64_t n, int threads);
+// dst [n] bf16 bits = src [n] rounded to nearest even (NaN stays NaN).
+void f32_to_bf16(std::uint16_t* dst, const float* src, std::int64_t n);
+
+}  // namespace qkv::blocks

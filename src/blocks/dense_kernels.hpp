@@ -1,0 +1,30 @@
+// Internal: what dense.cpp (portable) hands to the per-ISA dense kernels (dense_<isa>.cpp).
+// Each entry computes output rows [o0, o1) of one GEMV, or GELU on [0, n): see dense.hpp.
+#pragma once
+
+#include <cstdint>
+
+namespace qkv::blocks::detail {
+
+// y [M, out] = beta·y + x [M, in] · Wᵀ + b, W [out, in] (f32 or bf16 bits, per entry point).
+// xs: for the vdpbf16ps kernel only, x split as bf16 pairs: xs [M][2][in] = (x_hi rows, x_lo rows).
+struct GemvArgs {
+  const float* x;
+  const void* W;
+  const float* b;
+  float* y;
+  std::int64_t M, in, out;
+  float beta;
+  const std::uint16_t* xs;
+};
+
+void gemv_f32_avx2(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
+void gemv_f32_avx512(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
+void gemv_bf16_avx2(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
+void gemv_bf16_avx512(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
+void gemv_bf16_avx512bf16(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
+
+void gelu_avx2(float* out, const float* x, std::int64_t n);
+void gelu_avx512(float* out, const float* x, std::int64_t n);
+
+}  // namespace qkv::blocks::detail

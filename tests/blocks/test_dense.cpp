@@ -1,0 +1,143 @@
+// The dense kernels (blocks/dense.hpp) on every ISA this CPU runs, against their f64 twins:
+// GEMV with f32 and bf16 weights at awkward sizes, and the vectorised GELU.
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "blocks/dense.hpp"
+#include "blocks/layers.hpp"
+#include "qkv/attention.hpp"
+
+namespace {
+
+using qkv::Isa;
+
+std::vector<float> randn(std::size_t n, unsigned seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+std::vector<Isa> isas() {
+  std::vector<Isa> out;
+  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
+    if (i <= qkv::cpu_isa()) out.push_back(i);
+  return out;
+}
+
+// Every ISA, M = 1 … 4, input widths around each vector length (tails), output counts around the
+// 4-row block and the 2-thread split, beta 0 (y full of NaN, never read) and 1, with and without
+// bias, the 2-thread row split at one width. Tolerance: an f32 sum of `in` products, in any order, errs by at most
+// γ_in · Σ|x·w| with γ_in ≈ in · 2^-24 (Higham, Accuracy and Stability §3.1); the f64 reference
+// is exact by comparison. The vdpbf16ps kernel (avx512_bf16 with bf16 weights) also rounds x to
+// x_hi + x_lo, off by ≤ 2^-17·|x|, so its bound adds 2^-17 · Σ|x·w|. Measured errors print below.
+TEST(Dense, GemvMatchesReferenceOnEveryIsa) {
+  for (Isa isa : isas())
+    for (bool bf16 : {false, true}) {
+      double worst = 0;  // max |err| / bound
+      for (std::int64_t M = 1; M <= qkv::blocks::kGemvMaxRows; ++M)
+        for (std::int64_t in : {1, 7, 16, 17, 33, 64, 100})
+          for (std::int64_t out : {1, 3, 4, 9, 13})
+            for (float beta : {0.0f, 1.0f})
+              for (int threads : {1, 2}) {
+                if (threads == 2 && in != 100) continue;  // the split itself; one width is enough
+                const auto x = randn(static_cast<std::size_t>(M * in), 1);
+                auto W = randn(static_cast<std::size_t>(out * in), 2);
+                const auto b = randn(static_cast<std::size_t>(out), 3);
+                std::vector<std::uint16_t> Wb(W.size());
+                qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
+                const auto y0 = beta == 0.0f ? std::vector<float>(static_cast<std::size_t>(M * out), std::nanf(""))
+                                             : randn(static_cast<std::size_t>(M * out), 4);
+                std::vector<float> y = y0, r = y0;
+                const float* bias = (out % 2) ? b.data() : nullptr;
+                if (bf16) {
+                  qkv::blocks::gemv_bf16(x.data(), Wb.data(), bias, y.data(), M, in, out, beta, threads, isa);
+                  qkv::blocks::gemv_reference(x.data(), nullptr, Wb.data(), bias, r.data(), M, in, out, beta);
+                } else {
+                  qkv::blocks::gemv_f32(x.data(), W.data(), bias, y.data(), M, in, out, beta, threads, isa);
+                  qkv::blocks::gemv_reference(x.data(), W.data(), nullptr, bias, r.data(), M, in, out, beta);
+                }
+                for (std::int64_t m = 0; m < M; ++m)
+                  for (std::int64_t o = 0; o < out; ++o) {
+                    double mag = (bias ? std::abs(bias[o]) : 0.0) + (beta != 0.0f ? std::abs(y0[m * out + o]) : 0.0);
+                    for (std::int64_t i = 0; i < in; ++i)
+                      mag += std::abs(double(x[m * in + i]) *
+                                      (bf16 ? qkv::bf16_to_f32(Wb[o * in + i]) : W[o * in + i]));
+                    const double gamma = (in + 2) * std::ldexp(1.0, -24) +
+                                         (bf16 && isa == Isa::avx512_bf16 ? std::ldexp(1.0, -17) : 0.0);
+                    const double err = std::abs(double(y[m * out + o]) - r[m * out + o]);
+                    ASSERT_LE(err, gamma * mag) << qkv::isa_name(isa) << " bf16=" << bf16 << " M=" << M
+                                                << " in=" << in << " out=" << out << " beta=" << beta;
+                    worst = std::max(worst, err / (gamma * mag));
+                  }
+              }
+      std::printf("%-12s %s weights: max |err| / bound = %.3f\n", qkv::isa_name(isa), bf16 ? "bf16" : "f32 ", worst);
+    }
+}
+
+// A large GEMV (the GPT-2-small MLP's shape, 3072 outputs of 768) on two threads, to cover the
+// row split at real sizes; same bound as above.
+TEST(Dense, GemvLargeShapeTwoThreads) {
+  const std::int64_t in = 768, out = 3072;
+  const auto x = randn(in, 5), W = randn(static_cast<std::size_t>(in * out), 6);
+  std::vector<float> y(out), r(out);
+  qkv::blocks::gemv_f32(x.data(), W.data(), nullptr, y.data(), 1, in, out, 0.0f, 2, qkv::cpu_isa());
+  qkv::blocks::gemv_reference(x.data(), W.data(), nullptr, nullptr, r.data(), 1, in, out, 0.0f);
+  double worst = 0;
+  for (std::int64_t o = 0; o < out; ++o) {
+    double mag = 0;
+    for (std::int64_t i = 0; i < in; ++i) mag += std::abs(double(x[i]) * W[o * in + i]);
+    const double err = std::abs(double(y[o]) - r[o]);
+    EXPECT_LE(err, (in + 2) * std::ldexp(1.0, -24) * mag) << "row " << o;
+    worst = std::max(worst, err);
+  }
+  std::printf("max |y - ref| = %.3g\n", worst);
+}
+
+TEST(Dense, GemvRefusesRowsOutsideItsRange) {
+  float x[8] = {}, W[8] = {}, y[8] = {};
+  EXPECT_THROW(qkv::blocks::gemv_f32(x, W, nullptr, y, 5, 1, 1, 0.0f, 1, Isa::scalar), std::invalid_argument);
+  EXPECT_THROW(qkv::blocks::gemv_f32(x, W, nullptr, y, 1, 1, 1, 0.5f, 1, Isa::scalar), std::invalid_argument);
+}
+
+// GELU against ½x(1 + tanh(u)) in f64. The fast form x / (1 + 2^a), a = −2u·log2 e, errs through
+// a's rounding (a few ulp of |a|, i.e. ≈ 3·2^-24·|a|·ln 2 relative in 2^a), the exp2 polynomial
+// (≤ 2.4e-7 relative) and two f32 operations; relative to |x| that is below
+// 4e-7 + 1.3e-7·|a|. The test allows twice that: |err| ≤ |x|·(8e-7 + 2.6e-7·|a|) (+ 1e-38).
+TEST(Dense, GeluMatchesTanhFormOnEveryIsa) {
+  std::vector<float> x;
+  for (int i = -2000; i <= 2000; ++i) x.push_back(static_cast<float>(i) * 0.006f);  // [−12, 12]
+  for (float v : randn(1001, 7)) x.push_back(3.0f * v);
+  x.push_back(0.0f);
+  x.push_back(-0.0f);
+  x.push_back(1e-30f);
+  x.push_back(-60.0f);
+  x.push_back(60.0f);
+  const double k = std::sqrt(2.0 / M_PI);
+  for (Isa isa : isas()) {
+    for (int threads : {1, 2}) {
+      std::vector<float> y(x.size());
+      qkv::blocks::gelu_fast(y.data(), x.data(), static_cast<std::int64_t>(x.size()), threads, isa);
+      double worst = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const double v = x[i], u = k * (v + 0.044715 * v * v * v);
+        const double ref = 0.5 * v * (1.0 + std::tanh(u));
+        const double a = 2.0 * u * 1.4426950408889634;
+        const double tol = std::abs(v) * (8e-7 + 2.6e-7 * std::min(std::abs(a), 126.0)) + 1e-38;
+        ASSERT_LE(std::abs(y[i] - ref), tol) << qkv::isa_name(isa) << " x = " << v << " got " << y[i];
+        worst = std::max(worst, std::abs(y[i] - ref) / std::max(std::abs(v), 1e-30));
+      }
+      std::printf("%-12s threads %d: max |gelu - ref| / |x| = %.3g\n", qkv::isa_name(isa), threads, worst);
+    }
+    float nan = std::numeric_limits<float>::quiet_NaN(), out = 0;
+    qkv::blocks::gelu_fast(&out, &nan, 1, 1, isa);
+    EXPECT_TRUE(std::isnan(out)) << qkv::isa_name(isa) << ": NaN in, NaN out";
+  }
+}
+
+}  // namespace
