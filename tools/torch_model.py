@@ -68,12 +68,15 @@ def load_safetensors(path, config_path):
 
 
 class TorchModel:
-    def __init__(self, cfg, params, sdpa=False):
+    def __init__(self, cfg, params, sdpa=False, dtype=torch.float32):
         """sdpa: attention through F.scaled_dot_product_attention (PyTorch's fused kernels, the
-        benchmark peer at its best) instead of the explicit softmax formula (the test oracle)."""
+        benchmark peer at its best) instead of the explicit softmax formula (the test oracle).
+        dtype: every parameter, activation and the cache in this dtype (torch.bfloat16: the
+        benchmark's bf16 peer; rotary angles are applied in fp32 and rounded back)."""
         self.sdpa = sdpa
         self.c = cfg
-        self.p = params
+        self.dtype = dtype
+        self.p = {k: v.to(dtype) for k, v in params.items()} if dtype != torch.float32 else params
         C, H = cfg["dim"], cfg["n_heads"]
         self.hd = C // H
         if cfg["pos"] == "rotary":
@@ -81,14 +84,14 @@ class TorchModel:
             freqs = 1.0 / (cfg["rope_theta"] ** (i / self.hd))
             ang = torch.outer(torch.arange(cfg["seq_len"], dtype=torch.float32), freqs)
             self.rot = torch.polar(torch.ones_like(ang), ang)  # [P, D/2] complex
-        self.wcls = params["tok_embeddings.weight"] if cfg["tied_embeddings"] else params["output.weight"]
+        self.wcls = self.p["tok_embeddings.weight"] if cfg["tied_embeddings"] else self.p["output.weight"]
 
     def new_cache(self):
         """Per layer, preallocated keys and values [P, Hkv, D] and the number of positions held."""
         c = self.c
         shape = (c["seq_len"], c["n_kv_heads"], self.hd)
-        return {"len": 0, "k": [torch.zeros(shape) for _ in range(c["n_layers"])],
-                "v": [torch.zeros(shape) for _ in range(c["n_layers"])]}
+        return {"len": 0, "k": [torch.zeros(shape, dtype=self.dtype) for _ in range(c["n_layers"])],
+                "v": [torch.zeros(shape, dtype=self.dtype) for _ in range(c["n_layers"])]}
 
     def _norm(self, x, prefix):
         c, p = self.c, self.p
@@ -101,8 +104,8 @@ class TorchModel:
 
     def _rope(self, x, pos0):  # x [S, heads, D]
         S = x.shape[0]
-        xc = torch.view_as_complex(x.reshape(S, x.shape[1], -1, 2))
-        return torch.view_as_real(xc * self.rot[pos0:pos0 + S, None, :]).reshape(x.shape)
+        xc = torch.view_as_complex(x.float().reshape(S, x.shape[1], -1, 2))
+        return torch.view_as_real(xc * self.rot[pos0:pos0 + S, None, :]).reshape(x.shape).to(x.dtype)
 
     @torch.no_grad()
     def forward(self, tokens, cache=None, pos0=0, all_logits=True):

@@ -93,6 +93,16 @@ void Model::project(const float* x, const float* W, const std::uint16_t* Wb, con
     blocks::bf16_to_f32(wide_.ptr<float>(), Wb, in * out, threads);
     W = wide_.ptr<float>();
   }
+  if (b) {
+    // The bias goes into y first, rows shared over the threads (linear_forward's own loop runs
+    // on one), then sgemm adds x·Wᵀ to it.
+    parallel_for(S, threads, [&](std::int64_t s) {
+      float* row = y + s * out;
+      for (std::int64_t o = 0; o < out; ++o) row[o] = (beta == 0.0f ? 0.0f : row[o]) + b[o];
+    });
+    b = nullptr;
+    beta = 1.0f;
+  }
   blocks::linear_forward(x, W, b, y, S, in, out, beta);
 }
 
