@@ -114,9 +114,12 @@ class Model:
         self._config: Dict[str, Any] = json.loads(native.config_json())
 
     @classmethod
-    def load(cls, path: str, config: Optional[str] = None) -> "Model":
-        """A llama2.c checkpoint (.bin) or a .safetensors file with its config JSON."""
-        return cls(_qkv.Model(str(path), "" if config is None else str(config)))
+    def load(cls, path: str, config: Optional[str] = None, weights: str = "f32") -> "Model":
+        """A llama2.c checkpoint (.bin) or a .safetensors file with its config JSON.
+
+        weights: 'f32' (exact), or 'bf16' to keep the projection matrices rounded to bfloat16
+        (half the memory and bandwidth when decoding; activations stay float32)."""
+        return cls(_qkv.Model(str(path), "" if config is None else str(config), str(weights)))
 
     @property
     def config(self) -> Dict[str, Any]:

@@ -252,7 +252,7 @@ F32Array to_numpy(qkv::Buffer&& b) {
 struct PyModel {
   qkv::Model model;
   qkv::KvCache cache;
-  explicit PyModel(qkv::Weights w) : model(std::move(w)), cache(model.config()) {}
+  PyModel(qkv::Weights w, qkv::ModelOptions o) : model(std::move(w), o), cache(model.config()) {}
 };
 
 std::vector<int> to_tokens(const char* fn, const std::vector<std::int64_t>& t) {
@@ -385,15 +385,19 @@ NB_MODULE(_qkv, m) {
 
   nb::class_<PyModel>(m, "Model", "A transformer with its KV cache (use qkv.Model).")
       .def("__init__",
-           [](PyModel* self, const std::string& path, const std::string& config) {
-             qkv::Weights w;
-             {
-               nb::gil_scoped_release unlocked;
-               w = qkv::load_weights(path, config);
+           [](PyModel* self, const std::string& path, const std::string& config, const std::string& weights) {
+             qkv::ModelOptions o;
+             if (weights == "bf16") {
+               o.weights = qkv::DType::bf16;
+             } else if (weights != "f32") {
+               throw nb::value_error(("[qkv.Model.load] weights: must be 'f32' or 'bf16', got '" + weights + "'").c_str());
              }
-             new (self) PyModel(std::move(w));
+             nb::gil_scoped_release unlocked;
+             qkv::Weights w = qkv::load_weights(path, config);
+             new (self) PyModel(std::move(w), o);
            },
-           "path"_a, "config"_a, "Loads a llama2.c checkpoint or a .safetensors file (+ config JSON).")
+           "path"_a, "config"_a, "weights"_a,
+           "Loads a llama2.c checkpoint or a .safetensors file (+ config JSON); weights stored as f32 or bf16.")
       .def("config_json", [](const PyModel& self) { return qkv::config_to_json(self.model.config(), false); })
       .def("num_params", [](const PyModel& self) { return self.model.weights().num_params(); })
       .def_prop_ro("position", [](const PyModel& self) { return self.cache.len; })
