@@ -80,6 +80,14 @@ inline void load_row(const FlashArgs& a, const void* base, i64 off, i64 stride, 
   }
 }
 
+// n elements of a unit-stride bf16 row → dst[0, round_up(n, L)) as f32, zeros past n.
+template <class S>
+inline void widen_row(const std::uint16_t* src, i64 n, float* dst) {
+  i64 x = 0;
+  for (; x + S::L <= n; x += S::L) S::storeu(dst + x, S::load_bf16(src + x));
+  if (x < n) S::storeu(dst + x, S::load_bf16_n(src + x, static_cast<int>(n - x)));
+}
+
 // out row i of head h ← acc / l (0 when l = 0: the row saw no key); lse ← ln 2 (m + log2 l).
 template <class S>
 void store_row(const FlashArgs& a, i64 b, i64 h, i64 i, const float* acc, float m, float l) {
@@ -431,6 +439,56 @@ inline float dot(const float* q, const float* k, i64 Dp) {
   return S::hsum(acc);
 }
 
+// The same for two query rows against one key row: the key is loaded once for both.
+template <class S>
+inline void dot2(const float* q0, const float* q1, const float* k, i64 Dp, float* s0, float* s1) {
+  constexpr int L = S::L;
+  auto a0 = S::zero(), a1 = S::zero();
+  for (i64 d = 0; d < Dp; d += L) {
+    const auto kv = S::loadu(k + d);
+    a0 = S::fmadd(S::loadu(q0 + d), kv, a0);
+    a1 = S::fmadd(S::loadu(q1 + d), kv, a1);
+  }
+  *s0 = S::hsum(a0);
+  *s1 = S::hsum(a1);
+}
+
+// Decode P·V of R query rows: o[r][e0, e0 + NV·L) += Σ_{c ∈ [c_lo, c_hi)} p[r][c] · v[c][…], the
+// R × NV accumulators in registers across the tile's keys (each V vector loaded once for R rows).
+//   p [R][kNt]    v rows c at v + c·ldv    o [R][Dvp]
+template <class S, int R, int NV>
+inline void dec_pv_block(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp, i64 e0) {
+  constexpr int L = S::L;
+  typename S::V acc[R][NV];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int x = 0; x < NV; ++x) acc[r][x] = S::loadu(o + r * Dvp + e0 + x * L);
+  for (i64 c = c_lo; c < c_hi; ++c) {
+    typename S::V vv[NV];
+#pragma GCC unroll 4
+    for (int x = 0; x < NV; ++x) vv[x] = S::loadu(v + c * ldv + e0 + x * L);
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+      const auto pb = S::set1(p[r * kNt + c]);
+#pragma GCC unroll 4
+      for (int x = 0; x < NV; ++x) acc[r][x] = S::fmadd(pb, vv[x], acc[r][x]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int x = 0; x < NV; ++x) S::storeu(o + r * Dvp + e0 + x * L, acc[r][x]);
+}
+
+template <class S, int R>
+inline void dec_pv(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp) {
+  constexpr int L = S::L;
+  i64 e0 = 0;
+  for (; e0 + 4 * L <= Dvp; e0 += 4 * L) dec_pv_block<S, R, 4>(p, v, ldv, c_lo, c_hi, o, Dvp, e0);
+  for (; e0 < Dvp; e0 += L) dec_pv_block<S, R, 1>(p, v, ldv, c_lo, c_hi, o, Dvp, e0);
+}
+
 template <class S>
 void decode(const FlashArgs& a) {
   constexpr int L = S::L;
@@ -456,16 +514,17 @@ void decode(const FlashArgs& a) {
   float* Lp = part_l.f();
 
   // Per-thread scratch: Qd [kDecRows][Dp] scaled queries, Od [kDecRows][Dvp] accumulators,
-  // Kr [Dp] / Vr [Dvp] one key / value row as f32 when not read in place, Ps [kDecRows][kNt].
-  const i64 arena = kDecRows * Dp + kDecRows * Dvp + Dp + Dvp + kDecRows * kNt;
+  // Kr [Dp] one key row as f32 when not read in place, Vs [kNt][Dvp] the V tile as f32 when not
+  // read in place, Ps [kDecRows][kNt].
+  const i64 arena = kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt;
 #pragma omp parallel num_threads(a.threads)
   {
     Scratch mem(arena * 4);
     float* Qd = mem.f();
     float* Od = Qd + kDecRows * Dp;
     float* Kr = Od + kDecRows * Dvp;
-    float* Vr = Kr + Dp;
-    float* Ps = Vr + Dvp;
+    float* Vs = Kr + Dp;
+    float* Ps = Vs + kNt * Dvp;
     for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
     i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
     float Md[kDecRows], Ld[kDecRows];
@@ -497,10 +556,14 @@ void decode(const FlashArgs& a) {
           if (k_in_place) {
             kp = static_cast<const float*>(a.k) + kbase + j * a.sk[2];
           } else {
-            load_row(a, a.k, kbase + j * a.sk[2], a.sk[3], D, 1.0f, Kr);
+            if (a.bf16 && a.sk[3] == 1) widen_row<S>(static_cast<const std::uint16_t*>(a.k) + kbase + j * a.sk[2], D, Kr);
+            else load_row(a, a.k, kbase + j * a.sk[2], a.sk[3], D, 1.0f, Kr);
             kp = Kr;
           }
-          for (int r = 0; r < nr; ++r) Ps[r * kNt + (j - t0)] = dot<S>(Qd + r * Dp, kp, Dp);
+          int r = 0;
+          for (; r + 2 <= nr; r += 2)
+            dot2<S>(Qd + r * Dp, Qd + (r + 1) * Dp, kp, Dp, &Ps[r * kNt + (j - t0)], &Ps[(r + 1) * kNt + (j - t0)]);
+          if (r < nr) Ps[r * kNt + (j - t0)] = dot<S>(Qd + r * Dp, kp, Dp);
         }
         for (int r = 0; r < nr; ++r) {
           // The chunk bounds cut like the rule does: keys outside [k0, k1) are not this item's.
@@ -508,21 +571,26 @@ void decode(const FlashArgs& a) {
           mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2]);
           softmax_row<S>(Ps + r * kNt, &Md[r], &Ld[r], Od + r * Dvp, Dvp);
         }
-        for (i64 j = j_lo; j < j_hi; ++j) {
-          const float* vp;
-          if (v_in_place) {
-            vp = static_cast<const float*>(a.v) + vbase + j * a.sv[2];
-          } else {
-            load_row(a, a.v, vbase + j * a.sv[2], a.sv[3], Dv, 1.0f, Vr);
-            for (i64 e = Dv; e < Dvp; ++e) Vr[e] = 0.0f;
-            vp = Vr;
-          }
-          for (int r = 0; r < nr; ++r) {
-            const auto pb = S::set1(Ps[r * kNt + (j - t0)]);
-            float* o = Od + r * Dvp;
-            for (i64 e = 0; e < Dvp; e += L) S::storeu(o + e, S::fmadd(pb, S::loadu(vp + e), S::loadu(o + e)));
+        // The tile's V rows [j_lo, j_hi) as f32 rows c = j − t0 of vt (in place, or converted into Vs).
+        const float* vt = Vs;
+        i64 ldv = Dvp;
+        if (v_in_place) {
+          vt = static_cast<const float*>(a.v) + vbase + t0 * a.sv[2];
+          ldv = a.sv[2];
+        } else {
+          for (i64 j = j_lo; j < j_hi; ++j) {
+            float* row = Vs + (j - t0) * Dvp;
+            if (a.bf16 && a.sv[3] == 1) {
+              widen_row<S>(static_cast<const std::uint16_t*>(a.v) + vbase + j * a.sv[2], Dv, row);
+            } else {
+              load_row(a, a.v, vbase + j * a.sv[2], a.sv[3], Dv, 1.0f, row);
+              for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
+            }
           }
         }
+        int r = 0;
+        for (; r + 2 <= nr; r += 2) dec_pv<S, 2>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp);
+        if (r < nr) dec_pv<S, 1>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp);
       }
       for (int r = 0; r < nr; ++r) {
         const i64 row = (b * a.Hkv + hk) * GS + g * kDecRows + r;
