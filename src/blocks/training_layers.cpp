@@ -6,15 +6,11 @@
 
 #include "blocks/layers.hpp"
 #include "blocks/linear.hpp"
-#include "core/parallel.hpp"
+#include "core/per_isa.hpp"
 #include "qkv/attention.hpp"
 
 namespace qkv::blocks::typed {
 namespace {
-
-// Rows of at most this many elements are too small to be worth waking a second thread for.
-constexpr std::int64_t kParallelGrain = 1 << 14;
-int threads_for(std::int64_t work) { return work < kParallelGrain ? 1 : qkv::num_threads(); }
 
 // e^x in f32, written so that `omp simd` loops calling it vectorise: x = k·ln2 + r with
 // |r| ≤ ln2/2 (ln2 split in two for an exact k·ln2; k rounded by the 1.5·2^23 trick), e^r by its
@@ -44,7 +40,7 @@ int threads_for(std::int64_t work) { return work < kParallelGrain ? 1 : qkv::num
 
 // GELU (tanh form) forward and backward over [lo, hi), f32. The bodies are inlined into one
 // wrapper per instruction set, so the same loop is compiled for AVX-512, AVX2 and the baseline,
-// and gelu_kernels() picks one at run time (qkv::active_isa(), overridable by QKV_ISA).
+// and kernels() picks one at run time (qkv::active_isa(), overridable by QKV_ISA).
 constexpr float kGeluK = 0.79788456080286535588f;  // √(2/π)
 constexpr float kGeluA = 0.044715f;
 
@@ -65,34 +61,113 @@ constexpr float kGeluA = 0.044715f;
   }
 }
 
-void gelu_fwd_base(float* o, const float* x, std::int64_t n) { gelu_fwd_body(o, x, n); }
-void gelu_bwd_base(float* dx, const float* x, const float* d, std::int64_t n) { gelu_bwd_body(dx, x, d, n); }
-[[gnu::target("avx2,fma")]] void gelu_fwd_avx2(float* o, const float* x, std::int64_t n) { gelu_fwd_body(o, x, n); }
-[[gnu::target("avx2,fma")]] void gelu_bwd_avx2(float* dx, const float* x, const float* d, std::int64_t n) {
-  gelu_bwd_body(dx, x, d, n);
-}
-[[gnu::target("avx512f,avx512dq,avx512vl,avx512bw,fma")]] void gelu_fwd_avx512(float* o, const float* x,
-                                                                              std::int64_t n) {
-  gelu_fwd_body(o, x, n);
-}
-[[gnu::target("avx512f,avx512dq,avx512vl,avx512bw,fma")]] void gelu_bwd_avx512(float* dx, const float* x,
-                                                                              const float* d, std::int64_t n) {
-  gelu_bwd_body(dx, x, d, n);
+// Softmax cross-entropy rows (crossentropy_forward's contract), f32.
+[[gnu::always_inline]] inline void softmax_xent_body(float* probs, float* losses, const float* logits,
+                                                     const std::int32_t* targets, std::int64_t N, std::int64_t V) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const float* l = logits + n * V;
+    float* p = probs + n * V;
+    const float target_logit = l[targets[n]];  // read first: probs may alias logits
+    float m = l[0];
+#pragma omp simd reduction(max : m)
+    for (std::int64_t v = 1; v < V; ++v) m = std::max(m, l[v]);
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (std::int64_t v = 0; v < V; ++v) {
+      p[v] = exp_f32(l[v] - m);
+      sum += p[v];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (std::int64_t v = 0; v < V; ++v) p[v] *= inv;
+    // −log p_target computed from the logits (not from p, which may underflow to 0).
+    losses[n] = m + std::log(sum) - target_logit;
+  }
 }
 
-struct GeluKernels {
-  void (*fwd)(float*, const float*, std::int64_t);
-  void (*bwd)(float*, const float*, const float*, std::int64_t);
+// LayerNorm over rows of C, f32: layernorm_forward / layernorm_backward's contract.
+[[gnu::always_inline]] inline void layernorm_fwd_body(float* out, float* mean, float* rstd, const float* x,
+                                                      const float* w, const float* b, std::int64_t N, std::int64_t C) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const float* xn = x + n * C;
+    float m = 0;
+#pragma omp simd reduction(+ : m)
+    for (std::int64_t c = 0; c < C; ++c) m += xn[c];
+    m /= static_cast<float>(C);
+    float var = 0;
+#pragma omp simd reduction(+ : var)
+    for (std::int64_t c = 0; c < C; ++c) var += (xn[c] - m) * (xn[c] - m);
+    var /= static_cast<float>(C);
+    const float rs = 1.0f / std::sqrt(var + 1e-5f);
+    float* o = out + n * C;
+    if (b) {
+#pragma omp simd
+      for (std::int64_t c = 0; c < C; ++c) o[c] = (xn[c] - m) * rs * w[c] + b[c];
+    } else {
+#pragma omp simd
+      for (std::int64_t c = 0; c < C; ++c) o[c] = (xn[c] - m) * rs * w[c];
+    }
+    mean[n] = m;
+    rstd[n] = rs;
+  }
+}
+
+[[gnu::always_inline]] inline void layernorm_bwd_body(float* dx, float* dw, float* db, const float* dout,
+                                                      const float* x, const float* w, const float* mean,
+                                                      const float* rstd, std::int64_t N, std::int64_t C) {
+  for (std::int64_t n = 0; n < N; ++n) {  // the derivation is at the generic layernorm_backward
+    const float* xn = x + n * C;
+    const float* dn = dout + n * C;
+    const float mn = mean[n], rs = rstd[n];
+    float sum_d = 0, sum_dn = 0;
+#pragma omp simd reduction(+ : sum_d, sum_dn)
+    for (std::int64_t c = 0; c < C; ++c) {
+      const float d = dn[c] * w[c];
+      sum_d += d;
+      sum_dn += d * ((xn[c] - mn) * rs);
+    }
+    sum_d /= static_cast<float>(C);
+    sum_dn /= static_cast<float>(C);
+    float* dxn = dx + n * C;
+#pragma omp simd
+    for (std::int64_t c = 0; c < C; ++c) {
+      const float norm = (xn[c] - mn) * rs;
+      dxn[c] += (dn[c] * w[c] - sum_d - norm * sum_dn) * rs;
+      dw[c] += dn[c] * norm;
+    }
+    if (db)
+#pragma omp simd
+      for (std::int64_t c = 0; c < C; ++c) db[c] += dn[c];
+  }
+}
+
+QKV_PER_ISA(gelu_fwd, gelu_fwd_body, (float* o, const float* x, std::int64_t n), (o, x, n))
+QKV_PER_ISA(gelu_bwd, gelu_bwd_body, (float* dx, const float* x, const float* d, std::int64_t n), (dx, x, d, n))
+QKV_PER_ISA(xent, softmax_xent_body,
+            (float* p, float* loss, const float* l, const std::int32_t* t, std::int64_t N, std::int64_t V),
+            (p, loss, l, t, N, V))
+QKV_PER_ISA(ln_fwd, layernorm_fwd_body,
+            (float* o, float* m, float* r, const float* x, const float* w, const float* b, std::int64_t N,
+             std::int64_t C),
+            (o, m, r, x, w, b, N, C))
+QKV_PER_ISA(ln_bwd, layernorm_bwd_body,
+            (float* dx, float* dw, float* db, const float* d, const float* x, const float* w, const float* m,
+             const float* r, std::int64_t N, std::int64_t C),
+            (dx, dw, db, d, x, w, m, r, N, C))
+
+struct Kernels {
+  decltype(&gelu_fwd_base) gelu_fwd;
+  decltype(&gelu_bwd_base) gelu_bwd;
+  decltype(&xent_base) xent;
+  decltype(&ln_fwd_base) ln_fwd;
+  decltype(&ln_bwd_base) ln_bwd;
 };
-GeluKernels gelu_kernels() {
+Kernels kernels() {
   const Isa isa = active_isa();
-  if (isa >= Isa::avx512) return {gelu_fwd_avx512, gelu_bwd_avx512};
-  if (isa >= Isa::avx2) return {gelu_fwd_avx2, gelu_bwd_avx2};
-  return {gelu_fwd_base, gelu_bwd_base};
+  if (isa >= Isa::avx512) return {gelu_fwd_avx512, gelu_bwd_avx512, xent_avx512, ln_fwd_avx512, ln_bwd_avx512};
+  if (isa >= Isa::avx2) return {gelu_fwd_avx2, gelu_bwd_avx2, xent_avx2, ln_fwd_avx2, ln_bwd_avx2};
+  return {gelu_fwd_base, gelu_bwd_base, xent_base, ln_fwd_base, ln_bwd_base};
 }
-
-// Elementwise work in chunks of this many elements, spread over the threads.
-constexpr std::int64_t kChunk = 16384;
 
 }  // namespace
 
@@ -132,7 +207,7 @@ void embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tok
 template <class S>
 void layernorm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S* b, std::int64_t N,
                        std::int64_t C) {
-  parallel_for(N, threads_for(N * C), [&](std::int64_t n) {
+  for (std::int64_t n = 0; n < N; ++n) {
     const S* xn = x + n * C;
     S m = 0;
 #pragma omp simd reduction(+ : m)
@@ -148,7 +223,7 @@ void layernorm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S
     for (std::int64_t c = 0; c < C; ++c) o[c] = (xn[c] - m) * rs * w[c] + (b ? b[c] : S(0));
     mean[n] = m;
     rstd[n] = rs;
-  });
+  }
 }
 
 template <class S>
@@ -156,14 +231,16 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S*
                         std::int64_t N, std::int64_t C) {
   // In the forward pass this was out = norm · w + b with norm = (x − mean) · rstd, so now
   //   dnorm = dout · w,   dx = rstd · (dnorm − mean(dnorm) − norm · mean(dnorm · norm)),
-  // the two means being the paths through mean and rstd, which every x[c] of the row feeds.
-  parallel_for(N, threads_for(N * C), [&](std::int64_t n) {
+  // the two means being the paths through mean and rstd, which every x[c] of the row feeds;
+  //   dw = Σ_n dout · norm,  db = Σ_n dout, summed over the rows in order (reproducible sums).
+  for (std::int64_t n = 0; n < N; ++n) {
     const S* xn = x + n * C;
     const S* dn = dout + n * C;
+    const S mn = mean[n], rs = rstd[n];
     S sum_d = 0, sum_dn = 0;
 #pragma omp simd reduction(+ : sum_d, sum_dn)
     for (std::int64_t c = 0; c < C; ++c) {
-      const S norm = (xn[c] - mean[n]) * rstd[n];
+      const S norm = (xn[c] - mn) * rs;
       const S d = dn[c] * w[c];
       sum_d += d;
       sum_dn += d * norm;
@@ -173,21 +250,26 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S*
     S* dxn = dx + n * C;
 #pragma omp simd
     for (std::int64_t c = 0; c < C; ++c) {
-      const S norm = (xn[c] - mean[n]) * rstd[n];
-      dxn[c] += (dn[c] * w[c] - sum_d - norm * sum_dn) * rstd[n];
+      const S norm = (xn[c] - mn) * rs;
+      dxn[c] += (dn[c] * w[c] - sum_d - norm * sum_dn) * rs;
+      dw[c] += dn[c] * norm;
     }
-  });
-  // dw = Σ_n dout · norm, db = Σ_n dout: rows in a fixed order (reproducible sums).
-  for (std::int64_t n = 0; n < N; ++n) {
-    const S* xn = x + n * C;
-    const S* dn = dout + n * C;
-    const S mn = mean[n], rs = rstd[n];
-#pragma omp simd
-    for (std::int64_t c = 0; c < C; ++c) dw[c] += dn[c] * ((xn[c] - mn) * rs);
     if (db)
 #pragma omp simd
       for (std::int64_t c = 0; c < C; ++c) db[c] += dn[c];
   }
+}
+
+template <>
+void layernorm_forward<float>(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                              std::int64_t N, std::int64_t C) {
+  kernels().ln_fwd(out, mean, rstd, x, w, b, N, C);  // the loops above, vectorised
+}
+
+template <>
+void layernorm_backward<float>(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                               const float* mean, const float* rstd, std::int64_t N, std::int64_t C) {
+  kernels().ln_bwd(dx, dw, db, dout, x, w, mean, rstd, N, C);
 }
 
 template <class S>
@@ -200,11 +282,7 @@ void gelu_forward(S* out, const S* x, std::int64_t n) {
 // with std::tanh; the two differ by ≤ ~1e-7 · |x|).
 template <>
 void gelu_forward<float>(float* out, const float* x, std::int64_t n) {
-  const auto fwd = gelu_kernels().fwd;
-  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](std::int64_t c) {
-    const std::int64_t lo = c * kChunk;
-    fwd(out + lo, x + lo, std::min(kChunk, n - lo));
-  });
+  kernels().gelu_fwd(out, x, n);
 }
 
 template <class S>
@@ -221,17 +299,13 @@ void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n) {
 
 template <>
 void gelu_backward<float>(float* dx, const float* x, const float* dout, std::int64_t n) {
-  const auto bwd = gelu_kernels().bwd;  // the same derivative as above, vectorised
-  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](std::int64_t c) {
-    const std::int64_t lo = c * kChunk;
-    bwd(dx + lo, x + lo, dout + lo, std::min(kChunk, n - lo));
-  });
+  kernels().gelu_bwd(dx, x, dout, n);  // the same derivative as above, vectorised
 }
 
 template <class S>
 double crossentropy_forward(S* probs, S* losses, const S* logits, const std::int32_t* targets, std::int64_t N,
                             std::int64_t V) {
-  parallel_for(N, threads_for(N * V), [&](std::int64_t n) {
+  for (std::int64_t n = 0; n < N; ++n) {
     const S* l = logits + n * V;
     S* p = probs + n * V;
     const S target_logit = l[targets[n]];  // read first: probs may alias logits
@@ -246,7 +320,17 @@ double crossentropy_forward(S* probs, S* losses, const S* logits, const std::int
     for (std::int64_t v = 0; v < V; ++v) p[v] *= inv;
     // −log p_target computed from the logits (not from p, which may underflow to 0).
     losses[n] = m + std::log(sum) - target_logit;
-  });
+  }
+  double total = 0;
+  for (std::int64_t n = 0; n < N; ++n) total += losses[n];
+  return total;
+}
+
+// f32: the same rows with the vectorised exp_f32 (relative error ~1e-7 against std::exp).
+template <>
+double crossentropy_forward<float>(float* probs, float* losses, const float* logits, const std::int32_t* targets,
+                                   std::int64_t N, std::int64_t V) {
+  kernels().xent(probs, losses, logits, targets, N, V);
   double total = 0;
   for (std::int64_t n = 0; n < N; ++n) total += losses[n];
   return total;
@@ -267,18 +351,18 @@ void crossentropy_backward(S* dlogits, const S* probs, const std::int32_t* targe
 
 template <>
 void dense_forward<float>(const float* x, const float* W, const float* b, float* y, std::int64_t N, std::int64_t in,
-                          std::int64_t out) {
-  linear_forward(x, W, b, y, N, in, out);
+                          std::int64_t out, bool accumulate) {
+  linear_forward(x, W, b, y, N, in, out, accumulate ? 1.0f : 0.0f);
 }
 
 template <>
 void dense_forward<double>(const double* x, const double* W, const double* b, double* y, std::int64_t N,
-                           std::int64_t in, std::int64_t out) {
+                           std::int64_t in, std::int64_t out, bool accumulate) {
   for (std::int64_t n = 0; n < N; ++n)
     for (std::int64_t o = 0; o < out; ++o) {
       double s = b ? b[o] : 0.0;
       for (std::int64_t i = 0; i < in; ++i) s += x[n * in + i] * W[o * in + i];
-      y[n * out + o] = s;
+      y[n * out + o] = accumulate ? y[n * out + o] + s : s;
     }
 }
 

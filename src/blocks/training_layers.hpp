@@ -1,9 +1,10 @@
 // Internal: the layers of a GPT-2 style transformer as training needs them, llm.c style — each a
 // `*_forward` that keeps what its backward will read, and a `*_backward` that turns ∂L/∂out into
 // ∂L/∂in and the parameter gradients. Plain contiguous row-major pointers, templates on the scalar:
-// S = float trains (the embedding forward is blocks/layers.hpp's; LayerNorm and GELU are threaded,
+// S = float trains (the embedding forward is blocks/layers.hpp's; LayerNorm, GELU and softmax are
 // vectorised versions of the same functions, agreeing with them to f32 rounding); S = double is
-// the f64 twin that the gradient checks take finite differences of. Sizes:
+// the f64 twin that the gradient checks take finite differences of. Every function is serial: the
+// model (train/gpt.cpp) runs them on slices of the batch, one slice per thread. Sizes:
 //
 //   N  tokens in the batch (B·T)      T  positions per sequence      C  channels (embedding width)
 //   V  vocabulary size                n  element count of an elementwise layer
@@ -59,10 +60,12 @@ template <class S>
 void crossentropy_backward(S* dlogits, const S* probs, const std::int32_t* targets, std::int64_t N,
                            std::int64_t V, S scale);
 
-// y = x · Wᵀ + b and its backward, as blocks::linear_* (same argument order and accumulation rules):
-// S = float runs the oneDNN sgemm of linear.hpp; S = double runs plain f64 loops (the twin).
+// y = x · Wᵀ + b (y += … when accumulate) and its backward, as blocks::linear_* (same argument order
+// and accumulation rules): S = float runs the oneDNN sgemm of linear.hpp (on one thread when called
+// inside a parallel region); S = double runs plain f64 loops (the twin).
 template <class S>
-void dense_forward(const S* x, const S* W, const S* b, S* y, std::int64_t N, std::int64_t in, std::int64_t out);
+void dense_forward(const S* x, const S* W, const S* b, S* y, std::int64_t N, std::int64_t in, std::int64_t out,
+                   bool accumulate = false);
 template <class S>
 void dense_backward(const S* x, const S* W, const S* dy, S* dx, S* dW, S* db, std::int64_t N, std::int64_t in,
                     std::int64_t out, bool accumulate_dx);

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "blocks/training_layers.hpp"
+#include "core/parallel.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/types.hpp"
 
@@ -73,6 +74,22 @@ Gpt<S>::Gpt(const GptConfig& cfg, std::int64_t B, std::int64_t T)
   const auto P = static_cast<std::size_t>(param_count(cfg));
   params.assign(P, S(0));
   grads.assign(P, S(0));
+  auto offset = [&](const std::string& name) -> std::int64_t {
+    for (const auto& p : layout_)
+      if (p.name == name) return p.offset;
+    return -1;
+  };
+  wte_ = offset("transformer.wte.weight"), wpe_ = offset("transformer.wpe.weight");
+  lnfw_ = offset("transformer.ln_f.weight"), lnfb_ = offset("transformer.ln_f.bias");
+  for (std::int64_t l = 0; l < cfg.layers; ++l) {
+    const std::string p = "transformer.h." + std::to_string(l) + ".";
+    for (const char* t : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                          "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                          "mlp.c_proj.weight", "mlp.c_proj.bias"})
+      layer_offsets_.push_back(offset(p + t));
+  }
+  shards_ = std::min<std::int64_t>(B, qkv::num_threads());
+  shard_grads_.assign(static_cast<std::size_t>(shards_ - 1), std::vector<S>(P));
   const auto L = static_cast<std::size_t>(cfg.layers), N = static_cast<std::size_t>(N_),
              C = static_cast<std::size_t>(cfg.embd), V = static_cast<std::size_t>(cfg.vocab);
   tokens_.resize(N);
@@ -87,7 +104,7 @@ Gpt<S>::Gpt(const GptConfig& cfg, std::int64_t B, std::int64_t T)
   fch_.resize(L * N * 4 * C), fch_gelu_.resize(L * N * 4 * C);
   lnf_.resize(N * C), lnf_mean_.resize(N), lnf_rstd_.resize(N);
   probs_.resize(N * V), losses_.resize(N);
-  tmp_.resize(N * C), dresid_.resize(N * C), dln_.resize(N * C), datty_.resize(N * C);
+  dresid_.resize(N * C), dln_.resize(N * C), datty_.resize(N * C);
   dq_.resize(N * C), dk_.resize(N * C), dv_.resize(N * C);
   dfch_.resize(N * 4 * C), dfch_gelu_.resize(N * 4 * C);
   dlogits_.resize(N * V);
@@ -102,13 +119,19 @@ S* Gpt<S>::tensor(S* base, const std::string& name) const {
 
 template <class S>
 typename Gpt<S>::LayerPtrs Gpt<S>::layer(S* base, std::int64_t l) const {
-  const std::string p = "transformer.h." + std::to_string(l) + ".";
-  return {tensor(base, p + "ln_1.weight"),     tensor(base, p + "ln_1.bias"),
-          tensor(base, p + "attn.c_attn.weight"), tensor(base, p + "attn.c_attn.bias"),
-          tensor(base, p + "attn.c_proj.weight"), tensor(base, p + "attn.c_proj.bias"),
-          tensor(base, p + "ln_2.weight"),     tensor(base, p + "ln_2.bias"),
-          tensor(base, p + "mlp.c_fc.weight"), tensor(base, p + "mlp.c_fc.bias"),
-          tensor(base, p + "mlp.c_proj.weight"), tensor(base, p + "mlp.c_proj.bias")};
+  const std::int64_t* o = layer_offsets_.data() + l * 12;
+  auto at = [&](int i) { return o[i] < 0 ? nullptr : base + o[i]; };
+  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+}
+
+template <class S>
+template <class F>
+void Gpt<S>::for_shards(F&& fn) {
+  // Shard s holds sequences [s·B/P, (s+1)·B/P): equal work, the same cut at every call.
+  parallel_for(shards_, static_cast<int>(shards_), [&](std::int64_t s) {
+    const std::int64_t b0 = s * B_ / shards_, b1 = (s + 1) * B_ / shards_;
+    fn(s, b0 * T_, (b1 - b0) * T_);
+  });
 }
 
 template <class S>
@@ -157,109 +180,159 @@ double Gpt<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) 
   std::copy(tokens, tokens + N, tokens_.begin());
   std::copy(targets, targets + N, targets_.begin());
   S* P = params.data();
-  S* wte = tensor(P, "transformer.wte.weight");
-  blocks::typed::embedding_forward(resid_.data(), tokens, wte, tensor(P, "transformer.wpe.weight"), N, T_, C);
+  const S* wte = P + wte_;
+
+  // Layer l up to its attention input: x → ln_1 → q | k | v, on rows [n0, n0 + n).
+  auto to_attention = [&](std::int64_t l, std::int64_t n0, std::int64_t n) {
+    const LayerPtrs w = layer(P, l);
+    const std::int64_t i = l * N + n0;
+    blocks::typed::layernorm_forward(ln1_.data() + i * C, ln1_mean_.data() + i, ln1_rstd_.data() + i,
+                                     resid_.data() + i * C, w.ln1w, w.ln1b, n, C);
+    blocks::typed::dense_forward(ln1_.data() + i * C, w.qkvw, w.qkvb, qkv_.data() + i * 3 * C, n, C, 3 * C);
+  };
+  for_shards([&](std::int64_t, std::int64_t n0, std::int64_t n) {
+    blocks::typed::embedding_forward(resid_.data() + n0 * C, tokens + n0, wte, P + wpe_, n, T_, C);
+    to_attention(0, n0, n);
+  });
 
   AttentionOptions causal;
   causal.causal = true;  // every position predicts its next token at once, seeing only its past
   for (std::int64_t l = 0; l < L; ++l) {
-    const LayerPtrs w = layer(P, l);
-    S* x = resid_.data() + l * N * C;
-    S* ln1 = ln1_.data() + l * N * C;
     S* qkv = qkv_.data() + l * N * 3 * C;
     S* atty = atty_.data() + l * N * C;
-    S* mid = resid_mid_.data() + l * N * C;
-    S* ln2 = ln2_.data() + l * N * C;
-    S* fch = fch_.data() + l * N * 4 * C;
-    S* fch_gelu = fch_gelu_.data() + l * N * 4 * C;
-    S* x_next = resid_.data() + (l + 1) * N * C;
-
-    blocks::typed::layernorm_forward(ln1, ln1_mean_.data() + l * N, ln1_rstd_.data() + l * N, x, w.ln1w, w.ln1b, N, C);
-    blocks::typed::dense_forward(ln1, w.qkvw, w.qkvb, qkv, N, C, 3 * C);
     attention(heads_view(qkv, B_, H, T_, D, 3 * C, 0), heads_view(qkv, B_, H, T_, D, 3 * C, C),
               heads_view(qkv, B_, H, T_, D, 3 * C, 2 * C), heads_view(atty, B_, H, T_, D, C, 0), causal,
               View::contiguous(lse_.data() + l * B_ * H * T_, dtype_of<S>(), {B_, H, T_}));
-    blocks::typed::dense_forward(atty, w.projw, w.projb, tmp_.data(), N, C, C);
-#pragma omp simd
-    for (std::int64_t i = 0; i < N * C; ++i) mid[i] = x[i] + tmp_[static_cast<std::size_t>(i)];
-
-    blocks::typed::layernorm_forward(ln2, ln2_mean_.data() + l * N, ln2_rstd_.data() + l * N, mid, w.ln2w, w.ln2b, N, C);
-    blocks::typed::dense_forward(ln2, w.fcw, w.fcb, fch, N, C, 4 * C);
-    blocks::typed::gelu_forward(fch_gelu, fch, N * 4 * C);
-    blocks::typed::dense_forward(fch_gelu, w.fcprojw, w.fcprojb, tmp_.data(), N, 4 * C, C);
-#pragma omp simd
-    for (std::int64_t i = 0; i < N * C; ++i) x_next[i] = mid[i] + tmp_[static_cast<std::size_t>(i)];
+    for_shards([&](std::int64_t, std::int64_t n0, std::int64_t n) {
+      const LayerPtrs w = layer(P, l);
+      const std::int64_t i = l * N + n0;
+      const S* x = resid_.data() + i * C;
+      S* mid = resid_mid_.data() + i * C;
+      S* ln2 = ln2_.data() + i * C;
+      S* fch = fch_.data() + i * 4 * C;
+      S* fch_gelu = fch_gelu_.data() + i * 4 * C;
+      S* x_next = resid_.data() + (i + N) * C;
+      // mid = x + c_proj(atty); x_next = mid + c_proj(gelu(c_fc(ln_2(mid)))): the projections add
+      // into a copy of the skip path.
+      std::copy(x, x + n * C, mid);
+      blocks::typed::dense_forward(atty_.data() + i * C, w.projw, w.projb, mid, n, C, C, true);
+      blocks::typed::layernorm_forward(ln2, ln2_mean_.data() + i, ln2_rstd_.data() + i, mid, w.ln2w, w.ln2b, n, C);
+      blocks::typed::dense_forward(ln2, w.fcw, w.fcb, fch, n, C, 4 * C);
+      blocks::typed::gelu_forward(fch_gelu, fch, n * 4 * C);
+      std::copy(mid, mid + n * C, x_next);
+      blocks::typed::dense_forward(fch_gelu, w.fcprojw, w.fcprojb, x_next, n, 4 * C, C, true);
+      if (l + 1 < L) {
+        to_attention(l + 1, n0, n);
+        return;
+      }
+      // After the last layer: ln_f, logits = lnf · wteᵀ (tied unembedding), softmax cross-entropy.
+      blocks::typed::layernorm_forward(lnf_.data() + n0 * C, lnf_mean_.data() + n0, lnf_rstd_.data() + n0, x_next,
+                                       P + lnfw_, lnfb_ < 0 ? nullptr : P + lnfb_, n, C);
+      S* logits = probs_.data() + n0 * V;
+      blocks::typed::dense_forward(lnf_.data() + n0 * C, wte, static_cast<const S*>(nullptr), logits, n, C, V);
+      blocks::typed::crossentropy_forward(logits, losses_.data() + n0, logits, targets + n0, n, V);
+    });
   }
-
-  blocks::typed::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), resid_.data() + L * N * C,
-                            tensor(P, "transformer.ln_f.weight"), tensor(P, "transformer.ln_f.bias"), N, C);
-  blocks::typed::dense_forward(lnf_.data(), wte, static_cast<const S*>(nullptr), probs_.data(), N, C, V);  // logits
-  const double total =
-      blocks::typed::crossentropy_forward(probs_.data(), losses_.data(), probs_.data(), targets, N, V);
+  double total = 0;  // in row order, whatever the shards
+  for (std::int64_t n = 0; n < N; ++n) total += losses_[static_cast<std::size_t>(n)];
   return total / static_cast<double>(N);
+}
+
+template <class S>
+void Gpt<S>::block_backward_to_attention(std::int64_t l, S* G, std::int64_t n0, std::int64_t n) {
+  const std::int64_t N = N_, C = cfg_.embd;
+  const LayerPtrs w = layer(params.data(), l), g = layer(G, l);
+  const std::int64_t i = l * N + n0;
+  S* dresid = dresid_.data() + n0 * C;
+  S* dln = dln_.data() + n0 * C;
+  S* dfch = dfch_.data() + n0 * 4 * C;
+  S* dfch_gelu = dfch_gelu_.data() + n0 * 4 * C;
+  // In the forward pass this was x_next = mid + c_proj(gelu(c_fc(ln_2(mid)))). dresid holds
+  // ∂L/∂x_next; the skip path hands it to mid unchanged, the MLP branch adds its part below.
+  blocks::typed::dense_backward(fch_gelu_.data() + i * 4 * C, w.fcprojw, dresid, dfch_gelu, g.fcprojw, g.fcprojb, n,
+                                4 * C, C, false);
+  blocks::typed::gelu_backward(dfch, fch_.data() + i * 4 * C, dfch_gelu, n * 4 * C);
+  blocks::typed::dense_backward(ln2_.data() + i * C, w.fcw, dfch, dln, g.fcw, g.fcb, n, C, 4 * C, false);
+  blocks::typed::layernorm_backward(dresid, g.ln2w, g.ln2b, dln, resid_mid_.data() + i * C, w.ln2w,
+                                    ln2_mean_.data() + i, ln2_rstd_.data() + i, n, C);
+  // In the forward pass this was mid = x + c_proj(attention(q, k, v)). dresid now holds ∂L/∂mid,
+  // which again flows to x by the skip path.
+  blocks::typed::dense_backward(atty_.data() + i * C, w.projw, dresid, datty_.data() + n0 * C, g.projw, g.projb, n, C,
+                                C, false);
 }
 
 template <class S>
 void Gpt<S>::backward(S loss_scale) {
   const std::int64_t L = cfg_.layers, N = N_, C = cfg_.embd, V = cfg_.vocab, H = cfg_.heads, D = C / H;
   S* P = params.data();
-  S* G = grads.data();
-  S* wte = tensor(P, "transformer.wte.weight");
-  S* dwte = tensor(G, "transformer.wte.weight");
+  const auto n_params = static_cast<std::int64_t>(params.size());
+  auto shard_grads = [&](std::int64_t s) { return s == 0 ? grads.data() : shard_grads_[static_cast<std::size_t>(s - 1)].data(); };
 
-  // In the forward pass the loss was the mean over N positions of −log softmax(logits)[target],
-  // so now ∂/∂logits = (probs − onehot) · loss_scale / N.
-  blocks::typed::crossentropy_backward(dlogits_.data(), probs_.data(), targets_.data(), N, V,
-                                static_cast<S>(loss_scale / static_cast<S>(N)));
-  // logits = lnf · wteᵀ: the tied unembedding adds its gradient into the token embedding's.
-  blocks::typed::dense_backward(lnf_.data(), wte, dlogits_.data(), dln_.data(), dwte, static_cast<S*>(nullptr), N, C, V,
-                         false);
-  std::fill(dresid_.begin(), dresid_.end(), S(0));
-  blocks::typed::layernorm_backward(dresid_.data(), tensor(G, "transformer.ln_f.weight"), tensor(G, "transformer.ln_f.bias"),
-                             dln_.data(), resid_.data() + L * N * C, tensor(P, "transformer.ln_f.weight"),
-                             lnf_mean_.data(), lnf_rstd_.data(), N, C);
+  for_shards([&](std::int64_t s, std::int64_t n0, std::int64_t n) {
+    S* G = shard_grads(s);
+    if (s > 0) std::fill(G, G + n_params, S(0));
+    // In the forward pass the loss was the mean over N positions of −log softmax(logits)[target],
+    // so now ∂/∂logits = (probs − onehot) · loss_scale / N.
+    S* dlogits = dlogits_.data() + n0 * V;
+    blocks::typed::crossentropy_backward(dlogits, probs_.data() + n0 * V, targets_.data() + n0, n, V,
+                                         static_cast<S>(loss_scale / static_cast<S>(N)));
+    // logits = lnf · wteᵀ: the tied unembedding adds its gradient into the token embedding's.
+    S* dln = dln_.data() + n0 * C;
+    S* dresid = dresid_.data() + n0 * C;
+    blocks::typed::dense_backward(lnf_.data() + n0 * C, P + wte_, dlogits, dln, G + wte_, static_cast<S*>(nullptr), n,
+                                  C, V, false);
+    std::fill(dresid, dresid + n * C, S(0));
+    blocks::typed::layernorm_backward(dresid, G + lnfw_, lnfb_ < 0 ? nullptr : G + lnfb_, dln,
+                                      resid_.data() + (L * N + n0) * C, P + lnfw_, lnf_mean_.data() + n0,
+                                      lnf_rstd_.data() + n0, n, C);
+    block_backward_to_attention(L - 1, G, n0, n);
+  });
 
   AttentionOptions causal;
   causal.causal = true;
   for (std::int64_t l = L - 1; l >= 0; --l) {
-    const LayerPtrs w = layer(P, l), g = layer(G, l);
-    S* x = resid_.data() + l * N * C;
-    S* ln1 = ln1_.data() + l * N * C;
     S* qkv = qkv_.data() + l * N * 3 * C;
-    S* atty = atty_.data() + l * N * C;
-    S* mid = resid_mid_.data() + l * N * C;
-    S* ln2 = ln2_.data() + l * N * C;
-    S* fch = fch_.data() + l * N * 4 * C;
-    S* fch_gelu = fch_gelu_.data() + l * N * 4 * C;
-
-    // In the forward pass this was x_next = mid + c_proj(gelu(c_fc(ln_2(mid)))). dresid holds
-    // ∂L/∂x_next; the skip path hands it to mid unchanged, the MLP branch adds its part below.
-    blocks::typed::dense_backward(fch_gelu, w.fcprojw, dresid_.data(), dfch_gelu_.data(), g.fcprojw, g.fcprojb, N, 4 * C,
-                           C, false);
-    blocks::typed::gelu_backward(dfch_.data(), fch, dfch_gelu_.data(), N * 4 * C);
-    blocks::typed::dense_backward(ln2, w.fcw, dfch_.data(), dln_.data(), g.fcw, g.fcb, N, C, 4 * C, false);
-    blocks::typed::layernorm_backward(dresid_.data(), g.ln2w, g.ln2b, dln_.data(), mid, w.ln2w,
-                               ln2_mean_.data() + l * N, ln2_rstd_.data() + l * N, N, C);
-
-    // In the forward pass this was mid = x + c_proj(attention(q, k, v)) with q | k | v =
-    // c_attn(ln_1(x)). dresid now holds ∂L/∂mid, which again flows to x by the skip path.
-    blocks::typed::dense_backward(atty, w.projw, dresid_.data(), datty_.data(), g.projw, g.projb, N, C, C, false);
     attention_backward(heads_view(qkv, B_, H, T_, D, 3 * C, 0), heads_view(qkv, B_, H, T_, D, 3 * C, C),
-                       heads_view(qkv, B_, H, T_, D, 3 * C, 2 * C), heads_view(atty, B_, H, T_, D, C, 0),
+                       heads_view(qkv, B_, H, T_, D, 3 * C, 2 * C), heads_view(atty_.data() + l * N * C, B_, H, T_, D, C, 0),
                        heads_view(datty_.data(), B_, H, T_, D, C, 0),
                        View::contiguous(lse_.data() + l * B_ * H * T_, dtype_of<S>(), {B_, H, T_}),
                        heads_view(dq_.data(), B_, H, T_, D, C, 0), heads_view(dk_.data(), B_, H, T_, D, C, 0),
                        heads_view(dv_.data(), B_, H, T_, D, C, 0), causal);
-    // c_attn's weight [3C, C] is W_Q, W_K, W_V stacked by rows, so each is a contiguous [C, C] block.
-    const S* dqkv[3] = {dq_.data(), dk_.data(), dv_.data()};
-    for (std::int64_t part = 0; part < 3; ++part)
-      blocks::typed::dense_backward(ln1, w.qkvw + part * C * C, dqkv[part], dln_.data(), g.qkvw + part * C * C,
-                             g.qkvb ? g.qkvb + part * C : nullptr, N, C, C, part > 0);
-    blocks::typed::layernorm_backward(dresid_.data(), g.ln1w, g.ln1b, dln_.data(), x, w.ln1w, ln1_mean_.data() + l * N,
-                               ln1_rstd_.data() + l * N, N, C);
+    for_shards([&](std::int64_t s, std::int64_t n0, std::int64_t n) {
+      S* G = shard_grads(s);
+      const LayerPtrs w = layer(P, l), g = layer(G, l);
+      const std::int64_t i = l * N + n0;
+      S* dln = dln_.data() + n0 * C;
+      S* dresid = dresid_.data() + n0 * C;
+      // In the forward pass this was q | k | v = c_attn(ln_1(x)), and x also went on by the skip path.
+      // c_attn's weight [3C, C] is W_Q, W_K, W_V stacked by rows, so each is a contiguous [C, C] block.
+      const S* dqkv[3] = {dq_.data() + n0 * C, dk_.data() + n0 * C, dv_.data() + n0 * C};
+      for (std::int64_t part = 0; part < 3; ++part)
+        blocks::typed::dense_backward(ln1_.data() + i * C, w.qkvw + part * C * C, dqkv[part], dln,
+                                      g.qkvw + part * C * C, g.qkvb ? g.qkvb + part * C : nullptr, n, C, C, part > 0);
+      blocks::typed::layernorm_backward(dresid, g.ln1w, g.ln1b, dln, resid_.data() + i * C, w.ln1w,
+                                        ln1_mean_.data() + i, ln1_rstd_.data() + i, n, C);
+      if (l > 0) {
+        block_backward_to_attention(l - 1, G, n0, n);
+        return;
+      }
+      // In the forward pass this was resid[0] = wte[token] + wpe[position].
+      blocks::typed::embedding_backward(G + wte_, G + wpe_, dresid, tokens_.data() + n0, n, T_, C);
+    });
   }
-  // In the forward pass this was resid[0] = wte[token] + wpe[position].
-  blocks::typed::embedding_backward(dwte, tensor(G, "transformer.wpe.weight"), dresid_.data(), tokens_.data(), N, T_, C);
+
+  // grads += Σ_{s ≥ 1} shard s's gradients, in shard order, in chunks spread over the threads.
+  if (shards_ > 1) {
+    constexpr std::int64_t kChunk = 1 << 14;
+    parallel_for((n_params + kChunk - 1) / kChunk, static_cast<int>(shards_), [&](std::int64_t c) {
+      const std::int64_t lo = c * kChunk, hi = std::min(n_params, lo + kChunk);
+      for (const auto& sg : shard_grads_) {
+        const S* src = sg.data();
+#pragma omp simd
+        for (std::int64_t k = lo; k < hi; ++k) grads[static_cast<std::size_t>(k)] += src[k];
+      }
+    });
+  }
 }
 
 template class Gpt<float>;

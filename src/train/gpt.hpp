@@ -5,8 +5,15 @@
 //   → logits = x · wteᵀ (tied unembedding) → cross-entropy against the next token at every position.
 //
 // attn: causal multi-head self-attention through qkv::attention / qkv::attention_backward (the
-// fastest kernel that takes the call, picked automatically); mlp: c_fc (C → 4C), exact GELU,
-// c_proj (4C → C). Parameters live in one flat array, in the order and under the names of
+// fastest kernel that takes the call, picked automatically); mlp: c_fc (C → 4C), GELU,
+// c_proj (4C → C).
+//
+// Threads: the batch is cut into P shards of whole sequences (P = min(threads, B)), and everything
+// but attention runs shard by shard, one thread each, from one parallel region to the next attention
+// call: the projections are single-threaded sgemms over a shard's rows, with no fork/join inside.
+// Attention runs over the whole batch on all threads. Shard s > 0 adds its parameter gradients into
+// a buffer of its own, summed into `grads` in shard order at the end of backward(), so a run is
+// reproducible bit for bit for a given thread count. Parameters live in one flat array, in the order and under the names of
 // nanoGPT's state_dict (so a checkpoint loads into the PyTorch twin as it is).
 #pragma once
 
@@ -73,9 +80,20 @@ class Gpt {
   LayerPtrs layer(S* base, std::int64_t l) const;
   S* tensor(S* base, const std::string& name) const;  // null if the tensor does not exist (no bias)
 
+  // Runs fn(s, n0, n) for every shard s on its own thread: rows [n0, n0 + n) of the [N, …] buffers.
+  template <class F>
+  void for_shards(F&& fn);
+  // The MLP half of layer l and the attention output projection, backward, on rows [n0, n0 + n),
+  // gradients into G: dresid holds ∂L/∂(layer l's output) on entry, datty ∂L/∂(attention output).
+  void block_backward_to_attention(std::int64_t l, S* G, std::int64_t n0, std::int64_t n);
+
   GptConfig cfg_;
   std::vector<ParamInfo> layout_;
   std::int64_t B_, T_, N_;  // N = B·T tokens
+  std::vector<std::int64_t> layer_offsets_;  // [L, 12] offset of each LayerPtrs tensor, −1 if absent
+  std::int64_t wte_, wpe_, lnfw_, lnfb_;     // offsets (lnfb_ −1 without biases)
+  std::int64_t shards_;                      // P
+  std::vector<std::vector<S>> shard_grads_;  // [P − 1][param_count] gradients of shards 1 … P−1
 
   // Activations kept by forward(); shapes per layer, stacked over L where it says [L, …].
   std::vector<std::int32_t> tokens_, targets_;  // [N]
@@ -93,7 +111,6 @@ class Gpt {
   std::vector<S> losses_;     // [N]
 
   // Scratch of forward/backward, reused layer after layer.
-  std::vector<S> tmp_;        // [N, C]
   std::vector<S> dresid_;     // [N, C]  ∂L/∂(residual stream) at the current depth
   std::vector<S> dln_;        // [N, C]
   std::vector<S> datty_;      // [N, C]
