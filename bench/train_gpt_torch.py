@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch eager twin of `qkv train` for GPT-2 style character-level models.
 
-Same model (learned positions, LayerNorm, causal attention, tanh-GELU MLP 4x (GPT-2), tied embeddings, optional
-biases), same init scheme (nanoGPT's: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), zero
+Same model (learned positions, LayerNorm, causal attention, MLP 4x with the exact GELU (nn.GELU(),
+as nanoGPT), tied embeddings, optional biases), same init scheme (nanoGPT's: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), zero
 biases, unit LayerNorm gains), same optimiser (AdamW, decay on matrices only, clipping, warmup +
 cosine), same tokens (the sorted distinct characters of the corpus, first 90% train), and the same
 batches: offsets drawn from the same xoshiro256** stream qkv uses (src/train/rng.hpp).
@@ -86,7 +86,7 @@ class Block(nn.Module):
         q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
 
 
 class GPT(nn.Module):

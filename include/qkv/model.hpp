@@ -58,7 +58,7 @@ struct Config {
 };
 
 // Config <-> JSON text. The keys are the field names above; "pos" is "none" | "learned" |
-// "rotary", "norm" is "layernorm" | "rmsnorm", "mlp" is "gelu" | "swiglu". Unknown keys and
+// "rotary", "norm" is "layernorm" | "rmsnorm", "mlp" is "gelu" | "swiglu" | "gelu_exact". Unknown keys and
 // missing required keys (the seven sizes) are errors.
 Config config_from_json(std::string_view json, std::string_view source = "config");
 Config load_config(const std::string& path);

@@ -24,7 +24,8 @@
 
 namespace qkv {
 
-enum class MlpKind : std::uint8_t { gelu, swiglu };          // 2 matrices (up, down) or 3 (gate, up, down)
+// gelu: GPT-2's tanh approximation; gelu_exact: ½x(1 + erf(x/√2)) (torch.nn.GELU(), nanoGPT, qkv train).
+enum class MlpKind : std::uint8_t { gelu, swiglu, gelu_exact };  // 2 matrices (up, down) or 3 (gate, up, down)
 enum class NormKind : std::uint8_t { layernorm, rmsnorm };   // weight + bias, or weight only
 enum class PositionKind : std::uint8_t { learned, rotary };  // a [context, d_model] table, or none
 

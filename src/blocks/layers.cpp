@@ -75,6 +75,10 @@ void gelu_forward(float* out, const float* x, std::int64_t n) {
   }
 }
 
+void gelu_exact_forward(float* out, const float* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * static_cast<float>(M_SQRT1_2)));
+}
+
 void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     const float g = gate[i];

@@ -39,6 +39,9 @@ void rope_forward(float* x, std::int64_t N, std::int64_t nh, std::int64_t hs, st
 //   x [n]   out [n] (may equal x)
 void gelu_forward(float* out, const float* x, std::int64_t n);
 
+// GELU, exact (torch.nn.GELU(), nanoGPT): out = ½x(1 + erf(x/√2)).   x [n]   out [n] (may equal x)
+void gelu_exact_forward(float* out, const float* x, std::int64_t n);
+
 // SwiGLU gate (Llama MLP): out = silu(gate) ⊙ up,  silu(g) = g / (1 + e^(−g)).
 //   gate, up [n]   out [n] (may equal gate or up)
 void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t n);

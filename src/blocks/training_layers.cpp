@@ -34,30 +34,42 @@ namespace {
   return p * scale;
 }
 
-// tanh u = 1 − 2 / (e^(2u) + 1): absolute error ≤ ~2e-7 against std::tanh (the f32 rounding of
-// the quotient; tested in test_gpt_grad against the f64 twin), saturating exactly at ±1.
-[[gnu::always_inline]] inline float tanh_f32(float u) { return 1.0f - 2.0f / (exp_f32(2.0f * u) + 1.0f); }
+// GELU, exact (erf) form, as torch.nn.GELU() and nanoGPT:  gelu(x) = ½x(1 + erf(x/√2)) = x·Φ(x).
+// f32 forward and backward over [0, n). The bodies are inlined into one wrapper per instruction set
+// (core/per_isa.hpp), and kernels() picks one at run time (qkv::active_isa(), overridable by QKV_ISA).
+//
+// 1 + erf(x/√2) = 2 − q for x ≥ 0 and q for x < 0, with q = erfc(|x|/√2) from Abramowitz & Stegun
+// 7.1.26: erfc(z) ≈ t·(a1 + t·(a2 + t·(a3 + t·(a4 + t·a5))))·e^(−z²), t = 1/(1 + p·z), absolute
+// error ≤ 1.5e-7, so |gelu error| ≤ 0.75e-7·|x| (f32 rounding of x is 6e-8·|x|). Writing the x < 0
+// branch as q itself avoids the cancellation of 1 − erf. e^(−z²) = e^(−x²/2) is also the Gaussian
+// density's, which the backward reuses: gelu'(x) = Φ(x) + x·φ(x), φ(x) = e^(−x²/2)/√(2π).
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
-// GELU (tanh form) forward and backward over [lo, hi), f32. The bodies are inlined into one
-// wrapper per instruction set, so the same loop is compiled for AVX-512, AVX2 and the baseline,
-// and kernels() picks one at run time (qkv::active_isa(), overridable by QKV_ISA).
-constexpr float kGeluK = 0.79788456080286535588f;  // √(2/π)
-constexpr float kGeluA = 0.044715f;
+struct GeluParts {
+  float cdf2;  // 1 + erf(x/√2) = 2Φ(x)
+  float gauss;  // e^(−x²/2)
+};
+[[gnu::always_inline]] inline GeluParts gelu_parts(float x) {
+  const float z = std::fabs(x) * kInvSqrt2;
+  const float t = 1.0f / (1.0f + 0.3275911f * z);
+  const float poly =
+      t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  const float gauss = exp_f32(-z * z);
+  const float q = poly * gauss;
+  return {x < 0.0f ? q : 2.0f - q, gauss};
+}
 
 [[gnu::always_inline]] inline void gelu_fwd_body(float* out, const float* x, std::int64_t n) {
 #pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + tanh_f32(kGeluK * (v + kGeluA * v * v * v)));
-  }
+  for (std::int64_t i = 0; i < n; ++i) out[i] = 0.5f * x[i] * gelu_parts(x[i]).cdf2;
 }
 
 [[gnu::always_inline]] inline void gelu_bwd_body(float* dx, const float* x, const float* dout, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float t = tanh_f32(kGeluK * (v + kGeluA * v * v * v));
-    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluA * v * v));
+    const GeluParts g = gelu_parts(x[i]);
+    dx[i] = dout[i] * (0.5f * g.cdf2 + x[i] * kInvSqrt2Pi * g.gauss);
   }
 }
 
@@ -274,12 +286,11 @@ void layernorm_backward<float>(float* dx, float* dw, float* db, const float* dou
 
 template <class S>
 void gelu_forward(S* out, const S* x, std::int64_t n) {
-  const S k = static_cast<S>(0.79788456080286535588), a = static_cast<S>(0.044715);
-  for (std::int64_t i = 0; i < n; ++i) out[i] = S(0.5) * x[i] * (S(1) + std::tanh(k * (x[i] + a * x[i] * x[i] * x[i])));
+  for (std::int64_t i = 0; i < n; ++i) out[i] = S(0.5) * x[i] * (S(1) + std::erf(x[i] * static_cast<S>(M_SQRT1_2)));
 }
 
-// f32: the vectorised kernel (the inference layer blocks::gelu_forward computes the same function
-// with std::tanh; the two differ by ≤ ~1e-7 · |x|).
+// f32: the vectorised kernel (blocks::gelu_exact_forward, the inference layer, computes the same
+// function with std::erf; the two differ by ≤ ~1e-7 · |x|).
 template <>
 void gelu_forward<float>(float* out, const float* x, std::int64_t n) {
   kernels().gelu_fwd(out, x, n);
@@ -287,13 +298,13 @@ void gelu_forward<float>(float* out, const float* x, std::int64_t n) {
 
 template <class S>
 void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n) {
-  // In the forward pass this was ½x(1 + tanh u) with u = √(2/π)(x + 0.044715x³), so now
-  // d/dx = ½(1 + tanh u) + ½x(1 − tanh²u) · du/dx,  du/dx = √(2/π)(1 + 3·0.044715x²).
-  const S k = static_cast<S>(0.79788456080286535588), a = static_cast<S>(0.044715);
+  // In the forward pass this was x·Φ(x), Φ the standard normal CDF ½(1 + erf(x/√2)), so now
+  // d/dx = Φ(x) + x·φ(x) with the density φ(x) = e^(−x²/2)/√(2π).
+  const S inv_sqrt_2pi = static_cast<S>(0.39894228040143267794);
   for (std::int64_t i = 0; i < n; ++i) {
     const S v = x[i];
-    const S t = std::tanh(k * (v + a * v * v * v));
-    dx[i] = dout[i] * (S(0.5) * (S(1) + t) + S(0.5) * v * (S(1) - t * t) * k * (S(1) + S(3) * a * v * v));
+    const S cdf = S(0.5) * (S(1) + std::erf(v * static_cast<S>(M_SQRT1_2)));
+    dx[i] = dout[i] * (cdf + v * inv_sqrt_2pi * std::exp(-S(0.5) * v * v));
   }
 }
 

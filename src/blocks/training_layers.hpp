@@ -41,11 +41,11 @@ template <class S>
 void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S* w,
                         const S* mean, const S* rstd, std::int64_t N, std::int64_t C);
 
-// GELU, GPT-2's tanh form (torch's gelu(approximate="tanh")):        x, out [n]
-//   out = ½x(1 + tanh(u)),  u = √(2/π)(x + 0.044715x³)
+// GELU, exact (erf) form — torch.nn.GELU(), as nanoGPT uses:          x, out [n]
+//   out = x·Φ(x) = ½x(1 + erf(x/√2))
 template <class S>
 void gelu_forward(S* out, const S* x, std::int64_t n);
-// dx = dout · (½(1 + tanh u) + ½x(1 − tanh²u) · √(2/π)(1 + 3·0.044715x²))  (overwrites dx).
+// dx = dout · (Φ(x) + x·φ(x)),  φ(x) = e^(−x²/2)/√(2π)  (overwrites dx).
 template <class S>
 void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n);
 

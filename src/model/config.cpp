@@ -20,7 +20,7 @@ const char* pos_name(PosEncoding p) {
   return p == PosEncoding::none ? "none" : p == PosEncoding::learned ? "learned" : "rotary";
 }
 const char* norm_name(NormKind n) { return n == NormKind::layernorm ? "layernorm" : "rmsnorm"; }
-const char* mlp_name(MlpKind m) { return m == MlpKind::gelu ? "gelu" : "swiglu"; }
+const char* mlp_name(MlpKind m) { return m == MlpKind::gelu ? "gelu" : m == MlpKind::swiglu ? "swiglu" : "gelu_exact"; }
 
 }  // namespace
 
@@ -118,7 +118,7 @@ Config config_from_json(std::string_view text, std::string_view source) {
       continue;
     if (k == "pos") c.pos = static_cast<PosEncoding>(get_enum("pos", {"none", "learned", "rotary"}));
     else if (k == "norm") c.norm = static_cast<NormKind>(get_enum("norm", {"layernorm", "rmsnorm"}));
-    else if (k == "mlp") c.mlp = static_cast<MlpKind>(get_enum("mlp", {"gelu", "swiglu"}));
+    else if (k == "mlp") c.mlp = static_cast<MlpKind>(get_enum("mlp", {"gelu", "swiglu", "gelu_exact"}));
     else if (k == "tied_embeddings") get_bool("tied_embeddings", &c.tied_embeddings);
     else if (k == "bias") get_bool("bias", &c.bias);
     else if (k == "norm_eps") get_float("norm_eps", &c.norm_eps);

@@ -252,6 +252,8 @@ void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
   if (c.mlp == MlpKind::swiglu) {
     project(xb, L.w3, Lb.w3, nullptr, hb2, S, C, Hd);
     blocks::swiglu_forward(hb, hb, hb2, S * Hd);
+  } else if (c.mlp == MlpKind::gelu_exact) {
+    blocks::gelu_exact_forward(hb, hb, S * Hd);
   } else {
     blocks::gelu_fast(hb, hb, S * Hd, omp_get_max_threads(), active_isa());
   }

@@ -266,7 +266,9 @@ void Gpt<S>::backward(S loss_scale) {
   const std::int64_t L = cfg_.layers, N = N_, C = cfg_.embd, V = cfg_.vocab, H = cfg_.heads, D = C / H;
   S* P = params.data();
   const auto n_params = static_cast<std::int64_t>(params.size());
-  auto shard_grads = [&](std::int64_t s) { return s == 0 ? grads.data() : shard_grads_[static_cast<std::size_t>(s - 1)].data(); };
+  auto shard_grads = [&](std::int64_t s) {
+    return s == 0 ? grads.data() : shard_grads_[static_cast<std::size_t>(s - 1)].data();
+  };
 
   for_shards([&](std::int64_t s, std::int64_t n0, std::int64_t n) {
     S* G = shard_grads(s);
@@ -292,8 +294,9 @@ void Gpt<S>::backward(S loss_scale) {
   causal.causal = true;
   for (std::int64_t l = L - 1; l >= 0; --l) {
     S* qkv = qkv_.data() + l * N * 3 * C;
+    S* atty = atty_.data() + l * N * C;
     attention_backward(heads_view(qkv, B_, H, T_, D, 3 * C, 0), heads_view(qkv, B_, H, T_, D, 3 * C, C),
-                       heads_view(qkv, B_, H, T_, D, 3 * C, 2 * C), heads_view(atty_.data() + l * N * C, B_, H, T_, D, C, 0),
+                       heads_view(qkv, B_, H, T_, D, 3 * C, 2 * C), heads_view(atty, B_, H, T_, D, C, 0),
                        heads_view(datty_.data(), B_, H, T_, D, C, 0),
                        View::contiguous(lse_.data() + l * B_ * H * T_, dtype_of<S>(), {B_, H, T_}),
                        heads_view(dq_.data(), B_, H, T_, D, C, 0), heads_view(dk_.data(), B_, H, T_, D, C, 0),

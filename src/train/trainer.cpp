@@ -249,7 +249,7 @@ std::string model_config_json(const GptConfig& c) {
   nlohmann::json j = {{"dim", c.embd},         {"hidden_dim", 4 * c.embd}, {"n_layers", c.layers},
                       {"n_heads", c.heads},     {"n_kv_heads", c.heads},    {"vocab_size", c.vocab},
                       {"seq_len", c.context},   {"pos", "learned"},         {"norm", "layernorm"},
-                      {"mlp", "gelu"},          {"tied_embeddings", true},  {"bias", c.bias},
+                      {"mlp", "gelu_exact"},       {"tied_embeddings", true},  {"bias", c.bias},
                       {"norm_eps", 1e-5}};
   return j.dump(2);
 }

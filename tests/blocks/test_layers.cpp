@@ -138,6 +138,15 @@ TEST(Layers, GeluSwigluSoftmaxResidualMatchF64) {
   std::printf("gelu max |err| = %.3g, swiglu max |err| = %.3g\n", eg, es);
   EXPECT_LT(eg, 1e-5);  // |x| ≤ ~8: a few f32 ulps of the result
   EXPECT_LT(es, 1e-5);
+  // The exact GELU against ½x(1 + erf(x/√2)) in f64, and torch.nn.functional.gelu(1.0) = 0.8413447.
+  std::vector<float> ge(n);
+  gelu_exact_forward(ge.data(), x.data(), n);
+  for (std::int64_t i = 0; i < n; ++i) gr[i] = 0.5 * x[i] * (1 + std::erf(x[i] / std::sqrt(2.0)));
+  gelu_exact_forward(&g1, &one, 1);
+  EXPECT_NEAR(g1, 0.8413447, 1e-6);
+  const double ee = max_abs_diff(ge, gr);
+  std::printf("exact gelu max |err| = %.3g\n", ee);
+  EXPECT_LT(ee, 1e-5);  // as the tanh form: a few f32 ulps of the result
 
   const std::int64_t N = 3, V = 37;
   auto l = randn(N * V, 13, 5.0f);
