@@ -20,6 +20,7 @@ KernelInfo run_reference(const kernels::AttnParams& p) {
 // "flash[_decode]_<isa>_<dtype>": the names KernelInfo reports, as static strings.
 const char* flash_name(Kernel k, Isa isa, bool bf16) {
   if (k == Kernel::flash && isa == Isa::avx512_bf16) return "flash_avx512_bf16_bf16";
+  if (k == Kernel::flash_decode && isa == Isa::avx512_bf16) return "flash_decode_avx512_bf16_bf16";
   static const char* const names[2][3][2] = {
       {{"flash_scalar_f32", "flash_scalar_bf16"}, {"flash_avx2_f32", "flash_avx2_bf16"},
        {"flash_avx512_f32", "flash_avx512_bf16"}},
@@ -30,11 +31,11 @@ const char* flash_name(Kernel k, Isa isa, bool bf16) {
   return names[ki][ii][bf16 ? 1 : 0];
 }
 
-// The ISA a flash kernel runs on: AVX-512 BF16 changes only the bf16 flash forward (dot-product
-// instructions); everything else runs the AVX-512 code there.
-Isa flash_isa(Kernel k, bool bf16) {
+// The ISA a flash kernel runs on: AVX-512 BF16 changes only the bf16 kernels (dot-product
+// instructions); f32 runs the AVX-512 code there.
+Isa flash_isa(bool bf16) {
   const Isa active = active_isa();
-  if (active == Isa::avx512_bf16 && bf16 && k == Kernel::flash) return Isa::avx512_bf16;
+  if (active == Isa::avx512_bf16 && bf16) return Isa::avx512_bf16;
   return active >= Isa::avx512 ? Isa::avx512 : active;
 }
 
@@ -72,13 +73,15 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
   if (k == Kernel::automatic)
     k = p.Sq <= 2 || (p.Sq <= 8 && p.Skv >= 512) ? Kernel::flash_decode : Kernel::flash;
   const bool bf16 = p.q.dtype == DType::bf16;
-  const Isa isa = flash_isa(k, bf16);
+  const Isa isa = flash_isa(bf16);
   const KernelInfo info{k, isa, flash_name(k, isa, bf16)};
   if (p.B == 0 || p.H == 0 || p.Sq == 0) return info;  // nothing to write
 
   const kernels::cpu::FlashArgs a = kernels::cpu::make_flash_args(p);
   if (k == Kernel::flash) {
     run_flash_forward(isa, &a, 1);
+  } else if (isa == Isa::avx512_bf16) {
+    kernels::cpu::flash_decode_avx512_bf16(a);
   } else if (isa == Isa::avx512) {
     kernels::cpu::flash_decode_avx512(a);
   } else if (isa == Isa::avx2) {
@@ -101,7 +104,7 @@ KernelInfo run_forward_varlen(const char* fn, const std::vector<kernels::AttnPar
   // One parallel loop over (sequence, head, query block) of every sequence, so that many short
   // sequences keep all threads busy (flash kernel for all of them; no per-sequence decode split).
   const bool bf16 = seqs.front().q.dtype == DType::bf16;
-  const Isa isa = flash_isa(Kernel::flash, bf16);
+  const Isa isa = flash_isa(bf16);
   std::vector<kernels::cpu::FlashArgs> args;
   args.reserve(seqs.size());
   for (const auto& p : seqs) args.push_back(kernels::cpu::make_flash_args(p));

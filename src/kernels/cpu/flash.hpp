@@ -52,6 +52,7 @@ void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n);  // bf16 
 void flash_forward_avx2(const FlashArgs* list, std::int64_t n);
 void flash_forward_scalar(const FlashArgs* list, std::int64_t n);
 void flash_decode_avx512(const FlashArgs& a);
+void flash_decode_avx512_bf16(const FlashArgs& a);  // bf16 tensors only: scores by vdpbf16ps
 void flash_decode_avx2(const FlashArgs& a);
 void flash_decode_scalar(const FlashArgs& a);
 

@@ -1,4 +1,4 @@
-// The flash forward for bf16 tensors on CPUs with AVX-512 BF16: Q·Kᵀ and P·V run on
+// The flash forward (and the decode scores) for bf16 tensors on CPUs with AVX-512 BF16: Q·Kᵀ and P·V run on
 // vdpbf16ps (_mm512_dpbf16_ps), which multiplies pairs of bf16 and accumulates in f32 —
 // 32 products per instruction instead of 16. Softmax, masking and the online rescaling are the
 // f32 code of flash_impl.hpp; P is rounded to bf16 for P·V (as a bf16 matmul would).
@@ -174,8 +174,60 @@ struct OperandsBf16 {
   }
 };
 
+// Decode scores from bf16 keys read in place (unit stride): q·k by vdpbf16ps, 32 products per
+// instruction and no widening of the key row, then × scale · log2 e as in the forward.
+//   Qb [kDecRows][Dp32]  the item's query rows, bf16, unscaled, zero past D (Dp32 = D rounded up to 32)
+struct DecodeDotsBf16 {
+  static constexpr bool kEnabled = true;
+  static i64 Dp32(const FlashArgs& a) { return round_up(a.D, 32); }
+  static i64 scratch_floats(const FlashArgs& a) { return kDecRows * Dp32(a) / 2; }
+  static bool takes(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1; }
+
+  const FlashArgs& a;
+  i64 dp32;
+  std::uint16_t* Qb;
+  DecodeDotsBf16(const FlashArgs& args, float* mem) : a(args), dp32(Dp32(args)), Qb(reinterpret_cast<std::uint16_t*>(mem)) {}
+
+  void load_q(int r, i64 off) {
+    const auto* q = static_cast<const std::uint16_t*>(a.q) + off;
+    std::uint16_t* row = Qb + r * dp32;
+    for (i64 d = 0; d < a.D; ++d) row[d] = q[d * a.sq[3]];
+    for (i64 d = a.D; d < dp32; ++d) row[d] = 0;
+  }
+  // s[r·lds] ← score of query row r against key row k[0, D), for rows [0, nr); the row count is
+  // a template constant so that the accumulators live in registers.
+  template <int R>
+  void scores_r(const std::uint16_t* k, float* s, i64 lds) const {
+    __m512 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (i64 d = 0; d < dp32; d += 32) {
+      const __mmask32 m = a.D - d >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (a.D - d)) - 1u);
+      const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, k + d));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], load_bh(Qb + r * dp32 + d), kv);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) s[r * lds] = _mm512_reduce_add_ps(acc[r]) * a.scale_log2;
+  }
+  void scores(int nr, const std::uint16_t* k, float* s, i64 lds) const {
+    static_assert(kDecRows == 8, "one case per row count below");
+    switch (nr) {
+      case 1: scores_r<1>(k, s, lds); break;
+      case 2: scores_r<2>(k, s, lds); break;
+      case 3: scores_r<3>(k, s, lds); break;
+      case 4: scores_r<4>(k, s, lds); break;
+      case 5: scores_r<5>(k, s, lds); break;
+      case 6: scores_r<6>(k, s, lds); break;
+      case 7: scores_r<7>(k, s, lds); break;
+      default: scores_r<8>(k, s, lds); break;
+    }
+  }
+};
+
 }  // namespace
 
 void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n) { forward<S, OperandsBf16>(list, n); }
+void flash_decode_avx512_bf16(const FlashArgs& a) { decode<S, DecodeDotsBf16>(a); }
 
 }  // namespace qkv::kernels::cpu

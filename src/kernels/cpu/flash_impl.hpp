@@ -489,7 +489,17 @@ inline void dec_pv(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, 
   for (; e0 < Dvp; e0 += L) dec_pv_block<S, R, 1>(p, v, ldv, c_lo, c_hi, o, Dvp, e0);
 }
 
-template <class S>
+// The f32 scores of decode: no other policy (flash_avx512bf16.cpp supplies one for bf16 keys).
+struct DecodeDotsF32 {
+  static constexpr bool kEnabled = false;
+  static i64 scratch_floats(const FlashArgs&) { return 0; }
+  static bool takes(const FlashArgs&) { return false; }
+  DecodeDotsF32(const FlashArgs&, float*) {}
+  void load_q(int, i64) {}
+  void scores(int, const void*, float*, i64) const {}
+};
+
+template <class S, class Dots = DecodeDotsF32>
 void decode(const FlashArgs& a) {
   constexpr int L = S::L;
   const i64 G = a.H / a.Hkv;
@@ -504,6 +514,7 @@ void decode(const FlashArgs& a) {
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
   const i64 items = a.B * a.Hkv * ngroups * nsplit;
   const bool k_in_place = !a.bf16 && a.sk[3] == 1 && D % L == 0;
+  const bool dots = Dots::kEnabled && Dots::takes(a);  // scores by the policy, from K in place
   const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % L == 0;
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
@@ -516,7 +527,8 @@ void decode(const FlashArgs& a) {
   // Per-thread scratch: Qd [kDecRows][Dp] scaled queries, Od [kDecRows][Dvp] accumulators,
   // Kr [Dp] one key row as f32 when not read in place, Vs [kNt][Dvp] the V tile as f32 when not
   // read in place, Ps [kDecRows][kNt].
-  const i64 arena = kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt;
+  // Then the score policy's own scratch (Dots::scratch_floats).
+  const i64 arena = kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Dots::scratch_floats(a);
 #pragma omp parallel num_threads(a.threads)
   {
     Scratch mem(arena * 4);
@@ -525,6 +537,7 @@ void decode(const FlashArgs& a) {
     float* Kr = Od + kDecRows * Dvp;
     float* Vs = Kr + Dp;
     float* Ps = Vs + kNt * Dvp;
+    Dots dq(a, Ps + kDecRows * kNt);
     for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
     i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
     float Md[kDecRows], Ld[kDecRows];
@@ -542,7 +555,9 @@ void decode(const FlashArgs& a) {
         hs[r] = hk * G + gr / a.Sq, is[r] = gr % a.Sq;
         key_range(a, is[r], klen, &lo[r], &hi[r]);
         if (hi[r] > lo[r] && lo[r] < k1 && hi[r] > k0) ulo = imin(ulo, imax(lo[r], k0)), uhi = imax(uhi, imin(hi[r], k1));
-        load_row(a, a.q, b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2], a.sq[3], D, a.scale_log2, Qd + r * Dp);
+        const i64 qoff = b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2];
+        if (dots) dq.load_q(r, qoff);
+        else load_row(a, a.q, qoff, a.sq[3], D, a.scale_log2, Qd + r * Dp);
         for (i64 d = D; d < Dp; ++d) Qd[r * Dp + d] = 0.0f;
         std::memset(Od + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
         Md[r] = kNegInf, Ld[r] = 0.0f;
@@ -551,7 +566,11 @@ void decode(const FlashArgs& a) {
       const i64 vbase = b * a.sv[0] + hk * a.sv[1];
       for (i64 t0 = ulo / kNt * kNt; t0 < uhi; t0 += kNt) {
         const i64 j_lo = imax(t0, ulo), j_hi = imin(t0 + kNt, uhi);
-        for (i64 j = j_lo; j < j_hi; ++j) {
+        if (dots) {
+          for (i64 j = j_lo; j < j_hi; ++j)
+            dq.scores(nr, static_cast<const std::uint16_t*>(a.k) + kbase + j * a.sk[2], Ps + (j - t0), kNt);
+        }
+        for (i64 j = dots ? j_hi : j_lo; j < j_hi; ++j) {
           const float* kp;
           if (k_in_place) {
             kp = static_cast<const float*>(a.k) + kbase + j * a.sk[2];
