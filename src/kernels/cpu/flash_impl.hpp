@@ -157,8 +157,9 @@ inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 m
 }
 
 // Online softmax of one row's tile scores s[0, kNt) (−∞ where masked): raises the running max m
-// when a score exceeds it by more than kLazyRescale (rescaling the sum l and the accumulators
-// o[0, Dvp)), then overwrites s with p = 2^(s − m) and adds them to l.
+// when a score exceeds it by more than kLazyRescale (rescaling the sum and the accumulators
+// o[0, Dvp)), then overwrites s with p = 2^(s − m) and adds them to the sum, kept lane-wise in
+// l[0, L) (no horizontal add per row and tile; the row's sum is Σ l at the end).
 template <class S>
 inline void softmax_row(float* s, float* m, float* l, float* o, i64 Dvp) {
   constexpr int L = S::L;
@@ -172,8 +173,8 @@ inline void softmax_row(float* s, float* m, float* l, float* o, i64 Dvp) {
   if (mt > *m + kLazyRescale) {
     if (*m != kNegInf) {
       const float alpha = __builtin_exp2f(*m - mt);
-      *l *= alpha;
       const auto va = S::set1(alpha);
+      S::storeu(l, S::mul(S::loadu(l), va));
       for (i64 e = 0; e < Dvp; e += L) S::storeu(o + e, S::mul(S::loadu(o + e), va));
     }
     *m = mt;
@@ -185,7 +186,7 @@ inline void softmax_row(float* s, float* m, float* l, float* o, i64 Dvp) {
     S::storeu(s + c, p);
     sum = S::add(sum, p);
   }
-  *l += S::hsum(sum);
+  S::storeu(l, S::add(S::loadu(l), sum));
 }
 
 // Q·Kᵀ micro-kernel: scores of kRows queries against NQ·L keys starting at column c0.
@@ -352,11 +353,12 @@ void forward(const FlashArgs* list, i64 n) {
 
   // Per-thread scratch (floats), laid out once per call:
   //   Os [kMb][Dvp]  unnormalised output accumulators (Dvp = Dv rounded up to the P·V block)
-  //   Ms [kMb], Ls [kMb]  running max (log2 units) and running sum
+  //   Ms [kMb]       running max (log2 units)
+  //   Ls [kMb][L]    running sum, lane-wise (see softmax_row)
   //   Ps [kRows][kNt] one strip's scores, then probabilities
   //   then the operands' own scratch (Ops::scratch_floats: queries, K and V tiles)
   const i64 n_os = round_up(kMb * Dvp, 16);
-  const i64 arena = n_os + 2 * kMb + kRows * kNt + ops_floats;
+  const i64 arena = n_os + kMb + kMb * S::L + kRows * kNt + ops_floats;
 
 #pragma omp parallel num_threads(list[0].threads)
   {
@@ -364,7 +366,7 @@ void forward(const FlashArgs* list, i64 n) {
     float* Os = mem.f();
     float* Ms = Os + n_os;
     float* Ls = Ms + kMb;
-    float* Ps = Ls + kMb;
+    float* Ps = Ls + kMb * S::L;
     i64 lo[kMb], hi[kMb];                    // allowed keys of each row ([0, 0) for rows past Sq)
     i64 slo[kMb / kRows], shi[kMb / kRows];  // union of the ranges of each strip
 
@@ -400,7 +402,8 @@ void forward(const FlashArgs* list, i64 n) {
       ops.load_q(b, h, i0, nrows, nstrips * kRows);
       for (int r = 0; r < nstrips * kRows; ++r) {
         std::memset(Os + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
-        Ms[r] = kNegInf, Ls[r] = 0.0f;
+        Ms[r] = kNegInf;
+        S::storeu(Ls + r * S::L, S::zero());
       }
 
       const i64 kbase = b * a.sk[0] + hk * a.sk[1];
@@ -420,12 +423,13 @@ void forward(const FlashArgs* list, i64 n) {
             if (cut)
               mask_row(a, Ps + r * kNt, t0, lo[row], hi[row],
                        b * a.smask[0] + h * a.smask[1] + (i0 + row) * a.smask[2]);
-            softmax_row<S>(Ps + r * kNt, &Ms[row], &Ls[row], Os + row * Dvp, Dvp);
+            softmax_row<S>(Ps + r * kNt, &Ms[row], Ls + row * S::L, Os + row * Dvp, Dvp);
           }
           ops.pv(Ps, c_lo, c_hi, Os + r0 * Dvp);
         }
       }
-      for (int r = 0; r < nrows; ++r) store_row<S>(a, b, h, i0 + r, Os + r * Dvp, Ms[r], Ls[r]);
+      for (int r = 0; r < nrows; ++r)
+        store_row<S>(a, b, h, i0 + r, Os + r * Dvp, Ms[r], S::hsum(S::loadu(Ls + r * S::L)));
     }
   }
 }
@@ -540,7 +544,7 @@ void decode(const FlashArgs& a) {
     Dots dq(a, Ps + kDecRows * kNt);
     for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
     i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
-    float Md[kDecRows], Ld[kDecRows];
+    float Md[kDecRows], Ld[kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
 
 #pragma omp for schedule(dynamic, 1)
     for (i64 item = 0; item < items; ++item) {
@@ -560,7 +564,8 @@ void decode(const FlashArgs& a) {
         else load_row(a, a.q, qoff, a.sq[3], D, a.scale_log2, Qd + r * Dp);
         for (i64 d = D; d < Dp; ++d) Qd[r * Dp + d] = 0.0f;
         std::memset(Od + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
-        Md[r] = kNegInf, Ld[r] = 0.0f;
+        Md[r] = kNegInf;
+        S::storeu(Ld + r * L, S::zero());
       }
       const i64 kbase = b * a.sk[0] + hk * a.sk[1];
       const i64 vbase = b * a.sv[0] + hk * a.sv[1];
@@ -588,7 +593,7 @@ void decode(const FlashArgs& a) {
           // The chunk bounds cut like the rule does: keys outside [k0, k1) are not this item's.
           const i64 rlo = imax(lo[r], imax(k0, j_lo)), rhi = imin(hi[r], imin(k1, j_hi));
           mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2]);
-          softmax_row<S>(Ps + r * kNt, &Md[r], &Ld[r], Od + r * Dvp, Dvp);
+          softmax_row<S>(Ps + r * kNt, &Md[r], Ld + r * L, Od + r * Dvp, Dvp);
         }
         // The tile's V rows [j_lo, j_hi) as f32 rows c = j − t0 of vt (in place, or converted into Vs).
         const float* vt = Vs;
@@ -615,7 +620,7 @@ void decode(const FlashArgs& a) {
         const i64 row = (b * a.Hkv + hk) * GS + g * kDecRows + r;
         std::memcpy(Op + (row * nsplit + sp) * Dvp, Od + r * Dvp, sizeof(float) * static_cast<std::size_t>(Dvp));
         Mp[row * nsplit + sp] = Md[r];
-        Lp[row * nsplit + sp] = Ld[r];
+        Lp[row * nsplit + sp] = S::hsum(S::loadu(Ld + r * L));
       }
     }
 
