@@ -9,6 +9,7 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -95,7 +96,20 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add
     if (id >= 0) {
       tokens.push_back(id);
     } else {
-      for (std::size_t b = 0; b < n; ++b) tokens.push_back(static_cast<unsigned char>(text[i + b]) + 3);
+      for (std::size_t b = 0; b < n; ++b) {
+        const int byte = static_cast<unsigned char>(text[i + b]);
+        // A vocabulary too small to hold the 256 byte tokens (a file read for the wrong size):
+        // refuse rather than index past it (found by fuzz/fuzz_tokenizer.cpp).
+        if (byte + 3 >= vocab_size()) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "0x%02X", byte);
+          fail("qkv::Tokenizer::encode", std::string("text: byte ") + hex + " at offset " + std::to_string(i + b) +
+                                             " has no token, and its byte-fallback token " +
+                                             std::to_string(byte + 3) + " is outside the vocabulary of " +
+                                             std::to_string(vocab_size()) + " tokens");
+        }
+        tokens.push_back(byte + 3);
+      }
     }
     i += n;
   }

@@ -281,6 +281,20 @@ TEST(Model, TokenizerRefusesBadFilesAndRoundTrips) {
   EXPECT_EQ(u[1], 3 + 0xC3);
   EXPECT_EQ(u[2], 3 + 0xBC);
   EXPECT_EQ(tok.encode("", true, false), std::vector<int>{1});  // empty prompt: BOS alone, no dummy space
+
+  // A 4-token vocabulary (<unk>, <s>, </s>, " ") has no byte-fallback tokens: encoding "a" (byte
+  // 0x61, fallback token 3 + 97 = 100) is refused, not read past the vocabulary (fuzz finding).
+  std::string small;
+  auto put_i32 = [&small](std::int32_t v) { small.append(reinterpret_cast<const char*>(&v), 4); };
+  put_i32(5);
+  for (const std::string piece : {"<unk>", "<s>", "</s>", " "}) {
+    put_i32(0);  // score 0.0f
+    put_i32(static_cast<std::int32_t>(piece.size()));
+    small += piece;
+  }
+  const auto tiny = qkv::Tokenizer::load(write_tmp("tok_tiny.bin", small), 4);
+  EXPECT_EQ(tiny.encode(" ", false, false), (std::vector<int>{3, 3}));
+  expect_error([&] { tiny.encode("a", true, false); }, {"Tokenizer::encode", "byte 0x61", "token 100", "vocabulary of 4"});
 }
 
 }  // namespace
