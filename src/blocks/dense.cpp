@@ -36,15 +36,11 @@ void gemv_scalar(const GemvArgs& a, i64 o0, i64 o1) {
     }
 }
 
-// Output rows split into `threads` contiguous ranges (multiples of 4 rows, the kernels' block),
-// so each thread streams its own part of W once.
+// Output rows split into `threads` contiguous ranges, so each thread streams its own part of W
+// once, in address order.
 void split_rows(const GemvArgs& a, int threads, void (*kernel)(const GemvArgs&, i64, i64)) {
-  const i64 blocks = (a.out + 3) / 4;
-  const i64 t = std::max<i64>(1, std::min<i64>(threads, blocks));
-  parallel_for(t, static_cast<int>(t), [&](i64 k) {
-    const i64 o0 = std::min(a.out, blocks * k / t * 4), o1 = std::min(a.out, blocks * (k + 1) / t * 4);
-    kernel(a, o0, o1);
-  });
+  const i64 t = std::max<i64>(1, std::min<i64>(threads, a.out));
+  parallel_for(t, static_cast<int>(t), [&](i64 k) { kernel(a, a.out * k / t, a.out * (k + 1) / t); });
 }
 
 void check_rows(const char* fn, i64 M, float beta) {

@@ -4,8 +4,8 @@
 //   x [M, in] f32   W [out, in] f32 or bf16 (raw bits)   b [out] or null   y [M, out] f32
 //   y = beta·y + x · Wᵀ + b          M ≤ kGemvMaxRows, beta ∈ {0, 1} (0 never reads y)
 // At M = 1 every weight is read once and used once, so the speed is the memory bandwidth; the
-// kernels stream 4 rows of W at a time with 16-lane accumulators and split the output rows over
-// `threads`. bf16 weights halve the bytes read. Activations and accumulation stay f32.
+// kernels read W one row at a time, front to back (one linear stream per thread), with several
+// independent vector accumulators per row, and split the output rows over `threads`. bf16 weights halve the bytes read. Activations and accumulation stay f32.
 //   avx512_bf16: vdpbf16ps on (W, x_hi) and (W, x_lo), x = x_hi + x_lo split into two bf16
 //                (x_hi + x_lo carries 16 of x's 24 significand bits: error ≤ 2^-17·|x|).
 //   avx512, avx2: W widened to f32 (a 16-bit shift), f32 FMA: exact products.

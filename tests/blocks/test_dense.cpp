@@ -30,8 +30,9 @@ std::vector<Isa> isas() {
   return out;
 }
 
-// Every ISA, M = 1 … 4, input widths around each vector length (tails), output counts around the
-// 4-row block and the 2-thread split, beta 0 (y full of NaN, never read) and 1, with and without
+// Every ISA, M = 1 … 4, input widths around each vector length (tails) and past the kernels'
+// unrolled step (U vectors a step: 129 and 300 run the unrolled loop, the single-vector loop and a
+// masked tail), output counts around the 2-thread split, beta 0 (y full of NaN, never read) and 1, with and without
 // bias, the 2-thread row split at one width. Tolerance: an f32 sum of `in` products, in any order, errs by at most
 // γ_in · Σ|x·w| with γ_in ≈ in · 2^-24 (Higham, Accuracy and Stability §3.1); the f64 reference
 // is exact by comparison. The vdpbf16ps kernel (avx512_bf16 with bf16 weights) also rounds x to
@@ -41,7 +42,7 @@ TEST(Dense, GemvMatchesReferenceOnEveryIsa) {
     for (bool bf16 : {false, true}) {
       double worst = 0;  // max |err| / bound
       for (std::int64_t M = 1; M <= qkv::blocks::kGemvMaxRows; ++M)
-        for (std::int64_t in : {1, 7, 16, 17, 33, 64, 100})
+        for (std::int64_t in : {1, 7, 16, 17, 33, 64, 100, 129, 300})
           for (std::int64_t out : {1, 3, 4, 9, 13})
             for (float beta : {0.0f, 1.0f})
               for (int threads : {1, 2}) {
