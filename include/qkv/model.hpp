@@ -236,6 +236,9 @@ class Model {
   // S ≤ 4 rows (decoding), oneDNN's sgemm above.
   void project(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y, std::int64_t S,
                std::int64_t in, std::int64_t out, float beta = 0.0f);
+  // q, k, v [S, ·] = xb [S, C] · W_{Q,K,V}ᵀ + b of layer l: one fused GEMV for S ≤ 4 rows (the
+  // threads meet once for the three matrices), three projections above.
+  void project_qkv(int l, const float* xb, float* q, float* k, float* v, std::int64_t S);
   std::int64_t params_ = 0;  // parameter count, to size the work of a call
   void reserve(std::int64_t S);
   void block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace);

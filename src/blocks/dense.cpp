@@ -36,11 +36,29 @@ void gemv_scalar(const GemvArgs& a, i64 o0, i64 o1) {
     }
 }
 
-// Output rows split into `threads` contiguous ranges, so each thread streams its own part of W
-// once, in address order.
-void split_rows(const GemvArgs& a, int threads, void (*kernel)(const GemvArgs&, i64, i64)) {
-  const i64 t = std::max<i64>(1, std::min<i64>(threads, a.out));
-  parallel_for(t, static_cast<int>(t), [&](i64 k) { kernel(a, a.out * k / t, a.out * (k + 1) / t); });
+// The rows of all outputs, taken as one list [0, Σ out_k), split into `threads` contiguous
+// ranges, so each thread streams its own part of the weights once, in address order.
+void split_rows(const GemvArgs& a, std::span<const GemvOut> outs, int threads,
+                void (*kernel)(const GemvArgs&, i64, i64)) {
+  i64 total = 0;
+  for (const GemvOut& o : outs) total += o.out;
+  const i64 t = std::max<i64>(1, std::min<i64>(threads, total));
+  parallel_for(t, static_cast<int>(t), [&](i64 k) {
+    const i64 r0 = total * k / t, r1 = total * (k + 1) / t;
+    i64 first = 0;  // row of the list where output `o` starts
+    for (const GemvOut& o : outs) {
+      const i64 lo = std::max(r0, first), hi = std::min(r1, first + o.out);
+      if (lo < hi) {
+        GemvArgs ak = a;
+        ak.W = o.W;
+        ak.b = o.b;
+        ak.y = o.y;
+        ak.out = o.out;
+        kernel(ak, lo - first, hi - first);
+      }
+      first += o.out;
+    }
+  });
 }
 
 void check_rows(const char* fn, i64 M, float beta) {
@@ -51,37 +69,41 @@ void check_rows(const char* fn, i64 M, float beta) {
 
 }  // namespace
 
+void gemv_f32_multi(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, int threads,
+                    Isa isa) {
+  check_rows("qkv::blocks::gemv_f32", M, beta);
+  const GemvArgs a{x, nullptr, nullptr, nullptr, M, in, 0, beta, nullptr};
+  split_rows(a, outs, threads,
+             isa >= Isa::avx512 ? detail::gemv_f32_avx512 : isa == Isa::avx2 ? detail::gemv_f32_avx2 : gemv_scalar<float>);
+}
+
+void gemv_bf16_multi(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, int threads,
+                     Isa isa) {
+  check_rows("qkv::blocks::gemv_bf16", M, beta);
+  GemvArgs a{x, nullptr, nullptr, nullptr, M, in, 0, beta, nullptr};
+  if (isa == Isa::avx512_bf16) {
+    thread_local std::vector<std::uint16_t> xs;  // x split as [M][2][in] bf16 (dense_kernels.hpp)
+    xs.resize(static_cast<std::size_t>(2 * M * in));
+    detail::split_bf16_avx512bf16(x, xs.data(), M, in);
+    a.xs = xs.data();
+    split_rows(a, outs, threads, detail::gemv_bf16_avx512bf16);
+    return;
+  }
+  split_rows(a, outs, threads,
+             isa == Isa::avx512 ? detail::gemv_bf16_avx512 : isa == Isa::avx2 ? detail::gemv_bf16_avx2
+                                                                              : gemv_scalar<std::uint16_t>);
+}
+
 void gemv_f32(const float* x, const float* W, const float* b, float* y, i64 M, i64 in, i64 out, float beta,
               int threads, Isa isa) {
-  check_rows("qkv::blocks::gemv_f32", M, beta);
-  const GemvArgs a{x, W, b, y, M, in, out, beta, nullptr};
-  split_rows(a, threads,
-             isa >= Isa::avx512 ? detail::gemv_f32_avx512 : isa == Isa::avx2 ? detail::gemv_f32_avx2 : gemv_scalar<float>);
+  const GemvOut one{W, b, y, out};
+  gemv_f32_multi(x, std::span(&one, 1), M, in, beta, threads, isa);
 }
 
 void gemv_bf16(const float* x, const std::uint16_t* W, const float* b, float* y, i64 M, i64 in, i64 out,
                float beta, int threads, Isa isa) {
-  check_rows("qkv::blocks::gemv_bf16", M, beta);
-  GemvArgs a{x, W, b, y, M, in, out, beta, nullptr};
-  if (isa == Isa::avx512_bf16) {
-    // x [M, in] → xs [M][2][in]: x_hi = bf16(x), x_lo = bf16(x − x_hi) (both round to nearest even).
-    thread_local std::vector<std::uint16_t> xs;
-    xs.resize(static_cast<std::size_t>(2 * M * in));
-    for (i64 m = 0; m < M; ++m)
-      for (i64 i = 0; i < in; ++i) {
-        const float v = x[m * in + i];
-        const std::uint16_t hi = kernels::cpu::f32_to_bf16_bits(v);
-        xs[static_cast<std::size_t>(2 * m * in + i)] = hi;
-        xs[static_cast<std::size_t>((2 * m + 1) * in + i)] =
-            kernels::cpu::f32_to_bf16_bits(v - kernels::cpu::bf16_bits_to_f32(hi));
-      }
-    a.xs = xs.data();
-    split_rows(a, threads, detail::gemv_bf16_avx512bf16);
-    return;
-  }
-  split_rows(a, threads,
-             isa == Isa::avx512 ? detail::gemv_bf16_avx512 : isa == Isa::avx2 ? detail::gemv_bf16_avx2
-                                                                              : gemv_scalar<std::uint16_t>);
+  const GemvOut one{W, b, y, out};
+  gemv_bf16_multi(x, std::span(&one, 1), M, in, beta, threads, isa);
 }
 
 void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y, i64 M,

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "qkv/attention.hpp"  // Isa
 
@@ -29,6 +30,21 @@ void gemv_f32(const float* x, const float* W, const float* b, float* y, std::int
               std::int64_t out, float beta, int threads, Isa isa);
 void gemv_bf16(const float* x, const std::uint16_t* W, const float* b, float* y, std::int64_t M, std::int64_t in,
                std::int64_t out, float beta, int threads, Isa isa);
+
+// Several GEMVs that read the same x [M, in] (W_Q, W_K, W_V of one layer) in one parallel region:
+// output k is y_k [M, out_k] = beta·y_k + x · W_kᵀ + b_k, W_k [out_k, in] (f32, or bf16 bits for
+// gemv_bf16_multi); b_k may be null. The rows of all outputs are split over `threads` as one list,
+// so the threads meet once instead of once per matrix. gemv_f32 / gemv_bf16 are the case of one.
+struct GemvOut {
+  const void* W;
+  const float* b;
+  float* y;
+  std::int64_t out;
+};
+void gemv_f32_multi(const float* x, std::span<const GemvOut> outs, std::int64_t M, std::int64_t in, float beta,
+                    int threads, Isa isa);
+void gemv_bf16_multi(const float* x, std::span<const GemvOut> outs, std::int64_t M, std::int64_t in, float beta,
+                     int threads, Isa isa);
 // f64 accumulation of the same sum; W as f32 (Wbf16 null) or as bf16 bits (W null).
 void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y,
                     std::int64_t M, std::int64_t in, std::int64_t out, float beta);

@@ -60,6 +60,27 @@ void rows(const GemvArgs& a, i64 o0, i64 o1) {
 
 }  // namespace
 
+void split_bf16_avx512bf16(const float* x, std::uint16_t* xs, i64 M, i64 in) {
+  using S = kernels::cpu::SimdAvx512;
+  for (i64 m = 0; m < M; ++m) {
+    const float* xm = x + m * in;
+    std::uint16_t* hi = xs + 2 * m * in;
+    std::uint16_t* lo = hi + in;
+    i64 i = 0;
+    for (; i + S::L <= in; i += S::L) {
+      const S::V v = S::loadu(xm + i);
+      S::store_bf16(hi + i, v);
+      S::store_bf16(lo + i, S::sub(v, S::load_bf16(hi + i)));
+    }
+    if (i < in) {
+      const int n = static_cast<int>(in - i);
+      const S::V v = S::load_n(xm + i, n);
+      S::store_bf16_n(hi + i, v, n);
+      S::store_bf16_n(lo + i, S::sub(v, S::load_bf16_n(hi + i, n)), n);
+    }
+  }
+}
+
 void gemv_bf16_avx512bf16(const GemvArgs& a, i64 o0, i64 o1) {
   switch (a.M) {
     case 1: rows<1>(a, o0, o1); break;

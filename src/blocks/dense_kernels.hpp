@@ -23,6 +23,9 @@ void gemv_f32_avx512(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
 void gemv_bf16_avx2(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
 void gemv_bf16_avx512(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
 void gemv_bf16_avx512bf16(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
+// x [M, in] → xs [M][2][in] for the kernel above: x_hi = bf16(x), x_lo = bf16(x − x_hi), both
+// rounded to nearest even (kernels::cpu::f32_to_bf16_bits, vectorised).
+void split_bf16_avx512bf16(const float* x, std::uint16_t* xs, std::int64_t M, std::int64_t in);
 
 void gelu_avx2(float* out, const float* x, std::int64_t n);
 void gelu_avx512(float* out, const float* x, std::int64_t n);

@@ -106,6 +106,27 @@ void Model::project(const float* x, const float* W, const std::uint16_t* Wb, con
   blocks::linear_forward(x, W, b, y, S, in, out, beta);
 }
 
+void Model::project_qkv(int l, const float* xb, float* q, float* k, float* v, std::int64_t S) {
+  const Config& c = w_.config;
+  const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+  const LayerBf16 Lb = layers_bf16_.empty() ? LayerBf16{} : layers_bf16_[static_cast<std::size_t>(l)];
+  const std::int64_t C = c.dim, D = c.head_dim(), HD = c.n_heads * D, KD = c.n_kv_heads * D;
+  if (S > blocks::kGemvMaxRows) {
+    project(xb, L.wq, Lb.wq, L.bq, q, S, C, HD);
+    project(xb, L.wk, Lb.wk, L.bk, k, S, C, KD);
+    project(xb, L.wv, Lb.wv, L.bv, v, S, C, KD);
+    return;
+  }
+  const int threads = omp_get_max_threads();
+  if (Lb.wq) {
+    const blocks::GemvOut outs[3] = {{Lb.wq, L.bq, q, HD}, {Lb.wk, L.bk, k, KD}, {Lb.wv, L.bv, v, KD}};
+    blocks::gemv_bf16_multi(xb, outs, S, C, 0.0f, threads, active_isa());
+  } else {
+    const blocks::GemvOut outs[3] = {{L.wq, L.bq, q, HD}, {L.wk, L.bk, k, KD}, {L.wv, L.bv, v, KD}};
+    blocks::gemv_f32_multi(xb, outs, S, C, 0.0f, threads, active_isa());
+  }
+}
+
 namespace {
 
 // Runs a forward call on one thread when it is too small to share: stories260K does ~0.5 MFLOP per
@@ -181,9 +202,7 @@ void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
 
   // ---- attention: x += W_O · attention(q, k, v)
   norm(c, xb, x, L.norm1_w, L.norm1_b, S);
-  project(xb, L.wq, Lb.wq, L.bq, q, S, C, H * D);
-  project(xb, L.wk, Lb.wk, L.bk, k, S, C, Hkv * D);
-  project(xb, L.wv, Lb.wv, L.bv, v, S, C, Hkv * D);
+  project_qkv(l, xb, q, k, v, S);
   if (c.pos == PosEncoding::rotary) {
     blocks::rope_forward(q, S, H, D, pos0, c.rope_theta);
     blocks::rope_forward(k, S, Hkv, D, pos0, c.rope_theta);

@@ -1,6 +1,7 @@
 // The dense kernels (blocks/dense.hpp) on every ISA this CPU runs, against their f64 twins:
 // GEMV with f32 and bf16 weights at awkward sizes, and the vectorised GELU.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -8,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include "blocks/dense.hpp"
+#include "blocks/dense_kernels.hpp"
 #include "blocks/layers.hpp"
+#include "kernels/cpu/simd_common.hpp"
 #include "qkv/attention.hpp"
 
 namespace {
@@ -98,6 +101,84 @@ TEST(Dense, GemvLargeShapeTwoThreads) {
     worst = std::max(worst, err);
   }
   std::printf("max |y - ref| = %.3g\n", worst);
+}
+
+// The fused form (W_Q, W_K, W_V in one call): outputs of 5, 1, 13 and 0 rows, so the 2-thread split
+// of the 19-row list falls inside an output; every output against its own f64 reference, same
+// bound as above.
+TEST(Dense, GemvMultiMatchesReferencePerOutput) {
+  const std::int64_t in = 300;
+  const std::int64_t outs_n[4] = {5, 1, 13, 0};
+  for (Isa isa : isas())
+    for (bool bf16 : {false, true}) {
+      double worst = 0;
+      for (std::int64_t M = 1; M <= qkv::blocks::kGemvMaxRows; ++M)
+        for (int threads : {1, 2, 3}) {
+          const auto x = randn(static_cast<std::size_t>(M * in), 11);
+          std::vector<std::vector<float>> W(4), b(4), y(4), r(4);
+          std::vector<std::vector<std::uint16_t>> Wb(4);
+          std::vector<qkv::blocks::GemvOut> outs;
+          for (int k = 0; k < 4; ++k) {
+            const auto n = static_cast<std::size_t>(outs_n[k]);
+            W[k] = randn(n * in, 12 + k);
+            Wb[k].resize(W[k].size());
+            qkv::blocks::f32_to_bf16(Wb[k].data(), W[k].data(), static_cast<std::int64_t>(W[k].size()));
+            b[k] = randn(n, 20 + k);
+            y[k].assign(static_cast<std::size_t>(M) * n, std::nanf(""));
+            r[k] = y[k];
+            const void* Wk = bf16 ? static_cast<const void*>(Wb[k].data()) : W[k].data();
+            outs.push_back({Wk, k == 1 ? nullptr : b[k].data(), y[k].data(), outs_n[k]});
+          }
+          if (bf16) qkv::blocks::gemv_bf16_multi(x.data(), outs, M, in, 0.0f, threads, isa);
+          else qkv::blocks::gemv_f32_multi(x.data(), outs, M, in, 0.0f, threads, isa);
+          for (int k = 0; k < 4; ++k) {
+            const float* bias = k == 1 ? nullptr : b[k].data();
+            qkv::blocks::gemv_reference(x.data(), bf16 ? nullptr : W[k].data(), bf16 ? Wb[k].data() : nullptr, bias,
+                                        r[k].data(), M, in, outs_n[k], 0.0f);
+            for (std::int64_t m = 0; m < M; ++m)
+              for (std::int64_t o = 0; o < outs_n[k]; ++o) {
+                double mag = bias ? std::abs(bias[o]) : 0.0;
+                for (std::int64_t i = 0; i < in; ++i)
+                  mag += std::abs(double(x[m * in + i]) *
+                                  (bf16 ? qkv::bf16_to_f32(Wb[k][o * in + i]) : W[k][o * in + i]));
+                const double gamma = (in + 2) * std::ldexp(1.0, -24) +
+                                     (bf16 && isa == Isa::avx512_bf16 ? std::ldexp(1.0, -17) : 0.0);
+                const double err = std::abs(double(y[k][m * outs_n[k] + o]) - r[k][m * outs_n[k] + o]);
+                ASSERT_LE(err, gamma * mag) << qkv::isa_name(isa) << " bf16=" << bf16 << " M=" << M
+                                            << " output " << k << " row " << o << " threads " << threads;
+                worst = std::max(worst, err / (gamma * mag));
+              }
+          }
+        }
+      std::printf("%-12s %s weights, 4 outputs: max |err| / bound = %.3f\n", qkv::isa_name(isa),
+                  bf16 ? "bf16" : "f32 ", worst);
+    }
+}
+
+// The vdpbf16ps kernel's split of x into x_hi + x_lo, bit for bit against the scalar rounding
+// (kernels::cpu::f32_to_bf16_bits, itself checked in the core tests): ties to even, NaN, ±inf,
+// subnormals, values near the bf16 overflow, and a tail shorter than a vector.
+TEST(Dense, SplitBf16MatchesScalarRounding) {
+  if (qkv::cpu_isa() < Isa::avx512_bf16) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  std::vector<float> x = randn(36, 30);
+  for (std::uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x00000001u, 0x807fffffu, 0x7f7fffffu,
+                             0xff7f8000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x00000000u, 0x80000000u}) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    x.push_back(f);
+  }
+  const std::int64_t M = 2, in = static_cast<std::int64_t>(x.size()) / 2;  // two rows of 24 (one vector + 8)
+  std::vector<std::uint16_t> xs(static_cast<std::size_t>(2 * M * in));
+  qkv::blocks::detail::split_bf16_avx512bf16(x.data(), xs.data(), M, in);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t i = 0; i < in; ++i) {
+      const float v = x[static_cast<std::size_t>(m * in + i)];
+      const std::uint16_t hi = qkv::kernels::cpu::f32_to_bf16_bits(v);
+      const std::uint16_t lo = qkv::kernels::cpu::f32_to_bf16_bits(v - qkv::kernels::cpu::bf16_bits_to_f32(hi));
+      ASSERT_EQ(xs[static_cast<std::size_t>(2 * m * in + i)], hi) << "x_hi of " << v;
+      ASSERT_EQ(xs[static_cast<std::size_t>((2 * m + 1) * in + i)], lo) << "x_lo of " << v;
+    }
+  std::printf("%lld values split, all bit-equal to the scalar rounding\n", static_cast<long long>(M * in));
 }
 
 TEST(Dense, GemvRefusesRowsOutsideItsRange) {
