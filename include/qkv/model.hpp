@@ -196,8 +196,13 @@ struct Trace {
 // construction, to bf16 (nearest even) and read as bf16 from then on, which halves the bytes a
 // decoding step streams; activations, norms, embeddings and every accumulation stay f32. The f32
 // weights stay held (the embedding and norms still use them).
+// num_threads = 0 uses the library default (set_num_threads / QKV_NUM_THREADS) for calls large
+// enough to share and one thread below ~100 MFLOP a call (stories260K); n > 0 uses n threads for
+// every call. With more than one thread a one-token call (decoding) runs in a single parallel
+// region (Model::decode_step); the logits are the same bit for bit.
 struct ModelOptions {
   DType weights = DType::f32;  // f32 or bf16
+  int num_threads = 0;         // ≥ 0
 };
 
 class Model {
@@ -242,6 +247,9 @@ class Model {
   std::int64_t params_ = 0;  // parameter count, to size the work of a call
   void reserve(std::int64_t S);
   void block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace);
+  // One token (S = 1) on `threads` > 1 threads in one parallel region (see model.cpp); x_ holds its
+  // embedding; writes logits [V] and leaves cache.len to the caller.
+  void decode_step(KvCache& cache, float* logits, int threads);
   void check_tokens(const char* fn, std::span<const int> tokens, std::int64_t start) const;
 };
 

@@ -36,29 +36,53 @@ void gemv_scalar(const GemvArgs& a, i64 o0, i64 o1) {
     }
 }
 
-// The rows of all outputs, taken as one list [0, Σ out_k), split into `threads` contiguous
-// ranges, so each thread streams its own part of the weights once, in address order.
-void split_rows(const GemvArgs& a, std::span<const GemvOut> outs, int threads,
-                void (*kernel)(const GemvArgs&, i64, i64)) {
+using Kernel = void (*)(const GemvArgs&, i64, i64);
+
+// Part `part` of `parts` of the rows of all outputs, taken as one list [0, Σ out_k): a contiguous
+// range, so each thread streams its own part of the weights once, in address order.
+void run_part(const GemvArgs& a, std::span<const GemvOut> outs, Kernel kernel, int part, int parts) {
   i64 total = 0;
   for (const GemvOut& o : outs) total += o.out;
-  const i64 t = std::max<i64>(1, std::min<i64>(threads, total));
-  parallel_for(t, static_cast<int>(t), [&](i64 k) {
-    const i64 r0 = total * k / t, r1 = total * (k + 1) / t;
-    i64 first = 0;  // row of the list where output `o` starts
-    for (const GemvOut& o : outs) {
-      const i64 lo = std::max(r0, first), hi = std::min(r1, first + o.out);
-      if (lo < hi) {
-        GemvArgs ak = a;
-        ak.W = o.W;
-        ak.b = o.b;
-        ak.y = o.y;
-        ak.out = o.out;
-        kernel(ak, lo - first, hi - first);
-      }
-      first += o.out;
+  const auto [r0, r1] = gemv_part_rows(total, part, parts);
+  i64 first = 0;  // row of the list where output `o` starts
+  for (const GemvOut& o : outs) {
+    const i64 lo = std::max(r0, first), hi = std::min(r1, first + o.out);
+    if (lo < hi) {
+      GemvArgs ak = a;
+      ak.W = o.W;
+      ak.b = o.b;
+      ak.y = o.y;
+      ak.out = o.out;
+      kernel(ak, lo - first, hi - first);
     }
-  });
+    first += o.out;
+  }
+}
+
+void split_rows(const GemvArgs& a, std::span<const GemvOut> outs, int threads, Kernel kernel) {
+  i64 total = 0;
+  for (const GemvOut& o : outs) total += o.out;
+  const int t = static_cast<int>(std::max<i64>(1, std::min<i64>(threads, total)));
+  parallel_for(t, t, [&](i64 k) { run_part(a, outs, kernel, static_cast<int>(k), t); });
+}
+
+Kernel f32_kernel(Isa isa) {
+  return isa >= Isa::avx512 ? detail::gemv_f32_avx512 : isa == Isa::avx2 ? detail::gemv_f32_avx2 : gemv_scalar<float>;
+}
+Kernel bf16_kernel(Isa isa) {
+  return isa == Isa::avx512_bf16 ? detail::gemv_bf16_avx512bf16
+         : isa == Isa::avx512    ? detail::gemv_bf16_avx512
+         : isa == Isa::avx2      ? detail::gemv_bf16_avx2
+                                 : gemv_scalar<std::uint16_t>;
+}
+
+// The vdpbf16ps kernel reads x split as xs [M][2][in] bf16 (dense_kernels.hpp), kept per thread.
+const std::uint16_t* split_x(const float* x, i64 M, i64 in, Isa isa) {
+  if (isa != Isa::avx512_bf16) return nullptr;
+  thread_local std::vector<std::uint16_t> xs;
+  xs.resize(static_cast<std::size_t>(2 * M * in));
+  detail::split_bf16_avx512bf16(x, xs.data(), M, in);
+  return xs.data();
 }
 
 void check_rows(const char* fn, i64 M, float beta) {
@@ -67,31 +91,39 @@ void check_rows(const char* fn, i64 M, float beta) {
                  std::to_string(M) + ", beta = " + std::to_string(beta));
 }
 
+void check_part(const char* fn, int part, int parts) {
+  if (parts < 1 || part < 0 || part >= parts)
+    fail(fn, "part, parts: need 0 ≤ part < parts, got part = " + std::to_string(part) +
+                 ", parts = " + std::to_string(parts));
+}
+
 }  // namespace
 
 void gemv_f32_multi(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, int threads,
                     Isa isa) {
   check_rows("qkv::blocks::gemv_f32", M, beta);
-  const GemvArgs a{x, nullptr, nullptr, nullptr, M, in, 0, beta, nullptr};
-  split_rows(a, outs, threads,
-             isa >= Isa::avx512 ? detail::gemv_f32_avx512 : isa == Isa::avx2 ? detail::gemv_f32_avx2 : gemv_scalar<float>);
+  split_rows({x, nullptr, nullptr, nullptr, M, in, 0, beta, nullptr}, outs, threads, f32_kernel(isa));
 }
 
 void gemv_bf16_multi(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, int threads,
                      Isa isa) {
   check_rows("qkv::blocks::gemv_bf16", M, beta);
-  GemvArgs a{x, nullptr, nullptr, nullptr, M, in, 0, beta, nullptr};
-  if (isa == Isa::avx512_bf16) {
-    thread_local std::vector<std::uint16_t> xs;  // x split as [M][2][in] bf16 (dense_kernels.hpp)
-    xs.resize(static_cast<std::size_t>(2 * M * in));
-    detail::split_bf16_avx512bf16(x, xs.data(), M, in);
-    a.xs = xs.data();
-    split_rows(a, outs, threads, detail::gemv_bf16_avx512bf16);
-    return;
-  }
-  split_rows(a, outs, threads,
-             isa == Isa::avx512 ? detail::gemv_bf16_avx512 : isa == Isa::avx2 ? detail::gemv_bf16_avx2
-                                                                              : gemv_scalar<std::uint16_t>);
+  split_rows({x, nullptr, nullptr, nullptr, M, in, 0, beta, split_x(x, M, in, isa)}, outs, threads, bf16_kernel(isa));
+}
+
+void gemv_f32_multi_part(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, Isa isa,
+                         int part, int parts) {
+  check_rows("qkv::blocks::gemv_f32", M, beta);
+  check_part("qkv::blocks::gemv_f32_multi_part", part, parts);
+  run_part({x, nullptr, nullptr, nullptr, M, in, 0, beta, nullptr}, outs, f32_kernel(isa), part, parts);
+}
+
+void gemv_bf16_multi_part(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, Isa isa,
+                          int part, int parts) {
+  check_rows("qkv::blocks::gemv_bf16", M, beta);
+  check_part("qkv::blocks::gemv_bf16_multi_part", part, parts);
+  run_part({x, nullptr, nullptr, nullptr, M, in, 0, beta, split_x(x, M, in, isa)}, outs, bf16_kernel(isa), part,
+           parts);
 }
 
 void gemv_f32(const float* x, const float* W, const float* b, float* y, i64 M, i64 in, i64 out, float beta,

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <string>
 
@@ -25,6 +26,7 @@
 #include "blocks/layers.hpp"
 #include "blocks/linear.hpp"
 #include "core/parallel.hpp"
+#include "core/spin_barrier.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/model.hpp"
 
@@ -46,6 +48,9 @@ Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) 
     fail("qkv::Model", "w: weights are incomplete for their config (use a loader or Weights::allocate)");
   if (opt_.weights != DType::f32 && opt_.weights != DType::bf16)
     fail("qkv::Model", std::string("options.weights: must be f32 or bf16, got ") + dtype_name(opt_.weights));
+  if (opt_.num_threads < 0)
+    fail("qkv::Model", "options.num_threads: must be ≥ 0 (0: the library default), got " +
+                           std::to_string(opt_.num_threads));
   params_ = w_.num_params();
   if (opt_.weights == DType::bf16) {
     const Config& c = w_.config;
@@ -129,19 +134,23 @@ void Model::project_qkv(int l, const float* xb, float* q, float* k, float* v, st
 
 namespace {
 
-// Runs a forward call on one thread when it is too small to share: stories260K does ~0.5 MFLOP per
+// The threads of one forward call: ModelOptions::num_threads when set, else the library default,
+// except that a call too small to share runs on one thread: stories260K does ~0.5 MFLOP per
 // token in ~40 GEMV/elementwise steps of a few microseconds each, and waking a second thread for
 // each step costs more than it saves (measured: 2 threads decode >10× slower on a busy machine).
 // Below ~100 MFLOP per call (stories260K prefills up to ~190 tokens) one thread is faster here.
-struct SmallCallThreads {
+struct CallThreads {
   int saved;
-  bool single;
-  explicit SmallCallThreads(double flops) : saved(omp_get_max_threads()), single(flops < 100e6) {
-    if (single) omp_set_num_threads(1);
+  int n;
+  CallThreads(int requested, double flops)
+      : saved(omp_get_max_threads()), n(requested > 0 ? requested : flops < 100e6 ? 1 : saved) {
+    if (n != saved) omp_set_num_threads(n);
   }
-  ~SmallCallThreads() {
-    if (single) omp_set_num_threads(saved);
+  ~CallThreads() {
+    if (n != saved) omp_set_num_threads(saved);
   }
+  CallThreads(const CallThreads&) = delete;
+  CallThreads& operator=(const CallThreads&) = delete;
 };
 
 }  // namespace
@@ -220,7 +229,7 @@ void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
   const View vv = View::strided(vc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1});
   const View ov = View::strided(att, DType::f32, {1, H, S, D}, {S * H * D, D, H * D, 1});
   AttentionOptions opt;
-  opt.num_threads = omp_get_max_threads() == 1 ? 1 : 0;
+  opt.num_threads = omp_get_max_threads();
   opt.causal = true;
   opt.align = Align::bottom_right;  // query s sits at position pos0 + s and sees keys ≤ pos0 + s
   if (trace) {
@@ -291,9 +300,14 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
   check_tokens(fn, tokens, cache.len);
   if (!logits) fail(fn, "logits: null output pointer");
   const auto S = static_cast<std::int64_t>(tokens.size());
-  const SmallCallThreads threads(2.0 * static_cast<double>(S) * static_cast<double>(params_));
+  const CallThreads threads(opt_.num_threads, 2.0 * static_cast<double>(S) * static_cast<double>(params_));
   reserve(S);
   blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, cache.len);
+  if (S == 1 && threads.n > 1) {
+    decode_step(cache, logits, threads.n);
+    cache.len += 1;
+    return;
+  }
   for (int l = 0; l < c.n_layers; ++l) block(l, S, cache, nullptr);
   cache.len += S;
   // Only the rows whose logits are wanted go through the final norm and the classifier.
@@ -303,11 +317,112 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
   project(xf, w_.wcls, wcls_bf16_, nullptr, logits, n, c.dim, c.vocab_size);
 }
 
+// Decoding one token reads every weight once, in ~80 GEMVs of 20–200 µs each. block() starts an
+// OpenMP region per projection, and under OMP_WAIT_POLICY=PASSIVE every start and join wakes a
+// sleeping thread (10–50 µs each here). This path runs the whole token in one region, the threads
+// meeting at a SpinBarrier between steps (each step writes what the next one reads):
+//   t0: norm1(x) → xb                                         | meet
+//   all: rows of Q, K, V (part t of the fused GEMV)          | meet
+//   all: own KV heads [kv0, kv1) and their query heads: rotary, append k, v to the cache,
+//        attention on one thread                               | meet
+//   all: rows of x += att·W_Oᵀ + b_O                           | meet
+//   t0: norm2(x) → xb                                         | meet
+//   all: rows of hb = xb·W1ᵀ (+ W3), then the activation on those same rows  | meet
+//   all: rows of x += hb·W2ᵀ + b2                               | meet
+// then t0: final norm | meet | all: rows of the logits. Every row goes through the same kernel as in
+// block() (dense.hpp), and each head through the same attention kernel, so the logits equal the
+// per-projection path's bit for bit (tests/model/test_model.cpp).
+void Model::decode_step(KvCache& cache, float* logits, int T) {
+  const Config& c = w_.config;
+  const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
+  const std::int64_t G = H / Hkv, pos0 = cache.len, Skv = pos0 + 1, cap = cache.capacity;
+  const Isa isa = active_isa();
+  const bool bf16 = !layers_bf16_.empty();
+  float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>();
+  float *v = v_.ptr<float>(), *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
+  // y [1, Σ out] = beta·y + xin · Wᵀ + b for the rows of part t, with f32 or bf16 weights.
+  auto gemv = [&](std::initializer_list<blocks::GemvOut> outs, const float* xin, std::int64_t in, float beta, int t) {
+    const std::span<const blocks::GemvOut> o(outs.begin(), outs.size());
+    if (bf16) blocks::gemv_bf16_multi_part(xin, o, 1, in, beta, isa, t, T);
+    else blocks::gemv_f32_multi_part(xin, o, 1, in, beta, isa, t, T);
+  };
+  auto layer_norm = [&](float* out, const float* w, const float* b) {
+    if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, 1, C, c.norm_eps);
+    else blocks::layernorm_forward(out, nullptr, nullptr, x, w, b, 1, C, c.norm_eps);
+  };
+  SpinBarrier meet(T);
+  std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
+#pragma omp parallel num_threads(T)
+  {
+    const int t = omp_get_thread_num();
+    const auto [kv0, kv1] = blocks::gemv_part_rows(Hkv, t, T);  // this thread's KV heads
+    const auto [f0, f1] = blocks::gemv_part_rows(Hd, t, T);    // its rows of W1 / W3
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+      const LayerBf16 Lb = bf16 ? layers_bf16_[static_cast<std::size_t>(l)] : LayerBf16{};
+      auto W = [&](const float* f, const std::uint16_t* b) -> const void* { return bf16 ? static_cast<const void*>(b) : f; };
+      if (t == 0) layer_norm(xb, L.norm1_w, L.norm1_b);
+      meet.wait();
+      gemv({{W(L.wq, Lb.wq), L.bq, q, H * D}, {W(L.wk, Lb.wk), L.bk, k, Hkv * D}, {W(L.wv, Lb.wv), L.bv, v, Hkv * D}},
+           xb, C, 0.0f, t);
+      meet.wait();
+      if (kv1 > kv0) {
+        const std::int64_t h0 = kv0 * G, nh = (kv1 - kv0) * G, nkv = kv1 - kv0;
+        if (c.pos == PosEncoding::rotary) {
+          blocks::rope_forward(q + h0 * D, 1, nh, D, pos0, c.rope_theta);
+          blocks::rope_forward(k + kv0 * D, 1, nkv, D, pos0, c.rope_theta);
+        }
+        float* kc = cache.k.ptr<float>() + (l * Hkv + kv0) * cap * D;
+        float* vc = cache.v.ptr<float>() + (l * Hkv + kv0) * cap * D;
+        for (std::int64_t h = 0; h < nkv; ++h) {
+          std::memcpy(kc + (h * cap + pos0) * D, k + (kv0 + h) * D, sizeof(float) * D);
+          std::memcpy(vc + (h * cap + pos0) * D, v + (kv0 + h) * D, sizeof(float) * D);
+        }
+        AttentionOptions opt;
+        opt.num_threads = 1;
+        opt.causal = true;
+        opt.align = Align::bottom_right;
+        try {
+          attention(View::strided(q + h0 * D, DType::f32, {1, nh, 1, D}, {H * D, D, H * D, 1}),
+                    View::strided(kc, DType::f32, {1, nkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1}),
+                    View::strided(vc, DType::f32, {1, nkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1}),
+                    View::strided(att + h0 * D, DType::f32, {1, nh, 1, D}, {H * D, D, H * D, 1}), opt);
+        } catch (...) {
+#pragma omp critical(qkv_decode_error)
+          error = std::current_exception();
+        }
+      }
+      meet.wait();
+      gemv({{W(L.wo, Lb.wo), L.bo, x, C}}, att, H * D, 1.0f, t);  // residual: x += att·W_Oᵀ + b_O
+      meet.wait();
+      if (t == 0) layer_norm(xb, L.norm2_w, L.norm2_b);
+      meet.wait();
+      gemv({{W(L.w1, Lb.w1), L.b1, hb, Hd}}, xb, C, 0.0f, t);
+      if (c.mlp == MlpKind::swiglu) {
+        gemv({{W(L.w3, Lb.w3), nullptr, hb2, Hd}}, xb, C, 0.0f, t);
+        blocks::swiglu_forward(hb + f0, hb + f0, hb2 + f0, f1 - f0);
+      } else if (c.mlp == MlpKind::gelu_exact) {
+        blocks::gelu_exact_forward(hb + f0, hb + f0, f1 - f0);
+      } else {
+        blocks::gelu_fast(hb + f0, hb + f0, f1 - f0, 1, isa);
+      }
+      meet.wait();
+      gemv({{W(L.w2, Lb.w2), L.b2, x, C}}, hb, Hd, 1.0f, t);  // residual: x += hb·W2ᵀ + b2
+      meet.wait();
+    }
+    if (t == 0) layer_norm(xb, w_.normf_w, w_.normf_b);
+    meet.wait();
+    gemv({{bf16 ? static_cast<const void*>(wcls_bf16_) : w_.wcls, nullptr, logits, c.vocab_size}}, xb, C, 0.0f, t);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
   const char* fn = "qkv::Model::forward_trace";
   check_tokens(fn, tokens, 0);
   const Config& c = w_.config;
   const auto S = static_cast<std::int64_t>(tokens.size());
+  const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity());
   KvCache cache(c, S);
   reserve(S);
   trace.layers.clear();

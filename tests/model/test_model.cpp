@@ -134,6 +134,49 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
   expect_error([&] { model.forward(tokens, small, ref.data(), true); }, {"capacity 4"});
 }
 
+// On several threads a one-token call runs in one parallel region (Model::decode_step) instead of
+// block()'s region per projection. Every row goes through the same GEMV kernel and every head
+// through the same attention kernel, so the logits must equal the one-thread path's bit for bit
+// (tolerance 0): stories260K (RMSNorm, rotary, GQA 8/4, SwiGLU), the tiny GPT-2 (LayerNorm,
+// learned positions, GELU, biases) and the tiny GQA model (4/2 heads, no positions), with f32 and
+// bf16 weights, on 2 and 3 threads (3 splits 4 KV heads 1/1/2, and 2 KV heads 0/1/1: a thread
+// with no head). A prefill of 3 tokens (block() with GEMVs), then 12 tokens one at a time.
+TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
+  const std::string golden = std::string(QKV_SOURCE_DIR) + "/tests/golden/model/";
+  const std::pair<const char*, qkv::Weights> models[] = {
+      {"stories260K", qkv::load_llama2c(kModel)},
+      {"tiny_gpt2", qkv::load_weights(golden + "tiny_gpt2.safetensors")},
+      {"tiny_gqa_bf16", qkv::load_weights(golden + "tiny_gqa_bf16.safetensors")}};
+  for (const auto& [name, w] : models)
+    for (qkv::DType dt : {qkv::DType::f32, qkv::DType::bf16}) {
+      const auto& c = w.config;
+      std::vector<int> tokens;
+      for (int i = 0; i < 15; ++i) tokens.push_back(1 + (i * 37) % static_cast<int>(c.vocab_size - 1));
+      auto run = [&](int threads) {
+        qkv::Model m(w, qkv::ModelOptions{dt, threads});
+        qkv::KvCache cache(c);
+        std::vector<float> logits, step(static_cast<std::size_t>(c.vocab_size));
+        m.forward(std::span<const int>(tokens.data(), 3), cache, step.data());
+        logits.insert(logits.end(), step.begin(), step.end());
+        for (std::size_t s = 3; s < tokens.size(); ++s) {
+          m.forward(std::span<const int>(tokens.data() + s, 1), cache, step.data());
+          logits.insert(logits.end(), step.begin(), step.end());
+        }
+        return logits;
+      };
+      const auto one = run(1);
+      for (int threads : {2, 3}) {
+        const auto many = run(threads);
+        double err = 0;
+        for (std::size_t i = 0; i < one.size(); ++i) err = std::max(err, std::abs(double(many[i]) - one[i]));
+        std::printf("%-13s %s weights, %d threads: max |logits − one thread's| = %.3g\n", name,
+                    qkv::dtype_name(dt), threads, err);
+        EXPECT_EQ(err, 0.0) << name << " " << qkv::dtype_name(dt) << " on " << threads << " threads";
+      }
+    }
+  EXPECT_THROW(qkv::Model(qkv::load_llama2c(kModel), qkv::ModelOptions{qkv::DType::f32, -1}), std::invalid_argument);
+}
+
 // ---------------------------------------------------------------------------------------------
 // safetensors
 // ---------------------------------------------------------------------------------------------
