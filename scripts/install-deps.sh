@@ -18,7 +18,7 @@ if ((${#missing[@]})); then
 fi
 
 py_mods=(numpy:numpy torch:torch ml_dtypes:ml_dtypes nanobind:nanobind scikit_build_core:scikit-build-core
-         pytest:pytest safetensors:safetensors matplotlib:matplotlib)
+         pytest:pytest safetensors:safetensors matplotlib:matplotlib transformers:transformers)
 pip_missing=()
 for m in "${py_mods[@]}"; do
   python3 -c "import ${m%%:*}" 2>/dev/null || pip_missing+=("${m##*:}")

@@ -59,7 +59,9 @@ struct Config {
 
 // Config <-> JSON text. The keys are the field names above; "pos" is "none" | "learned" |
 // "rotary", "norm" is "layernorm" | "rmsnorm", "mlp" is "gelu" | "swiglu" | "gelu_exact". Unknown keys and
-// missing required keys (the seven sizes) are errors.
+// missing required keys (the seven sizes) are errors. config_from_json also reads a Hugging Face
+// config.json (one with "model_type": "gpt2" or "llama"); settings qkv does not implement (rope
+// scaling, biases in Llama, another activation) are errors naming the key.
 Config config_from_json(std::string_view json, std::string_view source = "config");
 Config load_config(const std::string& path);
 std::string config_to_json(const Config& c, bool indent = true);
@@ -123,7 +125,10 @@ struct Weights {
 // header of 7 int32 then f32 arrays. The file size must equal what the header implies.
 Weights load_llama2c(const std::string& path);
 // A safetensors file (memory-mapped) with its config JSON. Tensors may be F32, BF16 or F16;
-// names and shapes must be exactly those Weights::tensors() lists for the config.
+// names and shapes must be exactly those Weights::tensors() lists for the config, or those of a
+// Hugging Face checkpoint of the same model: GPT2LMHeadModel / GPT2Model (Conv1D weights, fused
+// c_attn) or LlamaForCausalLM (q/k rows in HF's rotate-half order), rearranged exactly at load.
+// Sharded checkpoints (model.safetensors.index.json) are not read.
 Weights load_safetensors(const std::string& path, const Config& config);
 Weights load_safetensors(const std::string& path, const std::string& config_path);
 // Picks the format by extension: *.safetensors (config from config_path, or, when empty, the

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/hf_layout.hpp"
 #include "qkv/model.hpp"
 
 namespace qkv {
@@ -75,6 +76,11 @@ Config config_from_json(std::string_view text, std::string_view source) {
     fail(fn, where + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) fail(fn, where + ": expected a JSON object, got " + std::string(j.type_name()));
+  if (j.contains("model_type")) {  // a Hugging Face config.json
+    const Config c = detail::hf_config(j, where);
+    c.validate(std::string(fn) + " (" + where + ")");
+    return c;
+  }
   Config c;
   auto get_int = [&](const char* key, std::int64_t* out) {
     if (!j.contains(key)) fail(fn, where + ": missing required key \"" + key + "\"");

@@ -8,7 +8,8 @@
 // offset pair is consistent (end − begin = numel · dtype size), and the tensors tile the data
 // region exactly, without overlap or holes (the rule the reference implementation enforces).
 // F32 tensors at 4-byte aligned offsets are used in place from the private mapping; the others
-// are converted to f32 into an owned arena.
+// are converted to f32 into an owned arena. The tensor names are qkv's own (weights.cpp) or those of
+// a Hugging Face GPT-2 or Llama checkpoint (hf_layout.hpp), told apart by the token embedding's name.
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -16,11 +17,13 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "model/hf_layout.hpp"
 #include "model/mapped_file.hpp"
 #include "model/weights.hpp"
 
@@ -151,6 +154,12 @@ Header parse_header(const detail::MappedFile& file, const char* fn, const std::s
   return h;
 }
 
+std::int64_t numel(const std::vector<std::int64_t>& s) {
+  std::int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
 std::string shape_str(const std::vector<std::int64_t>& s) {
   std::string r = "[";
   for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
@@ -174,61 +183,63 @@ Weights load_safetensors(const std::string& path, const Config& config) {
   Weights w;
   w.config = config;
   detail::prepare_layout(w);
-  // Match the config's parameter list against the file: every name present with its exact shape
+  // Which names the file uses: qkv's own, or a Hugging Face GPT-2 / Llama checkpoint's
+  // (hf_layout.hpp: each parameter's stored tensor and how it is rearranged).
+  const detail::FileLayout layout =
+      detail::detect_layout([&](const std::string& n) { return h.tensors.count(n) > 0; });
+  // Match the config's parameter list against the file: every tensor present with its exact shape
   // and a supported dtype, nothing left over.
-  std::int64_t convert_floats = 0;
-  std::size_t used = 0;
+  std::int64_t convert_floats = 0, scratch_floats = 0;
+  std::set<std::string> used;
   detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>& shape, float*&) {
-    auto it = h.tensors.find(name);
-    if (it == h.tensors.end())
-      fail(fn, where + ": tensor \"" + name + "\" " + shape_str(shape) + " that the config needs is missing");
+    const detail::Source s = detail::source_of(layout, config, name, shape);
+    const std::string what = "tensor \"" + s.tensor + "\"" + (s.tensor == name ? "" : " (qkv's " + name + ")");
+    auto it = h.tensors.find(s.tensor);
+    if (it == h.tensors.end()) fail(fn, where + ": " + what + " " + shape_str(s.shape) + " that the config needs is missing");
     const TensorInfo& t = it->second;
-    if (t.shape != shape)
-      fail(fn, where + ": tensor \"" + name + "\" is " + shape_str(t.shape) + " but the config needs " +
-                   shape_str(shape));
-    if (dtype_bytes(t.dtype) == 0)
-      fail(fn, where + ": tensor \"" + name + "\" has dtype " + t.dtype + "; supported: F32, BF16, F16");
-    const bool in_place = t.dtype == "F32" && reinterpret_cast<std::uintptr_t>(h.data + t.begin) % 4 == 0;
-    if (!in_place) convert_floats += (t.end - t.begin) / dtype_bytes(t.dtype);
-    ++used;
+    if (t.shape != s.shape)
+      fail(fn, where + ": " + what + " is " + shape_str(t.shape) + " but the config needs " + shape_str(s.shape));
+    if (dtype_bytes(t.dtype) == 0) fail(fn, where + ": " + what + " has dtype " + t.dtype + "; supported: F32, BF16, F16");
+    const std::int64_t stored = static_cast<std::int64_t>((t.end - t.begin) / dtype_bytes(t.dtype));
+    const bool in_place = s.op == detail::Source::Op::copy && t.dtype == "F32" &&
+                          reinterpret_cast<std::uintptr_t>(h.data + t.begin) % 4 == 0;
+    if (!in_place) convert_floats += numel(shape);
+    if (s.op != detail::Source::Op::copy) scratch_floats = std::max(scratch_floats, stored);
+    used.insert(s.tensor);
   });
-  if (used != h.tensors.size())
-    for (const auto& entry : h.tensors) {
-      const std::string& name = entry.first;
-      const TensorInfo& t = entry.second;
-      bool known = false;
-      detail::for_each_param(w, [&](const std::string& n, const std::vector<std::int64_t>&, float*&) {
-        known = known || n == name;
-      });
-      if (!known)
-        fail(fn, where + ": tensor \"" + name + "\" " + shape_str(t.shape) +
-                     " is not a parameter of a model with this config: " + config_to_json(config, false));
-    }
+  for (const auto& [name, t] : h.tensors)
+    if (!used.count(name) && !detail::ignorable(layout, config, name))
+      fail(fn, where + ": tensor \"" + name + "\" " + shape_str(t.shape) +
+                   " is not a parameter of a model with this config: " + config_to_json(config, false));
 
   auto storage = std::make_shared<SafetensorsStorage>();
   storage->file = file;
   if (convert_floats > 0)
     storage->arena = std::make_unique<Buffer>(DType::f32, std::vector<std::int64_t>{convert_floats});
   float* arena = storage->arena ? storage->arena->ptr<float>() : nullptr;
-  detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>&, float*& slot) {
-    const TensorInfo& t = h.tensors.at(name);
+  std::vector<float> scratch(static_cast<std::size_t>(scratch_floats));
+  detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>& shape, float*& slot) {
+    const detail::Source s = detail::source_of(layout, config, name, shape);
+    const TensorInfo& t = h.tensors.at(s.tensor);
     const std::uint8_t* src = h.data + t.begin;
     const std::int64_t n = static_cast<std::int64_t>((t.end - t.begin) / dtype_bytes(t.dtype));
-    if (t.dtype == "F32" && reinterpret_cast<std::uintptr_t>(src) % 4 == 0) {
+    if (s.op == detail::Source::Op::copy && t.dtype == "F32" && reinterpret_cast<std::uintptr_t>(src) % 4 == 0) {
       slot = reinterpret_cast<float*>(const_cast<std::uint8_t*>(src));
       return;
     }
     slot = arena;
-    arena += n;
+    arena += numel(shape);
+    float* out = s.op == detail::Source::Op::copy ? slot : scratch.data();
     for (std::int64_t k = 0; k < n; ++k) {
       if (t.dtype == "F32") {
-        std::memcpy(slot + k, src + 4 * k, 4);
+        std::memcpy(out + k, src + 4 * k, 4);
       } else {
         std::uint16_t b;
         std::memcpy(&b, src + 2 * k, 2);
-        slot[k] = t.dtype == "BF16" ? bf16_to_f32(b) : f16_to_f32(b);
+        out[k] = t.dtype == "BF16" ? bf16_to_f32(b) : f16_to_f32(b);
       }
     }
+    if (s.op != detail::Source::Op::copy) detail::rearrange(s, shape, scratch.data(), slot);
   });
   w.storage = storage;
   detail::finish_layout(w);

@@ -262,6 +262,132 @@ TEST(Model, SafetensorsRefusesBadFiles) {
                {"cfg.json", "unknown key \"rope\""});
 }
 
+// A safetensors file of F32 tensors (name, shape, values), written by hand.
+struct HandTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<float> v;
+};
+std::string safetensors_of(const std::vector<HandTensor>& ts) {
+  std::string header = "{";
+  std::size_t at = 0;
+  for (const auto& t : ts) {
+    std::string shape;
+    for (auto d : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    header += (at ? ",\"" : "\"") + t.name + "\":{\"dtype\":\"F32\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(at) + "," + std::to_string(at + 4 * t.v.size()) + "]}";
+    at += 4 * t.v.size();
+  }
+  std::string out = safetensors_bytes(header + "}", 0);
+  for (const auto& t : ts) out.append(reinterpret_cast<const char*>(t.v.data()), 4 * t.v.size());
+  return out;
+}
+std::vector<float> values(const float* p, std::int64_t n) { return {p, p + n}; }
+
+// Hugging Face checkpoints: the config.json keys, and the layouts (hf_layout.hpp) undone exactly.
+// Oracle: the files are written here from random qkv weights by the inverse rearrangement, so the
+// loaded weights must equal the originals bit for bit. (python/tests/test_hf_checkpoints.py
+// checks the same loader against the transformers library's own models.)
+TEST(Model, HuggingFaceCheckpoints) {
+  const qkv::Config g = qkv::config_from_json(
+      R"({"model_type": "gpt2", "n_embd": 8, "n_head": 2, "n_layer": 1, "n_positions": 4, "vocab_size": 5,
+          "n_inner": null, "attn_pdrop": 0.1, "activation_function": "gelu_new"})", "gpt2.json");
+  EXPECT_EQ(g.hidden_dim, 32);  // n_inner null: 4 · n_embd
+  EXPECT_TRUE(g.bias && g.tied_embeddings && g.pos == qkv::PosEncoding::learned && g.norm == qkv::NormKind::layernorm &&
+              g.mlp == qkv::MlpKind::gelu && g.n_kv_heads == 2 && g.norm_eps == 1e-5f);
+  const qkv::Config l = qkv::config_from_json(
+      R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 12, "num_attention_heads": 2,
+          "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 5, "max_position_embeddings": 4,
+          "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "rms_norm_eps": 1e-6})", "llama.json");
+  EXPECT_TRUE(!l.bias && !l.tied_embeddings && l.pos == qkv::PosEncoding::rotary && l.norm == qkv::NormKind::rmsnorm &&
+              l.mlp == qkv::MlpKind::swiglu && l.n_kv_heads == 1 && l.rope_theta == 500000.0f && l.norm_eps == 1e-6f);
+  expect_error([] { qkv::config_from_json(R"({"model_type": "bert", "hidden_size": 8})", "bert.json"); },
+               {"bert.json", "\"bert\" is not supported"});
+  expect_error([] { qkv::config_from_json(R"({"model_type": "gpt2", "n_embd": 8})", "g.json"); }, {"g.json", "n_head"});
+
+  // GPT-2: Conv1D weights [in, out], W_Q | W_K | W_V fused in c_attn [C, 3C].
+  {
+    const qkv::Weights w = qkv::Weights::random(g, 11);
+    const qkv::LayerWeights& L = w.layers[0];
+    const std::int64_t C = 8, F = 32;
+    auto t = [](const float* a, std::int64_t rows, std::int64_t cols) {  // [rows, cols] → [cols, rows]
+      std::vector<float> o(static_cast<std::size_t>(rows * cols));
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t k = 0; k < cols; ++k) o[static_cast<std::size_t>(k * rows + r)] = a[r * cols + k];
+      return o;
+    };
+    std::vector<float> c_attn(static_cast<std::size_t>(3 * C * C)), c_attn_b;
+    const float* qkv_w[3] = {L.wq, L.wk, L.wv};
+    const float* qkv_b[3] = {L.bq, L.bk, L.bv};
+    for (int part = 0; part < 3; ++part) {
+      for (std::int64_t r = 0; r < C; ++r)
+        for (std::int64_t k = 0; k < C; ++k) c_attn[static_cast<std::size_t>(k * 3 * C + part * C + r)] = qkv_w[part][r * C + k];
+      c_attn_b.insert(c_attn_b.end(), qkv_b[part], qkv_b[part] + C);
+    }
+    const std::string p = write_tmp("gpt2_hf.safetensors", safetensors_of({
+        {"wte.weight", {5, C}, values(w.wte, 5 * C)},
+        {"wpe.weight", {4, C}, values(w.wpe, 4 * C)},
+        {"h.0.ln_1.weight", {C}, values(L.norm1_w, C)}, {"h.0.ln_1.bias", {C}, values(L.norm1_b, C)},
+        {"h.0.attn.bias", {1, 1, 4, 4}, std::vector<float>(16, 1.0f)},  // the causal-mask buffer: skipped
+        {"h.0.attn.c_attn.weight", {C, 3 * C}, c_attn}, {"h.0.attn.c_attn.bias", {3 * C}, c_attn_b},
+        {"h.0.attn.c_proj.weight", {C, C}, t(L.wo, C, C)}, {"h.0.attn.c_proj.bias", {C}, values(L.bo, C)},
+        {"h.0.ln_2.weight", {C}, values(L.norm2_w, C)}, {"h.0.ln_2.bias", {C}, values(L.norm2_b, C)},
+        {"h.0.mlp.c_fc.weight", {C, F}, t(L.w1, F, C)}, {"h.0.mlp.c_fc.bias", {F}, values(L.b1, F)},
+        {"h.0.mlp.c_proj.weight", {F, C}, t(L.w2, C, F)}, {"h.0.mlp.c_proj.bias", {C}, values(L.b2, C)},
+        {"ln_f.weight", {C}, values(w.normf_w, C)}, {"ln_f.bias", {C}, values(w.normf_b, C)}}));
+    const qkv::Weights r = qkv::load_safetensors(p, g);
+    const auto a = w.tensors(), b = r.tensors();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      std::int64_t n = 1;
+      for (auto d : a[i].shape) n *= d;
+      EXPECT_EQ(std::memcmp(a[i].data, b[i].data, static_cast<std::size_t>(n) * 4), 0) << a[i].name;
+    }
+    std::remove(p.c_str());
+  }
+  // Llama: q/k rows of each head in rotate-half order (HF row t·D/2 + j is qkv's row 2j + t).
+  {
+    const qkv::Weights w = qkv::Weights::random(l, 12);
+    const qkv::LayerWeights& L = w.layers[0];
+    const std::int64_t C = 8, D = 4, F = 12;
+    auto hf_rows = [&](const float* a, std::int64_t heads) {
+      std::vector<float> o(static_cast<std::size_t>(heads * D * C));
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t j = 0; j < D / 2; ++j)
+          for (std::int64_t t = 0; t < 2; ++t)
+            std::memcpy(&o[static_cast<std::size_t>((h * D + t * D / 2 + j) * C)], a + (h * D + 2 * j + t) * C, 4 * C);
+      return o;
+    };
+    const std::string p = write_tmp("llama_hf.safetensors", safetensors_of({
+        {"model.embed_tokens.weight", {5, C}, values(w.wte, 5 * C)},
+        {"model.layers.0.input_layernorm.weight", {C}, values(L.norm1_w, C)},
+        {"model.layers.0.self_attn.q_proj.weight", {2 * D, C}, hf_rows(L.wq, 2)},
+        {"model.layers.0.self_attn.k_proj.weight", {D, C}, hf_rows(L.wk, 1)},
+        {"model.layers.0.self_attn.v_proj.weight", {D, C}, values(L.wv, D * C)},
+        {"model.layers.0.self_attn.o_proj.weight", {C, 2 * D}, values(L.wo, 2 * D * C)},
+        {"model.layers.0.post_attention_layernorm.weight", {C}, values(L.norm2_w, C)},
+        {"model.layers.0.mlp.gate_proj.weight", {F, C}, values(L.w1, F * C)},
+        {"model.layers.0.mlp.down_proj.weight", {C, F}, values(L.w2, C * F)},
+        {"model.layers.0.mlp.up_proj.weight", {F, C}, values(L.w3, F * C)},
+        {"model.norm.weight", {C}, values(w.normf_w, C)},
+        {"lm_head.weight", {5, C}, values(w.wcls, 5 * C)}}));
+    const qkv::Weights r = qkv::load_safetensors(p, l);
+    const auto a = w.tensors(), b = r.tensors();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      std::int64_t n = 1;
+      for (auto d : a[i].shape) n *= d;
+      EXPECT_EQ(std::memcmp(a[i].data, b[i].data, static_cast<std::size_t>(n) * 4), 0) << a[i].name;
+    }
+    qkv::Config gqa2 = l;
+    gqa2.n_kv_heads = 2;  // k_proj would be [8, 8]
+    expect_error([&] { qkv::load_safetensors(p, gqa2); },
+                 {"llama_hf.safetensors", "\"model.layers.0.self_attn.k_proj.weight\" (qkv's layers.0.attention.wk.weight)",
+                  "[4, 8]", "[8, 8]"});
+    std::remove(p.c_str());
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // llama2.c checkpoint and tokenizer files
 // ---------------------------------------------------------------------------------------------

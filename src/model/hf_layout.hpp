@@ -1,0 +1,65 @@
+// Internal: Hugging Face checkpoints (GPT2LMHeadModel / GPT2Model, LlamaForCausalLM) read as qkv
+// models. Two parts: their config.json as a qkv Config, and, for each of qkv's parameters
+// (detail::for_each_param's names and shapes), the stored tensor it comes from and how that
+// tensor is rearranged into qkv's layout.
+//
+// Rearrangements, all exact (elements are only moved):
+//   GPT-2 stores its projections as Conv1D weights [in, out] (y = x·W + b): qkv's [out, in] is the
+//   transpose, and W_Q, W_K, W_V are the column blocks [0, C), [C, 2C), [2C, 3C) of the fused
+//   attn.c_attn [C, 3C] (its bias likewise).
+//   Llama (HF) rotates the halves (j, j + D/2) of each head, llama2.c and qkv the pairs (2j, 2j + 1):
+//   qkv's row 2j + t of a head is HF's row t·D/2 + j of q_proj / k_proj (the inverse of the
+//   permutation llama2.c's export applies).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "qkv/model.hpp"
+
+namespace qkv::detail {
+
+// Reads a Hugging Face config.json (its "model_type" is "gpt2" or "llama") as a qkv Config.
+// Keys that change the arithmetic but that qkv does not implement (rope scaling, attention biases
+// in Llama, cross-attention, per-layer attention scaling, another activation) are errors naming
+// the key; keys that do not (dropout, token ids, dtype) are ignored.
+Config hf_config(const nlohmann::json& j, const std::string& where);
+
+enum class Layout { qkv, hf_gpt2, hf_llama };
+
+// The naming scheme of a safetensors file, told by the token embedding's name; `prefix` is what
+// precedes the HF names ("transformer." or "" for GPT-2, "model." for Llama).
+struct FileLayout {
+  Layout layout = Layout::qkv;
+  std::string prefix;
+};
+FileLayout detect_layout(const std::function<bool(const std::string&)>& has_tensor);
+
+// Where qkv's parameter `name` (shape `shape`) is stored, and how to read it.
+struct Source {
+  enum class Op {
+    copy,       // the tensor as it is
+    slice,      // 1-D: elements [offset, offset + numel)
+    transpose,  // 2-D [in, out]: qkv's [r, k] = stored [k, offset + r]
+    rope_rows,  // 2-D [heads·D, C], D = offset: qkv's row h·D + 2j + t = stored row h·D + t·D/2 + j
+  };
+  std::string tensor;
+  std::vector<std::int64_t> shape;  // the shape the stored tensor must have
+  Op op = Op::copy;
+  std::int64_t offset = 0;  // slice, transpose: the first element / column taken; rope_rows: D
+};
+Source source_of(const FileLayout& f, const Config& c, const std::string& name, const std::vector<std::int64_t>& shape);
+
+// Stored tensors that hold no parameter of the model and are skipped: GPT-2's attention-mask
+// buffers (h.N.attn.bias, h.N.attn.masked_bias), Llama's rotary_emb.inv_freq, and lm_head.weight
+// when the embeddings are tied.
+bool ignorable(const FileLayout& f, const Config& c, const std::string& tensor);
+
+// dst (qkv's `shape`) ← src (the stored tensor, already f32, `s.shape`) as `s.op` says.
+void rearrange(const Source& s, const std::vector<std::int64_t>& shape, const float* src, float* dst);
+
+}  // namespace qkv::detail
