@@ -133,6 +133,7 @@ Weights load_safetensors(const std::string& path, const Config& config);
 Weights load_safetensors(const std::string& path, const std::string& config_path);
 // Picks the format by extension: *.safetensors (config from config_path, or, when empty, the
 // file beside it with .json instead of .safetensors, else config.json in its folder), else llama2.c.
+// A folder stands for the model.safetensors in it (a Hugging Face `save_pretrained` folder).
 Weights load_weights(const std::string& path, const std::string& config_path = "");
 // Writes every tensor as F32 (to a temporary name, then renamed), and the config as metadata.
 void save_safetensors(const Weights& w, const std::string& path);

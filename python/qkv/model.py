@@ -115,7 +115,9 @@ class Model:
 
     @classmethod
     def load(cls, path: str, config: Optional[str] = None, weights: str = "f32") -> "Model":
-        """A llama2.c checkpoint (.bin) or a .safetensors file with its config JSON.
+        """A llama2.c checkpoint (.bin) or a .safetensors file with its config JSON (qkv's own, or a
+        Hugging Face GPT-2 / Llama checkpoint: its model.safetensors, or the folder holding it with
+        its config.json).
 
         weights: 'f32' (exact), or 'bf16' to keep the projection matrices rounded to bfloat16
         (half the memory and bandwidth when decoding; activations stay float32)."""

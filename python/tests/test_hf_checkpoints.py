@@ -98,7 +98,7 @@ def test_llama_gqa(tmp_path, tied):
 
 def test_llama_greedy_generation_matches_transformers(tmp_path):
     ref = llama(tmp_path, seed=3)
-    model = qkv.Model.load(tmp_path / "model.safetensors")
+    model = qkv.Model.load(tmp_path)  # the folder: its model.safetensors and config.json
     with torch.no_grad():
         want = ref.generate(torch.tensor([[1, 7, 9]]), max_new_tokens=20, do_sample=False,
                             pad_token_id=0)[0].tolist()

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -252,6 +253,9 @@ Weights load_safetensors(const std::string& path, const std::string& config_path
 }
 
 Weights load_weights(const std::string& path, const std::string& config_path) {
+  // A folder as `save_pretrained` writes it: its model.safetensors (config.json found beside it below).
+  if (std::filesystem::is_directory(path))
+    return load_weights((path.ends_with('/') ? path : path + "/") + "model.safetensors", config_path);
   const std::string ext = ".safetensors";
   const bool st = path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
   if (!st) {
