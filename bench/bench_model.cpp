@@ -2,6 +2,8 @@
 //
 //   bench_model --model M [--config C] | --gpt2-small      [--prompt P] [--decode N] [--repeats R]
 //               [--weights f32|bf16]   (bf16: ModelOptions::weights, projections read as bf16)
+//               [--gemm-inputs f32|bf16]  (bf16: ModelOptions::gemm_inputs, prefill GEMMs in bf16;
+//                                          needs --weights bf16)
 //
 // prefill: one forward over P prompt tokens into an empty cache (tokens/s = P / time);
 // decode:  N more tokens, each one query against the cache (tokens/s = N / time).
@@ -43,6 +45,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       options.weights = w == "bf16" ? qkv::DType::bf16 : qkv::DType::f32;
+    } else if (a == "--gemm-inputs") {
+      const std::string g = next();
+      if (g != "f32" && g != "bf16") {
+        std::fprintf(stderr, "bench_model: --gemm-inputs must be f32 or bf16, got %s\n", g.c_str());
+        return 2;
+      }
+      options.gemm_inputs = g == "bf16" ? qkv::DType::bf16 : qkv::DType::f32;
     }
     else {
       std::fprintf(stderr, "bench_model: unknown argument %s\n", a.c_str());

@@ -4,7 +4,8 @@ F.scaled_dot_product_attention), same shapes, same run, batch 1. Prints the tabl
 Rows per model: qkv with fp32 weights against torch fp32 (the same arithmetic); qkv with bf16
 weights (ModelOptions::weights) against torch at its best, i.e. the faster of its fp32 and bf16
 (every tensor bfloat16) modes, chosen separately for prefill and decode and named in the table;
-then torch bf16's own figures.
+the same with bf16 GEMM inputs (ModelOptions::gemm_inputs: prefill rounds each projection's input
+rows to bf16 too, as torch's bf16 mode does); then torch bf16's own figures.
 
     python3 bench/model_peer.py [--build build] [--repeats 5]
 
@@ -78,9 +79,9 @@ def main():
              lambda: load_llama2c(os.path.join(root, "data/models/stories260K/stories260K.bin")), 128, 128),
             ("GPT-2-small shape", ["--gpt2-small"], gpt2_small_params, 512, 64)):
         q = {}
-        for w in ("f32", "bf16"):
+        for w, extra in (("f32", []), ("bf16", []), ("bf16+gemm", ["--gemm-inputs", "bf16"])):
             out = subprocess.run([exe, *qkv_args, "--prompt", str(prompt), "--decode", str(decode),
-                                  "--repeats", str(a.repeats), "--weights", w],
+                                  "--repeats", str(a.repeats), "--weights", w.split("+")[0], *extra],
                                  check=True, capture_output=True, text=True).stdout
             q[w] = json.loads(out)
         cfg, p = make()
@@ -96,6 +97,8 @@ def main():
                      q["f32"]["decode_tok_s"], t["fp32"][1], "fp32"))
         rows.append((name, prompt, decode, "bf16", q["bf16"]["prefill_tok_s"], t[best_p][0], best_p,
                      q["bf16"]["decode_tok_s"], t[best_d][1], best_d))
+        rows.append((name, prompt, decode, "bf16, bf16 GEMM inputs", q["bf16+gemm"]["prefill_tok_s"], t[best_p][0],
+                     best_p, q["bf16+gemm"]["decode_tok_s"], t[best_d][1], best_d))
         rows.append((name, prompt, decode, "(torch bf16)", None, t["bf16"][0], "bf16", None, t["bf16"][1], "bf16"))
         del p
     with open("/proc/loadavg") as f:

@@ -206,9 +206,17 @@ struct Trace {
 // enough to share and one thread below ~100 MFLOP a call (stories260K); n > 0 uses n threads for
 // every call. With more than one thread a one-token call (decoding) runs in a single parallel
 // region (Model::decode_step); the logits are the same bit for bit.
+//
+// gemm_inputs = f32 (the default) or bf16, for calls of more than 4 rows (prefill), which run
+// GEMMs: f32 multiplies the activations as they are (bf16 weights are widened to f32 exactly);
+// bf16 rounds each projection's input rows to bf16 (nearest even, ≤ 2^-9 relative) and runs a
+// bf16 × bf16 GEMM accumulating in f32 (oneDNN matmul, AVX-512 BF16: ≈ 2× the f32 GEMM here), a
+// second rounding on top of the weights'. Needs weights = bf16. Outputs, norms, attention, the
+// residual stream and decoding (≤ 4 rows: GEMV kernels) are unchanged.
 struct ModelOptions {
-  DType weights = DType::f32;  // f32 or bf16
-  int num_threads = 0;         // ≥ 0
+  DType weights = DType::f32;      // f32 or bf16
+  int num_threads = 0;             // ≥ 0
+  DType gemm_inputs = DType::f32;  // f32 or bf16 (bf16 needs weights = bf16)
 };
 
 class Model {
@@ -244,7 +252,8 @@ class Model {
   std::vector<LayerBf16> layers_bf16_;
   const std::uint16_t* wcls_bf16_ = nullptr;
   // y [S, out] = beta·y + x [S, in] · Wᵀ + b, with W as f32 (Wb null) or bf16 (Wb): GEMV kernels for
-  // S ≤ 4 rows (decoding), oneDNN's sgemm above.
+  // S ≤ 4 rows (decoding), oneDNN's sgemm above (its bf16 matmul when gemm_inputs = bf16, and then
+  // wide_ is not allocated).
   void project(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y, std::int64_t S,
                std::int64_t in, std::int64_t out, float beta = 0.0f);
   // q, k, v [S, ·] = xb [S, C] · W_{Q,K,V}ᵀ + b of layer l: one fused GEMV for S ≤ 4 rows (the

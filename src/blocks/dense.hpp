@@ -61,6 +61,15 @@ inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int 
 void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y,
                     std::int64_t M, std::int64_t in, std::int64_t out, float beta);
 
+// GEMM with bf16 inputs, for calls with many rows (prefill) when the model asks for it
+// (ModelOptions::gemm_inputs = bf16):
+//   y [M, out] = beta·y + bf16(x) [M, in] · Wᵀ + b      W [out, in] bf16 bits, b [out] or null
+// x is rounded to bf16 (nearest even) row by row, then oneDNN's matmul multiplies bf16 × bf16
+// (products exact in f32) and accumulates in f32 (AVX-512 BF16 where the CPU has it: ≈ 2× its f32
+// sgemm here). beta ∈ {0, 1} (0 never reads y). Its twin: gemv_reference on the rounded x.
+void gemm_bf16(const float* x, const std::uint16_t* W, const float* b, float* y, std::int64_t M, std::int64_t in,
+               std::int64_t out, float beta, int threads, Isa isa);
+
 // out [n] (may equal x), split over `threads`.
 void gelu_fast(float* out, const float* x, std::int64_t n, int threads, Isa isa);
 
@@ -68,5 +77,7 @@ void gelu_fast(float* out, const float* x, std::int64_t n, int threads, Isa isa)
 void bf16_to_f32(float* dst, const std::uint16_t* src, std::int64_t n, int threads);
 // dst [n] bf16 bits = src [n] rounded to nearest even (NaN stays NaN).
 void f32_to_bf16(std::uint16_t* dst, const float* src, std::int64_t n);
+// The same, vectorised on AVX-512 (bit-equal), split over `threads`.
+void f32_to_bf16(std::uint16_t* dst, const float* src, std::int64_t n, int threads, Isa isa);
 
 }  // namespace qkv::blocks

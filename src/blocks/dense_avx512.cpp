@@ -16,5 +16,10 @@ struct S : kernels::cpu::SimdAvx512 {
 void gemv_f32_avx512(const GemvArgs& a, i64 o0, i64 o1) { gemv_rows<S, RowsF32<S>>(a, o0, o1); }
 void gemv_bf16_avx512(const GemvArgs& a, i64 o0, i64 o1) { gemv_rows<S, RowsBf16<S>>(a, o0, o1); }
 void gelu_avx512(float* out, const float* x, i64 n) { gelu_impl<S>(out, x, n); }
+void to_bf16_avx512(std::uint16_t* dst, const float* src, i64 n) {
+  i64 i = 0;
+  for (; i + S::L <= n; i += S::L) S::store_bf16(dst + i, S::loadu(src + i));
+  if (i < n) S::store_bf16_n(dst + i, S::load_n(src + i, static_cast<int>(n - i)), static_cast<int>(n - i));
+}
 
 }  // namespace qkv::blocks::detail

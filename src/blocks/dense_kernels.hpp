@@ -27,6 +27,8 @@ void gemv_bf16_avx512bf16(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
 // rounded to nearest even (kernels::cpu::f32_to_bf16_bits, vectorised).
 void split_bf16_avx512bf16(const float* x, std::uint16_t* xs, std::int64_t M, std::int64_t in);
 
+void to_bf16_avx512(std::uint16_t* dst, const float* src, std::int64_t n);  // f32_to_bf16, vectorised
+
 void gelu_avx2(float* out, const float* x, std::int64_t n);
 void gelu_avx512(float* out, const float* x, std::int64_t n);
 

@@ -48,6 +48,11 @@ Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) 
     fail("qkv::Model", "w: weights are incomplete for their config (use a loader or Weights::allocate)");
   if (opt_.weights != DType::f32 && opt_.weights != DType::bf16)
     fail("qkv::Model", std::string("options.weights: must be f32 or bf16, got ") + dtype_name(opt_.weights));
+  if (opt_.gemm_inputs != DType::f32 && opt_.gemm_inputs != DType::bf16)
+    fail("qkv::Model", std::string("options.gemm_inputs: must be f32 or bf16, got ") + dtype_name(opt_.gemm_inputs));
+  if (opt_.gemm_inputs == DType::bf16 && opt_.weights != DType::bf16)
+    fail("qkv::Model", std::string("options.gemm_inputs: bf16 needs options.weights = bf16, got weights = ") +
+                           dtype_name(opt_.weights));
   if (opt_.num_threads < 0)
     fail("qkv::Model", "options.num_threads: must be ≥ 0 (0: the library default), got " +
                            std::to_string(opt_.num_threads));
@@ -80,7 +85,7 @@ Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) 
       layers_bf16_.push_back(b);
     }
     wcls_bf16_ = take(w_.wcls, c.vocab_size, C);
-    wide_ = Buffer(DType::f32, {largest});
+    if (opt_.gemm_inputs == DType::f32) wide_ = Buffer(DType::f32, {largest});
   }
 }
 
@@ -90,6 +95,10 @@ void Model::project(const float* x, const float* W, const std::uint16_t* Wb, con
   if (S <= blocks::kGemvMaxRows) {
     if (Wb) blocks::gemv_bf16(x, Wb, b, y, S, in, out, beta, threads, active_isa());
     else blocks::gemv_f32(x, W, b, y, S, in, out, beta, threads, active_isa());
+    return;
+  }
+  if (Wb && opt_.gemm_inputs == DType::bf16) {
+    blocks::gemm_bf16(x, Wb, b, y, S, in, out, beta, threads, active_isa());
     return;
   }
   if (Wb) {

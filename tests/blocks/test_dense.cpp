@@ -181,6 +181,74 @@ TEST(Dense, SplitBf16MatchesScalarRounding) {
   std::printf("%lld values split, all bit-equal to the scalar rounding\n", static_cast<long long>(M * in));
 }
 
+// The bf16 GEMM of prefill (ModelOptions::gemm_inputs = bf16) against its twin: x rounded to bf16
+// by the scalar rounding, then gemv_reference in f64. Products of two bf16 are exact in f32, so
+// only the f32 accumulation differs: the bound is γ_in · Σ|bf16(x)·w| with γ_in = (in + 2)·2^-24, as
+// above. Row counts from one past the GEMV's 4 up to a prime above a typical block, widths with
+// tails, beta 0 (y NaN) and 1, with and without bias, 1 and 2 threads.
+TEST(Dense, GemmBf16MatchesReference) {
+  double worst = 0;
+  for (std::int64_t M : {5, 17, 67})
+    for (std::int64_t in : {7, 100, 300})
+      for (std::int64_t out : {3, 33})
+        for (float beta : {0.0f, 1.0f})
+          for (int threads : {1, 2}) {
+            const auto x = randn(static_cast<std::size_t>(M * in), 41);
+            const auto W = randn(static_cast<std::size_t>(out * in), 42);
+            const auto b = randn(static_cast<std::size_t>(out), 43);
+            std::vector<std::uint16_t> Wb(W.size()), xb(x.size());
+            qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
+            qkv::blocks::f32_to_bf16(xb.data(), x.data(), static_cast<std::int64_t>(x.size()));
+            std::vector<float> xr(x.size());
+            for (std::size_t i = 0; i < x.size(); ++i) xr[i] = qkv::bf16_to_f32(xb[i]);
+            const auto y0 = beta == 0.0f ? std::vector<float>(static_cast<std::size_t>(M * out), std::nanf(""))
+                                         : randn(static_cast<std::size_t>(M * out), 44);
+            std::vector<float> y = y0, r = y0;
+            const float* bias = (out == 3) ? b.data() : nullptr;
+            qkv::blocks::gemm_bf16(x.data(), Wb.data(), bias, y.data(), M, in, out, beta, threads, qkv::cpu_isa());
+            qkv::blocks::gemv_reference(xr.data(), nullptr, Wb.data(), bias, r.data(), M, in, out, beta);
+            for (std::int64_t m = 0; m < M; ++m)
+              for (std::int64_t o = 0; o < out; ++o) {
+                double mag = (bias ? std::abs(bias[o]) : 0.0) + (beta != 0.0f ? std::abs(y0[m * out + o]) : 0.0);
+                for (std::int64_t i = 0; i < in; ++i) mag += std::abs(double(xr[m * in + i]) * qkv::bf16_to_f32(Wb[o * in + i]));
+                const double bound = (in + 2) * std::ldexp(1.0, -24) * mag;
+                const double err = std::abs(double(y[m * out + o]) - r[m * out + o]);
+                ASSERT_LE(err, bound) << "M=" << M << " in=" << in << " out=" << out << " beta=" << beta;
+                worst = std::max(worst, err / bound);
+              }
+          }
+  std::printf("gemm_bf16: max |err| / bound = %.3f\n", worst);
+  float x[8] = {}, y[8] = {};
+  std::uint16_t W[8] = {};
+  EXPECT_THROW(qkv::blocks::gemm_bf16(x, W, nullptr, y, 2, 2, 2, 0.5f, 1, Isa::scalar), std::invalid_argument);
+  EXPECT_THROW(qkv::blocks::gemm_bf16(x, W, nullptr, y, 0, 2, 2, 0.0f, 1, Isa::scalar), std::invalid_argument);
+}
+
+// The vectorised f32 → bf16 rounding, bit for bit against the scalar one on every ISA: random
+// values, ties to even, NaN, ±inf, subnormals, the largest finite values, and a tail.
+TEST(Dense, F32ToBf16VectorisedMatchesScalar) {
+  std::vector<float> x = randn(70001, 45);
+  for (std::uint32_t bits : {0x3f808000u, 0x3f818000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7f8000u,
+                             0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u, 0x80000000u}) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    x.push_back(f);
+  }
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<std::uint16_t> ref(x.size());
+  qkv::blocks::f32_to_bf16(ref.data(), x.data(), n);
+  for (Isa isa : isas())
+    for (int threads : {1, 2}) {
+      std::vector<std::uint16_t> got(x.size());
+      qkv::blocks::f32_to_bf16(got.data(), x.data(), n, threads, isa);
+      std::int64_t diff = 0;
+      for (std::int64_t i = 0; i < n; ++i) diff += got[i] != ref[i];
+      EXPECT_EQ(diff, 0) << qkv::isa_name(isa) << " threads " << threads;
+      std::printf("%-12s threads %d: %lld of %lld values differ from the scalar rounding\n", qkv::isa_name(isa),
+                  threads, static_cast<long long>(diff), static_cast<long long>(n));
+    }
+}
+
 TEST(Dense, GemvRefusesRowsOutsideItsRange) {
   float x[8] = {}, W[8] = {}, y[8] = {};
   EXPECT_THROW(qkv::blocks::gemv_f32(x, W, nullptr, y, 5, 1, 1, 0.0f, 1, Isa::scalar), std::invalid_argument);

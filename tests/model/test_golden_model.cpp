@@ -174,7 +174,56 @@ TEST(GoldenModel, Bf16WeightsGpt2Style) {
 
 TEST(GoldenModel, Bf16WeightsGqa) { check_bf16("tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors")); }
 
+// gemm_inputs = bf16: the prefill GEMMs also round their input rows to bf16 (≤ 2^-9 relative), a
+// perturbation of the same size and reach as the weights' rounding, so the bound to the fp32
+// PyTorch logits doubles: 16 · 2^-9 · max|logit|. Against the bf16-weights model (the same
+// weights) only the activations' rounding differs: 8 · 2^-9 · max|logit|. Decoding (≤ 4 rows)
+// does not take the GEMM: check() covers it with the doubled bound.
+void check_bf16_gemm(const std::string& name, const qkv::Weights& w) {
+  const Golden g = read_golden(name);
+  const qkv::ModelOptions opt{qkv::DType::bf16, 0, qkv::DType::bf16};
+  qkv::Model gm(w, opt), bf(w, qkv::ModelOptions{qkv::DType::bf16});
+  std::vector<float> a(g.logits.size()), b(g.logits.size());
+  qkv::KvCache ca(gm.config()), cb(bf.config());
+  gm.forward(g.tokens, ca, a.data(), true);
+  bf.forward(g.tokens, cb, b.data(), true);
+  double err_bf = 0, err_torch = 0, max_logit = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    err_bf = std::max(err_bf, std::abs(double(a[i]) - b[i]));
+    err_torch = std::max(err_torch, std::abs(double(a[i]) - g.logits[i]));
+    max_logit = std::max(max_logit, std::abs(double(g.logits[i])));
+  }
+  const double tol_bf = 8.0 * std::ldexp(1.0, -9) * max_logit, tol_torch = 2.0 * tol_bf;
+  std::printf("%s bf16 GEMM inputs: max |model − bf16-weights model| %.3g (tolerance %.3g); "
+              "max |model − torch fp32| %.3g (tolerance %.3g)\n",
+              name.c_str(), err_bf, tol_bf, err_torch, tol_torch);
+  EXPECT_GT(err_bf, 0.0);  // the option does take the bf16 GEMM
+  EXPECT_LT(err_bf, tol_bf);
+  EXPECT_LT(err_torch, tol_torch);
+  check(name, w, tol_torch, opt);
+}
+
+TEST(GoldenModel, Bf16GemmInputsStories260K) {
+  check_bf16_gemm("stories260K",
+                  qkv::load_llama2c(std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin"));
+}
+
+TEST(GoldenModel, Bf16GemmInputsGpt2Style) {
+  check_bf16_gemm("tiny_gpt2", qkv::load_safetensors(kGolden + "tiny_gpt2.safetensors", kGolden + "tiny_gpt2.json"));
+}
+
+TEST(GoldenModel, Bf16GemmInputsGqa) {
+  check_bf16_gemm("tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"));
+}
+
 TEST(GoldenModel, RefusesOtherWeightDtypes) {
+  // bf16 GEMM inputs need bf16 weights; other dtypes are refused.
+  EXPECT_THROW(qkv::Model(qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"),
+                          qkv::ModelOptions{qkv::DType::f32, 0, qkv::DType::bf16}),
+               std::invalid_argument);
+  EXPECT_THROW(qkv::Model(qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"),
+                          qkv::ModelOptions{qkv::DType::bf16, 0, qkv::DType::f64}),
+               std::invalid_argument);
   EXPECT_THROW(qkv::Model(qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"), qkv::ModelOptions{qkv::DType::f64}),
                std::invalid_argument);
 }
