@@ -38,12 +38,8 @@ void gemv_scalar(const GemvArgs& a, i64 o0, i64 o1) {
 
 using Kernel = void (*)(const GemvArgs&, i64, i64);
 
-// Part `part` of `parts` of the rows of all outputs, taken as one list [0, Σ out_k): a contiguous
-// range, so each thread streams its own part of the weights once, in address order.
-void run_part(const GemvArgs& a, std::span<const GemvOut> outs, Kernel kernel, int part, int parts) {
-  i64 total = 0;
-  for (const GemvOut& o : outs) total += o.out;
-  const auto [r0, r1] = gemv_part_rows(total, part, parts);
+// Rows [r0, r1) of the rows of all outputs, taken as one list [0, Σ out_k).
+void run_rows(const GemvArgs& a, std::span<const GemvOut> outs, Kernel kernel, i64 r0, i64 r1) {
   i64 first = 0;  // row of the list where output `o` starts
   for (const GemvOut& o : outs) {
     const i64 lo = std::max(r0, first), hi = std::min(r1, first + o.out);
@@ -59,11 +55,21 @@ void run_part(const GemvArgs& a, std::span<const GemvOut> outs, Kernel kernel, i
   }
 }
 
-void split_rows(const GemvArgs& a, std::span<const GemvOut> outs, int threads, Kernel kernel) {
+i64 total_rows(std::span<const GemvOut> outs) {
   i64 total = 0;
   for (const GemvOut& o : outs) total += o.out;
+  return total;
+}
+
+// The list split into `threads` contiguous ranges, so each thread streams its own part of the
+// weights once, in address order.
+void split_rows(const GemvArgs& a, std::span<const GemvOut> outs, int threads, Kernel kernel) {
+  const i64 total = total_rows(outs);
   const int t = static_cast<int>(std::max<i64>(1, std::min<i64>(threads, total)));
-  parallel_for(t, t, [&](i64 k) { run_part(a, outs, kernel, static_cast<int>(k), t); });
+  parallel_for(t, t, [&](i64 k) {
+    const auto [r0, r1] = gemv_part_rows(total, static_cast<int>(k), t);
+    run_rows(a, outs, kernel, r0, r1);
+  });
 }
 
 Kernel f32_kernel(Isa isa) {
@@ -91,10 +97,11 @@ void check_rows(const char* fn, i64 M, float beta) {
                  std::to_string(M) + ", beta = " + std::to_string(beta));
 }
 
-void check_part(const char* fn, int part, int parts) {
-  if (parts < 1 || part < 0 || part >= parts)
-    fail(fn, "part, parts: need 0 ≤ part < parts, got part = " + std::to_string(part) +
-                 ", parts = " + std::to_string(parts));
+void check_range(const char* fn, std::span<const GemvOut> outs, i64 r0, i64 r1) {
+  const i64 total = total_rows(outs);
+  if (r0 < 0 || r0 > r1 || r1 > total)
+    fail(fn, "r0, r1: need 0 ≤ r0 ≤ r1 ≤ " + std::to_string(total) + " (the outputs' rows), got r0 = " +
+                 std::to_string(r0) + ", r1 = " + std::to_string(r1));
 }
 
 }  // namespace
@@ -111,19 +118,19 @@ void gemv_bf16_multi(const float* x, std::span<const GemvOut> outs, i64 M, i64 i
   split_rows({x, nullptr, nullptr, nullptr, M, in, 0, beta, split_x(x, M, in, isa)}, outs, threads, bf16_kernel(isa));
 }
 
-void gemv_f32_multi_part(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, Isa isa,
-                         int part, int parts) {
+void gemv_f32_multi_rows(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, Isa isa, i64 r0,
+                         i64 r1) {
   check_rows("qkv::blocks::gemv_f32", M, beta);
-  check_part("qkv::blocks::gemv_f32_multi_part", part, parts);
-  run_part({x, nullptr, nullptr, nullptr, M, in, 0, beta, nullptr}, outs, f32_kernel(isa), part, parts);
+  check_range("qkv::blocks::gemv_f32_multi_rows", outs, r0, r1);
+  run_rows({x, nullptr, nullptr, nullptr, M, in, 0, beta, nullptr}, outs, f32_kernel(isa), r0, r1);
 }
 
-void gemv_bf16_multi_part(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, Isa isa,
-                          int part, int parts) {
+void gemv_bf16_multi_rows(const float* x, std::span<const GemvOut> outs, i64 M, i64 in, float beta, Isa isa,
+                          i64 r0, i64 r1) {
   check_rows("qkv::blocks::gemv_bf16", M, beta);
-  check_part("qkv::blocks::gemv_bf16_multi_part", part, parts);
-  run_part({x, nullptr, nullptr, nullptr, M, in, 0, beta, split_x(x, M, in, isa)}, outs, bf16_kernel(isa), part,
-           parts);
+  check_range("qkv::blocks::gemv_bf16_multi_rows", outs, r0, r1);
+  if (r0 == r1) return;
+  run_rows({x, nullptr, nullptr, nullptr, M, in, 0, beta, split_x(x, M, in, isa)}, outs, bf16_kernel(isa), r0, r1);
 }
 
 void gemv_f32(const float* x, const float* W, const float* b, float* y, i64 M, i64 in, i64 out, float beta,

@@ -47,16 +47,18 @@ void gemv_f32_multi(const float* x, std::span<const GemvOut> outs, std::int64_t 
 void gemv_bf16_multi(const float* x, std::span<const GemvOut> outs, std::int64_t M, std::int64_t in, float beta,
                      int threads, Isa isa);
 // The same for a caller already inside a parallel region (the decoding step of model.cpp): computes
-// the rows gemv_part_rows(Σ out_k, part, parts) of the list on the calling thread. Each of `parts`
-// threads calls it with its own part; together they compute every row once.
-void gemv_f32_multi_part(const float* x, std::span<const GemvOut> outs, std::int64_t M, std::int64_t in,
-                         float beta, Isa isa, int part, int parts);
-void gemv_bf16_multi_part(const float* x, std::span<const GemvOut> outs, std::int64_t M, std::int64_t in,
-                          float beta, Isa isa, int part, int parts);
+// rows [r0, r1) of the list of all outputs' rows (0 ≤ r0 ≤ r1 ≤ Σ out_k) on the calling thread.
+// Callers hand out disjoint ranges that together cover the list. A row's result does not depend on
+// the range it was computed in.
+void gemv_f32_multi_rows(const float* x, std::span<const GemvOut> outs, std::int64_t M, std::int64_t in,
+                         float beta, Isa isa, std::int64_t r0, std::int64_t r1);
+void gemv_bf16_multi_rows(const float* x, std::span<const GemvOut> outs, std::int64_t M, std::int64_t in,
+                          float beta, Isa isa, std::int64_t r0, std::int64_t r1);
 // Rows [first, second) of a list of n rows that part `part` of `parts` takes (contiguous, in order).
 inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int part, int parts) {
   return {n * part / parts, n * (part + 1) / parts};
 }
+
 // f64 accumulation of the same sum; W as f32 (Wbf16 null) or as bf16 bits (W null).
 void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y,
                     std::int64_t M, std::int64_t in, std::int64_t out, float beta);

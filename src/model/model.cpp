@@ -14,11 +14,13 @@
 // q, k, v and att stay in [S, heads·D] rows: qkv::attention reads them through strided views
 // ([1, H, S, D] with strides (·, D, H·D, 1)), so nothing is transposed or copied for it.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <omp.h>
 
@@ -330,60 +332,88 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
 // OpenMP region per projection, and under OMP_WAIT_POLICY=PASSIVE every start and join wakes a
 // sleeping thread (10–50 µs each here). This path runs the whole token in one region, the threads
 // meeting at a SpinBarrier between steps (each step writes what the next one reads):
-//   t0: norm1(x) → xb                                         | meet
-//   all: rows of Q, K, V (part t of the fused GEMV)          | meet
-//   all: own KV heads [kv0, kv1) and their query heads: rotary, append k, v to the cache,
-//        attention on one thread                               | meet
-//   all: rows of x += att·W_Oᵀ + b_O                           | meet
-//   t0: norm2(x) → xb                                         | meet
-//   all: rows of hb = xb·W1ᵀ (+ W3), then the activation on those same rows  | meet
-//   all: rows of x += hb·W2ᵀ + b2                               | meet
-// then t0: final norm | meet | all: rows of the logits. Every row goes through the same kernel as in
-// block() (dense.hpp), and each head through the same attention kernel, so the logits equal the
-// per-projection path's bit for bit (tests/model/test_model.cpp).
+//   t0: norm1(x) → xb                                                   | meet
+//   all: rows of Q, K, V (the fused GEMV)                              | meet
+//   all: KV heads, each with its query heads: rotary, append k, v to the cache, attention
+//        on one thread                                                   | meet
+//   all: rows of x += att·W_Oᵀ + b_O                                     | meet
+//   t0: norm2(x) → xb                                                   | meet
+//   all: rows of hb = xb·W1ᵀ (+ W3), then the activation on those rows  | meet
+//   all: rows of x += hb·W2ᵀ + b2                                        | meet
+// then t0: final norm | meet | all: rows of the logits. Rows and heads are handed out in chunks
+// from counters (see `share`), so a thread that wakes late or is preempted on a busy machine leaves
+// its share to the others instead of holding everyone at the next meeting. A chunk of rows holds
+// ≈ 64 KiB of weights: long enough to stream at full speed (each chunk is read front to back),
+// short enough to rebalance. Every row goes through the same kernel as in block() (dense.hpp),
+// and each head through the same attention kernel, so the logits equal the per-projection path's
+// bit for bit, whichever thread computed what (tests/model/test_model.cpp).
 void Model::decode_step(KvCache& cache, float* logits, int T) {
+  using i64 = std::int64_t;
   const Config& c = w_.config;
-  const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
-  const std::int64_t G = H / Hkv, pos0 = cache.len, Skv = pos0 + 1, cap = cache.capacity;
+  const i64 C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
+  const i64 G = H / Hkv, pos0 = cache.len, Skv = pos0 + 1, cap = cache.capacity;
   const Isa isa = active_isa();
   const bool bf16 = !layers_bf16_.empty();
   float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>();
   float *v = v_.ptr<float>(), *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
-  // y [1, Σ out] = beta·y + xin · Wᵀ + b for the rows of part t, with f32 or bf16 weights.
-  auto gemv = [&](std::initializer_list<blocks::GemvOut> outs, const float* xin, std::int64_t in, float beta, int t) {
+  // y [1, Σ out] = beta·y + xin · Wᵀ + b on rows [r0, r1) of the outputs' list, f32 or bf16 weights.
+  auto gemv = [&](std::initializer_list<blocks::GemvOut> outs, const float* xin, i64 in, float beta, i64 r0, i64 r1) {
     const std::span<const blocks::GemvOut> o(outs.begin(), outs.size());
-    if (bf16) blocks::gemv_bf16_multi_part(xin, o, 1, in, beta, isa, t, T);
-    else blocks::gemv_f32_multi_part(xin, o, 1, in, beta, isa, t, T);
+    if (bf16) blocks::gemv_bf16_multi_rows(xin, o, 1, in, beta, isa, r0, r1);
+    else blocks::gemv_f32_multi_rows(xin, o, 1, in, beta, isa, r0, r1);
   };
   auto layer_norm = [&](float* out, const float* w, const float* b) {
     if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, 1, C, c.norm_eps);
     else blocks::layernorm_forward(out, nullptr, nullptr, x, w, b, 1, C, c.norm_eps);
   };
+  // Rows per chunk for a matrix with `in` columns: ≈ 64 KiB of weights, at least 8 rows.
+  const i64 wbytes = bf16 ? 2 : 4;
+  auto rows_per_chunk = [&](i64 in) { return std::max<i64>(8, (i64{64} << 10) / (in * wbytes)); };
+  // The work of a step, [0, n), is cut into T contiguous segments, one per thread, each with its
+  // counter: thread t takes the chunks of segment t in order (one linear stream, as a static split
+  // would), then helps with the other segments' remaining chunks. 5 steps per layer + the classifier.
+  const int steps = 5 * c.n_layers + 1;
+  std::vector<std::atomic<i64>> next(static_cast<std::size_t>(steps) * static_cast<std::size_t>(T));
+  for (auto& n : next) n.store(0, std::memory_order_relaxed);
+  auto share = [&](int t, int step, i64 n, i64 chunk, auto&& fn) {
+    for (int j = 0; j < T; ++j) {
+      const int seg = (t + j) % T;
+      const auto [a, b] = blocks::gemv_part_rows(n, seg, T);
+      std::atomic<i64>& counter = next[static_cast<std::size_t>(step * T + seg)];
+      for (;;) {
+        const i64 r0 = a + counter.fetch_add(1, std::memory_order_relaxed) * chunk;
+        if (r0 >= b) break;
+        fn(r0, std::min(b, r0 + chunk));
+      }
+    }
+  };
+  const i64 heads_per_chunk = std::max<i64>(1, Hkv / (2 * T));  // ~2 chunks per thread: few attention calls
   SpinBarrier meet(T);
   std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
 #pragma omp parallel num_threads(T)
   {
     const int t = omp_get_thread_num();
-    const auto [kv0, kv1] = blocks::gemv_part_rows(Hkv, t, T);  // this thread's KV heads
-    const auto [f0, f1] = blocks::gemv_part_rows(Hd, t, T);    // its rows of W1 / W3
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
       const LayerBf16 Lb = bf16 ? layers_bf16_[static_cast<std::size_t>(l)] : LayerBf16{};
       auto W = [&](const float* f, const std::uint16_t* b) -> const void* { return bf16 ? static_cast<const void*>(b) : f; };
+      const int s0 = 5 * l;
       if (t == 0) layer_norm(xb, L.norm1_w, L.norm1_b);
       meet.wait();
-      gemv({{W(L.wq, Lb.wq), L.bq, q, H * D}, {W(L.wk, Lb.wk), L.bk, k, Hkv * D}, {W(L.wv, Lb.wv), L.bv, v, Hkv * D}},
-           xb, C, 0.0f, t);
+      share(t, s0, (H + 2 * Hkv) * D, rows_per_chunk(C), [&](i64 r0, i64 r1) {
+        gemv({{W(L.wq, Lb.wq), L.bq, q, H * D}, {W(L.wk, Lb.wk), L.bk, k, Hkv * D}, {W(L.wv, Lb.wv), L.bv, v, Hkv * D}},
+             xb, C, 0.0f, r0, r1);
+      });
       meet.wait();
-      if (kv1 > kv0) {
-        const std::int64_t h0 = kv0 * G, nh = (kv1 - kv0) * G, nkv = kv1 - kv0;
+      share(t, s0 + 1, Hkv, heads_per_chunk, [&](i64 kv0, i64 kv1) {
+        const i64 h0 = kv0 * G, nh = (kv1 - kv0) * G, nkv = kv1 - kv0;
         if (c.pos == PosEncoding::rotary) {
           blocks::rope_forward(q + h0 * D, 1, nh, D, pos0, c.rope_theta);
           blocks::rope_forward(k + kv0 * D, 1, nkv, D, pos0, c.rope_theta);
         }
         float* kc = cache.k.ptr<float>() + (l * Hkv + kv0) * cap * D;
         float* vc = cache.v.ptr<float>() + (l * Hkv + kv0) * cap * D;
-        for (std::int64_t h = 0; h < nkv; ++h) {
+        for (i64 h = 0; h < nkv; ++h) {
           std::memcpy(kc + (h * cap + pos0) * D, k + (kv0 + h) * D, sizeof(float) * D);
           std::memcpy(vc + (h * cap + pos0) * D, v + (kv0 + h) * D, sizeof(float) * D);
         }
@@ -400,28 +430,37 @@ void Model::decode_step(KvCache& cache, float* logits, int T) {
 #pragma omp critical(qkv_decode_error)
           error = std::current_exception();
         }
-      }
+      });
       meet.wait();
-      gemv({{W(L.wo, Lb.wo), L.bo, x, C}}, att, H * D, 1.0f, t);  // residual: x += att·W_Oᵀ + b_O
+      share(t, s0 + 2, C, rows_per_chunk(H * D), [&](i64 r0, i64 r1) {
+        gemv({{W(L.wo, Lb.wo), L.bo, x, C}}, att, H * D, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O
+      });
       meet.wait();
       if (t == 0) layer_norm(xb, L.norm2_w, L.norm2_b);
       meet.wait();
-      gemv({{W(L.w1, Lb.w1), L.b1, hb, Hd}}, xb, C, 0.0f, t);
-      if (c.mlp == MlpKind::swiglu) {
-        gemv({{W(L.w3, Lb.w3), nullptr, hb2, Hd}}, xb, C, 0.0f, t);
-        blocks::swiglu_forward(hb + f0, hb + f0, hb2 + f0, f1 - f0);
-      } else if (c.mlp == MlpKind::gelu_exact) {
-        blocks::gelu_exact_forward(hb + f0, hb + f0, f1 - f0);
-      } else {
-        blocks::gelu_fast(hb + f0, hb + f0, f1 - f0, 1, isa);
-      }
+      share(t, s0 + 3, Hd, rows_per_chunk(C), [&](i64 r0, i64 r1) {
+        gemv({{W(L.w1, Lb.w1), L.b1, hb, Hd}}, xb, C, 0.0f, r0, r1);
+        if (c.mlp == MlpKind::swiglu) {
+          gemv({{W(L.w3, Lb.w3), nullptr, hb2, Hd}}, xb, C, 0.0f, r0, r1);
+          blocks::swiglu_forward(hb + r0, hb + r0, hb2 + r0, r1 - r0);
+        } else if (c.mlp == MlpKind::gelu_exact) {
+          blocks::gelu_exact_forward(hb + r0, hb + r0, r1 - r0);
+        } else {
+          blocks::gelu_fast(hb + r0, hb + r0, r1 - r0, 1, isa);
+        }
+      });
       meet.wait();
-      gemv({{W(L.w2, Lb.w2), L.b2, x, C}}, hb, Hd, 1.0f, t);  // residual: x += hb·W2ᵀ + b2
+      share(t, s0 + 4, C, rows_per_chunk(Hd), [&](i64 r0, i64 r1) {
+        gemv({{W(L.w2, Lb.w2), L.b2, x, C}}, hb, Hd, 1.0f, r0, r1);  // residual: x += hb·W2ᵀ + b2
+      });
       meet.wait();
     }
     if (t == 0) layer_norm(xb, w_.normf_w, w_.normf_b);
     meet.wait();
-    gemv({{bf16 ? static_cast<const void*>(wcls_bf16_) : w_.wcls, nullptr, logits, c.vocab_size}}, xb, C, 0.0f, t);
+    share(t, steps - 1, c.vocab_size, rows_per_chunk(C), [&](i64 r0, i64 r1) {
+      gemv({{bf16 ? static_cast<const void*>(wcls_bf16_) : w_.wcls, nullptr, logits, c.vocab_size}}, xb, C, 0.0f, r0,
+           r1);
+    });
   }
   if (error) std::rethrow_exception(error);
 }

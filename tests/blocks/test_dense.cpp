@@ -104,8 +104,9 @@ TEST(Dense, GemvLargeShapeTwoThreads) {
 }
 
 // The fused form (W_Q, W_K, W_V in one call): outputs of 5, 1, 13 and 0 rows, so the 2-thread split
-// of the 19-row list falls inside an output; every output against its own f64 reference, same
-// bound as above.
+// of the 19-row list falls inside an output, on 1 and 2 threads and (threads = 3 below) through
+// the in-region form in uneven row ranges; every output against its own f64 reference, same
+// bound as above. Ranges outside the list are refused.
 TEST(Dense, GemvMultiMatchesReferencePerOutput) {
   const std::int64_t in = 300;
   const std::int64_t outs_n[4] = {5, 1, 13, 0};
@@ -129,8 +130,17 @@ TEST(Dense, GemvMultiMatchesReferencePerOutput) {
             const void* Wk = bf16 ? static_cast<const void*>(Wb[k].data()) : W[k].data();
             outs.push_back({Wk, k == 1 ? nullptr : b[k].data(), y[k].data(), outs_n[k]});
           }
-          if (bf16) qkv::blocks::gemv_bf16_multi(x.data(), outs, M, in, 0.0f, threads, isa);
-          else qkv::blocks::gemv_f32_multi(x.data(), outs, M, in, 0.0f, threads, isa);
+          if (threads == 3) {
+            // The in-region form: the 19 rows in uneven ranges [0, 2), [2, 2), [2, 11), [11, 19).
+            for (auto [r0, r1] : {std::pair<std::int64_t, std::int64_t>{0, 2}, {2, 2}, {2, 11}, {11, 19}}) {
+              if (bf16) qkv::blocks::gemv_bf16_multi_rows(x.data(), outs, M, in, 0.0f, isa, r0, r1);
+              else qkv::blocks::gemv_f32_multi_rows(x.data(), outs, M, in, 0.0f, isa, r0, r1);
+            }
+          } else if (bf16) {
+            qkv::blocks::gemv_bf16_multi(x.data(), outs, M, in, 0.0f, threads, isa);
+          } else {
+            qkv::blocks::gemv_f32_multi(x.data(), outs, M, in, 0.0f, threads, isa);
+          }
           for (int k = 0; k < 4; ++k) {
             const float* bias = k == 1 ? nullptr : b[k].data();
             qkv::blocks::gemv_reference(x.data(), bf16 ? nullptr : W[k].data(), bf16 ? Wb[k].data() : nullptr, bias,
@@ -153,6 +163,10 @@ TEST(Dense, GemvMultiMatchesReferencePerOutput) {
       std::printf("%-12s %s weights, 4 outputs: max |err| / bound = %.3f\n", qkv::isa_name(isa),
                   bf16 ? "bf16" : "f32 ", worst);
     }
+  float x[4] = {}, W[4] = {}, y[4] = {};
+  const qkv::blocks::GemvOut one[1] = {{W, nullptr, y, 2}};
+  EXPECT_THROW(qkv::blocks::gemv_f32_multi_rows(x, one, 1, 2, 0.0f, Isa::scalar, 1, 3), std::invalid_argument);
+  EXPECT_THROW(qkv::blocks::gemv_f32_multi_rows(x, one, 1, 2, 0.0f, Isa::scalar, 2, 1), std::invalid_argument);
 }
 
 // The vdpbf16ps kernel's split of x into x_hi + x_lo, bit for bit against the scalar rounding
