@@ -51,6 +51,7 @@ struct Case {
   MaskType mask = MaskType::none;
   bool key_padding = false;
   bool strided = false;  // q, k, v, out stored [B, S, H, D] (PyTorch's BSHD), and misaligned by one element
+  bool nan_padding = false;  // K and V hold NaN past key_lengths[b] (an uninitialised KV cache)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -256,7 +257,26 @@ const Case kCases[] = {
     // Odd D with an even row stride: the bf16 K tile takes the 16 × 16 pair transpose plus an odd tail.
     {"strided_D33_even_rows", 1, 4, 2, 40, 90, 33, 40, true, Align::bottom_right, -1, -1, MaskType::none, false, true},
     {"empty_keys", 1, 2, 2, 5, 0, 16, 16},
+    // bf16 decode on AVX-512 BF16: 4 rows per kv head (16-key blocks summed by one transpose-add,
+    // P·V on key pairs), 3 rows with Dv = 96 (32-column blocks), 7 rows with D = 96 and Dv = 80
+    // (a last block of 16 columns), and keys cut at odd lengths (a pair and a block across the end).
+    {"gqa_decode_D128", 1, 16, 4, 1, 1000, 128, 128},
+    {"gqa_decode_padding_Dv96", 3, 6, 2, 1, 777, 128, 96, false, Align::top_left, -1, -1, MaskType::none, true},
+    {"decode_rows7_D96_Dv80", 1, 7, 1, 1, 300, 96, 80},
+    // Padding keys hold NaN: no kernel may read them, not even to multiply them by a zero probability.
+    {"decode_nan_padding", 3, 8, 2, 1, 700, 128, 128, false, Align::top_left, -1, -1, MaskType::none, true, false, true},
+    {"nan_padding", 3, 2, 2, 33, 130, 64, 64, false, Align::top_left, -1, -1, MaskType::none, true, false, true},
 };
+
+// Overwrites K and V past key_lengths[b] with NaN (Case::nan_padding).
+void poison_padding(const Case& c, const Inputs& in, Tensor& k, Tensor& v) {
+  for (i64 b = 0; b < c.B; ++b)
+    for (i64 hk = 0; hk < c.Hkv; ++hk)
+      for (i64 j = in.key_len.ptr<std::int32_t>()[b]; j < c.Skv; ++j) {
+        for (i64 d = 0; d < c.D; ++d) k.view.store(k.view.offset(b, hk, j, d), std::nan(""));
+        for (i64 e = 0; e < c.Dv; ++e) v.view.store(v.view.offset(b, hk, j, e), std::nan(""));
+      }
+}
 
 void run_case(const Case& c) {
   IsaGuard guard;
@@ -275,6 +295,7 @@ void run_case(const Case& c) {
         Tensor q(t, {c.B, c.H, c.Sq, c.D}, c.strided), k(t, {c.B, c.Hkv, c.Skv, c.D}, c.strided),
             v(t, {c.B, c.Hkv, c.Skv, c.Dv}, c.strided), out(t, {c.B, c.H, c.Sq, c.Dv}, c.strided);
         q.fill(in.q), k.fill(in.k), v.fill(in.v);
+        if (c.nan_padding) poison_padding(c, in, k, v);
         Buffer lse_buf(DType::f32, {c.B * c.H * c.Sq + 8});
         for (i64 x = 0; x < lse_buf.numel(); ++x) lse_buf.ptr<float>()[x] = 1234.5f;
         const View lse = View::contiguous(lse_buf.data(), DType::f32, {c.B, c.H, c.Sq});

@@ -16,8 +16,12 @@ inline __m512bh pair_bcast(const std::uint16_t* p) {
   std::memcpy(&w, p, sizeof w);
   return reinterpret_cast<__m512bh>(_mm512_set1_epi32(w));
 }
+// A load typed as bf16 from the start: loading __m512i and reinterpreting it makes GCC 12 copy
+// some of the values through the stack in the decode score loop.
 inline __m512bh load_bh(const std::uint16_t* p) {
-  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(reinterpret_cast<const void*>(p)));
+  __m512bh x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
 }
 
 // Operands as bf16 pairs (d or j adjacent in one 32-bit lane), the layouts vdpbf16ps wants:
@@ -174,19 +178,59 @@ struct OperandsBf16 {
   }
 };
 
-// Decode scores from bf16 keys read in place (unit stride): q·k by vdpbf16ps, 32 products per
-// instruction and no widening of the key row, then × scale · log2 e as in the forward.
-//   Qb [kDecRows][Dp32]  the item's query rows, bf16, unscaled, zero past D (Dp32 = D rounded up to 32)
-struct DecodeDotsBf16 {
+// Sum of each of 16 vectors: lane c of the result = Σ lanes of acc[c]. Four rounds of
+// shuffle + add halve the partial sums per key (16 → 8 → 4 → 2 → 1 lanes) while packing two
+// keys' partials into the room freed; 45 instructions for 16 keys instead of a horizontal sum
+// (≈ 8 dependent instructions and a scalar store) per key. The rounds leave key
+// kSlot[p] in lane p, so acc[kSlot[s]] is fed as the s-th input and the lanes come out in order.
+inline __m512 reduce16(const __m512* acc) {
+  // Lane 4L + m of the last round holds input L + {0, 8, 4, 12}[m]: input s feeds lane kSlot[s].
+  constexpr int kSlot[16] = {0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15};
+  __m512 x[8], y[4], z[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {  // x[i]: 8 partials of input 2i, then of 2i + 1 (256-bit halves)
+    const __m512 a = acc[kSlot[2 * i]], b = acc[kSlot[2 * i + 1]];
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // y[i]: 128-bit lane L holds 4 partials of input 4i + L
+    y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xdd));
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)  // z[i], lane L: 2 partials of inputs 8i + L and 8i + 4 + L, interleaved
+    z[i] = _mm512_add_ps(_mm512_unpacklo_ps(y[2 * i], y[2 * i + 1]), _mm512_unpackhi_ps(y[2 * i], y[2 * i + 1]));
+  return _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+}
+
+// Decode from bf16 K and V read in place (unit element stride), everything on vdpbf16ps
+// (32 products per instruction, no widening of K or V rows):
+//   scores  several query rows (GQA): 16 keys at a time per row, 16 accumulators of q·k partial
+//           sums summed by reduce16; one row: key by key (scores1, see there). × scale · log2 e.
+//   P·V     key pairs: the two V rows interleaved by unpack{lo,hi}_epi16 into (v[2jp][e],
+//           v[2jp+1][e]) words and multiplied by the pair of probabilities rounded to bf16 (as the
+//           forward does), so one instruction does 2 keys × 16 columns. unpack works per 128-bit
+//           lane, so the accumulators hold columns in the order lo_idx / hi_idx below; they are
+//           permuted from and back to Od's natural order once per tile.
+// Measured with a scratch driver (1 thread, H = 16, Skv = 1024, D = 128, K and V in cache):
+// 0.13 ms for Hkv = 16 and 0.07 ms for Hkv = 4, against 0.29 / 0.15 ms for the scores-only
+// policy this replaces (horizontal sum per key and row, V widened to f32).
+// Scratch (as floats): Qb [kDecRows][Dp32] bf16 query rows, unscaled, zero past D (Dp32 = D
+// rounded up to 32); Pb [kDecRows][kNt] bf16 probabilities.
+struct DecodeOpsBf16 {
   static constexpr bool kEnabled = true;
+  // Query rows per P·V pass: 2 rows × 4 blocks of 32 columns × (lo, hi) = 16 accumulators, so
+  // each pass reads whole V rows (D = 128) front to back; 4 rows × 64 columns streamed no faster.
+  static constexpr int kRowsPv = 2;
   static i64 Dp32(const FlashArgs& a) { return round_up(a.D, 32); }
-  static i64 scratch_floats(const FlashArgs& a) { return kDecRows * Dp32(a) / 2; }
-  static bool takes(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1; }
+  static i64 scratch_floats(const FlashArgs& a) { return kDecRows * Dp32(a) / 2 + kDecRows * kNt / 2; }
+  static bool takes_k(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1; }
+  static bool takes_v(const FlashArgs& a) { return a.bf16 && a.sv[3] == 1; }
 
   const FlashArgs& a;
   i64 dp32;
-  std::uint16_t* Qb;
-  DecodeDotsBf16(const FlashArgs& args, float* mem) : a(args), dp32(Dp32(args)), Qb(reinterpret_cast<std::uint16_t*>(mem)) {}
+  std::uint16_t *Qb, *Pb;
+  DecodeOpsBf16(const FlashArgs& args, float* mem)
+      : a(args), dp32(Dp32(args)), Qb(reinterpret_cast<std::uint16_t*>(mem)), Pb(Qb + kDecRows * dp32) {}
 
   void load_q(int r, i64 off) {
     const auto* q = static_cast<const std::uint16_t*>(a.q) + off;
@@ -194,33 +238,171 @@ struct DecodeDotsBf16 {
     for (i64 d = 0; d < a.D; ++d) row[d] = q[d * a.sq[3]];
     for (i64 d = a.D; d < dp32; ++d) row[d] = 0;
   }
-  // s[r·lds] ← score of query row r against key row k[0, D), for rows [0, nr); the row count is
-  // a template constant so that the accumulators live in registers.
-  template <int R>
-  void scores_r(const std::uint16_t* k, float* s, i64 lds) const {
-    __m512 acc[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (i64 d = 0; d < dp32; d += 32) {
-      const __mmask32 m = a.D - d >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (a.D - d)) - 1u);
-      const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, k + d));
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], load_bh(Qb + r * dp32 + d), kv);
+
+  // Ps[r][c0, c0 + 16) ← scores of the 16 keys at k + c·ldk (c < 16). kMasked: key c is read from
+  // kp[c] under km[c] (all 0 for a key outside the tile's range, which then scores 0 and is
+  // masked by decode; kp[c] then points at a key inside it), and the last D % 32 dims under the
+  // tail mask.
+  template <bool kMasked>
+  void scores16(int nr, const std::uint16_t* k, i64 ldk, const std::uint16_t* const* kp, const __mmask32* km,
+                float* Ps, i64 c0) const {
+    const __m512 scale = _mm512_set1_ps(a.scale_log2);
+    const __mmask32 tail = static_cast<__mmask32>(a.D % 32 ? (1u << (a.D % 32)) - 1u : ~0u);
+    for (int r = 0; r < nr; ++r) {
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) acc[c] = _mm512_setzero_ps();
+      for (i64 d = 0; d < dp32; d += 32) {
+        const __m512bh qv = load_bh(Qb + r * dp32 + d);
+        const __mmask32 dm = d + 32 <= a.D ? ~__mmask32{0} : tail;
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; ++c) {
+          const __m512bh kv = kMasked ? reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(km[c] & dm, kp[c] + d))
+                                      : load_bh(k + c * ldk + d);
+          acc[c] = _mm512_dpbf16_ps(acc[c], qv, kv);
+        }
+      }
+      _mm512_storeu_ps(Ps + r * kNt + c0, _mm512_mul_ps(reduce16(acc), scale));
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) s[r * lds] = _mm512_reduce_add_ps(acc[r]) * a.scale_log2;
   }
-  void scores(int nr, const std::uint16_t* k, float* s, i64 lds) const {
-    static_assert(kDecRows == 8, "one case per row count below");
-    switch (nr) {
-      case 1: scores_r<1>(k, s, lds); break;
-      case 2: scores_r<2>(k, s, lds); break;
-      case 3: scores_r<3>(k, s, lds); break;
-      case 4: scores_r<4>(k, s, lds); break;
-      case 5: scores_r<5>(k, s, lds); break;
-      case 6: scores_r<6>(k, s, lds); break;
-      case 7: scores_r<7>(k, s, lds); break;
-      default: scores_r<8>(k, s, lds); break;
+  // One query row (no GQA sharing): key by key, each row read front to back and summed on its
+  // own. Here the kernel is bound by reading K and V from DRAM, and this steady order streams
+  // best: with the 16-key blocks of scores16 (64 line misses issued at once per block, with or
+  // without software prefetch) one thread read K and V at about half the rate (scratch A/B,
+  // H = Hkv = 16, Skv = 32768, 1 thread, best of 10: 13–16 ms against 23–35 ms; 2 threads:
+  // 9.3–13 ms against 14.5–26 ms for the code before, 17–21 ms for the code before 67dd20a).
+  void scores1(const std::uint16_t* k, i64 ldk, i64 t0, i64 j_lo, i64 j_hi, float* ps) const {
+    for (i64 j = j_lo; j < j_hi; ++j) {
+      __m512 acc = _mm512_setzero_ps();
+      for (i64 d = 0; d < dp32; d += 32) {
+        const __mmask32 m = a.D - d >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (a.D - d)) - 1u);
+        const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, k + j * ldk + d));
+        acc = _mm512_dpbf16_ps(acc, load_bh(Qb + d), kv);
+      }
+      ps[j - t0] = _mm512_reduce_add_ps(acc) * a.scale_log2;
+    }
+  }
+  void scores(int nr, i64 kbase, i64 vbase, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) const {
+    const auto* k = static_cast<const std::uint16_t*>(a.k) + kbase;
+    const auto* v = static_cast<const std::uint16_t*>(a.v) + vbase;
+    const i64 ldk = a.sk[2];
+    if (nr == 1) {
+      scores1(k, ldk, t0, j_lo, j_hi, Ps);
+      return;
+    }
+    for (i64 c0 = (j_lo - t0) / 16 * 16; t0 + c0 < j_hi; c0 += 16) {
+      const i64 j0 = t0 + c0;
+      // The K and V rows of the next 16 keys, if this item reads them (the hardware prefetchers
+      // stop at each 4 KiB page, 16 keys of a bf16 row of 128): measured 10–20 % faster with
+      // K and V from DRAM (Hkv = 4, Skv = 32768, 1 thread).
+      for (i64 j = j0 + 16; j < imin(j0 + 32, j_end); ++j) {
+        for (i64 x = 0; x < a.D; x += 32) _mm_prefetch(reinterpret_cast<const char*>(k + j * ldk + x), _MM_HINT_T0);
+        if (a.sv[3] == 1)
+          for (i64 x = 0; x < a.Dv; x += 32) _mm_prefetch(reinterpret_cast<const char*>(v + j * a.sv[2] + x), _MM_HINT_T0);
+      }
+      if (j0 >= j_lo && j0 + 16 <= j_hi && a.D % 32 == 0) {
+        scores16<false>(nr, k + j0 * ldk, ldk, nullptr, nullptr, Ps, c0);
+        continue;
+      }
+      const std::uint16_t* kp[16];
+      __mmask32 km[16];
+      for (int c = 0; c < 16; ++c) {
+        const bool in = j0 + c >= j_lo && j0 + c < j_hi;
+        kp[c] = k + (in ? j0 + c : j_lo) * ldk;
+        km[c] = in ? ~__mmask32{0} : 0;
+      }
+      scores16<true>(nr, nullptr, 0, kp, km, Ps, c0);
+    }
+  }
+
+  // Od rows [0, R) columns [e0, e0 + 32·NB) += P · V over the key pairs [jp0, jp1) of the tile at t0
+  // (keys outside [j_lo, j_hi) read as zero: their probability is 0, but their memory may hold
+  // anything, NaN included). Columns past Dv are read as zero; Od has Dvp ≥ Dv columns, so the
+  // upper 16 of the last 32-column block may not exist (e0 + 16 ≥ Dvp): neither loaded nor stored.
+  template <int R, int NB>
+  void pv_cols(const std::uint16_t* pb, const std::uint16_t* v, i64 ldv, i64 t0, i64 j_lo, i64 j_hi, i64 jp0,
+               i64 jp1, float* o, i64 Dvp, i64 e0) const {
+    // Accumulator lane i of a 32-column block: column lo_idx[i] (unpacklo) or hi_idx[i] (unpackhi),
+    // as indices into the natural pair (columns 0–15, columns 16–31) for permutex2var.
+    const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i hi_idx = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    // And back: natural columns 0–15 / 16–31 from the (lo, hi) pair.
+    const __m512i n0_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i n1_idx = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    __m512 acc[R][NB][2];
+    __mmask32 cm[NB];
+#pragma GCC unroll 4
+    for (int x = 0; x < NB; ++x) {
+      const i64 e = e0 + 32 * x;
+      cm[x] = static_cast<__mmask32>(a.Dv - e >= 32 ? ~0u : (1u << (a.Dv - e)) - 1u);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int x = 0; x < NB; ++x) {
+        const float* od = o + r * Dvp + e0 + 32 * x;
+        const __m512 n0 = _mm512_loadu_ps(od);
+        const __m512 n1 = e0 + 32 * x + 16 < Dvp ? _mm512_loadu_ps(od + 16) : _mm512_setzero_ps();
+        acc[r][x][0] = _mm512_permutex2var_ps(n0, lo_idx, n1);
+        acc[r][x][1] = _mm512_permutex2var_ps(n0, hi_idx, n1);
+      }
+    for (i64 jp = jp0; jp < jp1; ++jp) {
+      const i64 ja = t0 + 2 * jp, jb = ja + 1;
+      const bool in_a = ja >= j_lo && ja < j_hi, in_b = jb >= j_lo && jb < j_hi;
+      const std::uint16_t* va = v + (in_a ? ja : jb) * ldv + e0;
+      const std::uint16_t* vb = v + (in_b ? jb : ja) * ldv + e0;
+      const __mmask32 ma = in_a ? ~__mmask32{0} : 0, mb = in_b ? ~__mmask32{0} : 0;
+      __m512bh lo[NB], hi[NB];
+#pragma GCC unroll 4
+      for (int x = 0; x < NB; ++x) {
+        const __m512i wa = _mm512_maskz_loadu_epi16(ma & cm[x], va + 32 * x);
+        const __m512i wb = _mm512_maskz_loadu_epi16(mb & cm[x], vb + 32 * x);
+        lo[x] = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi16(wa, wb));
+        hi[x] = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi16(wa, wb));
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512bh pp = pair_bcast(pb + r * kNt + 2 * jp);
+#pragma GCC unroll 4
+        for (int x = 0; x < NB; ++x) {
+          acc[r][x][0] = _mm512_dpbf16_ps(acc[r][x][0], pp, lo[x]);
+          acc[r][x][1] = _mm512_dpbf16_ps(acc[r][x][1], pp, hi[x]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int x = 0; x < NB; ++x) {
+        float* od = o + r * Dvp + e0 + 32 * x;
+        _mm512_storeu_ps(od, _mm512_permutex2var_ps(acc[r][x][0], n0_idx, acc[r][x][1]));
+        if (e0 + 32 * x + 16 < Dvp) _mm512_storeu_ps(od + 16, _mm512_permutex2var_ps(acc[r][x][0], n1_idx, acc[r][x][1]));
+      }
+  }
+  // All columns for R ≤ kRowsPv rows: 128-column blocks, then single 32-column blocks.
+  template <int R>
+  void pv_rows(const std::uint16_t* pb, const std::uint16_t* v, i64 ldv, i64 t0, i64 j_lo, i64 j_hi, i64 jp0,
+               i64 jp1, float* o, i64 Dvp) const {
+    constexpr int NB = 4;
+    i64 e0 = 0;
+    for (; e0 + 32 * NB <= Dvp; e0 += 32 * NB) pv_cols<R, NB>(pb, v, ldv, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0);
+    for (; e0 < Dvp; e0 += 32) pv_cols<R, 1>(pb, v, ldv, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0);
+  }
+  void pv(int nr, const float* Ps, i64 vbase, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp) {
+    for (int r = 0; r < nr; ++r)
+      for (int c = 0; c < kNt; c += 32) {
+        const __m512bh p = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(Ps + r * kNt + c + 16), _mm512_loadu_ps(Ps + r * kNt + c));
+        _mm512_storeu_si512(reinterpret_cast<void*>(Pb + r * kNt + c), reinterpret_cast<__m512i>(p));
+      }
+    const auto* v = static_cast<const std::uint16_t*>(a.v) + vbase;
+    const i64 jp0 = (j_lo - t0) / 2, jp1 = (j_hi - t0 + 1) / 2;
+    static_assert(kNt % 2 == 0, "key pairs stay inside a tile");
+    for (int r = 0; r < nr; r += kRowsPv) {
+      const std::uint16_t* pb = Pb + r * kNt;
+      float* o = Od + r * Dvp;
+      static_assert(kRowsPv == 2, "one case per row count below");
+      if (nr - r == 1) pv_rows<1>(pb, v, a.sv[2], t0, j_lo, j_hi, jp0, jp1, o, Dvp);
+      else pv_rows<2>(pb, v, a.sv[2], t0, j_lo, j_hi, jp0, jp1, o, Dvp);
     }
   }
 };
@@ -228,6 +410,6 @@ struct DecodeDotsBf16 {
 }  // namespace
 
 void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n) { forward<S, OperandsBf16>(list, n); }
-void flash_decode_avx512_bf16(const FlashArgs& a) { decode<S, DecodeDotsBf16>(a); }
+void flash_decode_avx512_bf16(const FlashArgs& a) { decode<S, DecodeOpsBf16>(a); }
 
 }  // namespace qkv::kernels::cpu

@@ -493,17 +493,27 @@ inline void dec_pv(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, 
   for (; e0 < Dvp; e0 += L) dec_pv_block<S, R, 1>(p, v, ldv, c_lo, c_hi, o, Dvp, e0);
 }
 
-// The f32 scores of decode: no other policy (flash_avx512bf16.cpp supplies one for bf16 keys).
-struct DecodeDotsF32 {
+// The tile operations of decode for f32: none, decode() computes scores and P·V itself
+// (flash_avx512bf16.cpp supplies a policy for bf16 K and V read in place). A policy offers:
+//   scratch_floats(a)   its per-thread scratch; takes_k(a) / takes_v(a): whether it computes the
+//                       scores (from K) / the P·V (from V) of this call
+//   load_q(r, off)      query row r of the item from q + off
+//   scores(nr, kbase, vbase, t0, j_lo, j_hi, j_end, Ps)  Ps[r][j − t0] ← q_r·k_j · scale · log2 e
+//                       for keys j ∈ [j_lo, j_hi) of the tile at t0, rows [0, nr); the other
+//                       columns finite. Keys [j_hi, j_end) come next in this item (prefetching).
+//   pv(nr, Ps, vbase, t0, j_lo, j_hi, Od, Dvp)  Od[r][0, Dvp) += Σ_{j ∈ [j_lo, j_hi)} Ps[r][j − t0] v_j
+struct DecodeOpsF32 {
   static constexpr bool kEnabled = false;
   static i64 scratch_floats(const FlashArgs&) { return 0; }
-  static bool takes(const FlashArgs&) { return false; }
-  DecodeDotsF32(const FlashArgs&, float*) {}
+  static bool takes_k(const FlashArgs&) { return false; }
+  static bool takes_v(const FlashArgs&) { return false; }
+  DecodeOpsF32(const FlashArgs&, float*) {}
   void load_q(int, i64) {}
-  void scores(int, const void*, float*, i64) const {}
+  void scores(int, i64, i64, i64, i64, i64, i64, float*) const {}
+  void pv(int, const float*, i64, i64, i64, i64, float*, i64) {}
 };
 
-template <class S, class Dots = DecodeDotsF32>
+template <class S, class Ops = DecodeOpsF32>
 void decode(const FlashArgs& a) {
   constexpr int L = S::L;
   const i64 G = a.H / a.Hkv;
@@ -518,7 +528,8 @@ void decode(const FlashArgs& a) {
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
   const i64 items = a.B * a.Hkv * ngroups * nsplit;
   const bool k_in_place = !a.bf16 && a.sk[3] == 1 && D % L == 0;
-  const bool dots = Dots::kEnabled && Dots::takes(a);  // scores by the policy, from K in place
+  const bool ops_k = Ops::kEnabled && Ops::takes_k(a);  // scores by the policy
+  const bool ops_v = Ops::kEnabled && Ops::takes_v(a);  // P·V by the policy
   const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % L == 0;
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
@@ -531,8 +542,8 @@ void decode(const FlashArgs& a) {
   // Per-thread scratch: Qd [kDecRows][Dp] scaled queries, Od [kDecRows][Dvp] accumulators,
   // Kr [Dp] one key row as f32 when not read in place, Vs [kNt][Dvp] the V tile as f32 when not
   // read in place, Ps [kDecRows][kNt].
-  // Then the score policy's own scratch (Dots::scratch_floats).
-  const i64 arena = kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Dots::scratch_floats(a);
+  // Then the policy's own scratch (Ops::scratch_floats).
+  const i64 arena = kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Ops::scratch_floats(a);
 #pragma omp parallel num_threads(a.threads)
   {
     Scratch mem(arena * 4);
@@ -541,7 +552,7 @@ void decode(const FlashArgs& a) {
     float* Kr = Od + kDecRows * Dvp;
     float* Vs = Kr + Dp;
     float* Ps = Vs + kNt * Dvp;
-    Dots dq(a, Ps + kDecRows * kNt);
+    Ops ops(a, Ps + kDecRows * kNt);
     for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
     i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
     float Md[kDecRows], Ld[kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
@@ -560,7 +571,7 @@ void decode(const FlashArgs& a) {
         key_range(a, is[r], klen, &lo[r], &hi[r]);
         if (hi[r] > lo[r] && lo[r] < k1 && hi[r] > k0) ulo = imin(ulo, imax(lo[r], k0)), uhi = imax(uhi, imin(hi[r], k1));
         const i64 qoff = b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2];
-        if (dots) dq.load_q(r, qoff);
+        if (ops_k) ops.load_q(r, qoff);
         else load_row(a, a.q, qoff, a.sq[3], D, a.scale_log2, Qd + r * Dp);
         for (i64 d = D; d < Dp; ++d) Qd[r * Dp + d] = 0.0f;
         std::memset(Od + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
@@ -571,11 +582,8 @@ void decode(const FlashArgs& a) {
       const i64 vbase = b * a.sv[0] + hk * a.sv[1];
       for (i64 t0 = ulo / kNt * kNt; t0 < uhi; t0 += kNt) {
         const i64 j_lo = imax(t0, ulo), j_hi = imin(t0 + kNt, uhi);
-        if (dots) {
-          for (i64 j = j_lo; j < j_hi; ++j)
-            dq.scores(nr, static_cast<const std::uint16_t*>(a.k) + kbase + j * a.sk[2], Ps + (j - t0), kNt);
-        }
-        for (i64 j = dots ? j_hi : j_lo; j < j_hi; ++j) {
+        if (ops_k) ops.scores(nr, kbase, vbase, t0, j_lo, j_hi, uhi, Ps);
+        for (i64 j = ops_k ? j_hi : j_lo; j < j_hi; ++j) {
           const float* kp;
           if (k_in_place) {
             kp = static_cast<const float*>(a.k) + kbase + j * a.sk[2];
@@ -594,6 +602,10 @@ void decode(const FlashArgs& a) {
           const i64 rlo = imax(lo[r], imax(k0, j_lo)), rhi = imin(hi[r], imin(k1, j_hi));
           mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2]);
           softmax_row<S>(Ps + r * kNt, &Md[r], Ld + r * L, Od + r * Dvp, Dvp);
+        }
+        if (ops_v) {
+          ops.pv(nr, Ps, vbase, t0, j_lo, j_hi, Od, Dvp);
+          continue;
         }
         // The tile's V rows [j_lo, j_hi) as f32 rows c = j − t0 of vt (in place, or converted into Vs).
         const float* vt = Vs;
