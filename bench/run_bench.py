@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""One command for the attention forward benchmarks: qkv (Google Benchmark program) and PyTorch's
-scaled_dot_product_attention on the same CPU threads, in the same run; writes the table and the
-plot, and rewrites the generated section of BENCHMARKS.md.
+"""One command for the attention forward benchmarks: qkv (Google Benchmark program), PyTorch's
+scaled_dot_product_attention and, where the `ggml` package is installed, ggml's CPU flash attention
+(bench/ggml_peer.py) on the same CPU threads, in the same run; writes the table and the plot, and
+rewrites the generated section of BENCHMARKS.md.
 
-    python3 bench/run_bench.py [--build build] [--reps 3] [--quick]
+    python3 bench/run_bench.py [--build build] [--reps 3] [--quick] [--ggml auto|off]
 
 Measured here, in this run: the machine's fp32 FMA peak and read bandwidth (bench_attention
 --peak). FLOP model: 4·B·H·Sq·Skv·D, halved for causal. Times are medians of --reps repeats.
 PyTorch at its best CPU settings: torch.set_num_threads(2), OMP_WAIT_POLICY=PASSIVE, the
 default SDPA dispatch (its CPU flash-attention kernel for f32/bf16), contiguous [B, H, S, D].
+ggml (slow at long S, so on a subset of the grid: GGML_SHAPES): 2 threads, K/V in the row's dtype.
 """
 import argparse
 import json
@@ -65,6 +67,15 @@ def parse(name):
     return c
 
 
+def ggml_wanted(c):
+    """The grid rows ggml is timed on: it takes minutes at S ≥ 8192, so S ≤ 4096 and decode."""
+    return c["kind"] == "dec" or c["Skv"] <= 4096
+
+
+def ggml_available():
+    return subprocess.run([sys.executable, "-c", "import ggml"], capture_output=True).returncode == 0
+
+
 def peer_key(c):
     """The PyTorch case matching a qkv case (same shape, dtype, causality; 2 threads)."""
     return f"{c['kind']}/{c['dtype']}/B{c['B']}/H{c['H']}/Hkv{c['Hkv']}/Sq{c['Sq']}/Skv{c['Skv']}/D{c['D']}/{int(c['causal'])}"
@@ -75,6 +86,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="S ≤ 2048 only (a smoke run, not for the table)")
+    ap.add_argument("--ggml", choices=("auto", "off"), default="auto",
+                    help="auto: also time ggml where the ggml package is importable")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     exe = os.path.join(args.build, "bench", "bench_attention")
@@ -113,10 +126,19 @@ def main():
     for c in cases.values():
         t = torch_out["times"].get(peer_key(c)) if c["kernel"] == "qkv" and c["T"] == 2 else None
         c["torch_s"] = t
+    ggml_version, ggml_times = None, {}
+    if args.ggml == "auto" and ggml_available():
+        want = [p for p in peers.values() if ggml_wanted(p | {"kind": p["name"].split("/")[0]})]
+        gr = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ggml_peer.py"), json.dumps(want), str(args.reps)],
+                            check=True, capture_output=True, text=True, env=env)
+        out = json.loads(gr.stdout.strip().splitlines()[-1])
+        ggml_version, ggml_times = out["ggml"], out["times"]
+    for c in cases.values():
+        c["ggml_s"] = ggml_times.get(peer_key(c)) if c["kernel"] == "qkv" and c["T"] == 2 else None
 
     result = dict(peak_gflops=peak, peak_gflops_1t=float(ctx["fma_peak_gflops_1t"]),
                   peak_avx2_gflops=float(ctx["fma_peak_avx2_gflops_2t"]), read_gbs=bw, memory=mem["memory_probe"],
-                  torch=torch_out["torch"], openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+                  torch=torch_out["torch"], ggml=ggml_version, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
                   cpu=ctx.get("host_name", ""), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   wall_s=time.time() - started, cases=list(cases.values()))
     with open(os.path.join(OUT, "forward.json"), "w") as f:
@@ -136,18 +158,20 @@ def fmt_case(c):
 def write_table(r):
     lines = [f"Measured in this run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads "
              f"({r['peak_gflops_1t']:.0f} on 1; AVX2 only: {r['peak_avx2_gflops']:.0f}), read bandwidth "
-             f"{r['read_gbs']:.1f} GB/s. PyTorch {r['torch']}; OPENBLAS_CORETYPE={r['openblas_coretype']}; "
-             f"{r['date']}; run took {r['wall_s'] / 60:.1f} min.", "",
-             "| case | dtype | threads | qkv kernel | qkv ms | GFLOP/s | % peak | torch ms | qkv / torch |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"{r['read_gbs']:.1f} GB/s. PyTorch {r['torch']}; ggml-py {r.get('ggml') or '(not installed)'}; "
+             f"OPENBLAS_CORETYPE={r['openblas_coretype']}; {r['date']}; run took {r['wall_s'] / 60:.1f} min.", "",
+             "| case | dtype | threads | qkv kernel | qkv ms | GFLOP/s | % peak | torch ms | qkv / torch | ggml ms | qkv / ggml |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["cases"]:
         g = c["flop"] / c["time_s"] / 1e9
         extra = f"{c['kv_bytes'] / c['time_s'] / 1e9:.1f} GB/s K,V ({100 * c['kv_bytes'] / c['time_s'] / 1e9 / r['read_gbs']:.0f}% bw)" \
             if c["kind"] == "dec" else f"{100 * g / r['peak_gflops']:.0f}%"
         t = f"{c['torch_s'] * 1e3:.2f}" if c["torch_s"] else "—"
         ratio = f"{c['torch_s'] / c['time_s']:.2f}×" if c["torch_s"] else "—"
+        gs = c.get("ggml_s")
+        gt, gratio = (f"{gs * 1e3:.2f}", f"{gs / c['time_s']:.2f}×") if gs else ("—", "—")
         lines.append(f"| {fmt_case(c)} | {c['dtype']} | {c['T']} | {c['label']} | {c['time_s'] * 1e3:.2f} | {g:.0f} | "
-                     f"{extra} | {t} | {ratio} |")
+                     f"{extra} | {t} | {ratio} | {gt} | {gratio} |")
     m = r["memory"]
     lines += ["", f"Memory: S = {m['S']}, B = H = 1, D = {m['D']} ({m['kernel']}): extra peak RSS "
               f"{m['extra_peak_MB']:.1f} MB beyond the {m['inputs_MB']:.0f} MB of q, k, v, out."]
@@ -155,6 +179,10 @@ def write_table(r):
     if ratios:
         lines.append(f"Forward qkv / torch speed ratio over the grid: median {statistics.median(ratios):.2f}×, "
                      f"min {min(ratios):.2f}×, max {max(ratios):.2f}×.")
+    gr = [c["ggml_s"] / c["time_s"] for c in r["cases"] if c.get("ggml_s") and c["kind"] == "fwd"]
+    if gr:
+        lines.append(f"Forward qkv / ggml speed ratio over the rows ggml ran (S ≤ 4096): median "
+                     f"{statistics.median(gr):.2f}×, min {min(gr):.2f}×, max {max(gr):.2f}×.")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(OUT, "forward.md"), "w") as f:
         f.write(table)
@@ -178,6 +206,9 @@ def plot(r):
             ax.plot(S, [c["flop"] / c["time_s"] / 1e9 for c in sel], "o" + style, color="C0", label=f"qkv {tag}")
             ts = [(c["Skv"], c["flop"] / c["torch_s"] / 1e9) for c in sel if c["torch_s"]]
             ax.plot([a for a, _ in ts], [b for _, b in ts], "s" + style, color="C1", label=f"torch SDPA {tag}")
+            gs = [(c["Skv"], c["flop"] / c["ggml_s"] / 1e9) for c in sel if c.get("ggml_s")]
+            if gs:
+                ax.plot([a for a, _ in gs], [b for _, b in gs], "^" + style, color="C2", label=f"ggml {tag}")
         ax.axhline(r["peak_gflops"], color="gray", lw=0.8, ls=":", label="measured fp32 FMA peak")
         ax.set_xscale("log", base=2)
         ax.set_title(f"fp32 forward, B=1, H=16, D={D}, 2 threads")
