@@ -388,7 +388,7 @@ void Model::decode_step(KvCache& cache, float* logits, int T) {
     }
   };
   const i64 heads_per_chunk = std::max<i64>(1, Hkv / (2 * T));  // ~2 chunks per thread: few attention calls
-  SpinBarrier meet(T);
+  SpinBarrier meet;
   std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
 #pragma omp parallel num_threads(T)
   {

@@ -177,6 +177,30 @@ TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
   EXPECT_THROW(qkv::Model(qkv::load_llama2c(kModel), qkv::ModelOptions{qkv::DType::f32, -1}), std::invalid_argument);
 }
 
+// A forward called from inside the caller's own OpenMP region: the model's region is then nested
+// and inactive (one thread, OpenMP's default max_active_levels), whatever num_threads asks for.
+// The decode step's threads meet at barriers, so this must neither hang nor change the logits.
+TEST(Model, DecodeInsideACallersParallelRegion) {
+  const qkv::Weights w = qkv::load_llama2c(kModel);
+  const std::vector<int> tokens = {1, 403, 407, 261, 378};
+  auto run = [&] {
+    qkv::Model m(w, qkv::ModelOptions{qkv::DType::f32, 2});
+    qkv::KvCache cache(w.config);
+    std::vector<float> logits(static_cast<std::size_t>(w.config.vocab_size));
+    for (int t : tokens) m.forward(std::span<const int>(&t, 1), cache, logits.data());
+    return logits;
+  };
+  const auto outside = run();
+  std::vector<float> inside;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    inside = run();
+  }
+  ASSERT_EQ(inside.size(), outside.size());
+  EXPECT_EQ(std::memcmp(inside.data(), outside.data(), 4 * inside.size()), 0);  // the same rows, one thread
+}
+
 // ---------------------------------------------------------------------------------------------
 // safetensors
 // ---------------------------------------------------------------------------------------------
