@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "blocks/layers.hpp"
+#include "qkv/attention.hpp"
 
 namespace {
 
@@ -61,26 +62,35 @@ TEST(Layers, RmsNormMatchesF64) {
   EXPECT_LT(err, 1e-5);  // outputs are O(3); a sum of 67 squares in f32 errs ~1e-6 relative
 }
 
+// Every ISA's build of the loop (QKV_PER_ISA), at C = 33 (SIMD tails) and 768 (GPT-2's width).
 TEST(Layers, LayerNormMatchesF64) {
-  const std::int64_t N = 5, C = 33;
-  auto x = randn(N * C, 5, 3.0f), w = randn(C, 6), b = randn(C, 7);
-  for (auto& v : x) v += 2.0f;  // a non-zero mean on purpose
-  std::vector<float> out(N * C), mean(N), rstd(N);
-  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-  std::vector<double> ref(N * C);
-  for (std::int64_t n = 0; n < N; ++n) {
-    double m = 0, v = 0;
-    for (std::int64_t c = 0; c < C; ++c) m += x[n * C + c];
-    m /= C;
-    for (std::int64_t c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
-    v /= C;
-    const double r = 1.0 / std::sqrt(v + 1e-5);
-    EXPECT_NEAR(mean[n], m, 1e-5);
-    for (std::int64_t c = 0; c < C; ++c) ref[n * C + c] = (x[n * C + c] - m) * r * w[c] + b[c];
+  for (const qkv::Isa isa : {qkv::Isa::scalar, qkv::Isa::avx2, qkv::Isa::avx512}) {
+    if (isa > qkv::cpu_isa()) continue;
+    qkv::set_isa(isa);
+    for (const std::int64_t C : {33, 768}) {
+      const std::int64_t N = 5;
+      auto x = randn(N * C, 5, 3.0f), w = randn(C, 6), b = randn(C, 7);
+      for (auto& v : x) v += 2.0f;  // a non-zero mean on purpose
+      std::vector<float> out(N * C), mean(N), rstd(N);
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      std::vector<double> ref(N * C);
+      for (std::int64_t n = 0; n < N; ++n) {
+        double m = 0, v = 0;
+        for (std::int64_t c = 0; c < C; ++c) m += x[n * C + c];
+        m /= C;
+        for (std::int64_t c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+        v /= C;
+        const double r = 1.0 / std::sqrt(v + 1e-5);
+        EXPECT_NEAR(mean[n], m, 1e-5);
+        for (std::int64_t c = 0; c < C; ++c) ref[n * C + c] = (x[n * C + c] - m) * r * w[c] + b[c];
+      }
+      const double err = max_abs_diff(out, ref);
+      std::printf("layernorm isa %d, C = %lld: max |err| = %.3g\n", static_cast<int>(isa), static_cast<long long>(C),
+                  err);
+      EXPECT_LT(err, 2e-5);  // values O(10), f32 sums of ≤ 768 terms in lanes: a few 1e-6
+    }
   }
-  const double err = max_abs_diff(out, ref);
-  std::printf("layernorm max |err| = %.3g\n", err);
-  EXPECT_LT(err, 1e-5);  // values O(3), f32 sums of 33 terms: ~1e-6
+  qkv::set_isa(qkv::cpu_isa());
 }
 
 // Rotary: each pair turns by pos·θ^(−2i/hs); checked against f64 rotation, and the defining
