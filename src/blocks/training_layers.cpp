@@ -97,33 +97,8 @@ struct GeluParts {
   }
 }
 
-// LayerNorm over rows of C, f32: layernorm_forward / layernorm_backward's contract.
-[[gnu::always_inline]] inline void layernorm_fwd_body(float* out, float* mean, float* rstd, const float* x,
-                                                      const float* w, const float* b, std::int64_t N, std::int64_t C) {
-  for (std::int64_t n = 0; n < N; ++n) {
-    const float* xn = x + n * C;
-    float m = 0;
-#pragma omp simd reduction(+ : m)
-    for (std::int64_t c = 0; c < C; ++c) m += xn[c];
-    m /= static_cast<float>(C);
-    float var = 0;
-#pragma omp simd reduction(+ : var)
-    for (std::int64_t c = 0; c < C; ++c) var += (xn[c] - m) * (xn[c] - m);
-    var /= static_cast<float>(C);
-    const float rs = 1.0f / std::sqrt(var + 1e-5f);
-    float* o = out + n * C;
-    if (b) {
-#pragma omp simd
-      for (std::int64_t c = 0; c < C; ++c) o[c] = (xn[c] - m) * rs * w[c] + b[c];
-    } else {
-#pragma omp simd
-      for (std::int64_t c = 0; c < C; ++c) o[c] = (xn[c] - m) * rs * w[c];
-    }
-    mean[n] = m;
-    rstd[n] = rs;
-  }
-}
-
+// LayerNorm's backward over rows of C, f32: layernorm_backward's contract (the forward is
+// blocks::layernorm_forward, vectorised per ISA in layers.cpp).
 [[gnu::always_inline]] inline void layernorm_bwd_body(float* dx, float* dw, float* db, const float* dout,
                                                       const float* x, const float* w, const float* mean,
                                                       const float* rstd, std::int64_t N, std::int64_t C) {
@@ -158,10 +133,6 @@ QKV_PER_ISA(gelu_bwd, gelu_bwd_body, (float* dx, const float* x, const float* d,
 QKV_PER_ISA(xent, softmax_xent_body,
             (float* p, float* loss, const float* l, const std::int32_t* t, std::int64_t N, std::int64_t V),
             (p, loss, l, t, N, V))
-QKV_PER_ISA(ln_fwd, layernorm_fwd_body,
-            (float* o, float* m, float* r, const float* x, const float* w, const float* b, std::int64_t N,
-             std::int64_t C),
-            (o, m, r, x, w, b, N, C))
 QKV_PER_ISA(ln_bwd, layernorm_bwd_body,
             (float* dx, float* dw, float* db, const float* d, const float* x, const float* w, const float* m,
              const float* r, std::int64_t N, std::int64_t C),
@@ -171,14 +142,13 @@ struct Kernels {
   decltype(&gelu_fwd_base) gelu_fwd;
   decltype(&gelu_bwd_base) gelu_bwd;
   decltype(&xent_base) xent;
-  decltype(&ln_fwd_base) ln_fwd;
   decltype(&ln_bwd_base) ln_bwd;
 };
 Kernels kernels() {
   const Isa isa = active_isa();
-  if (isa >= Isa::avx512) return {gelu_fwd_avx512, gelu_bwd_avx512, xent_avx512, ln_fwd_avx512, ln_bwd_avx512};
-  if (isa >= Isa::avx2) return {gelu_fwd_avx2, gelu_bwd_avx2, xent_avx2, ln_fwd_avx2, ln_bwd_avx2};
-  return {gelu_fwd_base, gelu_bwd_base, xent_base, ln_fwd_base, ln_bwd_base};
+  if (isa >= Isa::avx512) return {gelu_fwd_avx512, gelu_bwd_avx512, xent_avx512, ln_bwd_avx512};
+  if (isa >= Isa::avx2) return {gelu_fwd_avx2, gelu_bwd_avx2, xent_avx2, ln_bwd_avx2};
+  return {gelu_fwd_base, gelu_bwd_base, xent_base, ln_bwd_base};
 }
 
 }  // namespace
@@ -275,7 +245,7 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S*
 template <>
 void layernorm_forward<float>(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                               std::int64_t N, std::int64_t C) {
-  kernels().ln_fwd(out, mean, rstd, x, w, b, N, C);  // the loops above, vectorised
+  blocks::layernorm_forward(out, mean, rstd, x, w, b, N, C, 1e-5f);  // the loops above, vectorised per ISA
 }
 
 template <>
