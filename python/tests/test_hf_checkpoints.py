@@ -111,11 +111,16 @@ def test_llama_greedy_generation_matches_transformers(tmp_path):
     assert out == want
 
 
-def edit_config(tmp_path, **changes):
+def expect_refusal(tmp_path, changes, message):
+    """The checkpoint in tmp_path with `changes` made to its config.json: loading it is refused, naming `message`."""
     path = tmp_path / "config.json"
     cfg = json.loads(path.read_text())
     cfg.update(changes)
     path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        qkv.Model.load(tmp_path / "model.safetensors")
+    print(e.value)
+    assert message in str(e.value)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -130,11 +135,7 @@ def edit_config(tmp_path, **changes):
 ])
 def test_llama_config_errors(tmp_path, changes, message):
     llama(tmp_path)
-    edit_config(tmp_path, **changes)
-    with pytest.raises(ValueError) as e:
-        qkv.Model.load(tmp_path / "model.safetensors")
-    print(e.value)
-    assert message in str(e.value)
+    expect_refusal(tmp_path, changes, message)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -144,11 +145,7 @@ def test_llama_config_errors(tmp_path, changes, message):
 ])
 def test_gpt2_config_errors(tmp_path, changes, message):
     gpt2(tmp_path)
-    edit_config(tmp_path, **changes)
-    with pytest.raises(ValueError) as e:
-        qkv.Model.load(tmp_path / "model.safetensors")
-    print(e.value)
-    assert message in str(e.value)
+    expect_refusal(tmp_path, changes, message)
 
 
 def test_unknown_tensor_is_an_error(tmp_path):

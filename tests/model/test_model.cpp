@@ -308,6 +308,19 @@ std::string safetensors_of(const std::vector<HandTensor>& ts) {
 }
 std::vector<float> values(const float* p, std::int64_t n) { return {p, p + n}; }
 
+// Every parameter of `a` and `b` has the same name, shape and bits.
+void expect_bit_equal(const qkv::Weights& a, const qkv::Weights& b) {
+  const auto ta = a.tensors(), tb = b.tensors();
+  ASSERT_EQ(ta.size(), tb.size());
+  for (std::size_t i = 0; i < ta.size(); ++i) {
+    EXPECT_EQ(ta[i].name, tb[i].name);
+    ASSERT_EQ(ta[i].shape, tb[i].shape) << ta[i].name;
+    std::int64_t n = 1;
+    for (auto d : ta[i].shape) n *= d;
+    EXPECT_EQ(std::memcmp(ta[i].data, tb[i].data, static_cast<std::size_t>(n) * 4), 0) << ta[i].name;
+  }
+}
+
 // Hugging Face checkpoints: the config.json keys, and the layouts (hf_layout.hpp) undone exactly.
 // Oracle: the files are written here from random qkv weights by the inverse rearrangement, so the
 // loaded weights must equal the originals bit for bit. (python/tests/test_hf_checkpoints.py
@@ -360,13 +373,7 @@ TEST(Model, HuggingFaceCheckpoints) {
         {"h.0.mlp.c_proj.weight", {F, C}, t(L.w2, C, F)}, {"h.0.mlp.c_proj.bias", {C}, values(L.b2, C)},
         {"ln_f.weight", {C}, values(w.normf_w, C)}, {"ln_f.bias", {C}, values(w.normf_b, C)}}));
     const qkv::Weights r = qkv::load_safetensors(p, g);
-    const auto a = w.tensors(), b = r.tensors();
-    ASSERT_EQ(a.size(), b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      std::int64_t n = 1;
-      for (auto d : a[i].shape) n *= d;
-      EXPECT_EQ(std::memcmp(a[i].data, b[i].data, static_cast<std::size_t>(n) * 4), 0) << a[i].name;
-    }
+    expect_bit_equal(w, r);
     std::remove(p.c_str());
   }
   // Llama: q/k rows of each head in rotate-half order (HF row t·D/2 + j is qkv's row 2j + t).
@@ -396,13 +403,7 @@ TEST(Model, HuggingFaceCheckpoints) {
         {"model.norm.weight", {C}, values(w.normf_w, C)},
         {"lm_head.weight", {5, C}, values(w.wcls, 5 * C)}}));
     const qkv::Weights r = qkv::load_safetensors(p, l);
-    const auto a = w.tensors(), b = r.tensors();
-    ASSERT_EQ(a.size(), b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      std::int64_t n = 1;
-      for (auto d : a[i].shape) n *= d;
-      EXPECT_EQ(std::memcmp(a[i].data, b[i].data, static_cast<std::size_t>(n) * 4), 0) << a[i].name;
-    }
+    expect_bit_equal(w, r);
     qkv::Config gqa2 = l;
     gqa2.n_kv_heads = 2;  // k_proj would be [8, 8]
     expect_error([&] { qkv::load_safetensors(p, gqa2); },
