@@ -85,10 +85,13 @@ void add_train(CLI::App& app) {
   bind("checkpoint-interval", &o->checkpoint_interval, "checkpoint every so many steps")->check(at_least(1));
   bind("seed", &o->seed, "seed of initialisation and batches");
   bind("val-fraction", &o->val_fraction, "share of the tokens (at the end) kept for validation");
+  auto time_limit_min = std::make_shared<double>(0);
+  bind("time-limit", time_limit_min.get(),
+       "stop after so many minutes of wall time (0: none): validate, save, exit; continue with --resume");
   cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   cmd->add_flag("--quiet", *quiet, "no progress bar");
 
-  cmd->callback([o, config_path, quiet, bindings, decay_opt] {
+  cmd->callback([o, config_path, quiet, bindings, decay_opt, time_limit_min] {
     bool decay_in_config = false;
     if (!config_path->empty()) {
       std::ifstream f(*config_path, std::ios::binary);
@@ -106,9 +109,11 @@ void add_train(CLI::App& app) {
     }
     if (decay_opt->count() == 0 && !decay_in_config)  // nanoGPT: lr_decay_iters = max_iters
       o->opt.decay_steps = o->steps;
+    if (!(*time_limit_min >= 0)) fail(kFn, "--time-limit: must be >= 0 minutes (got " + std::to_string(*time_limit_min) + ")");
+    o->time_limit_s = 60 * *time_limit_min;
     o->progress = !*quiet;
     const train::TrainSummary r = train::train(*o);
-    std::printf("%s at step %lld: validation loss %.4f, %.2f steps/s\n", r.interrupted ? "stopped" : "done",
+    std::printf("%s at step %lld: validation loss %.4f, %.2f steps/s\n", r.interrupted ? "stopped" : r.time_limited ? "time limit reached" : "done",
                 static_cast<long long>(r.step), r.val_loss, r.steps_per_s);
   });
 }

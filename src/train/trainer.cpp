@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -363,15 +364,23 @@ TrainSummary train(const TrainOptions& opts) {
   for (const auto& r : rows)
     if (r.has_val) last_val = r.val_loss;
   TrainSummary out;
+  const auto started = clock::now();
+  auto seconds_left = [&](double at_this_speed) {  // --time-limit caps the estimate
+    if (o.time_limit_s <= 0) return at_this_speed;
+    return std::max(0.0, std::min(at_this_speed, o.time_limit_s - std::chrono::duration<double>(clock::now() - started).count()));
+  };
   while (true) {
     LossRow row;
     row.step = st.step;
-    if (st.step % o.eval_interval == 0 || st.step == o.steps) {
+    out.time_limited = o.time_limit_s > 0 && st.step > first_step && st.step < o.steps &&
+                       std::chrono::duration<double>(clock::now() - started).count() >= o.time_limit_s;
+    const bool last = st.step == o.steps || out.time_limited;
+    if (st.step % o.eval_interval == 0 || last) {
       last_val = evaluate();
       row.has_val = true;
       row.val_loss = last_val;
     }
-    if (st.step == o.steps) {
+    if (last) {
       row.elapsed_s = st.elapsed_s;
       rows.push_back(row);
       break;
@@ -413,7 +422,8 @@ TrainSummary train(const TrainOptions& opts) {
       std::fprintf(stderr, "%sstep %lld/%lld [%s] loss %.4f val %s | %.0f tok/s | %s left%s",
                    tty ? "\r\033[K" : "", static_cast<long long>(st.step), static_cast<long long>(o.steps),
                    bar.c_str(), loss, val, row.tokens_per_s,
-                   format_duration(static_cast<double>(o.steps - st.step) / sps).c_str(), tty ? "" : "\n");
+                   format_duration(seconds_left(static_cast<double>(o.steps - st.step) / sps)).c_str(),
+                   tty ? "" : "\n");
       std::fflush(stderr);
     }
     if (g_interrupted) {
@@ -428,6 +438,9 @@ TrainSummary train(const TrainOptions& opts) {
   if (!out.interrupted) {
     write_outputs();
     if (tty && o.progress) std::fprintf(stderr, "\n");
+    if (out.time_limited)
+      std::fprintf(stderr, "time limit of %s reached: checkpoint saved at step %lld in %s; continue with --resume\n",
+                   format_duration(o.time_limit_s).c_str(), static_cast<long long>(st.step), o.out_dir.c_str());
   }
   out.step = st.step;
   out.val_loss = last_val;

@@ -36,6 +36,9 @@ struct TrainOptions {
   AdamWConfig opt;
   bool resume = false;               // continue from out_dir/checkpoint.safetensors
   bool progress = true;              // progress bar on stderr
+  double time_limit_s = 0;           // > 0: stop once this invocation has run so long (wall time,
+                                     // evaluations included), after at least one step: validate,
+                                     // save everything, return; continue with resume
 };
 
 struct LossRow {
@@ -49,6 +52,7 @@ struct TrainSummary {
   double val_loss = 0;         // last validation loss
   double steps_per_s = 0;      // training steps per second of this invocation (evaluation excluded)
   bool interrupted = false;    // stopped by Ctrl-C (a checkpoint was saved)
+  bool time_limited = false;   // stopped by time_limit_s before `steps` (validated and saved)
 };
 
 TrainSummary train(const TrainOptions& o);
