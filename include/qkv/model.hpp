@@ -212,7 +212,10 @@ struct Trace {
 // bf16 rounds each projection's input rows to bf16 (nearest even, ≤ 2^-9 relative) and runs a
 // bf16 × bf16 GEMM accumulating in f32 (oneDNN matmul, AVX-512 BF16: ≈ 2× the f32 GEMM here), a
 // second rounding on top of the weights'. Needs weights = bf16. Outputs, norms, attention, the
-// residual stream and decoding (≤ 4 rows: GEMV kernels) are unchanged.
+// residual stream and decoding (≤ 4 rows: GEMV kernels) are unchanged. In this mode a prefill
+// multiplies by W_Q, W_K, W_V in one GEMM, does bias, residual add, GELU and the rounding to bf16
+// in the GEMMs' epilogues, and reads each layer matrix from a copy packed once in oneDNN's blocked
+// layout (a second bf16 copy of the layer matrices: ≈ 170 MB for GPT-2 small).
 struct ModelOptions {
   DType weights = DType::f32;      // f32 or bf16
   int num_threads = 0;             // ≥ 0
@@ -229,6 +232,7 @@ class Model {
   // Runs `tokens` at positions cache.len … cache.len + S − 1 (appending their keys and values to
   // the cache) and writes logits: [V] for the last position, or [S, V] when all_logits.
   // Each query attends causally to the whole cache (qkv::attention, Align::bottom_right).
+  // Without all_logits the last layer goes past its attention for the last position only.
   void forward(std::span<const int> tokens, KvCache& cache, float* logits, bool all_logits = false);
 
   // The whole sequence from position 0, recording every layer (see LayerTrace).
@@ -238,7 +242,9 @@ class Model {
   Weights w_;
   // Activations for up to `rows_` positions: x, xb [S, C]; q, att [S, H·D]; k, v [S, Hkv·D];
   // hb, hb2 [S, Hd]; xf [S, C] (the final norm's output).
-  Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_;
+  // gemm_inputs = bf16 only: qkv [S, (H + 2·Hkv)·D] (the fused projection's output), xbb
+  // [S, max(C, H·D)] and hbb [S, Hd] bf16 (GEMM inputs).
+  Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, qkv_, xbb_, hbb_;
   std::int64_t rows_ = 0;
   ModelOptions opt_;
   // weights = bf16: every projection matrix rounded to bf16 in one arena, with per-layer pointers
@@ -248,7 +254,12 @@ class Model {
     const std::uint16_t *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
     const std::uint16_t *w1 = nullptr, *w2 = nullptr, *w3 = nullptr;
   };
-  Buffer bf16_, wide_;
+  // bqkv_ [n_layers, (H + 2·Hkv)·D]: b_Q, b_K, b_V concatenated (gemm_inputs = bf16, with biases).
+  Buffer bf16_, wide_, bqkv_;
+  // gemm_inputs = bf16: every layer's matrices ([W_Q; W_K; W_V], W_O, W1, W2, W3) also packed in
+  // oneDNN's blocked layout for the prefill GEMMs (model.cpp); a second bf16 copy of them.
+  struct PackedLayer;
+  std::vector<std::shared_ptr<const PackedLayer>> packed_;
   std::vector<LayerBf16> layers_bf16_;
   const std::uint16_t* wcls_bf16_ = nullptr;
   // y [S, out] = beta·y + x [S, in] · Wᵀ + b, with W as f32 (Wb null) or bf16 (Wb): GEMV kernels for
@@ -261,7 +272,17 @@ class Model {
   void project_qkv(int l, const float* xb, float* q, float* k, float* v, std::int64_t S);
   std::int64_t params_ = 0;  // parameter count, to size the work of a call
   void reserve(std::int64_t S);
-  void block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace);
+  // One layer on x_ [S, C]; its output only for rows r0 … S − 1 (model.cpp).
+  void block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerTrace* trace);
+  // block() for prefill with gemm_inputs = bf16: fused W_Q/W_K/W_V, GEMM epilogues (model.cpp).
+  void block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cache);
+  // Rotary on q and k (rows of ld_q, ld_kv floats: q [S, H·D], k, v [S, Hkv·D] in their first
+  // columns), k and v appended to layer l's cache at positions cache.len …, and the views that
+  // attention reads: q's rows r0 … S − 1, the cache's keys and values up to the new positions,
+  // att_ [S − r0, H·D] as the output (defined in model.cpp).
+  struct AttentionViews;
+  AttentionViews prepare_attention(int l, std::int64_t S, std::int64_t r0, KvCache& cache, float* q, float* k,
+                                   const float* v, std::int64_t ld_q, std::int64_t ld_kv);
   // One token (S = 1) on `threads` > 1 threads in one parallel region (see model.cpp); x_ holds its
   // embedding; writes logits [V] and leaves cache.len to the caller.
   void decode_step(KvCache& cache, float* logits, int threads);

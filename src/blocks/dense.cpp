@@ -181,12 +181,16 @@ void f32_to_bf16(std::uint16_t* dst, const float* src, i64 n) {
   for (i64 i = 0; i < n; ++i) dst[i] = kernels::cpu::f32_to_bf16_bits(src[i]);
 }
 
+void f32_to_bf16(std::uint16_t* dst, const float* src, i64 n, Isa isa) {
+  if (isa >= Isa::avx512) detail::to_bf16_avx512(dst, src, n);
+  else f32_to_bf16(dst, src, n);
+}
+
 void f32_to_bf16(std::uint16_t* dst, const float* src, i64 n, int threads, Isa isa) {
   constexpr i64 kChunk = 1 << 14;  // a multiple of every vector length
   parallel_for((n + kChunk - 1) / kChunk, threads, [&](i64 c) {
     const i64 i0 = c * kChunk, len = std::min(kChunk, n - i0);
-    if (isa >= Isa::avx512) detail::to_bf16_avx512(dst + i0, src + i0, len);
-    else f32_to_bf16(dst + i0, src + i0, len);
+    f32_to_bf16(dst + i0, src + i0, len, isa);
   });
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 
@@ -72,6 +73,37 @@ void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, 
 void gemm_bf16(const float* x, const std::uint16_t* W, const float* b, float* y, std::int64_t M, std::int64_t in,
                std::int64_t out, float beta, int threads, Isa isa);
 
+// The same GEMM on inputs already in bf16, with more of the layer done in its epilogue, on each
+// tile of y while it is in registers (the model's prefill: the norms write bf16 rows, and the MLP's
+// up-projection hands bf16 straight to the down-projection):
+//   y [M, out] = act(xb [M, in] · Wᵀ + b)            y f32, or bf16 bits (nearest even) by y_dtype
+//   y [M, out] += xb · Wᵀ + b                         beta = 1: f32 y and act = none only
+// act: GELU in the tanh form (GPT-2, blocks::gelu_forward) or the erf form (gelu_exact_forward),
+// computed in f32 by oneDNN. Its twin: gemv_reference on the same bf16 rows, then the activation.
+enum class GemmAct : std::uint8_t { none, gelu_tanh, gelu_erf };
+// W packed once (PackedBf16 below) is read from its packed copy: the same products and sums, without
+// the matmul re-blocking the plain W on every call (≈ 3–8% of a prefill GEMM here).
+class PackedBf16;
+void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* b, void* y, DType y_dtype,
+                  std::int64_t M, std::int64_t in, std::int64_t out, float beta, GemmAct act,
+                  const PackedBf16* packed = nullptr);
+
+// A copy of W [out, in] bf16 in the blocked layout oneDNN's bf16 matmul asks for (format "any" for
+// W of that shape; on oneDNN 2.6 the same for every row count M). Empty (default) means none.
+// gemm_bf16_in checks the layout against each primitive it builds and reads the plain W when a
+// primitive wants another one. Holds in·out bf16 (or a little more: blocks are padded).
+class PackedBf16 {
+ public:
+  PackedBf16() = default;
+  PackedBf16(const std::uint16_t* W, std::int64_t in, std::int64_t out);
+  bool empty() const { return !impl_; }
+  struct Impl;  // gemm_bf16.cpp: oneDNN's memory and its descriptor
+  const Impl* impl() const { return impl_.get(); }
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
 // out [n] (may equal x), split over `threads`.
 void gelu_fast(float* out, const float* x, std::int64_t n, int threads, Isa isa);
 
@@ -79,7 +111,8 @@ void gelu_fast(float* out, const float* x, std::int64_t n, int threads, Isa isa)
 void bf16_to_f32(float* dst, const std::uint16_t* src, std::int64_t n, int threads);
 // dst [n] bf16 bits = src [n] rounded to nearest even (NaN stays NaN).
 void f32_to_bf16(std::uint16_t* dst, const float* src, std::int64_t n);
-// The same, vectorised on AVX-512 (bit-equal), split over `threads`.
+// The same, vectorised on AVX-512 (bit-equal): on the calling thread, or split over `threads`.
+void f32_to_bf16(std::uint16_t* dst, const float* src, std::int64_t n, Isa isa);
 void f32_to_bf16(std::uint16_t* dst, const float* src, std::int64_t n, int threads, Isa isa);
 
 }  // namespace qkv::blocks

@@ -34,6 +34,10 @@
 
 namespace qkv {
 
+struct Model::PackedLayer {
+  blocks::PackedBf16 wqkv, wo, w1, w2, w3;
+};
+
 KvCache::KvCache(const Config& c, std::int64_t cap) {
   c.validate("qkv::KvCache");
   if (cap < 0 || cap > c.seq_len)
@@ -88,6 +92,37 @@ Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) 
     }
     wcls_bf16_ = take(w_.wcls, c.vocab_size, C);
     if (opt_.gemm_inputs == DType::f32) wide_ = Buffer(DType::f32, {largest});
+  }
+  if (opt_.gemm_inputs == DType::bf16) {
+    // block_gemm_bf16 multiplies by [W_Q; W_K; W_V] in one GEMM: take() laid the three out one
+    // after the other, which is that [(H + 2·Hkv)·D, C] matrix; its bias is the three concatenated
+    // (zeros where one is missing), or none when all three are.
+    const Config& c = w_.config;
+    const std::int64_t HD = c.n_heads * c.head_dim(), KD = c.n_kv_heads * c.head_dim(), N3 = HD + 2 * KD;
+    bool bias = false;
+    for (const LayerWeights& L : w_.layers) bias = bias || L.bq || L.bk || L.bv;
+    if (bias) bqkv_ = Buffer(DType::f32, {c.n_layers, N3});
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+      const LayerBf16& b = layers_bf16_[static_cast<std::size_t>(l)];
+      if (b.wk != b.wq + HD * c.dim || b.wv != b.wk + KD * c.dim)
+        fail("qkv::Model", "internal: W_Q, W_K, W_V of a layer are not adjacent in the bf16 arena");
+      auto p = std::make_shared<PackedLayer>();
+      p->wqkv = blocks::PackedBf16(b.wq, c.dim, N3);
+      p->wo = blocks::PackedBf16(b.wo, HD, c.dim);
+      p->w1 = blocks::PackedBf16(b.w1, c.dim, c.hidden_dim);
+      p->w2 = blocks::PackedBf16(b.w2, c.hidden_dim, c.dim);
+      if (b.w3) p->w3 = blocks::PackedBf16(b.w3, c.dim, c.hidden_dim);
+      packed_.push_back(std::move(p));
+      if (!bias) continue;
+      float* row = bqkv_.ptr<float>() + l * N3;
+      const std::pair<const float*, std::int64_t> parts[] = {{L.bq, HD}, {L.bk, KD}, {L.bv, KD}};
+      for (const auto& [src, n] : parts) {
+        if (src) std::copy_n(src, n, row);
+        else std::fill_n(row, n, 0.0f);
+        row += n;
+      }
+    }
   }
 }
 
@@ -178,6 +213,11 @@ void Model::reserve(std::int64_t S) {
   v_ = Buffer(DType::f32, {S, c.n_kv_heads * D});
   hb_ = Buffer(DType::f32, {S, c.hidden_dim});
   hb2_ = Buffer(DType::f32, {S, c.hidden_dim});
+  if (opt_.gemm_inputs == DType::bf16) {
+    qkv_ = Buffer(DType::f32, {S, (c.n_heads + 2 * c.n_kv_heads) * D});
+    xbb_ = Buffer(DType::bf16, {S, std::max(c.dim, c.n_heads * D)});
+    hbb_ = Buffer(DType::bf16, {S, c.hidden_dim});
+  }
   rows_ = S;
 }
 
@@ -197,52 +237,82 @@ void Model::check_tokens(const char* fn, std::span<const int> tokens, std::int64
 namespace {
 
 // Rows are independent: chunks of 16 rows shared over the threads (one chunk when decoding).
-void norm(const Config& c, float* out, const float* x, const float* w, const float* b, std::int64_t N) {
+// With out_bf16 the chunk's rows are also rounded to bf16 there, while they are in cache.
+void norm(const Config& c, float* out, const float* x, const float* w, const float* b, std::int64_t N,
+          std::uint16_t* out_bf16 = nullptr) {
   constexpr std::int64_t kRows = 16;
+  const Isa isa = active_isa();
   parallel_for((N + kRows - 1) / kRows, omp_get_max_threads(), [&](std::int64_t k) {
     const std::int64_t r0 = k * kRows, n = std::min(kRows, N - r0);
     if (c.norm == NormKind::rmsnorm)
       blocks::rmsnorm_forward(out + r0 * c.dim, nullptr, x + r0 * c.dim, w, n, c.dim, c.norm_eps);
     else
       blocks::layernorm_forward(out + r0 * c.dim, nullptr, nullptr, x + r0 * c.dim, w, b, n, c.dim, c.norm_eps);
+    if (out_bf16) blocks::f32_to_bf16(out_bf16 + r0 * c.dim, out + r0 * c.dim, n * c.dim, isa);
   });
 }
 
 }  // namespace
 
-// One pre-norm block on x_ [S, C] for positions cache.len … cache.len + S − 1.
-void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
+struct Model::AttentionViews {
+  View q, k, v, out;
+  AttentionOptions opt;
+};
+
+Model::AttentionViews Model::prepare_attention(int l, std::int64_t S, std::int64_t r0, KvCache& cache, float* q,
+                                               float* k, const float* v, std::int64_t ld_q, std::int64_t ld_kv) {
+  const Config& c = w_.config;
+  const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim();
+  const std::int64_t pos0 = cache.len, Skv = pos0 + S, cap = cache.capacity;
+  const int threads = omp_get_max_threads();
+  if (c.pos == PosEncoding::rotary)
+    for (std::int64_t s = 0; s < S; ++s) {
+      blocks::rope_forward(q + s * ld_q, 1, H, D, pos0 + s, c.rope_theta);
+      blocks::rope_forward(k + s * ld_kv, 1, Hkv, D, pos0 + s, c.rope_theta);
+    }
+  // Append this call's keys and values: cache.k[l, h, pos0 + s, :] = k[s, h·D : (h+1)·D].
+  float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
+  float* vc = cache.v.ptr<float>() + l * Hkv * cap * D;
+  parallel_for(Hkv, S > blocks::kGemvMaxRows ? threads : 1, [&](std::int64_t h) {
+    for (std::int64_t s = 0; s < S; ++s) {
+      std::memcpy(kc + (h * cap + pos0 + s) * D, k + s * ld_kv + h * D, sizeof(float) * D);
+      std::memcpy(vc + (h * cap + pos0 + s) * D, v + s * ld_kv + h * D, sizeof(float) * D);
+    }
+  });
+  const std::int64_t n = S - r0;  // the queries asked for: rows r0 … S − 1
+  AttentionViews av{View::strided(q + r0 * ld_q, DType::f32, {1, H, n, D}, {n * ld_q, D, ld_q, 1}),
+                    View::strided(kc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1}),
+                    View::strided(vc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1}),
+                    View::strided(att_.ptr<float>(), DType::f32, {1, H, n, D}, {n * H * D, D, H * D, 1}),
+                    AttentionOptions{}};
+  av.opt.num_threads = threads;
+  av.opt.causal = true;
+  // The n queries are the last n positions (pos0 + r0 …): each sees the keys up to its own position.
+  av.opt.align = Align::bottom_right;
+  return av;
+}
+
+// One pre-norm block on x_ [S, C] for positions cache.len … cache.len + S − 1. Keys and values
+// of all S rows go to the cache; the block's output x is computed for rows r0 … S − 1 only (the
+// last layer of a call that wants only the last position's logits: r0 = S − 1; a trace: r0 = 0).
+void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerTrace* trace) {
   const Config& c = w_.config;
   const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
   const LayerBf16 Lb = layers_bf16_.empty() ? LayerBf16{} : layers_bf16_[static_cast<std::size_t>(l)];
   const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
-  const std::int64_t pos0 = cache.len, Skv = pos0 + S, cap = cache.capacity;
+  const std::int64_t cap = cache.capacity;
   float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>();
   float *v = v_.ptr<float>(), *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
 
   // ---- attention: x += W_O · attention(q, k, v)
   norm(c, xb, x, L.norm1_w, L.norm1_b, S);
   project_qkv(l, xb, q, k, v, S);
-  if (c.pos == PosEncoding::rotary) {
-    blocks::rope_forward(q, S, H, D, pos0, c.rope_theta);
-    blocks::rope_forward(k, S, Hkv, D, pos0, c.rope_theta);
-  }
-  // Append this call's keys and values: cache.k[l, h, pos0 + s, :] = k[s, h·D : (h+1)·D].
-  float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
-  float* vc = cache.v.ptr<float>() + l * Hkv * cap * D;
-  for (std::int64_t s = 0; s < S; ++s)
-    for (std::int64_t h = 0; h < Hkv; ++h) {
-      std::memcpy(kc + (h * cap + pos0 + s) * D, k + (s * Hkv + h) * D, sizeof(float) * D);
-      std::memcpy(vc + (h * cap + pos0 + s) * D, v + (s * Hkv + h) * D, sizeof(float) * D);
-    }
-  const View qv = View::strided(q, DType::f32, {1, H, S, D}, {S * H * D, D, H * D, 1});
-  const View kv = View::strided(kc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1});
-  const View vv = View::strided(vc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1});
-  const View ov = View::strided(att, DType::f32, {1, H, S, D}, {S * H * D, D, H * D, 1});
-  AttentionOptions opt;
-  opt.num_threads = omp_get_max_threads();
-  opt.causal = true;
-  opt.align = Align::bottom_right;  // query s sits at position pos0 + s and sees keys ≤ pos0 + s
+  const AttentionViews av = prepare_attention(l, S, r0, cache, q, k, v, H * D, Hkv * D);
+  const std::int64_t n = S - r0;
+  float* xo = x + r0 * C;  // the rows of x this block updates
+  const View &qv = av.q, &kv = av.k, &vv = av.v, &ov = av.out;
+  const AttentionOptions& opt = av.opt;
+  const float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
   if (trace) {
     // scores [H, S, S] from the same q and k, in f64 like the reference; pattern from the kernel.
     trace->pattern = Buffer(DType::f32, {H, S, S});
@@ -283,20 +353,70 @@ void Model::block(int l, std::int64_t S, KvCache& cache, LayerTrace* trace) {
   } else {
     attention(qv, kv, vv, ov, opt);
   }
-  project(att, L.wo, Lb.wo, L.bo, x, S, H * D, C, 1.0f);  // residual: x += att·W_Oᵀ + b_O
+  project(att, L.wo, Lb.wo, L.bo, xo, n, H * D, C, 1.0f);  // residual: x += att·W_Oᵀ + b_O
 
   // ---- MLP: x += W2 · act(W1 · norm2(x))
-  norm(c, xb, x, L.norm2_w, L.norm2_b, S);
-  project(xb, L.w1, Lb.w1, L.b1, hb, S, C, Hd);
+  norm(c, xb, xo, L.norm2_w, L.norm2_b, n);
+  project(xb, L.w1, Lb.w1, L.b1, hb, n, C, Hd);
   if (c.mlp == MlpKind::swiglu) {
-    project(xb, L.w3, Lb.w3, nullptr, hb2, S, C, Hd);
-    blocks::swiglu_forward(hb, hb, hb2, S * Hd);
+    project(xb, L.w3, Lb.w3, nullptr, hb2, n, C, Hd);
+    blocks::swiglu_forward(hb, hb, hb2, n * Hd);
   } else if (c.mlp == MlpKind::gelu_exact) {
-    blocks::gelu_exact_forward(hb, hb, S * Hd);
+    blocks::gelu_exact_forward(hb, hb, n * Hd);
   } else {
-    blocks::gelu_fast(hb, hb, S * Hd, omp_get_max_threads(), active_isa());
+    blocks::gelu_fast(hb, hb, n * Hd, omp_get_max_threads(), active_isa());
   }
-  project(hb, L.w2, Lb.w2, L.b2, x, S, Hd, C, 1.0f);  // residual: x += hb·W2ᵀ + b2
+  project(hb, L.w2, Lb.w2, L.b2, xo, n, Hd, C, 1.0f);  // residual: x += hb·W2ᵀ + b2
+}
+
+// block() for gemm_inputs = bf16 and S > 4 rows: the same layer with every GEMM input made bf16
+// where it is produced, so nothing is converted on its own pass and the GEMMs do the rest in
+// their epilogues (blocks::gemm_bf16_in):
+//   xbb = bf16(norm1(x))                                  (in the norm's own loop)
+//   qkv = xbb·[W_Q; W_K; W_V]ᵀ + [b_Q; b_K; b_V]         qkv [S, (H + 2·Hkv)·D] f32, one GEMM
+//   att = attention(q, k, v)  (q, k, v: column blocks of qkv's rows)
+//   x += bf16(att)·W_Oᵀ + b_O                             (sum epilogue)
+//   xbb = bf16(norm2(x));  hbb = bf16(gelu(xbb·W1ᵀ + b1)) (bias, GELU, rounding in the epilogue)
+//   x += hbb·W2ᵀ + b2
+// Every GEMM sees the same bf16 inputs as block()'s per-projection rounding; only the GELU is
+// oneDNN's (f32, same form) instead of gelu_fast. SwiGLU keeps two GEMMs and the gate in f32.
+// After the attention's projection only rows r0 … S − 1 go on, as in block().
+void Model::block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cache) {
+  using blocks::GemmAct;
+  const Config& c = w_.config;
+  const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+  const LayerBf16& Lb = layers_bf16_[static_cast<std::size_t>(l)];
+  const std::int64_t C = c.dim, D = c.head_dim(), Hd = c.hidden_dim;
+  const std::int64_t HD = c.n_heads * D, KD = c.n_kv_heads * D, N3 = HD + 2 * KD;
+  const int threads = omp_get_max_threads();
+  float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *qkv = qkv_.ptr<float>(), *att = att_.ptr<float>();
+  std::uint16_t *xbb = xbb_.ptr<std::uint16_t>(), *hbb = hbb_.ptr<std::uint16_t>();
+  const float* bqkv = bqkv_.numel() > 0 ? bqkv_.ptr<float>() + l * N3 : nullptr;
+  const PackedLayer& P = *packed_[static_cast<std::size_t>(l)];
+
+  // ---- attention: x += W_O · attention(q, k, v)
+  norm(c, xb, x, L.norm1_w, L.norm1_b, S, xbb);
+  blocks::gemm_bf16_in(xbb, Lb.wq, bqkv, qkv, DType::f32, S, C, N3, 0.0f, GemmAct::none, &P.wqkv);
+  const AttentionViews av = prepare_attention(l, S, r0, cache, qkv, qkv + HD, qkv + HD + KD, N3, N3);
+  attention(av.q, av.k, av.v, av.out, av.opt);
+  const std::int64_t n = S - r0;
+  float* xo = x + r0 * C;  // the rows of x this block updates
+  blocks::f32_to_bf16(xbb, att, n * HD, threads, active_isa());
+  blocks::gemm_bf16_in(xbb, Lb.wo, L.bo, xo, DType::f32, n, HD, C, 1.0f, GemmAct::none, &P.wo);
+
+  // ---- MLP: x += W2 · act(W1 · norm2(x))
+  norm(c, xb, xo, L.norm2_w, L.norm2_b, n, xbb);
+  if (c.mlp == MlpKind::swiglu) {
+    float *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
+    blocks::gemm_bf16_in(xbb, Lb.w1, L.b1, hb, DType::f32, n, C, Hd, 0.0f, GemmAct::none, &P.w1);
+    blocks::gemm_bf16_in(xbb, Lb.w3, nullptr, hb2, DType::f32, n, C, Hd, 0.0f, GemmAct::none, &P.w3);
+    blocks::swiglu_forward(hb, hb, hb2, n * Hd);
+    blocks::f32_to_bf16(hbb, hb, n * Hd, threads, active_isa());
+  } else {
+    const GemmAct act = c.mlp == MlpKind::gelu_exact ? GemmAct::gelu_erf : GemmAct::gelu_tanh;
+    blocks::gemm_bf16_in(xbb, Lb.w1, L.b1, hbb, DType::bf16, n, C, Hd, 0.0f, act, &P.w1);
+  }
+  blocks::gemm_bf16_in(hbb, Lb.w2, L.b2, xo, DType::f32, n, Hd, C, 1.0f, GemmAct::none, &P.w2);
 }
 
 void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, bool all_logits) {
@@ -319,10 +439,15 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
     cache.len += 1;
     return;
   }
-  for (int l = 0; l < c.n_layers; ++l) block(l, S, cache, nullptr);
-  cache.len += S;
-  // Only the rows whose logits are wanted go through the final norm and the classifier.
+  // Only the rows whose logits are wanted go on past the last layer's attention (every layer's
+  // keys and values are kept for all rows), and through the final norm and the classifier.
   const std::int64_t first = all_logits ? 0 : S - 1, n = S - first;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::int64_t r0 = l == c.n_layers - 1 ? first : 0;
+    if (opt_.gemm_inputs == DType::bf16 && S > blocks::kGemvMaxRows) block_gemm_bf16(l, S, r0, cache);
+    else block(l, S, r0, cache, nullptr);
+  }
+  cache.len += S;
   float* xf = xb_.ptr<float>();
   norm(c, xf, x_.ptr<float>() + first * c.dim, w_.normf_w, w_.normf_b, n);
   project(xf, w_.wcls, wcls_bf16_, nullptr, logits, n, c.dim, c.vocab_size);
@@ -476,7 +601,7 @@ void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
   trace.layers.clear();
   trace.layers.resize(static_cast<std::size_t>(c.n_layers));
   blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, 0);
-  for (int l = 0; l < c.n_layers; ++l) block(l, S, cache, &trace.layers[static_cast<std::size_t>(l)]);
+  for (int l = 0; l < c.n_layers; ++l) block(l, S, 0, cache, &trace.layers[static_cast<std::size_t>(l)]);
   trace.logits = Buffer(DType::f32, {S, c.vocab_size});
   norm(c, xb_.ptr<float>(), x_.ptr<float>(), w_.normf_w, w_.normf_b, S);
   project(xb_.ptr<float>(), w_.wcls, wcls_bf16_, nullptr, trace.logits.ptr<float>(), S, c.dim, c.vocab_size);

@@ -216,6 +216,58 @@ TEST(GoldenModel, Bf16GemmInputsGqa) {
   check_bf16_gemm("tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"));
 }
 
+// A prefill that wants only the last position's logits runs the last layer past its attention on
+// that one row (Model::forward). Against the golden torch logits of that position, with each
+// mode's tolerance from the tests above, and against the same model's all-positions forward: the
+// last layer's W_O and MLP then run on 1 row instead of S (a GEMV for f32 weights, oneDNN with
+// M = 1 for bf16 GEMM inputs), so only f32 summation orders differ: 1e-4 · max|logit| (observed
+// ≤ 3e-5). With bf16 GEMM inputs the all-positions forward also runs the classifier as a GEMM on
+// rows rounded to bf16, where the one-row call takes the GEMV on f32 rows: one rounding stage
+// apart, the bound of check_bf16_gemm for one stage, 8 · 2^-9 · max|logit|.
+TEST(GoldenModel, LastPositionOnlyPrefillMatchesAllPositions) {
+  struct Case {
+    std::string name;
+    qkv::Weights w;
+  };
+  const Case cases[] = {
+      {"stories260K", qkv::load_llama2c(std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin")},
+      {"tiny_gpt2", qkv::load_safetensors(kGolden + "tiny_gpt2.safetensors", kGolden + "tiny_gpt2.json")},
+      {"tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors")}};
+  for (const Case& cs : cases) {
+    const Golden g = read_golden(cs.name);
+    double max_logit = 0;
+    for (float v : g.logits) max_logit = std::max(max_logit, std::abs(double(v)));
+    const double tol_bf16 = 8.0 * std::ldexp(1.0, -9) * max_logit;  // as check_bf16 / check_bf16_gemm
+    struct Mode {
+      qkv::ModelOptions opt;
+      double tol_torch, tol_all;
+    };
+    const Mode modes[] = {{qkv::ModelOptions{}, 1e-4, 1e-4 * max_logit},
+                          {qkv::ModelOptions{qkv::DType::bf16}, tol_bf16, 1e-4 * max_logit},
+                          {qkv::ModelOptions{qkv::DType::bf16, 0, qkv::DType::bf16}, 2.0 * tol_bf16, tol_bf16}};
+    for (const auto& [opt, tol_torch, tol_all] : modes) {
+      qkv::Model m(cs.w, opt);
+      std::vector<float> all(g.logits.size()), last(static_cast<std::size_t>(g.V));
+      qkv::KvCache ca(m.config()), cl(m.config());
+      m.forward(g.tokens, ca, all.data(), true);
+      m.forward(g.tokens, cl, last.data());
+      double err_all = 0, err_torch = 0;
+      const std::size_t row = static_cast<std::size_t>((g.S - 1) * g.V);
+      for (std::int64_t v = 0; v < g.V; ++v) {
+        err_all = std::max(err_all, std::abs(double(last[v]) - all[row + v]));
+        err_torch = std::max(err_torch, std::abs(double(last[v]) - g.logits[row + v]));
+      }
+      std::printf("%s weights %s, GEMM inputs %s: last-position prefill vs all positions %.3g (tolerance %.3g), "
+                  "vs torch fp32 %.3g (tolerance %.3g)\n",
+                  cs.name.c_str(), qkv::dtype_name(opt.weights), qkv::dtype_name(opt.gemm_inputs), err_all,
+                  tol_all, err_torch, tol_torch);
+      EXPECT_LT(err_all, tol_all);
+      EXPECT_LT(err_torch, tol_torch);
+      EXPECT_EQ(cl.len, g.S);
+    }
+  }
+}
+
 TEST(GoldenModel, RefusesOtherWeightDtypes) {
   // bf16 GEMM inputs need bf16 weights; other dtypes are refused.
   EXPECT_THROW(qkv::Model(qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"),
