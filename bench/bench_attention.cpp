@@ -4,6 +4,7 @@
 //
 //   bench_attention [--peak]            also measure the machine's FMA peak and read bandwidth
 //   bench_attention --memory-probe      S = 65536, B = H = 1, D = 64: extra peak memory of one call
+//   bench_attention --small-grid        only the short sequences, where per-call costs show (run_bench.py --small)
 //   any Google Benchmark flag (--benchmark_filter, --benchmark_repetitions, ...)
 //
 // Case names: fwd/<kernel>/<dtype>/B<B>/H<H>/Hkv<Hkv>/S<S>/D<D>/<causal|full>/T<threads>
@@ -103,6 +104,17 @@ void register_grid() {
       for (std::int64_t S : {1024, 4096, 16384, 32768}) add({1, 16, hkv, 1, S, 128, false, t, A, 2}, true);
 }
 
+// The short sequences (run_bench.py --small), where per-call costs and the split of few work items
+// over the threads matter: B ∈ {1, 4}, H = 16, D ∈ {64, 128}, S ∈ {256, 512}, causal and not,
+// f32 and bf16, 2 threads.
+void register_small_grid() {
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::int64_t B : {1, 4})
+      for (std::int64_t D : {64, 128})
+        for (std::int64_t S : {256, 512})
+          for (bool c : {false, true}) add({B, 16, 16, S, S, D, c, t, Kernel::automatic, 2}, false);
+}
+
 long max_rss_kb() {
   rusage r{};
   getrusage(RUSAGE_SELF, &r);
@@ -132,10 +144,11 @@ int memory_probe() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool peak = false;
+  bool peak = false, small = false;
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--peak") == 0) peak = true;
+    else if (std::strcmp(argv[i], "--small-grid") == 0) small = true;
     else if (std::strcmp(argv[i], "--memory-probe") == 0) return memory_probe();
     else rest.push_back(argv[i]);
   }
@@ -147,7 +160,8 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("read_bandwidth_gbs_2t", std::to_string(qkv_bench::read_bandwidth_gbs(2)));
   }
   benchmark::AddCustomContext("qkv_isa", qkv::isa_name(qkv::active_isa()));
-  register_grid();
+  if (small) register_small_grid();
+  else register_grid();
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
   benchmark::RunSpecifiedBenchmarks();

@@ -5,6 +5,7 @@ scaled_dot_product_attention and, where the `ggml` package is installed, ggml's 
 rewrites the generated section of BENCHMARKS.md.
 
     python3 bench/run_bench.py [--build build] [--reps 3] [--quick] [--ggml auto|off]
+    python3 bench/run_bench.py --small [--reps 5]   # S ∈ {256, 512} rows only; prints, writes nothing
 
 Measured here, in this run: the machine's fp32 FMA peak and read bandwidth (bench_attention
 --peak). FLOP model: 4·B·H·Sq·Skv·D, halved for causal. Times are medians of --reps repeats.
@@ -88,12 +89,17 @@ def main():
     ap.add_argument("--quick", action="store_true", help="S ≤ 2048 only (a smoke run, not for the table)")
     ap.add_argument("--ggml", choices=("auto", "off"), default="auto",
                     help="auto: also time ggml where the ggml package is importable")
+    ap.add_argument("--small", action="store_true",
+                    help="only the short-sequence grid (bench_attention --small-grid) against torch; prints the table "
+                         "and writes no file")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     exe = os.path.join(args.build, "bench", "bench_attention")
     started = time.time()
 
     flt = ["--benchmark_filter=/(S|Skv)(256|512|1024|2048)/"] if args.quick else []
+    if args.small:
+        flt, args.ggml = ["--small-grid"], "off"
     # Both sides run with OMP_WAIT_POLICY=PASSIVE: on a shared machine, threads spinning at
     # OpenMP barriers cost small calls several times their work (measured: 41.9 ms active vs
     # 10.9 ms passive for S = 256, D = 64 while others compiled).
@@ -114,7 +120,8 @@ def main():
         c["time_s"] = b["real_time"] / 1e3  # unit: ms
         c["label"] = b.get("label", "")
         cases[b["run_name"].replace("/real_time", "")] = c
-    mem = json.loads(subprocess.run([exe, "--memory-probe"], check=True, capture_output=True, text=True).stdout)
+    mem = None if args.small else \
+        json.loads(subprocess.run([exe, "--memory-probe"], check=True, capture_output=True, text=True).stdout)
 
     peers = {}
     for c in cases.values():
@@ -141,6 +148,9 @@ def main():
                   torch=torch_out["torch"], ggml=ggml_version, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
                   cpu=ctx.get("host_name", ""), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   wall_s=time.time() - started, cases=list(cases.values()))
+    if args.small:
+        print(write_table(result, path=None))
+        return
     with open(os.path.join(OUT, "forward.json"), "w") as f:
         json.dump(result, f, indent=1)
     table = write_table(result)
@@ -155,7 +165,7 @@ def fmt_case(c):
     return s + f" D{c['D']}" + (" causal" if c["causal"] else "")
 
 
-def write_table(r):
+def write_table(r, path=os.path.join(OUT, "forward.md")):
     lines = [f"Measured in this run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads "
              f"({r['peak_gflops_1t']:.0f} on 1; AVX2 only: {r['peak_avx2_gflops']:.0f}), read bandwidth "
              f"{r['read_gbs']:.1f} GB/s. PyTorch {r['torch']}; ggml-py {r.get('ggml') or '(not installed)'}; "
@@ -173,7 +183,7 @@ def write_table(r):
         lines.append(f"| {fmt_case(c)} | {c['dtype']} | {c['T']} | {c['label']} | {c['time_s'] * 1e3:.2f} | {g:.0f} | "
                      f"{extra} | {t} | {ratio} | {gt} | {gratio} |")
     m = r["memory"]
-    lines += ["", f"Memory: S = {m['S']}, B = H = 1, D = {m['D']} ({m['kernel']}): extra peak RSS "
+    lines += [""] if m is None else ["", f"Memory: S = {m['S']}, B = H = 1, D = {m['D']} ({m['kernel']}): extra peak RSS "
               f"{m['extra_peak_MB']:.1f} MB beyond the {m['inputs_MB']:.0f} MB of q, k, v, out."]
     ratios = [c["torch_s"] / c["time_s"] for c in r["cases"] if c["torch_s"] and c["kind"] == "fwd"]
     if ratios:
@@ -184,8 +194,9 @@ def write_table(r):
         lines.append(f"Forward qkv / ggml speed ratio over the rows ggml ran (S ≤ 4096): median "
                      f"{statistics.median(gr):.2f}×, min {min(gr):.2f}×, max {max(gr):.2f}×.")
     table = "\n".join(lines) + "\n"
-    with open(os.path.join(OUT, "forward.md"), "w") as f:
-        f.write(table)
+    if path:
+        with open(path, "w") as f:
+            f.write(table)
     return table
 
 
