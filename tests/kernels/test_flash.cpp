@@ -18,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "qkv/attention.hpp"
@@ -337,7 +338,9 @@ TEST_P(FlashCases, MatchesReference) { run_case(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(All, FlashCases, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
-// Same bits for 1, 2 and 3 threads, for both kernels and dtypes (work is split by shape only).
+// Same bits for 1, 2 and 3 threads, for both kernels and dtypes. The forward case also changes
+// its query blocks with the thread count (1 and 2 threads: 150 rows; 3 threads: 78, to give
+// each thread 8 items): a row's result must not depend on them.
 TEST(Flash, BitIdenticalAcrossThreadCounts) {
   const Case c{"threads", 2, 4, 2, 300, 1100, 64, 64, true, Align::bottom_right};
   const Case d{"threads_decode", 1, 4, 1, 2, 3000, 64, 64};
@@ -363,6 +366,53 @@ TEST(Flash, BitIdenticalAcrossThreadCounts) {
       EXPECT_EQ(results[0], results[1]) << cc->name;
       EXPECT_EQ(results[0], results[2]) << cc->name;
     }
+}
+
+// Several caller threads running attention at once (each with its own OpenMP team of 2, all
+// leasing scratch from the one pool): every call gives the bits of the same call made alone.
+// Shapes differ per caller (forward and decode, f32 and bf16), so their scratch sizes differ.
+TEST(Flash, ConcurrentCallersGetTheirOwnResults) {
+  const Case cases[] = {{"conc_fwd", 1, 4, 2, 97, 130, 64, 48, true},
+                        {"conc_fwd_big", 2, 3, 3, 200, 200, 128, 128},
+                        {"conc_decode", 1, 8, 2, 1, 1500, 64, 64},
+                        {"conc_fwd_small", 1, 2, 1, 7, 9, 16, 16}};
+  struct Run {
+    const Case* c;
+    DType t;
+    Inputs in;
+    std::vector<unsigned char> alone;
+  };
+  std::vector<Run> runs;
+  for (const Case& c : cases)
+    for (DType t : {DType::f32, DType::bf16}) runs.push_back({&c, t, make_inputs(c, t, 11u), {}});
+  // One call: out and lse as bytes.
+  auto call = [](const Run& r) {
+    const Case& c = *r.c;
+    Tensor q(r.t, {c.B, c.H, c.Sq, c.D}, false), k(r.t, {c.B, c.Hkv, c.Skv, c.D}, false),
+        v(r.t, {c.B, c.Hkv, c.Skv, c.Dv}, false), out(r.t, {c.B, c.H, c.Sq, c.Dv}, false);
+    q.fill(r.in.q), k.fill(r.in.k), v.fill(r.in.v);
+    Buffer lse(DType::f32, {c.B, c.H, c.Sq});
+    auto o = options(c, r.in);
+    o.num_threads = 2;
+    qkv::attention(q.view, k.view, v.view, out.view, o, lse.view());
+    std::vector<unsigned char> bytes(static_cast<const unsigned char*>(out.buf.data()),
+                                     static_cast<const unsigned char*>(out.buf.data()) + out.buf.bytes());
+    bytes.insert(bytes.end(), lse.ptr<unsigned char>(), lse.ptr<unsigned char>() + lse.bytes());
+    return bytes;
+  };
+  for (Run& r : runs) r.alone = call(r);
+  std::vector<int> mismatches(runs.size(), 0);
+  std::vector<std::thread> callers;
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    callers.emplace_back([&, i] {
+      for (int rep = 0; rep < 6; ++rep) mismatches[i] += call(runs[i]) != runs[i].alone;
+    });
+  for (auto& th : callers) th.join();
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    std::printf("%s %s: %d of 6 concurrent calls differ from the call made alone\n", runs[i].c->name,
+                qkv::dtype_name(runs[i].t), mismatches[i]);
+    EXPECT_EQ(mismatches[i], 0) << runs[i].c->name;
+  }
 }
 
 // Packed variable-length batches run as one parallel loop over all sequences: each sequence must

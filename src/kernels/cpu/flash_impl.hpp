@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/scratch.hpp"
 #include "kernels/cpu/flash.hpp"
 #include "kernels/cpu/simd_common.hpp"
 
@@ -47,15 +48,22 @@ inline i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 inline i64 imax(i64 a, i64 b) { return a > b ? a : b; }
 inline i64 round_up(i64 x, i64 m) { return (x + m - 1) / m * m; }
 
-// Aligned scratch, freed on scope exit (no std::vector: see the note at the top).
+// 64-byte aligned scratch leased from the pool (core/scratch.hpp) and given back on scope exit
+// (no std::vector: see the note at the top). Lease it on the calling thread, outside parallel
+// regions: the lease may throw std::bad_alloc.
 struct Scratch {
   void* p = nullptr;
-  explicit Scratch(i64 bytes) : p(std::aligned_alloc(64, static_cast<std::size_t>(round_up(imax(bytes, 64), 64)))) {}
-  ~Scratch() { std::free(p); }
+  std::size_t size = 0;
+  explicit Scratch(i64 bytes) : p(scratch_lease(static_cast<std::size_t>(imax(bytes, 64)), &size)) {}
+  ~Scratch() { scratch_return(p, size); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   float* f() const { return static_cast<float*>(p); }
 };
+
+// Floats of per-thread scratch rounded up to whole 4 KiB pages, so that threads never share a
+// cache line or a page of the block they lease together.
+inline i64 per_thread_floats(i64 floats) { return round_up(floats, 1024); }
 
 // Allowed keys [lo, hi) of query row i (see KeyRange in params.hpp); empty → lo = hi = 0.
 inline void key_range(const FlashArgs& a, i64 i, i64 key_len, i64* lo, i64* hi) {
@@ -78,6 +86,15 @@ inline void load_row(const FlashArgs& a, const void* base, i64 off, i64 stride, 
     const auto* s = static_cast<const float*>(base) + off;
     for (i64 x = 0; x < n; ++x) dst[x] = s[x * stride] * mul;
   }
+}
+
+// n elements of a unit-stride f32 row → dst · mul (the same products as load_row, by vectors).
+template <class S>
+inline void scale_row(const float* src, i64 n, float mul, float* dst) {
+  const auto vm = S::set1(mul);
+  i64 x = 0;
+  for (; x + S::L <= n; x += S::L) S::storeu(dst + x, S::mul(S::loadu(src + x), vm));
+  if (x < n) S::store_n(dst + x, S::mul(S::load_n(src + x, static_cast<int>(n - x)), vm), static_cast<int>(n - x));
 }
 
 // n elements of a unit-stride bf16 row → dst[0, round_up(n, L)) as f32, zeros past n.
@@ -283,8 +300,10 @@ struct OperandsF32 {
   // Rows [0, nrows) from q[b, h, i0 + r, :], rows [nrows, npad) zero.
   void load_q(i64 b, i64 h, i64 i0, int nrows, int npad) {
     for (int r = 0; r < npad; ++r) {
-      if (r < nrows) load_row(a, a.q, b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2], a.sq[3], D, a.scale_log2, Qs + r * D);
-      else std::memset(Qs + r * D, 0, sizeof(float) * static_cast<std::size_t>(D));
+      const i64 off = b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2];
+      if (r >= nrows) std::memset(Qs + r * D, 0, sizeof(float) * static_cast<std::size_t>(D));
+      else if (!a.bf16 && a.sq[3] == 1) scale_row<S>(static_cast<const float*>(a.q) + off, D, a.scale_log2, Qs + r * D);
+      else load_row(a, a.q, off, a.sq[3], D, a.scale_log2, Qs + r * D);
     }
   }
   // Keys [j_lo, j_hi) of the tile starting at t0 (only those are read; other columns are masked).
@@ -335,35 +354,68 @@ struct OperandsF32 {
   }
 };
 
+// How forward() cuts a call's query rows into blocks: nqb blocks of mb rows (the last may be
+// shorter); mb is a multiple of kRows, at most kMb.
+struct Blocks {
+  i64 first;  // index of the call's first work item (b, h, block)
+  i64 nqb, mb;
+};
+
+// Work items per thread below which forward() cuts smaller blocks: with dynamic scheduling the
+// threads finish at most one item apart, so 8 items each bound the idle tail to about 1/16.
+constexpr i64 kItemsPerThread = 8;
+// The smallest block it cuts (8 strips): below that, converting each K/V tile once per block
+// starts to cost more than the tail it saves.
+constexpr i64 kMinMb = 48;
+
+// Blocks of equal size (to a strip) for Sq rows in about Sq / target rows each.
+inline Blocks even_blocks(i64 Sq, i64 target) {
+  const i64 nqb = imax(1, (Sq + target - 1) / target);
+  const i64 mb = round_up((Sq + nqb - 1) / nqb, kRows);
+  return {0, imax(1, (Sq + mb - 1) / mb), mb};
+}
+
 // list[0, n): independent calls sharing D, Dv, dtypes and threads (one per sequence of a
 // varlen batch, or just one); their work items go through a single parallel loop.
 template <class S, class Ops>
 void forward(const FlashArgs* list, i64 n) {
+  const int threads = list[0].threads;
   const i64 Dvp = round_up(list[0].Dv, Ops::kVc);
-  // first[c]: index of call c's first work item (b, h, query block); first[n]: the total.
-  Scratch first_mem((n + 1) * static_cast<i64>(sizeof(i64)));
-  auto* first = static_cast<i64*>(first_mem.p);
-  first[0] = 0;
+  // Block size: kMb rows (each K/V tile converted once serves 192 rows), cut evenly so that a
+  // short last block does not leave a thread idle at the end (S = 256: 132 + 124, not
+  // 192 + 64), and halved while there are fewer than kItemsPerThread items per thread.
+  // A row's result does not depend on the blocks (each row's online softmax sees the same tiles
+  // in the same order), so this choice, which depends on the thread count, keeps the results
+  // bit-identical for every thread count.
+  i64 target = kMb, items_at_kmb = 0;
+  for (i64 c = 0; c < n; ++c) items_at_kmb += list[c].B * list[c].H * even_blocks(list[c].Sq, kMb).nqb;
+  for (i64 items = items_at_kmb; target / 2 >= kMinMb && items < kItemsPerThread * threads; items *= 2) target /= 2;
+  Scratch plan_mem((n + 1) * static_cast<i64>(sizeof(Blocks)));
+  auto* plan = static_cast<Blocks*>(plan_mem.p);  // plan[c] for call c; plan[n].first: the total
   i64 ops_floats = 0;
+  plan[0].first = 0;
   for (i64 c = 0; c < n; ++c) {
-    first[c + 1] = first[c] + list[c].B * list[c].H * ((list[c].Sq + kMb - 1) / kMb);
+    const Blocks bl = even_blocks(list[c].Sq, target);
+    plan[c].nqb = bl.nqb, plan[c].mb = bl.mb;
+    plan[c + 1].first = plan[c].first + list[c].B * list[c].H * bl.nqb;
     ops_floats = imax(ops_floats, Ops::scratch_floats(list[c]));
   }
-  const i64 items = first[n];
+  const i64 items = plan[n].first;
 
-  // Per-thread scratch (floats), laid out once per call:
+  // Per-thread scratch (floats), laid out once per call, one block of the pool for all threads
+  // (thread t at t · arena):
   //   Os [kMb][Dvp]  unnormalised output accumulators (Dvp = Dv rounded up to the P·V block)
   //   Ms [kMb]       running max (log2 units)
   //   Ls [kMb][L]    running sum, lane-wise (see softmax_row)
   //   Ps [kRows][kNt] one strip's scores, then probabilities
   //   then the operands' own scratch (Ops::scratch_floats: queries, K and V tiles)
   const i64 n_os = round_up(kMb * Dvp, 16);
-  const i64 arena = n_os + kMb + kMb * S::L + kRows * kNt + ops_floats;
+  const i64 arena = per_thread_floats(n_os + kMb + kMb * S::L + kRows * kNt + ops_floats);
+  Scratch mem(threads * arena * static_cast<i64>(sizeof(float)));
 
-#pragma omp parallel num_threads(list[0].threads)
+#pragma omp parallel num_threads(threads)
   {
-    Scratch mem(arena * static_cast<i64>(sizeof(float)));
-    float* Os = mem.f();
+    float* Os = mem.f() + omp_get_thread_num() * arena;
     float* Ms = Os + n_os;
     float* Ls = Ms + kMb;
     float* Ps = Ls + kMb * S::L;
@@ -372,20 +424,23 @@ void forward(const FlashArgs* list, i64 n) {
 
 #pragma omp for schedule(dynamic, 1)
     for (i64 item = 0; item < items; ++item) {
-      i64 c0 = 0, c1 = n;  // the call owning this item: first[c0] ≤ item < first[c0 + 1]
+      i64 c0 = 0, c1 = n;  // the call owning this item: plan[c0].first ≤ item < plan[c0 + 1].first
       while (c1 - c0 > 1) {
         const i64 mid = (c0 + c1) / 2;
-        (first[mid] <= item ? c0 : c1) = mid;
+        (plan[mid].first <= item ? c0 : c1) = mid;
       }
       const FlashArgs& a = list[c0];
       Ops ops(a, Ps + kRows * kNt);
       const i64 G = a.H / a.Hkv;
-      const i64 nqb = (a.Sq + kMb - 1) / kMb;
-      const i64 local = item - first[c0];
-      const i64 qb = local % nqb, h = (local / nqb) % a.H, b = local / (nqb * a.H);
+      const i64 nqb = plan[c0].nqb, mb = plan[c0].mb;
+      const i64 local = item - plan[c0].first;
+      const i64 h = (local / nqb) % a.H, b = local / (nqb * a.H);
+      // Causal: a head's blocks from the last (most keys) to the first, so that the items
+      // handed out last are the cheapest and the threads finish together.
+      const i64 qb = a.causal ? nqb - 1 - local % nqb : local % nqb;
       const i64 hk = h / G;
-      const i64 i0 = qb * kMb;
-      const int nrows = static_cast<int>(imin(kMb, a.Sq - i0));
+      const i64 i0 = qb * mb;
+      const int nrows = static_cast<int>(imin(mb, a.Sq - i0));
       const int nstrips = (nrows + kRows - 1) / kRows;
       const i64 klen = a.key_len[b];
 
@@ -543,11 +598,12 @@ void decode(const FlashArgs& a) {
   // Kr [Dp] one key row as f32 when not read in place, Vs [kNt][Dvp] the V tile as f32 when not
   // read in place, Ps [kDecRows][kNt].
   // Then the policy's own scratch (Ops::scratch_floats).
-  const i64 arena = kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Ops::scratch_floats(a);
+  // One block of the pool for all threads, thread t at t · arena.
+  const i64 arena = per_thread_floats(kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Ops::scratch_floats(a));
+  Scratch mem(a.threads * arena * 4);
 #pragma omp parallel num_threads(a.threads)
   {
-    Scratch mem(arena * 4);
-    float* Qd = mem.f();
+    float* Qd = mem.f() + omp_get_thread_num() * arena;
     float* Od = Qd + kDecRows * Dp;
     float* Kr = Od + kDecRows * Dvp;
     float* Vs = Kr + Dp;
