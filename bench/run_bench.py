@@ -144,7 +144,7 @@ def main():
         c["ggml_s"] = ggml_times.get(peer_key(c)) if c["kernel"] == "qkv" and c["T"] == 2 else None
 
     result = dict(peak_gflops=peak, peak_gflops_1t=float(ctx["fma_peak_gflops_1t"]),
-                  peak_avx2_gflops=float(ctx["fma_peak_avx2_gflops_2t"]), read_gbs=bw, memory=mem["memory_probe"],
+                  peak_avx2_gflops=float(ctx["fma_peak_avx2_gflops_2t"]), read_gbs=bw, memory=mem["memory_probe"] if mem else None,
                   torch=torch_out["torch"], ggml=ggml_version, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
                   cpu=ctx.get("host_name", ""), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   wall_s=time.time() - started, cases=list(cases.values()))

@@ -262,6 +262,18 @@ inline void pv_block(const float* p, const float* v, i64 ldv, i64 j0, i64 j1, fl
     for (int c = 0; c < NV; ++c) S::storeu(o + r * ldo + e0 + c * L, acc[r][c]);
 }
 
+// qk_block over nv ≤ N vectors of keys: the widest instantiation that is not wider than needed.
+template <class S, int N>
+inline void qk_narrow(int nv, const float* q, i64 ldq, const float* kt, i64 D, float* s, int c0) {
+  if constexpr (N > 1) {
+    if (nv < N) {
+      qk_narrow<S, N - 1>(nv, q, ldq, kt, D, s, c0);
+      return;
+    }
+  }
+  qk_block<S, N>(q, ldq, kt, D, s, c0);
+}
+
 // Register blocking per ISA: NQ vectors of keys in Q·Kᵀ (NQ·L divides kNt), NV vectors of
 // value columns in P·V. AVX-512: 6×4 + 4 = 28 zmm and 6×2 + 2 = 14 zmm; AVX2 (16 ymm): 6×2 + 2.
 template <class S>
@@ -343,10 +355,18 @@ struct OperandsF32 {
     vt = Vs;
     ldv = Dvp;
   }
-  // Scores (log2 units) of strip rows [r0, r0 + kRows) for the column blocks meeting [c_lo, c_hi).
+  // Scores (log2 units) of strip rows [r0, r0 + kRows) for the column vectors meeting [c_lo, c_hi);
+  // the columns left out are masked by the caller. On the causal diagonal a strip needs only the
+  // first keys of its tile: a narrower register block skips the rest (each column's sum is the
+  // same whatever the block width, so the scores do not change).
   void qk(int r0, float* Ps, i64 c_lo, i64 c_hi) const {
-    for (int c0 = 0; c0 < kNt; c0 += kQc)
-      if (c0 < c_hi && c0 + kQc > c_lo) qk_block<S, Blocking<S>::NQ>(Qs + r0 * D, D, Kt, D, Ps, c0);
+    constexpr int L = S::L;
+    for (int c0 = 0; c0 < kNt; c0 += kQc) {
+      if (c0 >= c_hi || c0 + kQc <= c_lo) continue;
+      const int v0 = static_cast<int>(imax(c_lo - c0, 0)) / L;
+      const int v1 = static_cast<int>((imin(c_hi - c0, kQc) + L - 1) / L);
+      qk_narrow<S, Blocking<S>::NQ>(v1 - v0, Qs + r0 * D, D, Kt, D, Ps, c0 + v0 * L);
+    }
   }
   // o[kRows][Dvp] += P[:, c_lo:c_hi] · V[c_lo:c_hi, :]
   void pv(const float* Ps, i64 c_lo, i64 c_hi, float* o) const {
