@@ -388,11 +388,12 @@ constexpr i64 kItemsPerThread = 8;
 // starts to cost more than the tail it saves.
 constexpr i64 kMinMb = 48;
 
-// Blocks of equal size (to a strip) for Sq rows in about Sq / target rows each.
+// Blocks of equal size (to a strip) for Sq rows in about Sq / target rows each (none for Sq = 0).
 inline Blocks even_blocks(i64 Sq, i64 target) {
-  const i64 nqb = imax(1, (Sq + target - 1) / target);
+  if (Sq <= 0) return {0, 0, kRows};
+  const i64 nqb = (Sq + target - 1) / target;
   const i64 mb = round_up((Sq + nqb - 1) / nqb, kRows);
-  return {0, imax(1, (Sq + mb - 1) / mb), mb};
+  return {0, (Sq + mb - 1) / mb, mb};
 }
 
 // list[0, n): independent calls sharing D, Dv, dtypes and threads (one per sequence of a
