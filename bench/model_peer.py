@@ -9,6 +9,10 @@ rows to bf16 too, as torch's bf16 mode does); then torch bf16's own figures.
 
     python3 bench/model_peer.py [--build build] [--repeats 5]
 
+Both sides compute the last position's logits only in prefill, and past the last layer's attention
+they finish that layer for the last position only (its other rows feed nothing but their cached keys
+and values): Model::forward's default and TorchModel.forward(all_logits=False).
+
 stories260K: prompt 128 tokens, decode 128. GPT-2-small shape (12 layers, 12 heads, d_model 768,
 context 1024, vocab 50257, random weights): prompt 512, decode 64. Medians of the repeats.
 """

@@ -128,24 +128,30 @@ class TorchModel:
                 cache["v"][l][pos0:pos0 + S] = v
                 k, v = cache["k"][l][:pos0 + S], cache["v"][l][:pos0 + S]
             Skv = k.shape[0]
+            Sq = S
+            if not all_logits and l == c["n_layers"] - 1:
+                # Past this point the last layer's other rows feed nothing (their keys and values
+                # are cached above): finish the layer for the last position only, as qkv's
+                # Model::forward does, so both sides do the same work.
+                q, x, Sq = q[-1:], x[-1:], 1
             k = k.repeat_interleave(H // Hkv, dim=1)
             v = v.repeat_interleave(H // Hkv, dim=1)
             # query s (position pos0 + s) sees keys t ≤ Skv − S + s
             if self.sdpa:
                 qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-                if S == 1:
+                if Sq == 1:
                     o = F.scaled_dot_product_attention(qh, kh, vh)
-                elif S == Skv:
+                elif Sq == Skv:
                     o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
                 else:
-                    allowed = torch.arange(Skv)[None, :] <= (Skv - S + torch.arange(S))[:, None]
+                    allowed = torch.arange(Skv)[None, :] <= (Skv - Sq + torch.arange(Sq))[:, None]
                     o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed)
-                att = o.transpose(0, 1).reshape(S, H * D)
+                att = o.transpose(0, 1).reshape(Sq, H * D)
             else:
                 scores = torch.einsum("shd,thd->hst", q, k) / math.sqrt(D)
-                allowed = torch.arange(Skv)[None, :] <= (Skv - S + torch.arange(S))[:, None]
+                allowed = torch.arange(Skv)[None, :] <= (Skv - Sq + torch.arange(Sq))[:, None]
                 scores = scores.masked_fill(~allowed, float("-inf"))
-                att = torch.einsum("hst,thd->shd", torch.softmax(scores, -1), v).reshape(S, H * D)
+                att = torch.einsum("hst,thd->shd", torch.softmax(scores, -1), v).reshape(Sq, H * D)
             x = x + self._lin(att, pre + "attention.wo")
             h = self._norm(x, pre + "ffn_norm")
             if c["mlp"] == "swiglu":
