@@ -434,7 +434,8 @@ void forward(const FlashArgs* list, i64 n) {
   const i64 arena = per_thread_floats(n_os + kMb + kMb * S::L + kRows * kNt + ops_floats);
   Scratch mem(threads * arena * static_cast<i64>(sizeof(float)));
 
-#pragma omp parallel num_threads(threads)
+  // One item needs no team: waking the other threads costs ≈ 10 µs (OMP_WAIT_POLICY=PASSIVE).
+#pragma omp parallel num_threads(threads) if (items > 1)
   {
     float* Os = mem.f() + omp_get_thread_num() * arena;
     float* Ms = Os + n_os;
@@ -622,7 +623,7 @@ void decode(const FlashArgs& a) {
   // One block of the pool for all threads, thread t at t · arena.
   const i64 arena = per_thread_floats(kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Ops::scratch_floats(a));
   Scratch mem(a.threads * arena * 4);
-#pragma omp parallel num_threads(a.threads)
+#pragma omp parallel num_threads(a.threads) if (items > 1)
   {
     float* Qd = mem.f() + omp_get_thread_num() * arena;
     float* Od = Qd + kDecRows * Dp;
