@@ -42,7 +42,7 @@ namespace {
 // 7.1.26: erfc(z) ≈ t·(a1 + t·(a2 + t·(a3 + t·(a4 + t·a5))))·e^(−z²), t = 1/(1 + p·z), absolute
 // error ≤ 1.5e-7, so |gelu error| ≤ 0.75e-7·|x| (f32 rounding of x is 6e-8·|x|). Writing the x < 0
 // branch as q itself avoids the cancellation of 1 − erf. e^(−z²) = e^(−x²/2) is also the Gaussian
-// density's, which the backward reuses: gelu'(x) = Φ(x) + x·φ(x), φ(x) = e^(−x²/2)/√(2π).
+// density's, which the slope reuses: gelu'(x) = Φ(x) + x·φ(x), φ(x) = e^(−x²/2)/√(2π).
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
@@ -60,16 +60,14 @@ struct GeluParts {
   return {x < 0.0f ? q : 2.0f - q, gauss};
 }
 
-[[gnu::always_inline]] inline void gelu_fwd_body(float* out, const float* x, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) out[i] = 0.5f * x[i] * gelu_parts(x[i]).cdf2;
-}
-
-[[gnu::always_inline]] inline void gelu_bwd_body(float* dx, const float* x, const float* dout, std::int64_t n) {
+// slope may alias x: element i is read before it is written, and no other element is touched.
+[[gnu::always_inline]] inline void gelu_fwd_body(float* out, float* slope, const float* x, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) {
-    const GeluParts g = gelu_parts(x[i]);
-    dx[i] = dout[i] * (0.5f * g.cdf2 + x[i] * kInvSqrt2Pi * g.gauss);
+    const float xi = x[i];
+    const GeluParts g = gelu_parts(xi);
+    out[i] = 0.5f * xi * g.cdf2;
+    slope[i] = 0.5f * g.cdf2 + xi * kInvSqrt2Pi * g.gauss;
   }
 }
 
@@ -128,8 +126,7 @@ struct GeluParts {
   }
 }
 
-QKV_PER_ISA(gelu_fwd, gelu_fwd_body, (float* o, const float* x, std::int64_t n), (o, x, n))
-QKV_PER_ISA(gelu_bwd, gelu_bwd_body, (float* dx, const float* x, const float* d, std::int64_t n), (dx, x, d, n))
+QKV_PER_ISA(gelu_fwd, gelu_fwd_body, (float* o, float* s, const float* x, std::int64_t n), (o, s, x, n))
 QKV_PER_ISA(xent, softmax_xent_body,
             (float* p, float* loss, const float* l, const std::int32_t* t, std::int64_t N, std::int64_t V),
             (p, loss, l, t, N, V))
@@ -140,15 +137,14 @@ QKV_PER_ISA(ln_bwd, layernorm_bwd_body,
 
 struct Kernels {
   decltype(&gelu_fwd_base) gelu_fwd;
-  decltype(&gelu_bwd_base) gelu_bwd;
   decltype(&xent_base) xent;
   decltype(&ln_bwd_base) ln_bwd;
 };
 Kernels kernels() {
   const Isa isa = active_isa();
-  if (isa >= Isa::avx512) return {gelu_fwd_avx512, gelu_bwd_avx512, xent_avx512, ln_bwd_avx512};
-  if (isa >= Isa::avx2) return {gelu_fwd_avx2, gelu_bwd_avx2, xent_avx2, ln_bwd_avx2};
-  return {gelu_fwd_base, gelu_bwd_base, xent_base, ln_bwd_base};
+  if (isa >= Isa::avx512) return {gelu_fwd_avx512, xent_avx512, ln_bwd_avx512};
+  if (isa >= Isa::avx2) return {gelu_fwd_avx2, xent_avx2, ln_bwd_avx2};
+  return {gelu_fwd_base, xent_base, ln_bwd_base};
 }
 
 }  // namespace
@@ -255,32 +251,30 @@ void layernorm_backward<float>(float* dx, float* dw, float* db, const float* dou
 }
 
 template <class S>
-void gelu_forward(S* out, const S* x, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = S(0.5) * x[i] * (S(1) + std::erf(x[i] * static_cast<S>(M_SQRT1_2)));
+void gelu_forward(S* out, S* slope, const S* x, std::int64_t n) {
+  // d/dx x·Φ(x) = Φ(x) + x·φ(x), Φ the standard normal CDF ½(1 + erf(x/√2)) and φ(x) = e^(−x²/2)/√(2π)
+  // its density.
+  const S inv_sqrt_2pi = static_cast<S>(0.39894228040143267794);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const S v = x[i];
+    const S cdf = S(0.5) * (S(1) + std::erf(v * static_cast<S>(M_SQRT1_2)));
+    out[i] = v * cdf;
+    slope[i] = cdf + v * inv_sqrt_2pi * std::exp(-S(0.5) * v * v);
+  }
 }
 
 // f32: the vectorised kernel (blocks::gelu_exact_forward, the inference layer, computes the same
 // function with std::erf; the two differ by ≤ ~1e-7 · |x|).
 template <>
-void gelu_forward<float>(float* out, const float* x, std::int64_t n) {
-  kernels().gelu_fwd(out, x, n);
+void gelu_forward<float>(float* out, float* slope, const float* x, std::int64_t n) {
+  kernels().gelu_fwd(out, slope, x, n);
 }
 
 template <class S>
-void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n) {
-  // In the forward pass this was x·Φ(x), Φ the standard normal CDF ½(1 + erf(x/√2)), so now
-  // d/dx = Φ(x) + x·φ(x) with the density φ(x) = e^(−x²/2)/√(2π).
-  const S inv_sqrt_2pi = static_cast<S>(0.39894228040143267794);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const S v = x[i];
-    const S cdf = S(0.5) * (S(1) + std::erf(v * static_cast<S>(M_SQRT1_2)));
-    dx[i] = dout[i] * (cdf + v * inv_sqrt_2pi * std::exp(-S(0.5) * v * v));
-  }
-}
-
-template <>
-void gelu_backward<float>(float* dx, const float* x, const float* dout, std::int64_t n) {
-  kernels().gelu_bwd(dx, x, dout, n);  // the same derivative as above, vectorised
+void gelu_backward(S* dx, const S* slope, const S* dout, std::int64_t n) {
+  // In the forward pass this was out = gelu(x), whose derivative the forward kept as slope.
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) dx[i] = dout[i] * slope[i];
 }
 
 template <class S>
@@ -379,7 +373,7 @@ void dense_backward<double>(const double* x, const double* W, const double* dy, 
   template void layernorm_forward<S>(S*, S*, S*, const S*, const S*, const S*, std::int64_t, std::int64_t);     \
   template void layernorm_backward<S>(S*, S*, S*, const S*, const S*, const S*, const S*, const S*,             \
                                       std::int64_t, std::int64_t);                                              \
-  template void gelu_forward<S>(S*, const S*, std::int64_t);                                                    \
+  template void gelu_forward<S>(S*, S*, const S*, std::int64_t);                                                \
   template void gelu_backward<S>(S*, const S*, const S*, std::int64_t);                                         \
   template double crossentropy_forward<S>(S*, S*, const S*, const std::int32_t*, std::int64_t, std::int64_t);   \
   template void crossentropy_backward<S>(S*, const S*, const std::int32_t*, std::int64_t, std::int64_t, S);

@@ -41,13 +41,15 @@ template <class S>
 void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S* w,
                         const S* mean, const S* rstd, std::int64_t N, std::int64_t C);
 
-// GELU, exact (erf) form — torch.nn.GELU(), as nanoGPT uses:          x, out [n]
-//   out = x·Φ(x) = ½x(1 + erf(x/√2))
+// GELU, exact (erf) form — torch.nn.GELU(), as nanoGPT uses:     x, out, slope [n]
+//   out = x·Φ(x) = ½x(1 + erf(x/√2)),  slope = gelu'(x) = Φ(x) + x·φ(x),  φ(x) = e^(−x²/2)/√(2π).
+// The slope is what the backward needs, and the forward has Φ and φ at hand: keeping it saves the
+// backward a second erf and exp. slope may be x's own memory (x is then overwritten).
 template <class S>
-void gelu_forward(S* out, const S* x, std::int64_t n);
-// dx = dout · (Φ(x) + x·φ(x)),  φ(x) = e^(−x²/2)/√(2π)  (overwrites dx).
+void gelu_forward(S* out, S* slope, const S* x, std::int64_t n);
+// dx = dout · slope  (overwrites dx; slope from gelu_forward).
 template <class S>
-void gelu_backward(S* dx, const S* x, const S* dout, std::int64_t n);
+void gelu_backward(S* dx, const S* slope, const S* dout, std::int64_t n);
 
 // Softmax cross-entropy of every position at once.
 //   logits [N, V] → probs [N, V] (softmax; may be the logits' own memory), losses [N] =

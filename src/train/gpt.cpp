@@ -218,7 +218,7 @@ double Gpt<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) 
       blocks::typed::dense_forward(atty_.data() + i * C, w.projw, w.projb, mid, n, C, C, true);
       blocks::typed::layernorm_forward(ln2, ln2_mean_.data() + i, ln2_rstd_.data() + i, mid, w.ln2w, w.ln2b, n, C);
       blocks::typed::dense_forward(ln2, w.fcw, w.fcb, fch, n, C, 4 * C);
-      blocks::typed::gelu_forward(fch_gelu, fch, n * 4 * C);
+      blocks::typed::gelu_forward(fch_gelu, fch, fch, n * 4 * C);  // fch now holds gelu'(c_fc output)
       std::copy(mid, mid + n * C, x_next);
       blocks::typed::dense_forward(fch_gelu, w.fcprojw, w.fcprojb, x_next, n, 4 * C, C, true);
       if (l + 1 < L) {
@@ -251,7 +251,7 @@ void Gpt<S>::block_backward_to_attention(std::int64_t l, S* G, std::int64_t n0, 
   // ∂L/∂x_next; the skip path hands it to mid unchanged, the MLP branch adds its part below.
   blocks::typed::dense_backward(fch_gelu_.data() + i * 4 * C, w.fcprojw, dresid, dfch_gelu, g.fcprojw, g.fcprojb, n,
                                 4 * C, C, false);
-  blocks::typed::gelu_backward(dfch, fch_.data() + i * 4 * C, dfch_gelu, n * 4 * C);
+  blocks::typed::gelu_backward(dfch, fch_.data() + i * 4 * C, dfch_gelu, n * 4 * C);  // fch_: the slope
   blocks::typed::dense_backward(ln2_.data() + i * C, w.fcw, dfch, dln, g.fcw, g.fcb, n, C, 4 * C, false);
   blocks::typed::layernorm_backward(dresid, g.ln2w, g.ln2b, dln, resid_mid_.data() + i * C, w.ln2w,
                                     ln2_mean_.data() + i, ln2_rstd_.data() + i, n, C);

@@ -104,7 +104,7 @@ class Gpt {
   std::vector<S> lse_;        // [L, B, H, T] logsumexp of each attention row (for the backward)
   std::vector<S> resid_mid_;  // [L, N, C]   residual stream after the attention half
   std::vector<S> ln2_, ln2_mean_, ln2_rstd_;
-  std::vector<S> fch_;        // [L, N, 4C]  c_fc output (GELU input)
+  std::vector<S> fch_;        // [L, N, 4C]  c_fc output (GELU input), then GELU's slope there (backward)
   std::vector<S> fch_gelu_;   // [L, N, 4C]
   std::vector<S> lnf_, lnf_mean_, lnf_rstd_;  // [N, C], [N], [N]
   std::vector<S> probs_;      // [N, V] softmax of the logits
