@@ -117,6 +117,18 @@ void pack_kv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int6
   std::memset(KT, 0, static_cast<std::size_t>(D * kBk) * sizeof(float));
   std::memset(VT, 0, static_cast<std::size_t>(Dv * kBk) * sizeof(float));
   std::memset(Kr, 0, static_cast<std::size_t>(kBk * Dp) * sizeof(float));
+  if (k.dtype == DType::f32 && v.dtype == DType::f32 && k.stride(3) == 1 && v.stride(3) == 1) {
+    // The common case, read in place rather than through load_row: no memcpy call per row and
+    // no row buffer (qkv train, D = 32: memcpy + packing 5.2% → 4.6% of the CPU time, perf).
+    for (std::int64_t j = 0; j < nk; ++j) {
+      const float* ks = k.ptr<float>() + k.offset(b, hk, k0 + j, 0);
+      const float* vs = v.ptr<float>() + v.offset(b, hk, k0 + j, 0);
+      float* kr = Kr + j * Dp;
+      for (std::int64_t d = 0; d < D; ++d) KT[d * kBk + j] = kr[d] = ks[d];
+      for (std::int64_t e = 0; e < Dv; ++e) VT[e * kBk + j] = vs[e];
+    }
+    return;
+  }
   float vrow[256];
   for (std::int64_t j = 0; j < nk; ++j) {
     float* kr = Kr + j * Dp;
