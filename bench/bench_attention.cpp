@@ -2,7 +2,7 @@
 // PyTorch in the same run). Reports, per case, FLOP = 4·B·H·Sq·Skv·D (halved for causal) as the
 // counter GFLOPs (a rate), and for decode the bytes of K and V read as GBs.
 //
-//   bench_attention [--peak]            also measure the machine's FMA peak and read bandwidth
+//   bench_attention [--peak]            also measure the machine's FMA peak, read bandwidth and STREAM triad
 //   bench_attention --memory-probe      S = 65536, B = H = 1, D = 64: extra peak memory of one call
 //   bench_attention --small-grid        only the short sequences, where per-call costs show (run_bench.py --small)
 //   any Google Benchmark flag (--benchmark_filter, --benchmark_repetitions, ...)
@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("fma_peak_gflops_1t", std::to_string(qkv_bench::fma_peak_gflops(1, avx512)));
     benchmark::AddCustomContext("fma_peak_avx2_gflops_2t", std::to_string(qkv_bench::fma_peak_gflops(2, false)));
     benchmark::AddCustomContext("read_bandwidth_gbs_2t", std::to_string(qkv_bench::read_bandwidth_gbs(2)));
+    benchmark::AddCustomContext("stream_triad_gbs_2t", std::to_string(qkv_bench::stream_triad_gbs(2)));
   }
   benchmark::AddCustomContext("qkv_isa", qkv::isa_name(qkv::active_isa()));
   if (small) register_small_grid();

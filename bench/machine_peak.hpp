@@ -1,9 +1,10 @@
-// The machine's own fp32 FMA peak and memory read bandwidth (see machine_peak.cpp).
+// The machine's own fp32 FMA peak and memory bandwidth (see machine_peak.cpp).
 #pragma once
 
 namespace qkv_bench {
 
 double fma_peak_gflops(int threads, bool avx512);  // best of 3, GFLOP/s
 double read_bandwidth_gbs(int threads);           // best of 5 sweeps over 512 MiB, GB/s
+double stream_triad_gbs(int threads);             // McCalpin's STREAM triad, best of 5, GB/s
 
 }  // namespace qkv_bench

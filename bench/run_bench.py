@@ -7,8 +7,9 @@ rewrites the generated section of BENCHMARKS.md.
     python3 bench/run_bench.py [--build build] [--reps 3] [--quick] [--ggml auto|off]
     python3 bench/run_bench.py --small [--reps 5]   # S ∈ {256, 512} rows only; prints, writes nothing
 
-Measured here, in this run: the machine's fp32 FMA peak and read bandwidth (bench_attention
---peak). FLOP model: 4·B·H·Sq·Skv·D, halved for causal. Times are medians of --reps repeats.
+Measured here, in this run: the machine's fp32 FMA peak, read bandwidth and STREAM triad
+(bench_attention --peak); decode rows give their K/V streaming rate as % of both (the read probe
+is the higher bar: decode only reads). FLOP model: 4·B·H·Sq·Skv·D, halved for causal. Times are medians of --reps repeats.
 PyTorch at its best CPU settings: torch.set_num_threads(2), OMP_WAIT_POLICY=PASSIVE, the
 default SDPA dispatch (its CPU flash-attention kernel for f32/bf16), contiguous [B, H, S, D].
 ggml (slow at long S, so on a subset of the grid: GGML_SHAPES): 2 threads, K/V in the row's dtype.
@@ -111,6 +112,7 @@ def main():
     ctx = gb["context"]
     peak = float(ctx["fma_peak_gflops_2t"])
     bw = float(ctx["read_bandwidth_gbs_2t"])
+    triad = float(ctx["stream_triad_gbs_2t"])
     cases = {}
     want = "aggregate" if args.reps > 1 else "iteration"  # Google Benchmark aggregates only for reps > 1
     for b in gb["benchmarks"]:
@@ -144,7 +146,7 @@ def main():
         c["ggml_s"] = ggml_times.get(peer_key(c)) if c["kernel"] == "qkv" and c["T"] == 2 else None
 
     result = dict(peak_gflops=peak, peak_gflops_1t=float(ctx["fma_peak_gflops_1t"]),
-                  peak_avx2_gflops=float(ctx["fma_peak_avx2_gflops_2t"]), read_gbs=bw, memory=mem["memory_probe"] if mem else None,
+                  peak_avx2_gflops=float(ctx["fma_peak_avx2_gflops_2t"]), read_gbs=bw, triad_gbs=triad, memory=mem["memory_probe"] if mem else None,
                   torch=torch_out["torch"], ggml=ggml_version, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
                   cpu=ctx.get("host_name", ""), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   wall_s=time.time() - started, cases=list(cases.values()))
@@ -168,13 +170,14 @@ def fmt_case(c):
 def write_table(r, path=os.path.join(OUT, "forward.md")):
     lines = [f"Measured in this run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads "
              f"({r['peak_gflops_1t']:.0f} on 1; AVX2 only: {r['peak_avx2_gflops']:.0f}), read bandwidth "
-             f"{r['read_gbs']:.1f} GB/s. PyTorch {r['torch']}; ggml-py {r.get('ggml') or '(not installed)'}; "
+             f"{r['read_gbs']:.1f} GB/s, STREAM triad {r['triad_gbs']:.1f} GB/s. PyTorch {r['torch']}; ggml-py {r.get('ggml') or '(not installed)'}; "
              f"OPENBLAS_CORETYPE={r['openblas_coretype']}; {r['date']}; run took {r['wall_s'] / 60:.1f} min.", "",
              "| case | dtype | threads | qkv kernel | qkv ms | GFLOP/s | % peak | torch ms | qkv / torch | ggml ms | qkv / ggml |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["cases"]:
         g = c["flop"] / c["time_s"] / 1e9
-        extra = f"{c['kv_bytes'] / c['time_s'] / 1e9:.1f} GB/s K,V ({100 * c['kv_bytes'] / c['time_s'] / 1e9 / r['read_gbs']:.0f}% bw)" \
+        gbs = c['kv_bytes'] / c['time_s'] / 1e9
+        extra = f"{gbs:.1f} GB/s K,V ({100 * gbs / r['read_gbs']:.0f}% read, {100 * gbs / r['triad_gbs']:.0f}% triad)" \
             if c["kind"] == "dec" else f"{100 * g / r['peak_gflops']:.0f}%"
         t = f"{c['torch_s'] * 1e3:.2f}" if c["torch_s"] else "—"
         ratio = f"{c['torch_s'] / c['time_s']:.2f}×" if c["torch_s"] else "—"
