@@ -7,15 +7,30 @@
 //
 // prefill: one forward over P prompt tokens into an empty cache (tokens/s = P / time);
 // decode:  N more tokens, each one query against the cache (tokens/s = N / time).
-// Prints the median of R repeats as one JSON line, which bench/model_peer.py reads.
+// Prints the median of R repeats as one JSON line, which bench/model_peer.py reads; with it the
+// process CPU time (CLOCK_PROCESS_CPUTIME_ID, all threads) of one prefill and of one decoded token,
+// medians too: on a shared machine that moves far less with the load than the wall time does.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
 #include "qkv/model.hpp"
+
+namespace {
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string model, config;
@@ -66,24 +81,29 @@ int main(int argc, char** argv) {
     std::vector<int> tokens(static_cast<std::size_t>(prompt + decode));
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int>((i * 7919 + 1) % static_cast<std::size_t>(c.vocab_size));
     std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
-    std::vector<double> pre, dec;
+    std::vector<double> pre, dec, pre_cpu, dec_cpu;
     using clock = std::chrono::steady_clock;
     for (int r = 0; r < repeats + 1; ++r) {  // the first round warms up (page faults, JIT, threads)
-      qkv::KvCache cache(c, prompt + decode);
+      qkv::KvCache cache = m.new_cache(prompt + decode);
+      const double c0 = cpu_seconds();
       auto t0 = clock::now();
       m.forward(std::span<const int>(tokens.data(), static_cast<std::size_t>(prompt)), cache, logits.data());
       auto t1 = clock::now();
+      const double c1 = cpu_seconds();
       for (std::int64_t s = prompt; s < prompt + decode; ++s)
         m.forward(std::span<const int>(tokens.data() + s, 1), cache, logits.data());
       auto t2 = clock::now();
+      const double c2 = cpu_seconds();
       if (r == 0) continue;
       pre.push_back(static_cast<double>(prompt) / std::chrono::duration<double>(t1 - t0).count());
       dec.push_back(static_cast<double>(decode) / std::chrono::duration<double>(t2 - t1).count());
+      pre_cpu.push_back(1e3 * (c1 - c0));
+      dec_cpu.push_back(decode > 0 ? 1e3 * (c2 - c1) / static_cast<double>(decode) : 0.0);
     }
-    std::sort(pre.begin(), pre.end());
-    std::sort(dec.begin(), dec.end());
-    std::printf("{\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"params\": %lld}\n", pre[pre.size() / 2],
-                dec[dec.size() / 2], static_cast<long long>(m.weights().num_params()));
+    std::printf("{\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"prefill_cpu_ms\": %.2f, "
+                "\"decode_cpu_ms_per_token\": %.3f, \"params\": %lld}\n",
+                median(pre), median(dec), median(pre_cpu), median(dec_cpu),
+                static_cast<long long>(m.weights().num_params()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_model: %s\n", e.what());
     return 1;

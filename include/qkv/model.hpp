@@ -175,10 +175,14 @@ class Tokenizer {
 // KV cache and the forward pass
 // ---------------------------------------------------------------------------------------------
 // Keys (after rotary) and values of every position seen so far.
-//   k, v: f32 [L, Hkv, capacity, D]; positions [0, len) are filled.
+//   k, v: f32 or bf16 [L, Hkv, capacity, D]; positions [0, len) are filled.
+// Model::forward takes either dtype in every mode. With a bf16 cache the attention runs on bf16
+// q, K, V (the bf16 flash kernels; q and the output rounded to bf16 as well) and the cache holds
+// half the bytes; Model::new_cache() gives the dtype the model's options are fastest with.
 struct KvCache {
   KvCache() = default;
-  KvCache(const Config& c, std::int64_t capacity = 0);  // capacity 0: the config's seq_len
+  // capacity 0: the config's seq_len; dtype f32 or bf16.
+  KvCache(const Config& c, std::int64_t capacity = 0, DType dtype = DType::f32);
   Buffer k, v;
   std::int64_t capacity = 0;
   std::int64_t len = 0;
@@ -215,7 +219,10 @@ struct Trace {
 // residual stream and decoding (≤ 4 rows: GEMV kernels) are unchanged. In this mode a prefill
 // multiplies by W_Q, W_K, W_V in one GEMM, does bias, residual add, GELU and the rounding to bf16
 // in the GEMMs' epilogues, and reads each layer matrix from a copy packed once in oneDNN's blocked
-// layout (a second bf16 copy of the layer matrices: ≈ 170 MB for GPT-2 small).
+// layout (a second bf16 copy of the layer matrices: ≈ 170 MB for GPT-2 small). With a bf16 KV cache
+// (new_cache() gives one in this mode) the fused projection writes bf16 q, k, v (models without
+// rotary; with rotary it writes f32 and the rotation rounds), the prefill's attention runs the bf16
+// flash kernel and writes bf16 rows straight into W_O's input.
 struct ModelOptions {
   DType weights = DType::f32;      // f32 or bf16
   int num_threads = 0;             // ≥ 0
@@ -228,6 +235,9 @@ class Model {
   const ModelOptions& options() const { return opt_; }
   const Config& config() const { return w_.config; }
   const Weights& weights() const { return w_; }
+  // An empty cache for this model: bf16 when options().gemm_inputs = bf16 (the mode whose prefill
+  // is fastest with bf16 attention), else f32 (the exact path). capacity 0: the config's seq_len.
+  KvCache new_cache(std::int64_t capacity = 0) const;
 
   // Runs `tokens` at positions cache.len … cache.len + S − 1 (appending their keys and values to
   // the cache) and writes logits: [V] for the last position, or [S, V] when all_logits.
@@ -243,8 +253,10 @@ class Model {
   // Activations for up to `rows_` positions: x, xb [S, C]; q, att [S, H·D]; k, v [S, Hkv·D];
   // hb, hb2 [S, Hd]; xf [S, C] (the final norm's output).
   // gemm_inputs = bf16 only: qkv [S, (H + 2·Hkv)·D] (the fused projection's output), xbb
-  // [S, max(C, H·D)] and hbb [S, Hd] bf16 (GEMM inputs).
-  Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, qkv_, xbb_, hbb_;
+  // [S, max(C, H·D)] and hbb [S, Hd] bf16 (GEMM inputs); with a bf16 cache qkv's first half holds
+  // the bf16 [S, (H + 2·Hkv)·D] instead. qb, ob [S, H·D] bf16: q and the attention's output when the
+  // cache is bf16 and the path has f32 q (block(), decode_step).
+  Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, qkv_, xbb_, hbb_, qb_, ob_;
   std::int64_t rows_ = 0;
   ModelOptions opt_;
   // weights = bf16: every projection matrix rounded to bf16 in one arena, with per-layer pointers
@@ -277,12 +289,17 @@ class Model {
   // block() for prefill with gemm_inputs = bf16: fused W_Q/W_K/W_V, GEMM epilogues (model.cpp).
   void block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cache);
   // Rotary on q and k (rows of ld_q, ld_kv floats: q [S, H·D], k, v [S, Hkv·D] in their first
-  // columns), k and v appended to layer l's cache at positions cache.len …, and the views that
-  // attention reads: q's rows r0 … S − 1, the cache's keys and values up to the new positions,
-  // att_ [S − r0, H·D] as the output (defined in model.cpp).
+  // columns), k and v appended to layer l's cache at positions cache.len … (rounded to bf16 for a
+  // bf16 cache, and then q's rows too, into qb_), and the views that attention reads: q's rows
+  // r0 … S − 1, the cache's keys and values up to the new positions, `out` [S − r0, H·D] in the
+  // cache's dtype as the output (defined in model.cpp).
   struct AttentionViews;
   AttentionViews prepare_attention(int l, std::int64_t S, std::int64_t r0, KvCache& cache, float* q, float* k,
-                                   const float* v, std::int64_t ld_q, std::int64_t ld_kv);
+                                   const float* v, std::int64_t ld_q, std::int64_t ld_kv, void* out);
+  // The views over layer l's cache for n queries (rows of ld_q elements at q, the cache's dtype)
+  // that are the last n of cache.len + S positions, the output rows [n, H·D] at out.
+  AttentionViews attention_views(int l, std::int64_t S, std::int64_t n, const KvCache& cache, void* q,
+                                 std::int64_t ld_q, void* out) const;
   // One token (S = 1) on `threads` > 1 threads in one parallel region (see model.cpp); x_ holds its
   // embedding; writes logits [V] and leaves cache.len to the caller.
   void decode_step(KvCache& cache, float* logits, int threads);

@@ -111,7 +111,7 @@ GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prom
 
   GenerateStats st;
   st.prompt_tokens = n;
-  KvCache cache(c);
+  KvCache cache = model.new_cache();
   std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
   using clock = std::chrono::steady_clock;
   auto seconds = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };

@@ -38,14 +38,20 @@ struct Model::PackedLayer {
   blocks::PackedBf16 wqkv, wo, w1, w2, w3;
 };
 
-KvCache::KvCache(const Config& c, std::int64_t cap) {
+KvCache::KvCache(const Config& c, std::int64_t cap, DType dtype) {
   c.validate("qkv::KvCache");
   if (cap < 0 || cap > c.seq_len)
     fail("qkv::KvCache", "capacity: must be in [0, seq_len = " + std::to_string(c.seq_len) + "], got " +
                              std::to_string(cap));
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    fail("qkv::KvCache", std::string("dtype: must be f32 or bf16, got ") + dtype_name(dtype));
   capacity = cap == 0 ? c.seq_len : cap;
-  k = Buffer(DType::f32, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
-  v = Buffer(DType::f32, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
+  k = Buffer(dtype, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
+  v = Buffer(dtype, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
+}
+
+KvCache Model::new_cache(std::int64_t capacity) const {
+  return KvCache(w_.config, capacity, opt_.gemm_inputs == DType::bf16 ? DType::bf16 : DType::f32);
 }
 
 Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) {
@@ -213,6 +219,8 @@ void Model::reserve(std::int64_t S) {
   v_ = Buffer(DType::f32, {S, c.n_kv_heads * D});
   hb_ = Buffer(DType::f32, {S, c.hidden_dim});
   hb2_ = Buffer(DType::f32, {S, c.hidden_dim});
+  qb_ = Buffer(DType::bf16, {S, c.n_heads * D});
+  ob_ = Buffer(DType::bf16, {S, c.n_heads * D});
   if (opt_.gemm_inputs == DType::bf16) {
     qkv_ = Buffer(DType::f32, {S, (c.n_heads + 2 * c.n_kv_heads) * D});
     xbb_ = Buffer(DType::bf16, {S, std::max(c.dim, c.n_heads * D)});
@@ -259,37 +267,59 @@ struct Model::AttentionViews {
   AttentionOptions opt;
 };
 
+Model::AttentionViews Model::attention_views(int l, std::int64_t S, std::int64_t n, const KvCache& cache, void* q,
+                                             std::int64_t ld_q, void* out) const {
+  const Config& c = w_.config;
+  const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), cap = cache.capacity;
+  const std::int64_t Skv = cache.len + S;
+  const DType dt = cache.k.dtype();
+  const std::int64_t at = l * Hkv * cap * D * static_cast<std::int64_t>(dtype_size(dt));  // layer l, in bytes
+  AttentionViews av{View::strided(q, dt, {1, H, n, D}, {n * ld_q, D, ld_q, 1}),
+                    View::strided(static_cast<char*>(cache.k.data()) + at, dt, {1, Hkv, Skv, D},
+                                  {Hkv * cap * D, cap * D, D, 1}),
+                    View::strided(static_cast<char*>(cache.v.data()) + at, dt, {1, Hkv, Skv, D},
+                                  {Hkv * cap * D, cap * D, D, 1}),
+                    View::strided(out, dt, {1, H, n, D}, {n * H * D, D, H * D, 1}), AttentionOptions{}};
+  av.opt.num_threads = omp_get_max_threads();
+  av.opt.causal = true;
+  // The n queries are the last n positions: each sees the keys up to its own position.
+  av.opt.align = Align::bottom_right;
+  return av;
+}
+
 Model::AttentionViews Model::prepare_attention(int l, std::int64_t S, std::int64_t r0, KvCache& cache, float* q,
-                                               float* k, const float* v, std::int64_t ld_q, std::int64_t ld_kv) {
+                                               float* k, const float* v, std::int64_t ld_q, std::int64_t ld_kv,
+                                               void* out) {
   const Config& c = w_.config;
   const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim();
-  const std::int64_t pos0 = cache.len, Skv = pos0 + S, cap = cache.capacity;
-  const int threads = omp_get_max_threads();
+  const std::int64_t pos0 = cache.len, cap = cache.capacity;
+  const int threads = S > blocks::kGemvMaxRows ? omp_get_max_threads() : 1;
+  const bool bf16 = cache.k.dtype() == DType::bf16;
+  const Isa isa = active_isa();
   if (c.pos == PosEncoding::rotary)
     for (std::int64_t s = 0; s < S; ++s) {
       blocks::rope_forward(q + s * ld_q, 1, H, D, pos0 + s, c.rope_theta);
       blocks::rope_forward(k + s * ld_kv, 1, Hkv, D, pos0 + s, c.rope_theta);
     }
   // Append this call's keys and values: cache.k[l, h, pos0 + s, :] = k[s, h·D : (h+1)·D].
-  float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
-  float* vc = cache.v.ptr<float>() + l * Hkv * cap * D;
-  parallel_for(Hkv, S > blocks::kGemvMaxRows ? threads : 1, [&](std::int64_t h) {
+  const std::int64_t at = (l * Hkv * cap + pos0) * D;  // layer l, position pos0, in elements
+  parallel_for(Hkv, threads, [&](std::int64_t h) {
     for (std::int64_t s = 0; s < S; ++s) {
-      std::memcpy(kc + (h * cap + pos0 + s) * D, k + s * ld_kv + h * D, sizeof(float) * D);
-      std::memcpy(vc + (h * cap + pos0 + s) * D, v + s * ld_kv + h * D, sizeof(float) * D);
+      const std::int64_t dst = at + (h * cap + s) * D, src = s * ld_kv + h * D;
+      if (bf16) {
+        blocks::f32_to_bf16(cache.k.ptr<std::uint16_t>() + dst, k + src, D, isa);
+        blocks::f32_to_bf16(cache.v.ptr<std::uint16_t>() + dst, v + src, D, isa);
+      } else {
+        std::memcpy(cache.k.ptr<float>() + dst, k + src, sizeof(float) * D);
+        std::memcpy(cache.v.ptr<float>() + dst, v + src, sizeof(float) * D);
+      }
     }
   });
   const std::int64_t n = S - r0;  // the queries asked for: rows r0 … S − 1
-  AttentionViews av{View::strided(q + r0 * ld_q, DType::f32, {1, H, n, D}, {n * ld_q, D, ld_q, 1}),
-                    View::strided(kc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1}),
-                    View::strided(vc, DType::f32, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1}),
-                    View::strided(att_.ptr<float>(), DType::f32, {1, H, n, D}, {n * H * D, D, H * D, 1}),
-                    AttentionOptions{}};
-  av.opt.num_threads = threads;
-  av.opt.causal = true;
-  // The n queries are the last n positions (pos0 + r0 …): each sees the keys up to its own position.
-  av.opt.align = Align::bottom_right;
-  return av;
+  if (!bf16) return attention_views(l, S, n, cache, q + r0 * ld_q, ld_q, out);
+  std::uint16_t* qb = qb_.ptr<std::uint16_t>();
+  parallel_for(n, threads, [&](std::int64_t s) { blocks::f32_to_bf16(qb + s * H * D, q + (r0 + s) * ld_q, H * D, isa); });
+  return attention_views(l, S, n, cache, qb, H * D, out);
 }
 
 // One pre-norm block on x_ [S, C] for positions cache.len … cache.len + S − 1. Keys and values
@@ -307,13 +337,15 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
   // ---- attention: x += W_O · attention(q, k, v)
   norm(c, xb, x, L.norm1_w, L.norm1_b, S);
   project_qkv(l, xb, q, k, v, S);
-  const AttentionViews av = prepare_attention(l, S, r0, cache, q, k, v, H * D, Hkv * D);
+  const bool bf16_kv = cache.k.dtype() == DType::bf16;
+  const AttentionViews av = prepare_attention(l, S, r0, cache, q, k, v, H * D, Hkv * D, bf16_kv ? ob_.data() : att);
   const std::int64_t n = S - r0;
   float* xo = x + r0 * C;  // the rows of x this block updates
   const View &qv = av.q, &kv = av.k, &vv = av.v, &ov = av.out;
   const AttentionOptions& opt = av.opt;
-  const float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
   if (trace) {
+    // forward_trace runs on an f32 cache of its own.
+    const float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
     // scores [H, S, S] from the same q and k, in f64 like the reference; pattern from the kernel.
     trace->pattern = Buffer(DType::f32, {H, S, S});
     trace->scores = Buffer(DType::f32, {H, S, S});
@@ -352,6 +384,7 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
     project(att, L.wo, Lb.wo, nullptr, bd, S, H * D, C);
   } else {
     attention(qv, kv, vv, ov, opt);
+    if (bf16_kv) blocks::bf16_to_f32(att, ob_.ptr<std::uint16_t>(), n * H * D, S > blocks::kGemvMaxRows ? opt.num_threads : 1);
   }
   project(att, L.wo, Lb.wo, L.bo, xo, n, H * D, C, 1.0f);  // residual: x += att·W_Oᵀ + b_O
 
@@ -376,6 +409,10 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
 //   qkv = xbb·[W_Q; W_K; W_V]ᵀ + [b_Q; b_K; b_V]         qkv [S, (H + 2·Hkv)·D] f32, one GEMM
 //   att = attention(q, k, v)  (q, k, v: column blocks of qkv's rows)
 //   x += bf16(att)·W_Oᵀ + b_O                             (sum epilogue)
+// With a bf16 cache and no rotary the GEMM writes qkv in bf16 (rounding in its epilogue), its k, v
+// rows are copied into the cache, and the bf16 attention reads q in place and writes bf16(att)
+// straight into W_O's input rows; with rotary, qkv stays f32 and prepare_attention rotates and
+// rounds. Either way no pass converts att.
 //   xbb = bf16(norm2(x));  hbb = bf16(gelu(xbb·W1ᵀ + b1)) (bias, GELU, rounding in the epilogue)
 //   x += hbb·W2ᵀ + b2
 // Every GEMM sees the same bf16 inputs as block()'s per-projection rounding; only the GELU is
@@ -396,12 +433,30 @@ void Model::block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cac
 
   // ---- attention: x += W_O · attention(q, k, v)
   norm(c, xb, x, L.norm1_w, L.norm1_b, S, xbb);
-  blocks::gemm_bf16_in(xbb, Lb.wq, bqkv, qkv, DType::f32, S, C, N3, 0.0f, GemmAct::none, &P.wqkv);
-  const AttentionViews av = prepare_attention(l, S, r0, cache, qkv, qkv + HD, qkv + HD + KD, N3, N3);
-  attention(av.q, av.k, av.v, av.out, av.opt);
   const std::int64_t n = S - r0;
+  const bool bf16_kv = cache.k.dtype() == DType::bf16, bf16_qkv = bf16_kv && c.pos != PosEncoding::rotary;
+  blocks::gemm_bf16_in(xbb, Lb.wq, bqkv, qkv, bf16_qkv ? DType::bf16 : DType::f32, S, C, N3, 0.0f, GemmAct::none,
+                       &P.wqkv);
+  if (bf16_qkv) {
+    // qkvb [S, N3] bf16 in qkv_'s memory: cache.k[l, h, pos0 + s, :] = qkvb[s, HD + h·D …], v after it.
+    std::uint16_t* qkvb = qkv_.ptr<std::uint16_t>();
+    const std::int64_t Hkv = c.n_kv_heads, cap = cache.capacity, at = (l * Hkv * cap + cache.len) * D;
+    std::uint16_t *kc = cache.k.ptr<std::uint16_t>() + at, *vc = cache.v.ptr<std::uint16_t>() + at;
+    parallel_for(Hkv, threads, [&](std::int64_t h) {
+      for (std::int64_t s = 0; s < S; ++s) {
+        std::memcpy(kc + (h * cap + s) * D, qkvb + s * N3 + HD + h * D, sizeof(std::uint16_t) * D);
+        std::memcpy(vc + (h * cap + s) * D, qkvb + s * N3 + HD + KD + h * D, sizeof(std::uint16_t) * D);
+      }
+    });
+    const AttentionViews av = attention_views(l, S, n, cache, qkvb + r0 * N3, N3, xbb);
+    attention(av.q, av.k, av.v, av.out, av.opt);
+  } else {
+    const AttentionViews av =
+        prepare_attention(l, S, r0, cache, qkv, qkv + HD, qkv + HD + KD, N3, N3, bf16_kv ? xbb : static_cast<void*>(att));
+    attention(av.q, av.k, av.v, av.out, av.opt);
+    if (!bf16_kv) blocks::f32_to_bf16(xbb, att, n * HD, threads, active_isa());
+  }
   float* xo = x + r0 * C;  // the rows of x this block updates
-  blocks::f32_to_bf16(xbb, att, n * HD, threads, active_isa());
   blocks::gemm_bf16_in(xbb, Lb.wo, L.bo, xo, DType::f32, n, HD, C, 1.0f, GemmAct::none, &P.wo);
 
   // ---- MLP: x += W2 · act(W1 · norm2(x))
@@ -478,7 +533,7 @@ void Model::decode_step(KvCache& cache, float* logits, int T) {
   const i64 C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
   const i64 G = H / Hkv, pos0 = cache.len, Skv = pos0 + 1, cap = cache.capacity;
   const Isa isa = active_isa();
-  const bool bf16 = !layers_bf16_.empty();
+  const bool bf16 = !layers_bf16_.empty(), bf16_kv = cache.k.dtype() == DType::bf16;
   float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>();
   float *v = v_.ptr<float>(), *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
   // y [1, Σ out] = beta·y + xin · Wᵀ + b on rows [r0, r1) of the outputs' list, f32 or bf16 weights.
@@ -536,21 +591,40 @@ void Model::decode_step(KvCache& cache, float* logits, int T) {
           blocks::rope_forward(q + h0 * D, 1, nh, D, pos0, c.rope_theta);
           blocks::rope_forward(k + kv0 * D, 1, nkv, D, pos0, c.rope_theta);
         }
-        float* kc = cache.k.ptr<float>() + (l * Hkv + kv0) * cap * D;
-        float* vc = cache.v.ptr<float>() + (l * Hkv + kv0) * cap * D;
+        // Append k, v (rounded for a bf16 cache, and then q too: the bf16 decode kernel takes
+        // bf16 q, K, V and writes bf16 rows, widened back into att).
+        const i64 at = (l * Hkv + kv0) * cap * D;
         for (i64 h = 0; h < nkv; ++h) {
-          std::memcpy(kc + (h * cap + pos0) * D, k + (kv0 + h) * D, sizeof(float) * D);
-          std::memcpy(vc + (h * cap + pos0) * D, v + (kv0 + h) * D, sizeof(float) * D);
+          const i64 dst = at + (h * cap + pos0) * D;
+          if (bf16_kv) {
+            blocks::f32_to_bf16(cache.k.ptr<std::uint16_t>() + dst, k + (kv0 + h) * D, D, isa);
+            blocks::f32_to_bf16(cache.v.ptr<std::uint16_t>() + dst, v + (kv0 + h) * D, D, isa);
+          } else {
+            std::memcpy(cache.k.ptr<float>() + dst, k + (kv0 + h) * D, sizeof(float) * D);
+            std::memcpy(cache.v.ptr<float>() + dst, v + (kv0 + h) * D, sizeof(float) * D);
+          }
+        }
+        const DType dt = bf16_kv ? DType::bf16 : DType::f32;
+        const i64 es = bf16_kv ? 2 : 4;
+        void* qh = q + h0 * D;
+        void* oh = att + h0 * D;
+        if (bf16_kv) {
+          blocks::f32_to_bf16(qb_.ptr<std::uint16_t>() + h0 * D, q + h0 * D, nh * D, isa);
+          qh = qb_.ptr<std::uint16_t>() + h0 * D;
+          oh = ob_.ptr<std::uint16_t>() + h0 * D;
         }
         AttentionOptions opt;
         opt.num_threads = 1;
         opt.causal = true;
         opt.align = Align::bottom_right;
         try {
-          attention(View::strided(q + h0 * D, DType::f32, {1, nh, 1, D}, {H * D, D, H * D, 1}),
-                    View::strided(kc, DType::f32, {1, nkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1}),
-                    View::strided(vc, DType::f32, {1, nkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1}),
-                    View::strided(att + h0 * D, DType::f32, {1, nh, 1, D}, {H * D, D, H * D, 1}), opt);
+          attention(View::strided(qh, dt, {1, nh, 1, D}, {H * D, D, H * D, 1}),
+                    View::strided(static_cast<char*>(cache.k.data()) + at * es, dt, {1, nkv, Skv, D},
+                                  {Hkv * cap * D, cap * D, D, 1}),
+                    View::strided(static_cast<char*>(cache.v.data()) + at * es, dt, {1, nkv, Skv, D},
+                                  {Hkv * cap * D, cap * D, D, 1}),
+                    View::strided(oh, dt, {1, nh, 1, D}, {H * D, D, H * D, 1}), opt);
+          if (bf16_kv) blocks::bf16_to_f32(att + h0 * D, ob_.ptr<std::uint16_t>() + h0 * D, nh * D, 1);
         } catch (...) {
 #pragma omp critical(qkv_decode_error)
           error = std::current_exception();

@@ -216,6 +216,72 @@ TEST(GoldenModel, Bf16GemmInputsGqa) {
   check_bf16_gemm("tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"));
 }
 
+// A bf16 KV cache: the attention then runs on q, K, V rounded to bf16 (≤ 2^-9 relative each) and
+// writes bf16 rows (rounded once more unless, with bf16 GEMM inputs, W_O's input is bf16 anyway):
+// one more rounding stage of the size and reach of the weights' or the GEMM inputs', so against
+// the same model with an f32 cache the bound is that of one stage, 8 · 2^-9 · max|logit|, and
+// against the fp32 PyTorch logits the mode's bound plus that stage. With bf16 GEMM inputs the
+// one-token steps (GEMVs on f32 rows) are one more stage from the f32-cache prefill: 2 stages. Each model and mode runs the
+// full forward (prefill GEMMs; on 2 threads), and a prefill of S/3 then one token at a time (the
+// GEMV path and, on 2 threads, Model::decode_step), both from a bf16 cache.
+TEST(GoldenModel, Bf16KvCache) {
+  struct Case {
+    std::string name;
+    qkv::Weights w;
+  };
+  const Case cases[] = {
+      {"stories260K", qkv::load_llama2c(std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin")},
+      {"tiny_gpt2", qkv::load_safetensors(kGolden + "tiny_gpt2.safetensors", kGolden + "tiny_gpt2.json")},
+      {"tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors")}};
+  for (const Case& cs : cases) {
+    const Golden g = read_golden(cs.name);
+    double max_logit = 0;
+    for (float v : g.logits) max_logit = std::max(max_logit, std::abs(double(v)));
+    const double stage = 8.0 * std::ldexp(1.0, -9) * max_logit;  // one bf16 rounding stage
+    struct Mode {
+      qkv::ModelOptions opt;
+      double tol_torch;  // the mode's bound with an f32 cache (tests above) + one stage
+    };
+    const Mode modes[] = {{qkv::ModelOptions{qkv::DType::f32, 2}, 1e-4 + stage},
+                          {qkv::ModelOptions{qkv::DType::bf16, 2}, 2.0 * stage},
+                          {qkv::ModelOptions{qkv::DType::bf16, 2, qkv::DType::bf16}, 3.0 * stage}};
+    for (const auto& [opt, tol_torch] : modes) {
+      qkv::Model m(cs.w, opt);
+      std::vector<float> ref(g.logits.size()), full(g.logits.size()), step(static_cast<std::size_t>(g.V));
+      qkv::KvCache cf(m.config()), cb(m.config(), 0, qkv::DType::bf16), ci(m.config(), 0, qkv::DType::bf16);
+      m.forward(g.tokens, cf, ref.data(), true);
+      m.forward(g.tokens, cb, full.data(), true);
+      double err_full = 0, err_torch = 0, err_inc = 0;
+      for (std::size_t i = 0; i < full.size(); ++i) {
+        err_full = std::max(err_full, std::abs(double(full[i]) - ref[i]));
+        err_torch = std::max(err_torch, std::abs(double(full[i]) - g.logits[i]));
+      }
+      const std::int64_t prefill = g.S / 3;
+      m.forward(std::span<const int>(g.tokens.data(), static_cast<std::size_t>(prefill)), ci, step.data());
+      for (std::int64_t s = prefill - 1; s < g.S; ++s) {
+        if (s >= prefill) m.forward(std::span<const int>(g.tokens.data() + s, 1), ci, step.data());
+        for (std::int64_t v = 0; v < g.V; ++v) {
+          const auto i = static_cast<std::size_t>(s * g.V + v);
+          err_inc = std::max(err_inc, std::abs(double(step[v]) - ref[i]));
+          err_torch = std::max(err_torch, std::abs(double(step[v]) - g.logits[i]));
+        }
+      }
+      const double tol_inc = opt.gemm_inputs == qkv::DType::bf16 ? 2.0 * stage : stage;
+      std::printf("%s weights %s, GEMM inputs %s, bf16 cache: max |logits − f32 cache's| full forward %.3g "
+                  "(tolerance %.3g), prefill + decoding %.3g (tolerance %.3g); max |logits − torch fp32| %.3g "
+                  "(tolerance %.3g)\n",
+                  cs.name.c_str(), qkv::dtype_name(opt.weights), qkv::dtype_name(opt.gemm_inputs), err_full, stage,
+                  err_inc, tol_inc, err_torch, tol_torch);
+      EXPECT_GT(err_full, 0.0);  // the bf16 cache does change the arithmetic
+      EXPECT_LT(err_full, stage);
+      EXPECT_LT(err_inc, tol_inc);
+      EXPECT_LT(err_torch, tol_torch);
+      EXPECT_EQ(ci.len, g.S);
+      EXPECT_EQ(m.new_cache().k.dtype(), opt.gemm_inputs == qkv::DType::bf16 ? qkv::DType::bf16 : qkv::DType::f32);
+    }
+  }
+}
+
 // A prefill that wants only the last position's logits runs the last layer past its attention on
 // that one row (Model::forward). Against the golden torch logits of that position, with each
 // mode's tolerance from the tests above, and against the same model's all-positions forward: the

@@ -132,6 +132,7 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
   expect_error([&] { model.forward(std::span<const int>(&bad, 1), inc, step.data()); }, {"outside the vocabulary"});
   qkv::KvCache small(c, 4);
   expect_error([&] { model.forward(tokens, small, ref.data(), true); }, {"capacity 4"});
+  expect_error([&] { qkv::KvCache(c, 0, qkv::DType::f64); }, {"qkv::KvCache", "dtype", "f64"});
 }
 
 // On several threads a one-token call runs in one parallel region (Model::decode_step) instead of
@@ -139,8 +140,9 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
 // through the same attention kernel, so the logits must equal the one-thread path's bit for bit
 // (tolerance 0): stories260K (RMSNorm, rotary, GQA 8/4, SwiGLU), the tiny GPT-2 (LayerNorm,
 // learned positions, GELU, biases) and the tiny GQA model (4/2 heads, no positions), with f32 and
-// bf16 weights, on 2 and 3 threads (3 splits 4 KV heads 1/1/2, and 2 KV heads 0/1/1: a thread
-// with no head). A prefill of 3 tokens (block() with GEMVs), then 12 tokens one at a time.
+// bf16 weights, each with an f32 and a bf16 KV cache, on 2 and 3 threads (3 splits 4 KV heads
+// 1/1/2, and 2 KV heads 0/1/1: a thread with no head). A prefill of 3 tokens (block() with GEMVs),
+// then 12 tokens one at a time.
 TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
   const std::string golden = std::string(QKV_SOURCE_DIR) + "/tests/golden/model/";
   const std::pair<const char*, qkv::Weights> models[] = {
@@ -148,13 +150,14 @@ TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
       {"tiny_gpt2", qkv::load_weights(golden + "tiny_gpt2.safetensors")},
       {"tiny_gqa_bf16", qkv::load_weights(golden + "tiny_gqa_bf16.safetensors")}};
   for (const auto& [name, w] : models)
-    for (qkv::DType dt : {qkv::DType::f32, qkv::DType::bf16}) {
+    for (qkv::DType dt : {qkv::DType::f32, qkv::DType::bf16})
+    for (qkv::DType kv : {qkv::DType::f32, qkv::DType::bf16}) {
       const auto& c = w.config;
       std::vector<int> tokens;
       for (int i = 0; i < 15; ++i) tokens.push_back(1 + (i * 37) % static_cast<int>(c.vocab_size - 1));
       auto run = [&](int threads) {
         qkv::Model m(w, qkv::ModelOptions{dt, threads});
-        qkv::KvCache cache(c);
+        qkv::KvCache cache(c, 0, kv);
         std::vector<float> logits, step(static_cast<std::size_t>(c.vocab_size));
         m.forward(std::span<const int>(tokens.data(), 3), cache, step.data());
         logits.insert(logits.end(), step.begin(), step.end());
@@ -169,9 +172,10 @@ TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
         const auto many = run(threads);
         double err = 0;
         for (std::size_t i = 0; i < one.size(); ++i) err = std::max(err, std::abs(double(many[i]) - one[i]));
-        std::printf("%-13s %s weights, %d threads: max |logits − one thread's| = %.3g\n", name,
-                    qkv::dtype_name(dt), threads, err);
-        EXPECT_EQ(err, 0.0) << name << " " << qkv::dtype_name(dt) << " on " << threads << " threads";
+        std::printf("%-13s %s weights, %s cache, %d threads: max |logits − one thread's| = %.3g\n", name,
+                    qkv::dtype_name(dt), qkv::dtype_name(kv), threads, err);
+        EXPECT_EQ(err, 0.0) << name << " " << qkv::dtype_name(dt) << " " << qkv::dtype_name(kv) << " on " << threads
+                            << " threads";
       }
     }
   EXPECT_THROW(qkv::Model(qkv::load_llama2c(kModel), qkv::ModelOptions{qkv::DType::f32, -1}), std::invalid_argument);
