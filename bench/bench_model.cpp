@@ -7,7 +7,8 @@
 //
 // prefill: one forward over P prompt tokens into an empty cache (tokens/s = P / time);
 // decode:  N more tokens, each one query against the cache (tokens/s = N / time).
-// Prints the median of R repeats as one JSON line, which bench/model_peer.py reads; with it the
+// Prints the median of R repeats as one JSON line, which bench/model_peer.py reads (with every
+// repeat's figures in prefill_all and decode_all, for medians over several runs); with it the
 // process CPU time (CLOCK_PROCESS_CPUTIME_ID, all threads) of one prefill and of one decoded token,
 // medians too: on a shared machine that moves far less with the load than the wall time does.
 #include <algorithm>
@@ -100,10 +101,15 @@ int main(int argc, char** argv) {
       pre_cpu.push_back(1e3 * (c1 - c0));
       dec_cpu.push_back(decode > 0 ? 1e3 * (c2 - c1) / static_cast<double>(decode) : 0.0);
     }
+    auto list = [](const std::vector<double>& v) {
+      std::string s = "[";
+      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    };
     std::printf("{\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"prefill_cpu_ms\": %.2f, "
-                "\"decode_cpu_ms_per_token\": %.3f, \"params\": %lld}\n",
+                "\"decode_cpu_ms_per_token\": %.3f, \"params\": %lld, \"prefill_all\": %s, \"decode_all\": %s}\n",
                 median(pre), median(dec), median(pre_cpu), median(dec_cpu),
-                static_cast<long long>(m.weights().num_params()));
+                static_cast<long long>(m.weights().num_params()), list(pre).c_str(), list(dec).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_model: %s\n", e.what());
     return 1;

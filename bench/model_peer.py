@@ -7,7 +7,13 @@ weights (ModelOptions::weights) against torch at its best, i.e. the faster of it
 the same with bf16 GEMM inputs (ModelOptions::gemm_inputs: prefill rounds each projection's input
 rows to bf16 too, as torch's bf16 mode does); then torch bf16's own figures.
 
-    python3 bench/model_peer.py [--build build] [--repeats 5]
+    python3 bench/model_peer.py [--build build] [--repeats 5] [--rounds 3]
+
+The two engines alternate: each of --rounds rounds runs every qkv mode (bench/bench_model, a fresh
+process, --repeats prefills and decodes after a warm-up) and then every torch mode (--repeats after
+a warm-up) on the same shapes, and each figure is the median over all rounds' repeats (rounds ×
+repeats samples per side). On a shared machine whose speed moves by the minute, alternating keeps
+both sides in the same conditions; one round is the old one-pass order.
 
 Both sides compute the last position's logits only in prefill, and past the last layer's attention
 they finish that layer for the last position only (its other rows feed nothing but their cached keys
@@ -31,6 +37,7 @@ from torch_model import TorchModel, load_llama2c  # noqa: E402
 
 
 def torch_speed(model, vocab, prompt, decode, repeats):
+    """Lists of prefill and decode tokens/s, one per repeat after a warm-up."""
     tokens = [(i * 7919 + 1) % vocab for i in range(prompt + decode)]
     pre, dec = [], []
     for r in range(repeats + 1):
@@ -44,7 +51,7 @@ def torch_speed(model, vocab, prompt, decode, repeats):
         if r:
             pre.append(prompt / (t1 - t0))
             dec.append(decode / (t2 - t1))
-    return statistics.median(pre), statistics.median(dec)
+    return pre, dec
 
 
 def gpt2_small_params():
@@ -71,6 +78,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("QKV_NUM_THREADS", "2")))
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -82,17 +90,26 @@ def main():
             ("stories260K", ["--model", os.path.join(root, "data/models/stories260K/stories260K.bin")],
              lambda: load_llama2c(os.path.join(root, "data/models/stories260K/stories260K.bin")), 128, 128),
             ("GPT-2-small shape", ["--gpt2-small"], gpt2_small_params, 512, 64)):
-        q = {}
-        for w, extra in (("f32", []), ("bf16", []), ("bf16+gemm", ["--gemm-inputs", "bf16"])):
-            out = subprocess.run([exe, *qkv_args, "--prompt", str(prompt), "--decode", str(decode),
-                                  "--repeats", str(a.repeats), "--weights", w.split("+")[0], *extra],
-                                 check=True, capture_output=True, text=True).stdout
-            q[w] = json.loads(out)
         cfg, p = make()
-        t = {}
-        for label, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            t[label] = torch_speed(TorchModel(cfg, p, sdpa=True, dtype=dt), cfg["vocab_size"], prompt, decode,
-                                   a.repeats)
+        peers = {label: TorchModel(cfg, p, sdpa=True, dtype=dt)
+                 for label, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+        qs = {w: ([], []) for w in ("f32", "bf16", "bf16+gemm")}
+        ts = {label: ([], []) for label in peers}
+        for _ in range(a.rounds):
+            for w, extra in (("f32", []), ("bf16", []), ("bf16+gemm", ["--gemm-inputs", "bf16"])):
+                out = subprocess.run([exe, *qkv_args, "--prompt", str(prompt), "--decode", str(decode),
+                                      "--repeats", str(a.repeats), "--weights", w.split("+")[0], *extra],
+                                     check=True, capture_output=True, text=True).stdout
+                r = json.loads(out)
+                qs[w][0].extend(r["prefill_all"])
+                qs[w][1].extend(r["decode_all"])
+            for label, model in peers.items():
+                pre, dec = torch_speed(model, cfg["vocab_size"], prompt, decode, a.repeats)
+                ts[label][0].extend(pre)
+                ts[label][1].extend(dec)
+        q = {w: {"prefill_tok_s": statistics.median(pre), "decode_tok_s": statistics.median(dec)}
+             for w, (pre, dec) in qs.items()}
+        t = {label: (statistics.median(pre), statistics.median(dec)) for label, (pre, dec) in ts.items()}
         # qkv fp32 against torch fp32 (same arithmetic); qkv bf16 weights against torch in
         # whichever of its modes is faster, prefill and decode chosen separately.
         best_p = max(t, key=lambda k: t[k][0])
@@ -104,11 +121,13 @@ def main():
         rows.append((name, prompt, decode, "bf16, bf16 GEMM inputs", q["bf16+gemm"]["prefill_tok_s"], t[best_p][0],
                      best_p, q["bf16+gemm"]["decode_tok_s"], t[best_d][1], best_d))
         rows.append((name, prompt, decode, "(torch bf16)", None, t["bf16"][0], "bf16", None, t["bf16"][1], "bf16"))
-        del p
+        del p, peers
     with open("/proc/loadavg") as f:
         load_after = " ".join(f.read().split()[:3])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; medians of {a.repeats}; "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; medians of {a.rounds} alternating "
+          f"rounds x {a.repeats} repeats; "
           f"load average before {load_before}, after {load_after}")
     print("| model | prompt | decode | qkv weights | qkv prefill tok/s | torch prefill tok/s (mode) | ratio "
           "| qkv decode tok/s | torch decode tok/s (mode) | ratio |")
