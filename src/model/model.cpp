@@ -480,6 +480,11 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
   if (cache.k.numel() == 0 || cache.k.shape()[0] != c.n_layers || cache.k.shape()[1] != c.n_kv_heads ||
       cache.k.shape()[3] != c.head_dim())
     fail(fn, "cache: not made for this model's config (construct it as KvCache(model.config()))");
+  if ((cache.k.dtype() != DType::f32 && cache.k.dtype() != DType::bf16) || cache.v.dtype() != cache.k.dtype() ||
+      cache.v.shape() != cache.k.shape())
+    fail(fn, std::string("cache: k and v must be f32 or bf16 of one dtype and shape, got k ") +
+                 dtype_name(cache.k.dtype()) + " " + cache.k.view().shape_str() + ", v " + dtype_name(cache.v.dtype()) + " " +
+                 cache.v.view().shape_str());
   if (cache.len + static_cast<std::int64_t>(tokens.size()) > cache.capacity)
     fail(fn, "cache: " + std::to_string(cache.len) + " positions held + " + std::to_string(tokens.size()) +
                  " new exceed its capacity " + std::to_string(cache.capacity));

@@ -133,6 +133,10 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
   qkv::KvCache small(c, 4);
   expect_error([&] { model.forward(tokens, small, ref.data(), true); }, {"capacity 4"});
   expect_error([&] { qkv::KvCache(c, 0, qkv::DType::f64); }, {"qkv::KvCache", "dtype", "f64"});
+  qkv::KvCache mixed(c, 8);
+  mixed.v = qkv::Buffer(qkv::DType::bf16, mixed.k.shape());
+  expect_error([&] { model.forward(std::span<const int>(tokens.data(), 2), mixed, ref.data()); },
+               {"qkv::Model::forward", "cache", "f32", "bf16"});
 }
 
 // On several threads a one-token call runs in one parallel region (Model::decode_step) instead of
