@@ -1,6 +1,7 @@
 // Google Benchmark program for qkv's attention forward (bench/run_bench.py drives it and times
 // PyTorch in the same run). Reports, per case, FLOP = 4·B·H·Sq·Skv·D (halved for causal) as the
-// counter GFLOPs (a rate), and for decode the bytes of K and V read as GBs.
+// counter GFLOPs (a rate), and for decode the bytes of K and V read as GBs, the read probe measured
+// just before the row (probe_GBs) and the row's rate as a % of it (pct_probe).
 //
 //   bench_attention [--peak]            also measure the machine's FMA peak, read bandwidth and STREAM triad
 //   bench_attention --memory-probe      S = 65536, B = H = 1, D = 64: extra peak memory of one call
@@ -12,6 +13,7 @@
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -42,7 +44,10 @@ void fill_random(const Buffer& b, unsigned seed) {
   for (std::int64_t i = 0; i < b.numel(); ++i) b.view().store(i, u(rng));
 }
 
-void run(benchmark::State& st, Shape s) {
+// decode: also measure the read probe (machine_peak.cpp) right before the timed loop, and report
+// the K/V read rate as a % of that same-minute probe (counter pct_probe), since the machine's
+// bandwidth moves by tens of % from hour to hour on this shared host.
+void run(benchmark::State& st, Shape s, bool decode) {
   Buffer q(s.dtype, {s.B, s.H, s.Sq, s.D}), k(s.dtype, {s.B, s.Hkv, s.Skv, s.D}), v(s.dtype, {s.B, s.Hkv, s.Skv, s.D}),
       out(s.dtype, {s.B, s.H, s.Sq, s.D});
   Buffer lse(DType::f32, {s.B, s.H, s.Sq});
@@ -53,12 +58,19 @@ void run(benchmark::State& st, Shape s) {
   o.kernel = s.kernel;
   o.num_threads = s.threads;
   const char* name = "";
+  const double probe = decode ? qkv_bench::read_probe_gbs(s.threads) : 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : st) name = qkv::attention(q.view(), k.view(), v.view(), out.view(), o, lse.view()).name;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double flops = 4.0 * static_cast<double>(s.B * s.H * s.Sq * s.Skv * s.D);
   if (s.causal) flops /= 2;
   st.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   const double kv_bytes = 2.0 * static_cast<double>(s.B * s.Hkv * s.Skv * s.D) * (s.dtype == DType::bf16 ? 2 : 4);
   st.counters["GBs"] = benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  if (decode) {
+    st.counters["probe_GBs"] = probe;
+    st.counters["pct_probe"] = 100.0 * kv_bytes * static_cast<double>(st.iterations()) / secs * 1e-9 / probe;
+  }
   st.SetLabel(name);
 }
 
@@ -74,7 +86,7 @@ void add(const Shape& s, bool decode) {
     std::snprintf(n, sizeof n, "fwd/%s/%s/B%lld/H%lld/Hkv%lld/S%lld/D%lld/%s/T%d", kn, dt(s.dtype), (long long)s.B,
                   (long long)s.H, (long long)s.Hkv, (long long)s.Sq, (long long)s.D, s.causal ? "causal" : "full",
                   s.threads);
-  benchmark::RegisterBenchmark(n, run, s)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(n, run, s, decode)->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
 // The grid (trimmed so that one run of run_bench.py, PyTorch included, stays near 10 minutes):

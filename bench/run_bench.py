@@ -10,6 +10,10 @@ rewrites the generated section of BENCHMARKS.md.
 Measured here, in this run: the machine's fp32 FMA peak, read bandwidth and STREAM triad
 (bench_attention --peak); decode rows give their K/V streaming rate as % of both (the read probe
 is the higher bar: decode only reads). FLOP model: 4·B·H·Sq·Skv·D, halved for causal. Times are medians of --reps repeats.
+The read-probe % of a decode row is against the probe measured right before that same row
+(bench_attention's pct_probe counter: the median over the repeats of each repeat's rate / its own
+probe), not against the probe taken once at the start: this machine's bandwidth moves by tens of %
+within the hour, and a figure from the same minute is the one to compare with.
 PyTorch at its best CPU settings: torch.set_num_threads(2), OMP_WAIT_POLICY=PASSIVE, the
 default SDPA dispatch (its CPU flash-attention kernel for f32/bf16), contiguous [B, H, S, D].
 ggml (slow at long S, so on a subset of the grid: GGML_SHAPES): 2 threads, K/V in the row's dtype.
@@ -121,6 +125,7 @@ def main():
         c = parse(b["run_name"].replace("/real_time", ""))
         c["time_s"] = b["real_time"] / 1e3  # unit: ms
         c["label"] = b.get("label", "")
+        c["pct_probe"], c["probe_gbs"] = b.get("pct_probe"), b.get("probe_GBs")  # decode rows only
         cases[b["run_name"].replace("/real_time", "")] = c
     mem = None if args.small else \
         json.loads(subprocess.run([exe, "--memory-probe"], check=True, capture_output=True, text=True).stdout)
@@ -177,7 +182,8 @@ def write_table(r, path=os.path.join(OUT, "forward.md")):
     for c in r["cases"]:
         g = c["flop"] / c["time_s"] / 1e9
         gbs = c['kv_bytes'] / c['time_s'] / 1e9
-        extra = f"{gbs:.1f} GB/s K,V ({100 * gbs / r['read_gbs']:.0f}% read, {100 * gbs / r['triad_gbs']:.0f}% triad)" \
+        extra = f"{gbs:.1f} GB/s K,V ({c['pct_probe']:.0f}% of the {c['probe_gbs']:.1f} GB/s read probe beside it, " \
+                f"{100 * gbs / r['triad_gbs']:.0f}% triad)" \
             if c["kind"] == "dec" else f"{100 * g / r['peak_gflops']:.0f}%"
         t = f"{c['torch_s'] * 1e3:.2f}" if c["torch_s"] else "—"
         ratio = f"{c['torch_s'] / c['time_s']:.2f}×" if c["torch_s"] else "—"

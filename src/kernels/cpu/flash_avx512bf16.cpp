@@ -229,6 +229,7 @@ struct DecodeOpsBf16 {
   const FlashArgs& a;
   i64 dp32;
   std::uint16_t *Qb, *Pb;
+  i64 kbase_ = 0, j_end_ = 0;  // of the tile scores() saw last: where pv() prefetches K from
   DecodeOpsBf16(const FlashArgs& args, float* mem)
       : a(args), dp32(Dp32(args)), Qb(reinterpret_cast<std::uint16_t*>(mem)), Pb(Qb + kDecRows * dp32) {}
 
@@ -271,8 +272,9 @@ struct DecodeOpsBf16 {
   // without software prefetch) one thread read K and V at about half the rate (scratch A/B,
   // H = Hkv = 16, Skv = 32768, 1 thread, best of 10: 13–16 ms against 23–35 ms; 2 threads:
   // 9.3–13 ms against 14.5–26 ms for the code before, 17–21 ms for the code before 67dd20a).
-  void scores1(const std::uint16_t* k, i64 ldk, i64 t0, i64 j_lo, i64 j_hi, float* ps) const {
+  void scores1(const std::uint16_t* k, i64 ldk, i64 t0, i64 j_lo, i64 j_hi, float* ps, const std::uint16_t* v) const {
     for (i64 j = j_lo; j < j_hi; ++j) {
+      if (a.sv[3] == 1) pf_row(v + j * a.sv[2], 2 * a.Dv);  // this key's V row, read next by pv()
       __m512 acc = _mm512_setzero_ps();
       for (i64 d = 0; d < dp32; d += 32) {
         const __mmask32 m = a.D - d >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (a.D - d)) - 1u);
@@ -282,26 +284,25 @@ struct DecodeOpsBf16 {
       ps[j - t0] = _mm512_reduce_add_ps(acc) * a.scale_log2;
     }
   }
-  void scores(int nr, i64 kbase, i64 vbase, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) const {
+  void scores(int nr, i64 kbase, i64 vbase, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
+    kbase_ = kbase, j_end_ = j_end;
     const auto* k = static_cast<const std::uint16_t*>(a.k) + kbase;
     const auto* v = static_cast<const std::uint16_t*>(a.v) + vbase;
     const i64 ldk = a.sk[2];
     if (nr == 1) {
-      scores1(k, ldk, t0, j_lo, j_hi, Ps);
+      scores1(k, ldk, t0, j_lo, j_hi, Ps, v);
       return;
     }
     for (i64 c0 = (j_lo - t0) / 16 * 16; t0 + c0 < j_hi; c0 += 16) {
       const i64 j0 = t0 + c0;
-      // The K and V rows of the next 16 keys, if this item reads them, into L2 (the hardware
-      // prefetchers stop at each 4 KiB page, 16 keys of a bf16 row of 128). Scratch A/B with K
-      // and V from DRAM (Hkv = 4, Skv = 32768, best of 20): 1 thread 6.4–6.9 ms against 8.0–8.6
-      // without; 2 threads 5.2–5.9 ms into L2 against 6.8–7.0 into L1 (_MM_HINT_T1), and
-      // 64 keys ahead was no better than 16.
-      for (i64 j = j0 + 16; j < imin(j0 + 32, j_end); ++j) {
-        for (i64 x = 0; x < a.D; x += 32) _mm_prefetch(reinterpret_cast<const char*>(k + j * ldk + x), _MM_HINT_T1);
-        if (a.sv[3] == 1)
-          for (i64 x = 0; x < a.Dv; x += 32) _mm_prefetch(reinterpret_cast<const char*>(v + j * a.sv[2] + x), _MM_HINT_T1);
-      }
+      // The V rows of these 16 keys into L2, read next by pv(), which in turn prefetches the
+      // next tile's K rows (see pf_row in flash_impl.hpp). A/B against prefetching the next 16
+      // keys' K and V rows here (B = 1, H = 16, Hkv = 4, Skv = 16384 / 32768, 2 threads, % of
+      // the read probe measured just before each row, medians of 4 alternating rounds, load
+      // 2–3.3): 56 / 52 % → 70 / 62 %, 2.94 / 6.16 ms → 2.20 / 4.92 ms. One query row (MHA,
+      // scores1): 80 / 73 % → 85 / 86 %, 8.72 / 17.8 ms → 7.10 / 15.3 ms.
+      if (a.sv[3] == 1)
+        for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(v + j * a.sv[2], 2 * a.Dv);
       if (j0 >= j_lo && j0 + 16 <= j_hi && a.D % 32 == 0) {
         scores16<false>(nr, k + j0 * ldk, ldk, nullptr, nullptr, Ps, c0);
         continue;
@@ -323,7 +324,7 @@ struct DecodeOpsBf16 {
   // upper 16 of the last 32-column block may not exist (e0 + 16 ≥ Dvp): neither loaded nor stored.
   template <int R, int NB>
   void pv_cols(const std::uint16_t* pb, const std::uint16_t* v, i64 ldv, i64 t0, i64 j_lo, i64 j_hi, i64 jp0,
-               i64 jp1, float* o, i64 Dvp, i64 e0) const {
+               i64 jp1, float* o, i64 Dvp, i64 e0, const char* pf = nullptr, i64 pf_ld = 0, i64 pf_end = 0) const {
     // Accumulator lane i of a 32-column block: column lo_idx[i] (unpacklo) or hi_idx[i] (unpackhi),
     // as indices into the natural pair (columns 0–15, columns 16–31) for permutex2var.
     const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
@@ -349,6 +350,10 @@ struct DecodeOpsBf16 {
         acc[r][x][1] = _mm512_permutex2var_ps(n0, hi_idx, n1);
       }
     for (i64 jp = jp0; jp < jp1; ++jp) {
+      if (pf) {
+        if (2 * jp < pf_end) pf_row(pf + 2 * jp * pf_ld, 2 * a.D);
+        if (2 * jp + 1 < pf_end) pf_row(pf + (2 * jp + 1) * pf_ld, 2 * a.D);  // K rows: pitch pf_ld bytes
+      }
       const i64 ja = t0 + 2 * jp, jb = ja + 1;
       const bool in_a = ja >= j_lo && ja < j_hi, in_b = jb >= j_lo && jb < j_hi;
       const std::uint16_t* va = v + (in_a ? ja : jb) * ldv + e0;
@@ -384,11 +389,17 @@ struct DecodeOpsBf16 {
   // All columns for R ≤ kRowsPv rows: 128-column blocks, then single 32-column blocks.
   template <int R>
   void pv_rows(const std::uint16_t* pb, const std::uint16_t* v, i64 ldv, i64 t0, i64 j_lo, i64 j_hi, i64 jp0,
-               i64 jp1, float* o, i64 Dvp) const {
+               i64 jp1, float* o, i64 Dvp, const char* pf, i64 pf_ld, i64 pf_end) const {
     constexpr int NB = 4;
     i64 e0 = 0;
-    for (; e0 + 32 * NB <= Dvp; e0 += 32 * NB) pv_cols<R, NB>(pb, v, ldv, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0);
-    for (; e0 < Dvp; e0 += 32) pv_cols<R, 1>(pb, v, ldv, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0);
+    for (; e0 + 32 * NB <= Dvp; e0 += 32 * NB) {
+      pv_cols<R, NB>(pb, v, ldv, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0, pf, pf_ld, pf_end);
+      pf = nullptr;
+    }
+    for (; e0 < Dvp; e0 += 32) {
+      pv_cols<R, 1>(pb, v, ldv, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0, pf, pf_ld, pf_end);
+      pf = nullptr;
+    }
   }
   void pv(int nr, const float* Ps, i64 vbase, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp) {
     for (int r = 0; r < nr; ++r)
@@ -399,12 +410,17 @@ struct DecodeOpsBf16 {
     const auto* v = static_cast<const std::uint16_t*>(a.v) + vbase;
     const i64 jp0 = (j_lo - t0) / 2, jp1 = (j_hi - t0 + 1) / 2;
     static_assert(kNt % 2 == 0, "key pairs stay inside a tile");
+    // While this tile's V rows are read: the next tile's K rows that this item scores (when
+    // scores() reads K, which set kbase_ and j_end_).
+    const char* pf = takes_k(a) ? reinterpret_cast<const char*>(static_cast<const std::uint16_t*>(a.k) + kbase_ + (t0 + kNt) * a.sk[2]) : nullptr;
+    const i64 pf_ld = 2 * a.sk[2], pf_end = j_end_ - t0 - kNt;
     for (int r = 0; r < nr; r += kRowsPv) {
       const std::uint16_t* pb = Pb + r * kNt;
       float* o = Od + r * Dvp;
       static_assert(kRowsPv == 2, "one case per row count below");
-      if (nr - r == 1) pv_rows<1>(pb, v, a.sv[2], t0, j_lo, j_hi, jp0, jp1, o, Dvp);
-      else pv_rows<2>(pb, v, a.sv[2], t0, j_lo, j_hi, jp0, jp1, o, Dvp);
+      if (nr - r == 1) pv_rows<1>(pb, v, a.sv[2], t0, j_lo, j_hi, jp0, jp1, o, Dvp, pf, pf_ld, pf_end);
+      else pv_rows<2>(pb, v, a.sv[2], t0, j_lo, j_hi, jp0, jp1, o, Dvp, pf, pf_ld, pf_end);
+      pf = nullptr;
     }
   }
 };

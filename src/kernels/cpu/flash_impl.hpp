@@ -534,40 +534,70 @@ inline void dot2(const float* q0, const float* q1, const float* k, i64 Dp, float
   *s1 = S::hsum(a1);
 }
 
+// Decode reads K and V from memory once; a tile's 64 rows are 32 KiB of each, and the hardware
+// prefetchers stop at every 4 KiB page (8 f32 rows of 128). So each stream is fetched into L2 one
+// phase ahead in software: while a tile's keys are scored, their V rows; while its P·V runs, the
+// next tile's K rows. pf_row fetches one row of `bytes` into L2 (prefetcht1).
+inline void pf_row(const void* p, i64 bytes) {
+  for (i64 x = 0; x < bytes; x += 64) __builtin_prefetch(static_cast<const char*>(p) + x, 0, 2);
+}
+
 // Decode P·V of R query rows: o[r][e0, e0 + NV·L) += Σ_{c ∈ [c_lo, c_hi)} p[r][c] · v[c][…], the
 // R × NV accumulators in registers across the tile's keys (each V vector loaded once for R rows).
 //   p [R][kNt]    v rows c at v + c·ldv    o [R][Dvp]
+// With pf: for each key c < pf_end, the row of pf_bytes at pf + c·pf_ld is prefetched (pf_row).
 template <class S, int R, int NV>
-inline void dec_pv_block(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp, i64 e0) {
+inline void dec_pv_block(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp, i64 e0,
+                         const char* pf = nullptr, i64 pf_ld = 0, i64 pf_end = 0, i64 pf_bytes = 0) {
   constexpr int L = S::L;
   typename S::V acc[R][NV];
 #pragma GCC unroll 2
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int x = 0; x < NV; ++x) acc[r][x] = S::loadu(o + r * Dvp + e0 + x * L);
   for (i64 c = c_lo; c < c_hi; ++c) {
+    if (pf && c < pf_end) pf_row(pf + c * pf_ld, pf_bytes);
     typename S::V vv[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int x = 0; x < NV; ++x) vv[x] = S::loadu(v + c * ldv + e0 + x * L);
 #pragma GCC unroll 2
     for (int r = 0; r < R; ++r) {
       const auto pb = S::set1(p[r * kNt + c]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int x = 0; x < NV; ++x) acc[r][x] = S::fmadd(pb, vv[x], acc[r][x]);
     }
   }
 #pragma GCC unroll 2
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int x = 0; x < NV; ++x) S::storeu(o + r * Dvp + e0 + x * L, acc[r][x]);
 }
 
+// All Dvp columns, prefetching (pf, see dec_pv_block) in the first pass only. AVX-512 takes 8
+// vectors (128 columns: a whole V row for Dv = 128) per pass, so the V tile is read once front to
+// back as one stream instead of twice by halves (with 2 rows: 16 + 8 of the 32 zmm); AVX2 (16 ymm)
+// takes 4. Either way each column's sum runs over the keys in the same order: the same bits.
+// A/B without prefetch (B = 1, H = Hkv = 16, Skv = 32768, f32, 2 threads, load ≈ 3.5): 67 → 84 %
+// of the read probe.
 template <class S, int R>
-inline void dec_pv(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp) {
+inline void dec_pv(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp,
+                   const char* pf = nullptr, i64 pf_ld = 0, i64 pf_end = 0, i64 pf_bytes = 0) {
   constexpr int L = S::L;
   i64 e0 = 0;
-  for (; e0 + 4 * L <= Dvp; e0 += 4 * L) dec_pv_block<S, R, 4>(p, v, ldv, c_lo, c_hi, o, Dvp, e0);
-  for (; e0 < Dvp; e0 += L) dec_pv_block<S, R, 1>(p, v, ldv, c_lo, c_hi, o, Dvp, e0);
+  if constexpr (S::L >= 16) {
+    for (; e0 + 8 * L <= Dvp; e0 += 8 * L) {
+      dec_pv_block<S, R, 8>(p, v, ldv, c_lo, c_hi, o, Dvp, e0, pf, pf_ld, pf_end, pf_bytes);
+      pf = nullptr;
+    }
+  }
+  for (; e0 + 4 * L <= Dvp; e0 += 4 * L) {
+    dec_pv_block<S, R, 4>(p, v, ldv, c_lo, c_hi, o, Dvp, e0, pf, pf_ld, pf_end, pf_bytes);
+    pf = nullptr;
+  }
+  for (; e0 < Dvp; e0 += L) {
+    dec_pv_block<S, R, 1>(p, v, ldv, c_lo, c_hi, o, Dvp, e0, pf, pf_ld, pf_end, pf_bytes);
+    pf = nullptr;
+  }
 }
 
 // The tile operations of decode for f32: none, decode() computes scores and P·V itself
@@ -608,6 +638,13 @@ void decode(const FlashArgs& a) {
   const bool ops_k = Ops::kEnabled && Ops::takes_k(a);  // scores by the policy
   const bool ops_v = Ops::kEnabled && Ops::takes_v(a);  // P·V by the policy
   const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % L == 0;
+  // Software prefetch of the K and V streams (pf_row) where rows are contiguous and this code
+  // reads both. A/B against the code without it, 8-vector P·V included (f32, B = 1, H = 16,
+  // Skv = 16384 / 32768, D = 128, 2 threads, % of the read probe measured just before each row,
+  // medians of 3 alternating rounds, load 1.7–5): Hkv = 16: 68 / 67 % → 98 / 100 %,
+  // Hkv = 4: 72 / 74 % → 83 / 85 %.
+  const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
+  const i64 esz = a.bf16 ? 2 : 4;  // bytes per K/V element
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
   //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
@@ -662,6 +699,7 @@ void decode(const FlashArgs& a) {
         const i64 j_lo = imax(t0, ulo), j_hi = imin(t0 + kNt, uhi);
         if (ops_k) ops.scores(nr, kbase, vbase, t0, j_lo, j_hi, uhi, Ps);
         for (i64 j = ops_k ? j_hi : j_lo; j < j_hi; ++j) {
+          if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * (vbase + j * a.sv[2]), esz * Dv);
           const float* kp;
           if (k_in_place) {
             kp = static_cast<const float*>(a.k) + kbase + j * a.sk[2];
@@ -702,9 +740,15 @@ void decode(const FlashArgs& a) {
             }
           }
         }
+        // While P·V reads this tile's V rows: the next tile's K rows, those this item scores.
+        const char* pf = prefetch ? static_cast<const char*>(a.k) + esz * (kbase + (t0 + kNt) * a.sk[2]) : nullptr;
+        const i64 pf_ld = esz * a.sk[2], pf_end = uhi - t0 - kNt, pf_bytes = esz * D;
         int r = 0;
-        for (; r + 2 <= nr; r += 2) dec_pv<S, 2>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp);
-        if (r < nr) dec_pv<S, 1>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp);
+        for (; r + 2 <= nr; r += 2) {
+          dec_pv<S, 2>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp, pf, pf_ld, pf_end, pf_bytes);
+          pf = nullptr;
+        }
+        if (r < nr) dec_pv<S, 1>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp, pf, pf_ld, pf_end, pf_bytes);
       }
       for (int r = 0; r < nr; ++r) {
         const i64 row = (b * a.Hkv + hk) * GS + g * kDecRows + r;
