@@ -114,14 +114,18 @@ class Model:
         self._config: Dict[str, Any] = json.loads(native.config_json())
 
     @classmethod
-    def load(cls, path: str, config: Optional[str] = None, weights: str = "f32") -> "Model":
+    def load(cls, path: str, config: Optional[str] = None, weights: str = "f32",
+             gemm_inputs: str = "f32") -> "Model":
         """A llama2.c checkpoint (.bin) or a .safetensors file with its config JSON (qkv's own, or a
         Hugging Face GPT-2 / Llama checkpoint: its model.safetensors, or the folder holding it with
         its config.json).
 
         weights: 'f32' (exact), or 'bf16' to keep the projection matrices rounded to bfloat16
-        (half the memory and bandwidth when decoding; activations stay float32)."""
-        return cls(_qkv.Model(str(path), "" if config is None else str(config), str(weights)))
+        (half the memory and bandwidth when decoding; activations stay float32).
+        gemm_inputs: 'f32', or 'bf16' (needs weights='bf16'): the prefill also rounds each
+        projection's input rows to bfloat16, and the KV cache and attention are bfloat16, as
+        PyTorch's bfloat16 mode computes; the fastest prefill, logits within bf16 rounding."""
+        return cls(_qkv.Model(str(path), "" if config is None else str(config), str(weights), str(gemm_inputs)))
 
     @property
     def config(self) -> Dict[str, Any]:

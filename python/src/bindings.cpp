@@ -252,7 +252,7 @@ F32Array to_numpy(qkv::Buffer&& b) {
 struct PyModel {
   qkv::Model model;
   qkv::KvCache cache;
-  PyModel(qkv::Weights w, qkv::ModelOptions o) : model(std::move(w), o), cache(model.config()) {}
+  PyModel(qkv::Weights w, qkv::ModelOptions o) : model(std::move(w), o), cache(model.new_cache()) {}
 };
 
 std::vector<int> to_tokens(const char* fn, const std::vector<std::int64_t>& t) {
@@ -385,19 +385,30 @@ NB_MODULE(_qkv, m) {
 
   nb::class_<PyModel>(m, "Model", "A transformer with its KV cache (use qkv.Model).")
       .def("__init__",
-           [](PyModel* self, const std::string& path, const std::string& config, const std::string& weights) {
+           [](PyModel* self, const std::string& path, const std::string& config, const std::string& weights,
+              const std::string& gemm_inputs) {
              qkv::ModelOptions o;
              if (weights == "bf16") {
                o.weights = qkv::DType::bf16;
              } else if (weights != "f32") {
                throw nb::value_error(("[qkv.Model.load] weights: must be 'f32' or 'bf16', got '" + weights + "'").c_str());
              }
+             if (gemm_inputs == "bf16") {
+               o.gemm_inputs = qkv::DType::bf16;
+             } else if (gemm_inputs != "f32") {
+               throw nb::value_error(
+                   ("[qkv.Model.load] gemm_inputs: must be 'f32' or 'bf16', got '" + gemm_inputs + "'").c_str());
+             }
+             if (o.gemm_inputs == qkv::DType::bf16 && o.weights != qkv::DType::bf16)
+               throw nb::value_error(
+                   ("[qkv.Model.load] gemm_inputs: 'bf16' needs weights='bf16', got weights='" + weights + "'").c_str());
              nb::gil_scoped_release unlocked;
              qkv::Weights w = qkv::load_weights(path, config);
              new (self) PyModel(std::move(w), o);
            },
-           "path"_a, "config"_a, "weights"_a,
-           "Loads a llama2.c checkpoint or a .safetensors file (+ config JSON); weights stored as f32 or bf16.")
+           "path"_a, "config"_a, "weights"_a, "gemm_inputs"_a,
+           "Loads a llama2.c checkpoint or a .safetensors file (+ config JSON); weights stored as f32 or bf16, "
+           "prefill GEMM inputs (and the KV cache) f32 or bf16.")
       .def("config_json", [](const PyModel& self) { return qkv::config_to_json(self.model.config(), false); })
       .def("num_params", [](const PyModel& self) { return self.model.weights().num_params(); })
       .def_prop_ro("position", [](const PyModel& self) { return self.cache.len; })

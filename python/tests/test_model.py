@@ -160,6 +160,33 @@ def test_bf16_weights(model, tok):
         qkv.Model.load(MODEL, weights="f16")
 
 
+def test_bf16_gemm_inputs(model, tok):
+    # gemm_inputs='bf16' adds two bf16 rounding stages to bf16 weights: the prefill's GEMM input rows
+    # and the KV cache (q, K, V, each ≤ 2^-9 relative). One stage moves a logit by at most about
+    # 8 · 2^-9 · max|logit| (the C++ bound, tests/model/test_golden_model.cpp), so against the exact
+    # f32 model the bound is 3 stages and against the bf16-weights model 2. The last tokens are
+    # decoded one at a time from the bf16 cache, the path generation takes.
+    m16 = qkv.Model.load(MODEL, weights="bf16")
+    mg = qkv.Model.load(MODEL, weights="bf16", gemm_inputs="bf16")
+    ids = tok.encode(TEXT)
+    model.reset()
+    a, b = model.forward(ids, all_logits=True), m16.forward(ids, all_logits=True)
+    pre = mg.forward(ids[:-3], all_logits=True)
+    steps = [mg.forward(ids[i:i + 1], all_logits=False) for i in range(len(ids) - 3, len(ids))]
+    c = np.concatenate([pre, np.stack(steps)])
+    stage = 8 * 2.0**-9 * float(np.max(np.abs(a)))
+    err_f32, err_b = float(np.max(np.abs(c - a))), float(np.max(np.abs(c - b)))
+    print(f"max |bf16-GEMM-inputs - f32| {err_f32:.3g} (bound {3 * stage:.3g}), "
+          f"- bf16 weights {err_b:.3g} (bound {2 * stage:.3g})")
+    assert err_f32 < 3 * stage
+    assert 0 < err_b < 2 * stage  # > 0: the activations really were rounded
+    assert mg.position == len(ids)
+    with pytest.raises(ValueError, match="gemm_inputs: 'bf16' needs weights='bf16'"):
+        qkv.Model.load(MODEL, gemm_inputs="bf16")
+    with pytest.raises(ValueError, match="gemm_inputs: must be 'f32' or 'bf16'"):
+        qkv.Model.load(MODEL, weights="bf16", gemm_inputs="f16")
+
+
 def test_tokenizer_round_trip(tok):
     ids = tok.encode(TEXT)
     assert ids[0] == qkv.Tokenizer.bos

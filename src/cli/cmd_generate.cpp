@@ -3,6 +3,8 @@
 //   qkv generate --prompt "Once upon a time" --steps 256 --temperature 0.8 --top-p 0.9 --seed 7
 //   qkv generate --model M.safetensors --config M.json --tokenizer T.bin --temperature 0
 //   qkv generate --weights bf16 ...     (projection matrices held and read as bf16: ModelOptions)
+//   qkv generate --weights bf16 --gemm-inputs bf16 ...   (also the prefill's GEMM inputs, attention
+//                                        and KV cache in bf16: the fastest prefill, as torch's bf16)
 //
 // stdout carries the text alone (the prompt, then the continuation, then one newline, exactly as
 // llama2.c prints them); speeds go to stderr. --steps counts every position including BOS and the
@@ -29,10 +31,16 @@ struct GenerateArgs {
   int top_k = 0;
   std::int64_t seed = -1;  // -1: from the clock, as llama2.c does
   std::string weights = "f32";
+  std::string gemm_inputs = "f32";
 };
 
 void run(const GenerateArgs& a) {
-  Model model(load_weights(a.model, a.config), ModelOptions{a.weights == "bf16" ? DType::bf16 : DType::f32});
+  ModelOptions mo;
+  mo.weights = a.weights == "bf16" ? DType::bf16 : DType::f32;
+  mo.gemm_inputs = a.gemm_inputs == "bf16" ? DType::bf16 : DType::f32;
+  if (mo.gemm_inputs == DType::bf16 && mo.weights != DType::bf16)
+    fail("qkv generate", "--gemm-inputs bf16: needs --weights bf16 (got --weights " + a.weights + ")");
+  Model model(load_weights(a.model, a.config), mo);
   const Tokenizer tok = Tokenizer::load(a.tokenizer, model.config().vocab_size);
   GenerateOptions opt;
   opt.steps = a.steps;
@@ -79,6 +87,11 @@ void add_generate(CLI::App& app) {
   sub->add_option("--seed,-s", a->seed, "random seed (default: the clock)")->check(at_least(1));
   sub->add_option("--weights", a->weights,
                   "f32 (exact) or bf16 (projection matrices rounded to bf16 once at load: half the bytes per token)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  sub->add_option("--gemm-inputs", a->gemm_inputs,
+                  "f32, or bf16 (with --weights bf16: the prefill rounds each projection's input rows to bf16 and "
+                  "keeps the KV cache and attention in bf16; fastest prefill, logits within bf16 rounding)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   sub->callback([a] { run(*a); });
