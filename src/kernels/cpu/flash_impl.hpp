@@ -65,6 +65,15 @@ struct Scratch {
 // cache line or a page of the block they lease together.
 inline i64 per_thread_floats(i64 floats) { return round_up(floats, 1024); }
 
+// pf_row fetches one row of `bytes` into L2 (prefetcht1). The hardware prefetchers stop at every
+// 4 KiB page (8 f32 rows of 128), so the kernels fetch the K and V rows they read next in
+// software. Decode reads K and V from memory once, a tile's 64 rows being 32 KiB of each: each
+// stream is fetched one phase ahead (while a tile's keys are scored, their V rows; while its P·V
+// runs, the next tile's K rows). The forward fetches the next tile while it computes this one.
+inline void pf_row(const void* p, i64 bytes) {
+  for (i64 x = 0; x < bytes; x += 64) __builtin_prefetch(static_cast<const char*>(p) + x, 0, 2);
+}
+
 // Allowed keys [lo, hi) of query row i (see KeyRange in params.hpp); empty → lo = hi = 0.
 inline void key_range(const FlashArgs& a, i64 i, i64 key_len, i64* lo, i64* hi) {
   const i64 diag = i + a.diag_offset;
@@ -485,10 +494,26 @@ void forward(const FlashArgs* list, i64 n) {
 
       const i64 kbase = b * a.sk[0] + hk * a.sk[1];
       const i64 vbase = b * a.sv[0] + hk * a.sv[1];
+      // A/B with and without the prefetch below (2 threads, medians of 3 alternating rounds of
+      // 3–5 repeats, load 3.3–5; f32 D = 128 unless said): non-causal S = 8192 5663 → 5507 ms and
+      // 11106 → 10216 ms, S = 2048 356.5 → 333.9 ms and 714 → 662 ms (two runs), causal
+      // S = 2048 179.6 → 169.1 ms, S = 512 D = 64 12.13 → 12.00 ms, bf16 S = 4096 734 → 713 ms.
+      const bool prefetch = a.sk[3] == 1 && a.sv[3] == 1;  // rows contiguous: pf_row covers them
+      const i64 esz = a.bf16 ? 2 : 4;                       // bytes per K/V element
       for (i64 t0 = blo / kNt * kNt; t0 < bhi; t0 += kNt) {
         // Keys of this tile that some row of the block may attend: only those are read.
         ops.load_kv(kbase, vbase, t0, imax(t0, blo), imin(t0 + kNt, bhi));
+        // The next tile's K and V rows [n0, n1) are prefetched into L2 (pf_row) while this tile
+        // is computed, `per` keys before each strip: at S ≥ 8192 a head's K and V (4–8 MB) come
+        // from beyond L2, and load_kv would otherwise wait on each line of the tile in turn.
+        const i64 n0 = t0 + kNt, n1 = imin(n0 + kNt, bhi);
+        const i64 per = (kNt + nstrips - 1) / nstrips;
         for (int s = 0; s < nstrips; ++s) {
+          if (prefetch)
+            for (i64 j = n0 + s * per; j < imin(n0 + (s + 1) * per, n1); ++j) {
+              pf_row(static_cast<const char*>(a.k) + esz * (kbase + j * a.sk[2]), esz * a.D);
+              pf_row(static_cast<const char*>(a.v) + esz * (vbase + j * a.sv[2]), esz * a.Dv);
+            }
           if (slo[s] >= t0 + kNt || shi[s] <= t0) continue;  // the rule removes the whole strip
           const int r0 = s * kRows;
           const i64 c_lo = imax(slo[s], t0) - t0, c_hi = imin(shi[s], t0 + kNt) - t0;
@@ -532,14 +557,6 @@ inline void dot2(const float* q0, const float* q1, const float* k, i64 Dp, float
   }
   *s0 = S::hsum(a0);
   *s1 = S::hsum(a1);
-}
-
-// Decode reads K and V from memory once; a tile's 64 rows are 32 KiB of each, and the hardware
-// prefetchers stop at every 4 KiB page (8 f32 rows of 128). So each stream is fetched into L2 one
-// phase ahead in software: while a tile's keys are scored, their V rows; while its P·V runs, the
-// next tile's K rows. pf_row fetches one row of `bytes` into L2 (prefetcht1).
-inline void pf_row(const void* p, i64 bytes) {
-  for (i64 x = 0; x < bytes; x += 64) __builtin_prefetch(static_cast<const char*>(p) + x, 0, 2);
 }
 
 // Decode P·V of R query rows: o[r][e0, e0 + NV·L) += Σ_{c ∈ [c_lo, c_hi)} p[r][c] · v[c][…], the
