@@ -264,6 +264,9 @@ const Case kCases[] = {
     {"gqa_decode_D128", 1, 16, 4, 1, 1000, 128, 128},
     {"gqa_decode_padding_Dv96", 3, 6, 2, 1, 777, 128, 96, false, Align::top_left, -1, -1, MaskType::none, true},
     {"decode_rows7_D96_Dv80", 1, 7, 1, 1, 300, 96, 80},
+    // Long enough for the bf16 decode's chunks of 2048 keys (≥ 32 items at that length), with
+    // key padding cutting the last chunk of each sequence at its own length.
+    {"decode_long_chunks", 2, 8, 4, 1, 16400, 64, 64, false, Align::top_left, -1, -1, MaskType::none, true},
     // Padding keys hold NaN: no kernel may read them, not even to multiply them by a zero probability.
     {"decode_nan_padding", 3, 8, 2, 1, 700, 128, 128, false, Align::top_left, -1, -1, MaskType::none, true, false, true},
     {"nan_padding", 3, 2, 2, 33, 130, 64, 64, false, Align::top_left, -1, -1, MaskType::none, true, false, true},

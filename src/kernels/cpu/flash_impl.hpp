@@ -648,6 +648,16 @@ void decode(const FlashArgs& a) {
   // Chunk length: kSplit keys, lengthened if the partial results would pass 256 MiB.
   const i64 rows_total = a.B * a.Hkv * GS;
   i64 split = kSplit;
+  // The bf16 policy reads chunks of up to 4 · kSplit keys while the call keeps ≥ 32 items: fewer
+  // item starts (query loads, a cold first tile, partial results). A constant, not the thread
+  // count, so the results stay the same bits on any number of threads. A/B of 512 against 2048
+  // (B = 1, H = 16, D = 128, Skv = 32768, 2 threads, 3 alternating rounds, load 1.2–1.5): GQA
+  // Hkv = 4 2.90–3.02 → 2.44–2.54 ms per round, MHA 9.38 → 9.08 ms; f32 (not taken here)
+  // 17.9 → 18.4 ms, 5.44 → 5.71 ms. Binaries before/after, 2 rounds: GQA Skv = 16384 / 32768
+  // 1.39 / 3.12 → 1.02 / 2.51 ms (83 / 74 % → 103 / 83 % of the read probe), MHA 4.78 / 10.17 →
+  // 4.58 / 9.67 ms.
+  if (Ops::kEnabled && Ops::takes_k(a))
+    while (split < 4 * kSplit && a.B * a.Hkv * ngroups * ((a.Skv + 2 * split - 1) / (2 * split)) >= 32) split *= 2;
   while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
   const i64 items = a.B * a.Hkv * ngroups * nsplit;
