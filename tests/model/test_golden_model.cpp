@@ -41,6 +41,26 @@ Golden read_golden(const std::string& name) {
   return g;
 }
 
+// The three golden models with their weights: Llama-style stories260K, GPT-2-style, and GQA with
+// bf16 weights in the file.
+struct GoldenCase {
+  std::string name;
+  qkv::Weights w;
+};
+std::vector<GoldenCase> golden_cases() {
+  std::vector<GoldenCase> cases;
+  cases.push_back({"stories260K", qkv::load_llama2c(std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin")});
+  cases.push_back({"tiny_gpt2", qkv::load_safetensors(kGolden + "tiny_gpt2.safetensors", kGolden + "tiny_gpt2.json")});
+  cases.push_back({"tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors")});
+  return cases;
+}
+
+double max_abs_logit(const Golden& g) {
+  double m = 0;
+  for (float v : g.logits) m = std::max(m, std::abs(double(v)));
+  return m;
+}
+
 // Max |qkv − torch| over all logits, for a full forward and for prefill + one-at-a-time decoding.
 void check(const std::string& name, qkv::Weights w, double tol, qkv::ModelOptions opt = {}) {
   const Golden g = read_golden(name);
@@ -225,18 +245,9 @@ TEST(GoldenModel, Bf16GemmInputsGqa) {
 // full forward (prefill GEMMs; on 2 threads), and a prefill of S/3 then one token at a time (the
 // GEMV path and, on 2 threads, Model::decode_step), both from a bf16 cache.
 TEST(GoldenModel, Bf16KvCache) {
-  struct Case {
-    std::string name;
-    qkv::Weights w;
-  };
-  const Case cases[] = {
-      {"stories260K", qkv::load_llama2c(std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin")},
-      {"tiny_gpt2", qkv::load_safetensors(kGolden + "tiny_gpt2.safetensors", kGolden + "tiny_gpt2.json")},
-      {"tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors")}};
-  for (const Case& cs : cases) {
+  for (const GoldenCase& cs : golden_cases()) {
     const Golden g = read_golden(cs.name);
-    double max_logit = 0;
-    for (float v : g.logits) max_logit = std::max(max_logit, std::abs(double(v)));
+    const double max_logit = max_abs_logit(g);
     const double stage = 8.0 * std::ldexp(1.0, -9) * max_logit;  // one bf16 rounding stage
     struct Mode {
       qkv::ModelOptions opt;
@@ -291,18 +302,9 @@ TEST(GoldenModel, Bf16KvCache) {
 // rows rounded to bf16, where the one-row call takes the GEMV on f32 rows: one rounding stage
 // apart, the bound of check_bf16_gemm for one stage, 8 · 2^-9 · max|logit|.
 TEST(GoldenModel, LastPositionOnlyPrefillMatchesAllPositions) {
-  struct Case {
-    std::string name;
-    qkv::Weights w;
-  };
-  const Case cases[] = {
-      {"stories260K", qkv::load_llama2c(std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin")},
-      {"tiny_gpt2", qkv::load_safetensors(kGolden + "tiny_gpt2.safetensors", kGolden + "tiny_gpt2.json")},
-      {"tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors")}};
-  for (const Case& cs : cases) {
+  for (const GoldenCase& cs : golden_cases()) {
     const Golden g = read_golden(cs.name);
-    double max_logit = 0;
-    for (float v : g.logits) max_logit = std::max(max_logit, std::abs(double(v)));
+    const double max_logit = max_abs_logit(g);
     const double tol_bf16 = 8.0 * std::ldexp(1.0, -9) * max_logit;  // as check_bf16 / check_bf16_gemm
     struct Mode {
       qkv::ModelOptions opt;
