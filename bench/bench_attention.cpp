@@ -89,25 +89,25 @@ void add(const Shape& s, bool decode) {
   benchmark::RegisterBenchmark(n, run, s, decode)->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
-// The grid (trimmed so that one run of run_bench.py, PyTorch included, stays near 10 minutes):
-//   B = 1, H = 16, D ∈ {64, 128}, S ∈ {256 … 8192}, causal and not, f32  — the main sweep
+// The grid (trimmed so that one run of run_bench.py, PyTorch included, stays near 15 minutes):
+//   B = 1, H = 16, D ∈ {64, 128}, S ∈ {256 … 8192}, causal and not  — the main sweep
 //   S = 16384 at D = 128 only; B = 4 at S ∈ {512, 2048}; GQA Hkv = 4 at S ∈ {1024, 4096}
-//   bf16 at D ∈ {64, 128}, S ∈ {1024, 4096}; one thread at S ∈ {2048, 4096}, D = 128
+//   each of those shapes in f32 and in bf16 (the grid takes both dtypes at every shape)
+//   one thread at S ∈ {2048, 4096}, D = 128
 //   the other head dims the kernels are built for, D ∈ {32, 80, 96, 256}, at S = 2048, f32, non-causal
 //   reference (f64 oracle) at S = 256 only; decode Sq = 1, Skv ∈ {1024 … 32768}, Hkv ∈ {16, 4}
 void register_grid() {
   const Kernel A = Kernel::automatic;
-  for (std::int64_t D : {64, 128})
-    for (std::int64_t S : {256, 512, 1024, 2048, 4096, 8192})
-      for (bool c : {false, true}) add({1, 16, 16, S, S, D, c, DType::f32, A, 2}, false);
-  for (bool c : {false, true}) add({1, 16, 16, 16384, 16384, 128, c, DType::f32, A, 2}, false);
-  for (std::int64_t S : {512, 2048})
-    for (bool c : {false, true}) add({4, 16, 16, S, S, 128, c, DType::f32, A, 2}, false);
-  for (std::int64_t S : {1024, 4096})
-    for (bool c : {false, true}) add({1, 16, 4, S, S, 128, c, DType::f32, A, 2}, false);
-  for (std::int64_t D : {64, 128})
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (std::int64_t D : {64, 128})
+      for (std::int64_t S : {256, 512, 1024, 2048, 4096, 8192})
+        for (bool c : {false, true}) add({1, 16, 16, S, S, D, c, t, A, 2}, false);
+    for (bool c : {false, true}) add({1, 16, 16, 16384, 16384, 128, c, t, A, 2}, false);
+    for (std::int64_t S : {512, 2048})
+      for (bool c : {false, true}) add({4, 16, 16, S, S, 128, c, t, A, 2}, false);
     for (std::int64_t S : {1024, 4096})
-      for (bool c : {false, true}) add({1, 16, 16, S, S, D, c, DType::bf16, A, 2}, false);
+      for (bool c : {false, true}) add({1, 16, 4, S, S, 128, c, t, A, 2}, false);
+  }
   for (std::int64_t S : {2048, 4096}) add({1, 16, 16, S, S, 128, false, DType::f32, A, 1}, false);
   for (std::int64_t D : {32, 80, 96, 256}) add({1, 16, 16, 2048, 2048, D, false, DType::f32, A, 2}, false);
   for (bool c : {false, true}) add({1, 16, 16, 256, 256, 64, c, DType::f32, Kernel::reference, 2}, false);

@@ -74,8 +74,11 @@ def parse(name):
 
 
 def ggml_wanted(c):
-    """The grid rows ggml is timed on: it takes minutes at S ≥ 8192, so S ≤ 4096 and decode."""
-    return c["kind"] == "dec" or c["Skv"] <= 4096
+    """The grid rows ggml is timed on: it takes minutes at S ≥ 8192, so S ≤ 4096 and decode; its bf16
+    path is 4–10× slower than its f32, so bf16 forward rows only at B = 1 without GQA."""
+    if c["kind"] == "dec":
+        return True
+    return c["Skv"] <= 4096 and (c["dtype"] == "f32" or (c["B"] == 1 and c["Hkv"] == c["H"]))
 
 
 def ggml_available():
@@ -194,10 +197,22 @@ def write_table(r, path=os.path.join(OUT, "forward.md")):
     m = r["memory"]
     lines += [""] if m is None else ["", f"Memory: S = {m['S']}, B = H = 1, D = {m['D']} ({m['kernel']}): extra peak RSS "
               f"{m['extra_peak_MB']:.1f} MB beyond the {m['inputs_MB']:.0f} MB of q, k, v, out."]
-    ratios = [c["torch_s"] / c["time_s"] for c in r["cases"] if c["torch_s"] and c["kind"] == "fwd"]
-    if ratios:
-        lines.append(f"Forward qkv / torch speed ratio over the grid: median {statistics.median(ratios):.2f}×, "
-                     f"min {min(ratios):.2f}×, max {max(ratios):.2f}×.")
+    fwd = [c for c in r["cases"] if c["torch_s"] and c["kind"] == "fwd"]
+
+    def ratio_line(what, rows):
+        x = [c["torch_s"] / c["time_s"] for c in rows]
+        return f"{what} ({len(x)} rows): median {statistics.median(x):.2f}×, min {min(x):.2f}×, max {max(x):.2f}×." if x else ""
+
+    # The issue's shape grid: D ∈ {64, 128}, B ∈ {1, 4}, H = 16 (and Hkv = 4), causal and not, every
+    # shape in fp32 and in bf16. The other head dims are reported beside it, not in its median.
+    grid = [c for c in fwd if c["D"] in (64, 128)]
+    for what, rows in (("Forward qkv / torch speed ratio over the shape grid (D 64 and 128, every shape in fp32 and bf16)", grid),
+                       ("The fp32 rows of it alone", [c for c in grid if c["dtype"] == "f32"]),
+                       ("The bf16 rows of it alone", [c for c in grid if c["dtype"] == "bf16"]),
+                       ("The other head dims (fp32, S = 2048)", [c for c in fwd if c["D"] not in (64, 128)])):
+        line = ratio_line(what, rows)
+        if line:
+            lines.append(line)
     gr = [c["ggml_s"] / c["time_s"] for c in r["cases"] if c.get("ggml_s") and c["kind"] == "fwd"]
     if gr:
         lines.append(f"Forward qkv / ggml speed ratio over the rows ggml ran (S ≤ 4096): median "
@@ -210,35 +225,42 @@ def write_table(r, path=os.path.join(OUT, "forward.md")):
 
 
 def plot(r):
+    """GFLOP/s against S for B = 1, H = 16: a row of panels per dtype, a panel per head dim."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for ax, D in zip(axes, (64, 128)):
-        for causal, style in ((False, "-"), (True, "--")):
-            sel = [c for c in r["cases"] if c["kind"] == "fwd" and c["kernel"] == "qkv" and c["dtype"] == "f32"
-                   and c["B"] == 1 and c["Hkv"] == 16 and c["D"] == D and c["causal"] == causal and c["T"] == 2]
-            sel.sort(key=lambda c: c["Skv"])
-            if not sel:
-                continue
-            S = [c["Skv"] for c in sel]
-            tag = "causal" if causal else "full"
-            ax.plot(S, [c["flop"] / c["time_s"] / 1e9 for c in sel], "o" + style, color="C0", label=f"qkv {tag}")
-            ts = [(c["Skv"], c["flop"] / c["torch_s"] / 1e9) for c in sel if c["torch_s"]]
-            ax.plot([a for a, _ in ts], [b for _, b in ts], "s" + style, color="C1", label=f"torch SDPA {tag}")
-            gs = [(c["Skv"], c["flop"] / c["ggml_s"] / 1e9) for c in sel if c.get("ggml_s")]
-            if gs:
-                ax.plot([a for a, _ in gs], [b for _, b in gs], "^" + style, color="C2", label=f"ggml {tag}")
-        ax.axhline(r["peak_gflops"], color="gray", lw=0.8, ls=":", label="measured fp32 FMA peak")
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"fp32 forward, B=1, H=16, D={D}, 2 threads")
-        ax.set_xlabel("sequence length S")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("GFLOP/s (4·B·H·S²·D, halved for causal)")
-    axes[0].legend(fontsize=8)
+    fig, panels = plt.subplots(2, 2, figsize=(12, 9))
+    for row, dtype in zip(panels, ("f32", "bf16")):
+        for ax, D in zip(row, (64, 128)):
+            plot_panel(ax, r, dtype, D)
+        row[0].set_ylabel("GFLOP/s (4·B·H·S²·D, halved for causal)")
+    panels[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(OUT, "forward_gflops.png.tmp"), dpi=110, format="png")
     os.replace(os.path.join(OUT, "forward_gflops.png.tmp"), os.path.join(OUT, "forward_gflops.png"))
+
+
+def plot_panel(ax, r, dtype, D):
+    for causal, style in ((False, "-"), (True, "--")):
+        sel = [c for c in r["cases"] if c["kind"] == "fwd" and c["kernel"] == "qkv" and c["dtype"] == dtype
+               and c["B"] == 1 and c["Hkv"] == 16 and c["D"] == D and c["causal"] == causal and c["T"] == 2]
+        sel.sort(key=lambda c: c["Skv"])
+        if not sel:
+            continue
+        tag = "causal" if causal else "full"
+        ax.plot([c["Skv"] for c in sel], [c["flop"] / c["time_s"] / 1e9 for c in sel], "o" + style, color="C0",
+                label=f"qkv {tag}")
+        for key, marker, color, who in (("torch_s", "s", "C1", "torch SDPA"), ("ggml_s", "^", "C2", "ggml")):
+            pts = [(c["Skv"], c["flop"] / c[key] / 1e9) for c in sel if c.get(key)]
+            if pts:
+                ax.plot([a for a, _ in pts], [b for _, b in pts], marker + style, color=color, label=f"{who} {tag}")
+    ax.axhline(r["peak_gflops"], color="gray", lw=0.8, ls=":", label="measured fp32 FMA peak")
+    if dtype == "bf16":  # one vdpbf16ps does twice the FLOPs of one vfmadd231ps at the same rate
+        ax.axhline(2 * r["peak_gflops"], color="gray", lw=0.8, ls="-.", label="bf16 dot-product peak (2× fp32)")
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"{dtype} forward, B=1, H=16, D={D}, 2 threads")
+    ax.set_xlabel("sequence length S")
+    ax.grid(alpha=0.3)
 
 
 def update_doc(table):
