@@ -88,6 +88,7 @@ bool usable_in_place(const View& t, std::int64_t n) {
 // scheduling ends within a small task of balance, while the dQ partials stay few (each chunk
 // beyond the first costs a dq-sized f32 buffer: fresh pages to fault in, and a reduction).
 constexpr std::int64_t kTargetTasks = 16;
+constexpr std::int64_t kMinTasks = 8;  // 4 per thread on 2 cores, where memory asks for fewer
 
 // Query blocks of batch b whose allowed keys meet [k0, k0 + nk) (the tasks' skip test).
 std::int64_t live_query_blocks(const AttnParams& p, std::int64_t b, std::int64_t k0, std::int64_t nk) {
@@ -252,18 +253,26 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
     }
   });
 
-  // Key chunks: enough tasks to balance the threads even for small B·Hkv, but never more
-  // than ~256 MiB of dQ partials. The choice depends on the shapes only (determinism).
+  // Key chunks: enough tasks to balance the threads even for small B·Hkv (kTargetTasks), but
+  // fewer, down to kMinTasks, while the dQ partials would take 32 MiB or more, and never more
+  // than 256 MiB of them. glibc serves blocks of 32 MiB and up with fresh pages on every call
+  // (its mmap threshold stops rising there), and GQA needs G times the chunks of MHA for the
+  // same tasks: B = 1, H = 8, Hkv = 2, S = 2048, D = 128 took 7 partials (56 MiB, ≈ 14k page
+  // faults per call) and now 3 (24 MiB, reused). The choice depends on the shapes only, never
+  // on the thread count (determinism).
   cx.key_blocks = (p.Skv + kBk - 1) / kBk;
-  const std::int64_t bhk = p.B * p.Hkv;
-  std::int64_t C = bhk > 0 ? (kTargetTasks + bhk - 1) / bhk : 1;
-  if (C > cx.key_blocks) C = cx.key_blocks;
-  const std::int64_t part_floats = rows * cx.Dp;
-  while (C > 1 && C * part_floats > (std::int64_t{64} << 20)) --C;
-  cx.chunks = C < 1 ? 1 : C;
   if (usable_in_place(bp.dq, p.D)) {
     cx.dq0 = bp.dq.ptr<float>(), cx.dq0_sb = bp.dq.stride(0), cx.dq0_sh = bp.dq.stride(1), cx.dq0_ld = bp.dq.stride(2);
   }
+  const std::int64_t bhk = p.B * p.Hkv;
+  const std::int64_t part_floats = rows * cx.Dp;
+  auto part_bytes = [&](std::int64_t c) { return (c - (cx.dq0 ? 1 : 0)) * part_floats * std::int64_t{4}; };
+  std::int64_t C = bhk > 0 ? (kTargetTasks + bhk - 1) / bhk : 1;
+  const std::int64_t c_min = bhk > 0 ? (kMinTasks + bhk - 1) / bhk : 1;
+  while (C > c_min && part_bytes(C) >= (std::int64_t{32} << 20)) --C;
+  while (C > 1 && part_bytes(C) > (std::int64_t{256} << 20)) --C;
+  if (C > cx.key_blocks) C = cx.key_blocks;
+  cx.chunks = C < 1 ? 1 : C;
   Floats dq_part((cx.chunks - (cx.dq0 ? 1 : 0)) * part_floats);
   cx.dq_part = dq_part.get();
 
