@@ -41,6 +41,7 @@ struct SimdAvx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  static bool any_gt(V x, float t) { return _mm256_movemask_ps(_mm256_cmp_ps(x, set1(t), _CMP_GT_OQ)) != 0; }
 
   // As SimdAvx512::exp2; 2^n is built in the exponent field (n ∈ [−126, 127] after clamping).
   static V exp2(V x) {

@@ -65,6 +65,11 @@ struct SimdScalar {
     for (int i = 0; i < L; ++i) s += a.x[i];
     return s;
   }
+  static bool any_gt(V a, float t) {
+    bool r = false;
+    for (int i = 0; i < L; ++i) r = r || a.x[i] > t;
+    return r;
+  }
 
   // As SimdAvx512::exp2, one lane at a time; 2^n built in the exponent field.
   static V exp2(V a) {
