@@ -7,8 +7,10 @@ rewrites the generated section of BENCHMARKS.md.
     python3 bench/run_bench.py [--build build] [--reps 3] [--quick] [--ggml auto|off]
     python3 bench/run_bench.py --small [--reps 5]   # S ∈ {256, 512} rows only; prints, writes nothing
 
-Measured here, in this run: the machine's fp32 FMA peak, read bandwidth and STREAM triad
-(bench_attention --peak); decode rows give their K/V streaming rate as % of both (the read probe
+Row by row: each qkv row (bench_attention, one process per row) is followed at once by its torch
+row (one persistent torch process), so that both sides of a ratio see the shared cores in the same
+minute. Measured here, in this run: the machine's fp32 FMA peak (at the start and at the end; the
+higher is the one % peak divides by), read bandwidth and STREAM triad (bench_attention --peak); decode rows give their K/V streaming rate as % of both (the read probe
 is the higher bar: decode only reads). FLOP model: 4·B·H·Sq·Skv·D, halved for causal. Times are medians of --reps repeats.
 The read-probe % of a decode row is against the probe measured right before that same row
 (bench_attention's pct_probe counter: the median over the repeats of each repeat's rate / its own
@@ -36,9 +38,9 @@ import json, os, statistics, sys, time
 import torch
 import torch.nn.functional as F
 torch.set_num_threads(2)
-cases, reps = json.loads(sys.argv[1]), int(sys.argv[2])
-res = {}
-for c in cases:
+print(json.dumps({"torch": torch.__version__}), flush=True)
+for line in sys.stdin:  # one case per line; one answer per line
+    c = json.loads(line)
     dt = torch.bfloat16 if c["dtype"] == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)
     q = (torch.rand(c["B"], c["H"], c["Sq"], c["D"], generator=g) * 2 - 1).to(dt)
@@ -48,7 +50,7 @@ for c in cases:
     with torch.inference_mode():
         F.scaled_dot_product_attention(q, k, v, **kw)
         ts = []
-        for _ in range(reps):
+        for _ in range(c["reps"]):
             n, t0 = 0, time.perf_counter()
             while True:
                 F.scaled_dot_product_attention(q, k, v, **kw)
@@ -56,9 +58,7 @@ for c in cases:
                 if time.perf_counter() - t0 > 0.2:
                     break
             ts.append((time.perf_counter() - t0) / n)
-    res[c["name"]] = statistics.median(ts)
-    print(c["name"], res[c["name"]], file=sys.stderr, flush=True)
-print(json.dumps({"torch": torch.__version__, "times": res}))
+    print(json.dumps({"name": c["name"], "time": statistics.median(ts)}), flush=True)
 """
 
 
@@ -90,6 +90,31 @@ def peer_key(c):
     return f"{c['kind']}/{c['dtype']}/B{c['B']}/H{c['H']}/Hkv{c['Hkv']}/Sq{c['Sq']}/Skv{c['Skv']}/D{c['D']}/{int(c['causal'])}"
 
 
+def machine(exe, grid, name, env):
+    """This machine's fp32 FMA peak, read bandwidth and STREAM triad (bench_attention --peak, with
+    one short row to run: Google Benchmark writes its context only when some row runs)."""
+    run = subprocess.run([exe, *grid, "--peak", "--benchmark_format=json", f"--benchmark_filter=^{re.escape(name)}$",
+                          "--benchmark_min_time=0.01s"], check=True, capture_output=True, text=True, env=env)
+    return json.loads(run.stdout)["context"]
+
+
+def qkv_row(exe, grid, name, reps, env):
+    """One row of the grid timed by bench_attention: the median of `reps` repeats."""
+    run = subprocess.run([exe, *grid, "--benchmark_format=json", f"--benchmark_filter=^{re.escape(name)}$",
+                          f"--benchmark_repetitions={reps}", "--benchmark_report_aggregates_only=true",
+                          "--benchmark_min_time=0.2s"], check=True, capture_output=True, text=True, env=env)
+    want = "aggregate" if reps > 1 else "iteration"  # Google Benchmark aggregates only for reps > 1
+    for b in json.loads(run.stdout)["benchmarks"]:
+        if b.get("run_type") != want or (want == "aggregate" and b.get("aggregate_name") != "median"):
+            continue
+        c = parse(b["run_name"].replace("/real_time", ""))
+        c["time_s"] = b["real_time"] / 1e3  # unit: ms
+        c["label"] = b.get("label", "")
+        c["pct_probe"], c["probe_gbs"] = b.get("pct_probe"), b.get("probe_GBs")  # decode rows only
+        return c
+    raise RuntimeError(f"run_bench: bench_attention gave no median for {name}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -105,44 +130,47 @@ def main():
     exe = os.path.join(args.build, "bench", "bench_attention")
     started = time.time()
 
-    flt = ["--benchmark_filter=/(S|Skv)(256|512|1024|2048)/"] if args.quick else []
+    grid = ["--small-grid"] if args.small else []
     if args.small:
-        flt, args.ggml = ["--small-grid"], "off"
+        args.ggml = "off"
+    names = subprocess.run([exe, *grid, "--benchmark_list_tests"], check=True, capture_output=True,
+                           text=True).stdout.split()
+    if args.quick:
+        names = [n for n in names if re.search(r"/(S|Skv)(256|512|1024|2048)/", n)]
     # Both sides run with OMP_WAIT_POLICY=PASSIVE: on a shared machine, threads spinning at
     # OpenMP barriers cost small calls several times their work (measured: 41.9 ms active vs
     # 10.9 ms passive for S = 256, D = 64 while others compiled).
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    run = subprocess.run([exe, "--peak", "--benchmark_format=json", f"--benchmark_repetitions={args.reps}",
-                          "--benchmark_report_aggregates_only=true", "--benchmark_min_time=0.2s", *flt],
-                         check=True, capture_output=True, text=True, env=env)
-    gb = json.loads(run.stdout)
-    ctx = gb["context"]
-    peak = float(ctx["fma_peak_gflops_2t"])
-    bw = float(ctx["read_bandwidth_gbs_2t"])
-    triad = float(ctx["stream_triad_gbs_2t"])
-    cases = {}
-    want = "aggregate" if args.reps > 1 else "iteration"  # Google Benchmark aggregates only for reps > 1
-    for b in gb["benchmarks"]:
-        if b.get("run_type") != want or (want == "aggregate" and b.get("aggregate_name") != "median"):
-            continue
-        c = parse(b["run_name"].replace("/real_time", ""))
-        c["time_s"] = b["real_time"] / 1e3  # unit: ms
-        c["label"] = b.get("label", "")
-        c["pct_probe"], c["probe_gbs"] = b.get("pct_probe"), b.get("probe_GBs")  # decode rows only
-        cases[b["run_name"].replace("/real_time", "")] = c
+    ctx = machine(exe, grid, names[0], env)
+    torch_proc = subprocess.Popen([sys.executable, "-c", TORCH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=env)
+    torch_version = json.loads(torch_proc.stdout.readline())["torch"]
+    # Row by row, each qkv row followed at once by its torch row: both see the machine in the same
+    # minute, so a slow spell of the shared cores moves the two together instead of one side of a
+    # ratio (timing the whole grid of one and then of the other once left a 0.92× row that a
+    # re-run a minute later measured at 1.54×).
+    cases, peers, torch_times = {}, {}, {}
+    for name in names:
+        c = qkv_row(exe, grid, name, args.reps, env)
+        c["torch_s"] = None
+        if c["kernel"] == "qkv" and c["T"] == 2:
+            key = peer_key(c)
+            if key not in peers:
+                peers[key] = dict(name=key, **{k: c[k] for k in ("dtype", "B", "H", "Hkv", "Sq", "Skv", "D", "causal")})
+                torch_proc.stdin.write(json.dumps(dict(peers[key], reps=args.reps)) + "\n")
+                torch_proc.stdin.flush()
+                torch_times[key] = json.loads(torch_proc.stdout.readline())["time"]
+            c["torch_s"] = torch_times[key]
+        print(fmt_case(c), c["dtype"], f"T{c['T']}", c["kernel"], f"{c['time_s'] * 1e3:.2f} ms",
+              f"torch {c['torch_s'] * 1e3:.2f} ms" if c["torch_s"] else "", file=sys.stderr, flush=True)
+        cases[name] = c
+    torch_proc.stdin.close()
+    torch_proc.wait()
+    end_ctx = machine(exe, grid, names[0], env)
+    peak = max(float(ctx["fma_peak_gflops_2t"]), float(end_ctx["fma_peak_gflops_2t"]))
     mem = None if args.small else \
         json.loads(subprocess.run([exe, "--memory-probe"], check=True, capture_output=True, text=True).stdout)
 
-    peers = {}
-    for c in cases.values():
-        if c["kernel"] == "qkv" and c["T"] == 2:
-            peers[peer_key(c)] = dict(name=peer_key(c), **{k: c[k] for k in ("dtype", "B", "H", "Hkv", "Sq", "Skv", "D", "causal")})
-    tr = subprocess.run([sys.executable, "-c", TORCH_WORKER, json.dumps(list(peers.values())), str(args.reps)],
-                        check=True, capture_output=True, text=True, env=env)
-    torch_out = json.loads(tr.stdout.strip().splitlines()[-1])
-    for c in cases.values():
-        t = torch_out["times"].get(peer_key(c)) if c["kernel"] == "qkv" and c["T"] == 2 else None
-        c["torch_s"] = t
     ggml_version, ggml_times = None, {}
     if args.ggml == "auto" and ggml_available():
         want = [p for p in peers.values() if ggml_wanted(p | {"kind": p["name"].split("/")[0]})]
@@ -154,15 +182,16 @@ def main():
         c["ggml_s"] = ggml_times.get(peer_key(c)) if c["kernel"] == "qkv" and c["T"] == 2 else None
 
     result = dict(peak_gflops=peak, peak_gflops_1t=float(ctx["fma_peak_gflops_1t"]),
-                  peak_avx2_gflops=float(ctx["fma_peak_avx2_gflops_2t"]), read_gbs=bw, triad_gbs=triad, memory=mem["memory_probe"] if mem else None,
-                  torch=torch_out["torch"], ggml=ggml_version, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+                  peak_avx2_gflops=float(ctx["fma_peak_avx2_gflops_2t"]),
+                  peak_start_end=[float(ctx["fma_peak_gflops_2t"]), float(end_ctx["fma_peak_gflops_2t"])],
+                  read_gbs=float(ctx["read_bandwidth_gbs_2t"]), triad_gbs=float(ctx["stream_triad_gbs_2t"]),
+                  memory=mem["memory_probe"] if mem else None, torch=torch_version, ggml=ggml_version, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
                   cpu=ctx.get("host_name", ""), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   wall_s=time.time() - started, cases=list(cases.values()))
     if args.small:
         print(write_table(result, path=None))
         return
-    with open(os.path.join(OUT, "forward.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_atomic(os.path.join(OUT, "forward.json"), json.dumps(result, indent=1))
     table = write_table(result)
     plot(result)
     update_doc(table)
@@ -176,8 +205,10 @@ def fmt_case(c):
 
 
 def write_table(r, path=os.path.join(OUT, "forward.md")):
+    ends = r.get("peak_start_end")
     lines = [f"Measured in this run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads "
-             f"({r['peak_gflops_1t']:.0f} on 1; AVX2 only: {r['peak_avx2_gflops']:.0f}), read bandwidth "
+             + (f"(the higher of {ends[0]:.0f} at the start and {ends[1]:.0f} at the end of the run; " if ends else "(")
+             + f"{r['peak_gflops_1t']:.0f} on 1; AVX2 only: {r['peak_avx2_gflops']:.0f}), read bandwidth "
              f"{r['read_gbs']:.1f} GB/s, STREAM triad {r['triad_gbs']:.1f} GB/s. PyTorch {r['torch']}; ggml-py {r.get('ggml') or '(not installed)'}; "
              f"OPENBLAS_CORETYPE={r['openblas_coretype']}; {r['date']}; run took {r['wall_s'] / 60:.1f} min.", "",
              "| case | dtype | threads | qkv kernel | qkv ms | GFLOP/s | % peak | torch ms | qkv / torch | ggml ms | qkv / ggml |",
@@ -219,9 +250,15 @@ def write_table(r, path=os.path.join(OUT, "forward.md")):
                      f"{statistics.median(gr):.2f}×, min {min(gr):.2f}×, max {max(gr):.2f}×.")
     table = "\n".join(lines) + "\n"
     if path:
-        with open(path, "w") as f:
-            f.write(table)
+        write_atomic(path, table)
     return table
+
+
+def write_atomic(path, text):
+    """Writes text to path through a temporary name, so that a failed run leaves the old file whole."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 def plot(r):
