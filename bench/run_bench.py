@@ -244,6 +244,17 @@ def write_table(r, path=os.path.join(OUT, "forward.md")):
         line = ratio_line(what, rows)
         if line:
             lines.append(line)
+    # Causal against non-causal qkv time at the same shape (issue #3: ≤ 0.55).
+    full = {fmt_case(c) + c["dtype"] + str(c["T"]): c for c in r["cases"]
+            if c["kind"] == "fwd" and c["kernel"] == "qkv" and not c["causal"]}
+    cr = [(c["time_s"] / full[fmt_case(c).replace(" causal", "") + c["dtype"] + str(c["T"])]["time_s"], c) for c in r["cases"]
+          if c["kind"] == "fwd" and c["kernel"] == "qkv" and c["causal"]
+          and fmt_case(c).replace(" causal", "") + c["dtype"] + str(c["T"]) in full]
+    if cr:
+        over = [f"{fmt_case(c)} {c['dtype']} {x:.2f}" for x, c in cr if x > 0.55]
+        lines.append(f"Causal / non-causal qkv time at the same shape ({len(cr)} pairs): median "
+                     f"{statistics.median(x for x, _ in cr):.2f}, min {min(x for x, _ in cr):.2f}, max {max(x for x, _ in cr):.2f}; "
+                     f"above 0.55: {', '.join(over) if over else 'none'}.")
     gr = [c["ggml_s"] / c["time_s"] for c in r["cases"] if c.get("ggml_s") and c["kind"] == "fwd"]
     if gr:
         lines.append(f"Forward qkv / ggml speed ratio over the rows ggml ran (S ≤ 4096): median "
