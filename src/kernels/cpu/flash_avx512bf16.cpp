@@ -49,9 +49,9 @@ struct OperandsBf16 {
     Vt = Kt + 2 * round_up(Dp2 / 2 * kNt, 16);
     Pb = Vt + 2 * round_up(kNt / 2 * Dvp, 16);
   }
-  void load_q(i64 b, i64 h, i64 i0, int nrows, int npad) {
+  void load_q(i64 b, i64 h, i64 i0, int r0, int r1, int nrows) {
     const auto* q = static_cast<const std::uint16_t*>(a.q);
-    for (int r = 0; r < npad; ++r) {
+    for (int r = r0; r < r1; ++r) {
       std::uint16_t* row = Qs + r * Dp2;
       if (r < nrows) {
         const i64 off = b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2];
