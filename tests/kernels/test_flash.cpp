@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/scratch.hpp"
 #include "qkv/attention.hpp"
 
 namespace qkv_test {
@@ -517,6 +518,30 @@ TEST(Flash, AutomaticChoice) {
   o.kernel = Kernel::flash;
   EXPECT_THROW(qkv::attention(q1.view(), k.view(), v.view(), o1.view(), o, std::nullopt, pat.view()),
                std::invalid_argument);
+}
+
+// The forward's scratch goes back to the pool with its size and serves the next call: after a
+// first call, further calls of the same shape leave the pool holding the same blocks and bytes
+// (independent values: the counts before the repeated calls). A block returned with a wrong size
+// (0) would never be leased again, and the count of blocks would grow by each call's leases.
+TEST(Flash, ScratchReusedAcrossCalls) {
+  Buffer q(DType::f32, {1, 2, 100, 64}), k(DType::f32, {1, 2, 100, 64}), v(DType::f32, {1, 2, 100, 64}),
+      out(DType::f32, {1, 2, 100, 64});
+  for (const Buffer* b : {&q, &k, &v})
+    for (std::int64_t i = 0; i < b->numel(); ++i) b->view().store(i, 0.01 * static_cast<double>(i % 97));
+  qkv::AttentionOptions o;
+  o.num_threads = 2;
+  qkv::attention(q.view(), k.view(), v.view(), out.view(), o);
+  std::size_t blocks = 0, bytes = 0;
+  qkv::scratch_pool_held(&blocks, &bytes);
+  for (int i = 0; i < 3; ++i) qkv::attention(q.view(), k.view(), v.view(), out.view(), o);
+  std::size_t blocks2 = 0, bytes2 = 0;
+  qkv::scratch_pool_held(&blocks2, &bytes2);
+  std::printf("pool after 1 call: %zu blocks, %zu bytes; after 3 more: %zu blocks, %zu bytes\n", blocks, bytes,
+              blocks2, bytes2);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_EQ(blocks2, blocks);
+  EXPECT_EQ(bytes2, bytes);
 }
 
 }  // namespace
