@@ -129,8 +129,16 @@ def main():
     ap.add_argument("--small", action="store_true",
                     help="only the short-sequence grid (bench_attention --small-grid) against torch; prints the table "
                          "and writes no file")
+    ap.add_argument("--from-json", metavar="FILE",
+                    help="time nothing: re-render forward.md, the plot and BENCHMARKS.md's summary from a saved run")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    if args.from_json:
+        result = json.load(open(args.from_json))
+        write_table(result)
+        plot(result)
+        update_doc(summary_table(result))
+        return
     exe = os.path.join(args.build, "bench", "bench_attention")
     started = time.time()
 
@@ -205,7 +213,7 @@ def main():
     write_atomic(os.path.join(OUT, "forward.json"), json.dumps(result, indent=1))
     table = write_table(result)
     plot(result)
-    update_doc(table)
+    update_doc(summary_table(result))
     print(table)
 
 
@@ -274,6 +282,59 @@ def write_table(r, path=os.path.join(OUT, "forward.md")):
     if path:
         write_atomic(path, table)
     return table
+
+
+def summary_table(r):
+    """BENCHMARKS.md's view of a run: one line per group of the grid (dtype, head dim, mask; decode by dtype and
+    heads), each with its range of % of the measured limit and its speed ratios to the peers. Every row of the
+    run is in bench/results/forward.md."""
+    def rng(xs, fmt):
+        lo, hi = min(xs), max(xs)
+        return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else fmt.format(lo) + "–" + fmt.format(hi)
+
+    def ratios(rows, key):
+        x = [c[key] / c["time_s"] for c in rows if c.get(key)]
+        return f"{statistics.median(x):.2f}× ({min(x):.2f}–{max(x):.2f})" if x else "—"
+
+    lines = [f"{r['date']}, PyTorch {r['torch']}, ggml-py {r.get('ggml') or '(not installed)'}; measured in the same run: "
+             f"fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads ({r['peak_gflops_1t']:.0f} on 1), read probe "
+             f"{r['read_gbs']:.1f} GB/s, STREAM triad {r['triad_gbs']:.1f} GB/s. Ratios: median (min–max) of peer time / "
+             "qkv time over the group's rows; > 1 means qkv is faster.", "",
+             "| group (2 threads) | rows | S | qkv % of limit | qkv / torch SDPA | qkv / ggml |",
+             "|---|---|---|---|---|---|"]
+    fwd = [c for c in r["cases"] if c["kind"] == "fwd" and c["kernel"] == "qkv" and c["T"] == 2]
+    groups = []
+    for dtype in ("f32", "bf16"):
+        for D in (64, 128):
+            for causal in (False, True):
+                groups.append((f"{dtype} D={D} {'causal' if causal else 'full'}, B=1 H=16",
+                               [c for c in fwd if c["dtype"] == dtype and c["D"] == D and c["causal"] == causal
+                                and c["B"] == 1 and c["Hkv"] == c["H"]]))
+        groups.append((f"{dtype} D=128, B=4 or GQA H=16/Hkv=4",
+                       [c for c in fwd if c["dtype"] == dtype and c["D"] == 128 and (c["B"] > 1 or c["Hkv"] != c["H"])]))
+    groups.append(("f32 D ∈ {32, 80, 96, 256}, S=2048", [c for c in fwd if c["D"] not in (64, 128)]))
+    for name, rows in groups:
+        if not rows:
+            continue
+        limit = r["peak_gflops"] * (2 if rows[0]["dtype"] == "bf16" else 1)  # vdpbf16ps: 2× the FLOPs per instruction
+        pct = [100 * c["flop"] / c["time_s"] / 1e9 / limit for c in rows]
+        lines.append(f"| {name} | {len(rows)} | {rng([c['Skv'] for c in rows], '{}')} | {rng(pct, '{:.0f}')} % of "
+                     f"{'bf16 dot-product (2× fp32)' if rows[0]['dtype'] == 'bf16' else 'fp32 FMA'} peak | "
+                     f"{ratios(rows, 'torch_s')} | {ratios(rows, 'ggml_s')} |")
+    dec = [c for c in r["cases"] if c["kind"] == "dec" and c["kernel"] == "qkv"]
+    for dtype in ("f32", "bf16"):
+        for gqa in (False, True):
+            rows = [c for c in dec if c["dtype"] == dtype and (c["Hkv"] != c["H"]) == gqa]
+            if rows:
+                lines.append(f"| decode {dtype} {'GQA H=16/Hkv=4' if gqa else 'H=16'}, D=128, Sq=1 | {len(rows)} | "
+                             f"Skv {rng([c['Skv'] for c in rows], '{}')} | "
+                             f"{rng([c['pct_probe'] for c in rows if c['Skv'] >= 16384], '{:.0f}')} % of the read probe "
+                             f"(Skv ≥ 16384, K/V beyond the cache) | {ratios(rows, 'torch_s')} | {ratios(rows, 'ggml_s')} |")
+    m = r.get("memory")
+    if m:
+        lines += ["", f"Memory: S = {m['S']}, B = H = 1, D = {m['D']}: {m['extra_peak_MB']:.1f} MB of peak RSS beyond "
+                  f"the {m['inputs_MB']:.0f} MB of q, k, v and out."]
+    return "\n".join(lines) + "\n"
 
 
 def write_atomic(path, text):
