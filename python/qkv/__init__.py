@@ -29,7 +29,7 @@ __all__ = [
     "MultiHeadAttention", "Tokenizer", "active_isa", "attention", "attention_backward", "cpu_isa", "num_threads",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
-__version__ = "0.1.0"
+from ._qkv import __version__  # noqa: E402  (CMakeLists.txt's project VERSION, through the module)
 
 
 def __getattr__(name):

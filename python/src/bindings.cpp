@@ -28,6 +28,7 @@
 #include "qkv/mha.hpp"
 #include "qkv/model.hpp"
 #include "qkv/types.hpp"
+#include "qkv/version.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -322,6 +323,7 @@ std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate
 }  // namespace
 
 NB_MODULE(_qkv, m) {
+  m.attr("__version__") = QKV_VERSION;  // CMakeLists.txt's project(VERSION), the one place it is written
   m.doc() = "Native layer of qkv: attention on the CPU over strided arrays. Use the qkv package, not this module.";
 
   m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "out"_a, "mask"_a.none(), "key_lengths"_a.none(),

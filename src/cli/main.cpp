@@ -8,6 +8,7 @@
 
 #include "cli/commands.hpp"
 #include "qkv/attention.hpp"
+#include "qkv/version.hpp"
 
 namespace {
 
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
          "--threads", [](int n) { qkv::set_num_threads(n); },
          "worker threads for the kernels (default: QKV_NUM_THREADS or all cores)")
       ->check(qkv::cli::at_least(1));
-  app.set_version_flag("--version", "qkv 0.1.0");
+  app.set_version_flag("--version", "qkv " QKV_VERSION);
 
 #define QKV_CLI_ADD(name) qkv::cli::add_##name(app);
   QKV_CLI_COMMANDS(QKV_CLI_ADD)
