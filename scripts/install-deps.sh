@@ -4,7 +4,7 @@
 set -euo pipefail
 
 apt_pkgs=(cmake ninja-build g++ clang libgtest-dev libgmock-dev libbenchmark-dev libomp-dev
-          libhwy-dev libdnnl-dev libcli11-dev nlohmann-json3-dev
+          libdnnl-dev libcli11-dev nlohmann-json3-dev
           zlib1g-dev chromium pkg-config)  # qkv inspect: PNG deflate; the page's browser test; the C++ package test
 missing=()
 for p in "${apt_pkgs[@]}"; do
