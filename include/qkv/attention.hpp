@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "qkv/runtime.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv {
@@ -58,9 +59,6 @@ enum class Align : std::uint8_t { top_left, bottom_right };
 // Which implementation runs. `automatic` takes the fastest kernel that supports the call
 // and falls back to the reference for anything the fast kernels do not take.
 enum class Kernel : std::uint8_t { automatic, reference, flash, flash_decode };
-
-// Instruction sets of the CPU kernels, in increasing order of capability.
-enum class Isa : std::uint8_t { scalar, avx2, avx512, avx512_bf16 };
 
 struct AttentionOptions {
   std::optional<double> scale;      // default 1/√D
@@ -114,18 +112,7 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
                                      const View& dv, const View& cu_seqlens_q, const View& cu_seqlens_k,
                                      const AttentionOptions& opt = {});
 
-// Threads used by the kernels when AttentionOptions::num_threads is 0. The default is the
-// environment variable QKV_NUM_THREADS if set, else the number of cores.
-void set_num_threads(int n);
-int num_threads();
-
-// Instruction sets. cpu_isa(): the best the CPU supports. active_isa(): the one the kernels
-// use — cpu_isa() unless the environment variable QKV_ISA (scalar | avx2 | avx512 |
-// avx512_bf16) or set_isa() chose a lower one. set_isa() throws if the CPU lacks `isa`.
-Isa cpu_isa();
-Isa active_isa();
-void set_isa(Isa isa);
-const char* isa_name(Isa isa);
+// Threads and instruction set (set_num_threads, set_isa, active_isa …): qkv/runtime.hpp.
 const char* kernel_name(Kernel k);
 
 }  // namespace qkv

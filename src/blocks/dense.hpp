@@ -22,7 +22,8 @@
 #include <span>
 #include <utility>
 
-#include "qkv/attention.hpp"  // Isa
+#include "qkv/runtime.hpp"  // Isa
+#include "qkv/types.hpp"    // DType, fail
 
 namespace qkv::blocks {
 

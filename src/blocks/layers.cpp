@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "core/per_isa.hpp"
-#include "qkv/attention.hpp"
+#include "qkv/runtime.hpp"
 
 namespace qkv::blocks {
 

@@ -7,7 +7,7 @@
 #include "blocks/layers.hpp"
 #include "blocks/linear.hpp"
 #include "core/per_isa.hpp"
-#include "qkv/attention.hpp"
+#include "qkv/runtime.hpp"
 
 namespace qkv::blocks::typed {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "core/parallel.hpp"
 #include "core/per_isa.hpp"
-#include "qkv/attention.hpp"
+#include "qkv/runtime.hpp"
 
 namespace qkv::train {
 
