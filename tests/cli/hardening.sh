@@ -159,7 +159,16 @@ file_kinds)
     one_error
   done
   run 1 "$qkv" generate --model "$dir/folder"
-  has err "$dir/folder/model.safetensors': no such file" ;;
+  has err "$dir/folder/model.safetensors': no such file"
+  # A file this user may not read (as root, the check runs the tool as nobody).
+  if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null; then
+    echo secret >"$dir/secret"
+    chmod 600 "$dir/secret"
+    chmod 755 "$dir"
+    run 1 setpriv --reuid=65534 --regid=65534 --clear-groups "$qkv" generate --tokenizer "$dir/secret"
+    has err "--tokenizer '$dir/secret': permission denied"
+    one_error
+  fi ;;
 
 # 14. Unknown commands and options are named; qkv help [command] prints help.
 unknown_command)
