@@ -119,6 +119,9 @@ train_then_generate)
   run 1 "$qkv" generate --model "$dir/run/model.safetensors" --tokenizer "$tok"
   has err "read as a llama2.c tokenizer.bin"
   one_error
+  # The training checkpoint is not the model to run: the error points at the one beside it.
+  run 1 "$qkv" generate --model "$dir/run/checkpoint.safetensors"
+  has err "a qkv train checkpoint .*the model to run is model.safetensors beside it"
   run 1 "$qkv" generate --tokenizer "$dir/run/tokenizer.json"
   has err "read as qkv train's tokenizer.json.*300 tokens, but the model's vocabulary has 512"
   one_error ;;
