@@ -59,9 +59,9 @@ struct Config {
 
 // Config <-> JSON text. The keys are the field names above; "pos" is "none" | "learned" |
 // "rotary", "norm" is "layernorm" | "rmsnorm", "mlp" is "gelu" | "swiglu" | "gelu_exact". Unknown keys and
-// missing required keys are errors naming the source and the key: every key is required except
-// rope_theta, which only a rotary model needs (no architecture is ever guessed). config_from_json also reads a Hugging Face
-// config.json (one with "model_type": "gpt2" or "llama"); settings qkv does not implement (rope
+// missing keys are errors naming the source and the key: every key is required except rope_theta,
+// which only a rotary model needs (no architecture is ever guessed). config_from_json also reads a
+// Hugging Face config.json (one with "model_type": "gpt2" or "llama"); settings qkv does not implement (rope
 // scaling, biases in Llama, another activation) are errors naming the key.
 Config config_from_json(std::string_view json, std::string_view source = "config");
 Config load_config(const std::string& path);
@@ -168,8 +168,9 @@ class Tokenizer {
   // The text of `token` following `prev`. llama2.c: a token after BOS drops its leading space;
   // byte tokens <0xXX> become the byte itself. qkv_json: the token's bytes.
   std::string_view decode(int prev, int token) const;
-  // Whether a piece is printed: not an empty one, one starting with NUL, or a lone control byte
-  // other than whitespace (bytes ≥ 0x80, parts of UTF-8 characters, are printed).
+  // Whether generate prints a piece: every piece but an empty one, one starting with NUL, or a
+  // lone control byte other than whitespace. A lone byte ≥ 0x80 (part of a UTF-8 character split
+  // into byte tokens) is printed.
   static bool printable(std::string_view piece);
 
   Format format() const { return format_; }
