@@ -59,8 +59,9 @@ struct Config {
 
 // Config <-> JSON text. The keys are the field names above; "pos" is "none" | "learned" |
 // "rotary", "norm" is "layernorm" | "rmsnorm", "mlp" is "gelu" | "swiglu" | "gelu_exact". Unknown keys and
-// missing required keys (the seven sizes) are errors. config_from_json also reads a Hugging Face
-// config.json (one with "model_type": "gpt2" or "llama"); settings qkv does not implement (rope
+// missing keys are errors naming the source and the key: every key is required except rope_theta,
+// which only a rotary model needs (no architecture is ever guessed). config_from_json also reads a
+// Hugging Face config.json (one with "model_type": "gpt2" or "llama"); settings qkv does not implement (rope
 // scaling, biases in Llama, another activation) are errors naming the key.
 Config config_from_json(std::string_view json, std::string_view source = "config");
 Config load_config(const std::string& path);
@@ -139,36 +140,57 @@ Weights load_weights(const std::string& path, const std::string& config_path = "
 void save_safetensors(const Weights& w, const std::string& path);
 
 // ---------------------------------------------------------------------------------------------
-// Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores).
+// Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores), or the
+// tokenizer.json `qkv train` writes (characters or byte-level BPE, src/train/tokenizer.hpp).
 // ---------------------------------------------------------------------------------------------
+namespace train {
+class TextTokenizer;
+}
+
 class Tokenizer {
  public:
+  // llama2.c's special ids (bos_id() and eos_id() of a llama2.c tokenizer).
   static constexpr int bos = 1;
   static constexpr int eos = 2;
+  enum class Format : std::uint8_t { llama2c, qkv_json };
 
-  // Reads `path` for a vocabulary of `vocab_size` tokens; every length is checked against the file.
+  // Reads `path` for a vocabulary of `vocab_size` tokens. The format is told by the content: a
+  // file whose first non-blank byte is '{' is qkv train's tokenizer.json, anything else a
+  // llama2.c binary; every length is checked against the file, and an error says which format
+  // the file was read as.
   static Tokenizer load(const std::string& path, std::int64_t vocab_size);
 
-  // llama2.c's encode: [BOS] [dummy " " if text is non-empty] per-UTF-8-character tokens (or their
+  // llama2.c: [BOS] [dummy " " if text is non-empty] per-UTF-8-character tokens (or their
   // byte-fallback tokens <0xXX> = 3 + byte), then repeatedly the adjacent pair whose concatenation
   // is a token with the highest score is merged. [EOS] if asked.
+  // qkv_json: the trained tokenizer's encoding; it has no BOS or EOS, so add_bos/add_eos do nothing.
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
-  // The text of `token` following `prev`: a token after BOS drops its leading space; byte tokens
-  // <0xXX> become the byte itself.
+  // The text of `token` following `prev`. llama2.c: a token after BOS drops its leading space;
+  // byte tokens <0xXX> become the byte itself. qkv_json: the token's bytes.
   std::string_view decode(int prev, int token) const;
-  // What llama2.c prints of a piece: nothing for an empty one or a lone unprintable byte.
+  // Whether generate prints a piece: every piece but an empty one, one starting with NUL, or a
+  // lone control byte other than whitespace. A lone byte ≥ 0x80 (part of a UTF-8 character split
+  // into byte tokens) is printed.
   static bool printable(std::string_view piece);
 
+  Format format() const { return format_; }
+  // The begin/end-of-text ids, or -1 where the tokenizer has none (qkv_json).
+  int bos_id() const { return format_ == Format::llama2c ? bos : -1; }
+  int eos_id() const { return format_ == Format::llama2c ? eos : -1; }
   std::int64_t vocab_size() const { return static_cast<std::int64_t>(vocab_.size()); }
   const std::string& piece(int id) const { return vocab_[static_cast<std::size_t>(id)]; }
   float score(int id) const { return scores_[static_cast<std::size_t>(id)]; }
 
  private:
+  Format format_ = Format::llama2c;
   std::vector<std::string> vocab_;
-  std::vector<float> scores_;
+  std::vector<float> scores_;  // llama2c only (qkv_json: zeros)
   std::vector<int> sorted_;  // token ids ordered by piece, for lookups (first id wins on duplicates)
   int max_token_length_ = 0;
+  std::shared_ptr<const train::TextTokenizer> text_;  // qkv_json: the trained tokenizer that encodes
   int lookup(std::string_view s) const;
+  static Tokenizer load_llama2c(const std::string& path, const std::string& bytes, std::int64_t vocab_size);
+  static Tokenizer load_qkv_json(const std::string& path, const std::string& bytes, std::int64_t vocab_size);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -320,7 +342,9 @@ struct SamplerOptions {
 class Sampler {
  public:
   Sampler(std::int64_t vocab_size, const SamplerOptions& opt);
-  // Picks a token from logits [V]; the logits are overwritten (scaled, softmaxed).
+  // Picks a token from logits [V]; the logits are overwritten (scaled, softmaxed). Throws if a
+  // logit is NaN or ±inf, or overflows when divided by the temperature (no token can be chosen
+  // from such a distribution).
   int sample(float* logits);
   float random_f32();
 
@@ -344,7 +368,10 @@ struct GenerateStats {
 // llama2.c's generation loop: emits the prompt's pieces, then each sampled token's piece, through
 // `emit` as they come; stops at BOS or EOS or after `steps` positions. The caller prints the
 // final newline llama2.c adds. The prompt is prefilled in one forward call, then each new token is
-// one query against the cache.
+// one query against the cache. A tokenizer without BOS (qkv train's) starts from the prompt's
+// first token, which is emitted too, or, for an empty prompt, from its "\n" token (nanoGPT's start).
+// Throws, naming the position, as soon as a position's logits hold a NaN or ±inf (weights that
+// overflow float): the text so far has been emitted, nothing after it.
 GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prompt, const GenerateOptions& opt,
                        const std::function<void(std::string_view)>& emit);
 

@@ -2,6 +2,8 @@
 //
 //   qkv generate --prompt "Once upon a time" --steps 256 --temperature 0.8 --top-p 0.9 --seed 7
 //   qkv generate --model M.safetensors --config M.json --tokenizer T.bin --temperature 0
+//   qkv generate --model runs/shakespeare/model.safetensors --prompt "ROMEO:"   (what qkv train wrote:
+//                                        model.json and tokenizer.json beside it are found)
 //   qkv generate --weights bf16 ...     (projection matrices held and read as bf16: ModelOptions)
 //   qkv generate --weights bf16 --gemm-inputs bf16 ...   (also the prefill's GEMM inputs, attention
 //                                        and KV cache in bf16: the fastest prefill, as torch's bf16)
@@ -11,6 +13,7 @@
 // prompt's tokens.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -20,9 +23,13 @@
 namespace qkv::cli {
 namespace {
 
+constexpr const char* kFn = "qkv generate";
+const std::string kDefaultModel = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin";
+const std::string kDefaultTokenizer = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/tok512.bin";
+
 struct GenerateArgs {
-  std::string model = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin";
-  std::string tokenizer = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/tok512.bin";
+  std::string model = kDefaultModel;
+  std::string tokenizer;  // default: tokenizer.json or tokenizer.bin beside --model, else kDefaultTokenizer
   std::string config;
   std::string prompt;
   std::int64_t steps = 256;
@@ -34,14 +41,30 @@ struct GenerateArgs {
   std::string gemm_inputs = "f32";
 };
 
+// --tokenizer when not given: what `qkv train` writes beside its model (tokenizer.json), or a
+// tokenizer.bin beside the model, else stories260K's.
+std::string default_tokenizer(const std::string& model) {
+  if (model != kDefaultModel) {
+    const std::filesystem::path p(model);
+    const std::filesystem::path dir = std::filesystem::is_directory(p) ? p : p.parent_path();
+    for (const char* name : {"tokenizer.json", "tokenizer.bin"})
+      if (std::filesystem::is_regular_file(dir / name)) return (dir / name).string();
+  }
+  return kDefaultTokenizer;
+}
+
 void run(const GenerateArgs& a) {
+  check_input(kFn, "--model", a.model, /*allow_folder=*/true);
+  const std::string tok_path = a.tokenizer.empty() ? default_tokenizer(a.model) : a.tokenizer;
+  check_input(kFn, "--tokenizer", tok_path);
+  if (!a.config.empty()) check_input(kFn, "--config", a.config);
   ModelOptions mo;
   mo.weights = a.weights == "bf16" ? DType::bf16 : DType::f32;
   mo.gemm_inputs = a.gemm_inputs == "bf16" ? DType::bf16 : DType::f32;
   if (mo.gemm_inputs == DType::bf16 && mo.weights != DType::bf16)
-    fail("qkv generate", "--gemm-inputs bf16: needs --weights bf16 (got --weights " + a.weights + ")");
+    fail(kFn, "--gemm-inputs bf16: needs --weights bf16 (got --weights " + a.weights + ")");
   Model model(load_weights(a.model, a.config), mo);
-  const Tokenizer tok = Tokenizer::load(a.tokenizer, model.config().vocab_size);
+  const Tokenizer tok = Tokenizer::load(tok_path, model.config().vocab_size);
   GenerateOptions opt;
   opt.steps = a.steps;
   opt.sampling.temperature = a.temperature;
@@ -49,11 +72,20 @@ void run(const GenerateArgs& a) {
   opt.sampling.top_k = a.top_k;
   opt.sampling.seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed)
                                   : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  if (opt.sampling.seed == 0) fail("qkv generate", "--seed: must be non-zero");
-  const GenerateStats st = generate(model, tok, a.prompt, opt, [](std::string_view piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  if (opt.sampling.seed == 0) fail(kFn, "--seed: must be non-zero");
+  bool emitted = false;
+  GenerateStats st;
+  try {
+    st = generate(model, tok, a.prompt, opt, [&emitted](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      emitted = true;
+    });
+  } catch (...) {
+    if (emitted) std::fputc('\n', stdout);  // the text so far ends its line; the error follows on stderr
     std::fflush(stdout);
-  });
+    throw;
+  }
   std::fputc('\n', stdout);
   std::fflush(stdout);
   // The first sampled token comes from the prefill's logits: decode forwards = generated − 1.
@@ -72,7 +104,9 @@ void add_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "generate text from a prompt with a language model (llama2.c's run)");
   sub->add_option("--model", a->model, "weights: llama2.c checkpoint (.bin) or .safetensors")->capture_default_str();
-  sub->add_option("--tokenizer", a->tokenizer, "llama2.c tokenizer file")->capture_default_str();
+  sub->add_option("--tokenizer", a->tokenizer,
+                  "llama2.c tokenizer.bin or qkv train's tokenizer.json (told apart by content); default: "
+                  "tokenizer.json or tokenizer.bin beside --model, else stories260K's tok512.bin");
   sub->add_option("--config", a->config,
                   "config JSON for .safetensors (default: beside the file, then config.json in its folder)");
   sub->add_option("--prompt,-i", a->prompt, "the text to continue (default: empty, the story starts from BOS)");

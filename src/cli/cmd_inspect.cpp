@@ -7,11 +7,9 @@
 // and prints the path of what it wrote. Models: llama2.c checkpoints with their tokenizer, and what
 // `qkv train` exports (model.safetensors + model.json + tokenizer.json).
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,7 +17,6 @@
 #include "inspect/page.hpp"
 #include "qkv/model.hpp"
 #include "qkv/params.hpp"
-#include "train/tokenizer.hpp"
 
 namespace qkv::cli {
 namespace {
@@ -55,31 +52,21 @@ std::string find_tokenizer(const std::string& model) {
   return found;
 }
 
-// The prompt as token ids, and the text of any id, from either kind of tokenizer.
+// The prompt as token ids, and the text of any id, from either kind of tokenizer (Tokenizer::load
+// tells llama2.c's binary from qkv train's tokenizer.json by content). llama2.c's starts with BOS;
+// qkv train's has none, so its prompt needs at least one token.
 struct Tokens {
   std::vector<int> ids;
   std::function<std::string(std::int32_t)> piece;
 };
 
 Tokens tokenize(const std::string& path, const std::string& prompt, std::int64_t vocab) {
-  if (fs::path(path).extension() == ".json") {  // qkv train's characters or byte-level BPE, no BOS
-    std::ifstream f(path, std::ios::binary);
-    if (!f) fail(kFn, "--tokenizer: cannot read " + path);
-    std::ostringstream text;
-    text << f.rdbuf();
-    auto tok = std::make_shared<train::TextTokenizer>(train::TextTokenizer::from_json(text.str()));
-    if (tok->vocab_size() != vocab) {
-      fail(kFn, "--tokenizer: " + path + " has " + std::to_string(tok->vocab_size()) +
-                    " tokens, the model " + std::to_string(vocab));
-    }
-    const std::vector<std::int32_t> ids = tok->encode(prompt);
-    if (ids.empty()) fail(kFn, "--prompt: empty (a model without BOS needs at least one token)");
-    return {std::vector<int>(ids.begin(), ids.end()), [tok](std::int32_t id) { return tok->token_text(id); }};
-  }
   auto tok = std::make_shared<Tokenizer>(Tokenizer::load(path, vocab));
-  return {tok->encode(prompt, /*add_bos=*/true, /*add_eos=*/false), [tok](std::int32_t id) -> std::string {
-            if (id == Tokenizer::bos) return "<s>";
-            if (id == Tokenizer::eos) return "</s>";
+  std::vector<int> ids = tok->encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+  if (ids.empty()) fail(kFn, "--prompt: empty (a model without BOS needs at least one token)");
+  return {std::move(ids), [tok](std::int32_t id) -> std::string {
+            if (id == tok->bos_id()) return "<s>";
+            if (id == tok->eos_id()) return "</s>";
             return tok->piece(id);
           }};
 }
@@ -133,7 +120,10 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
 }
 
 void run(const InspectArgs& a) {
+  check_input(kFn, "--model", a.model, /*allow_folder=*/true);
   const std::string tok_path = a.tokenizer.empty() ? find_tokenizer(a.model) : a.tokenizer;
+  check_input(kFn, "--tokenizer", tok_path);
+  if (!a.config.empty()) check_input(kFn, "--config", a.config);
   Model model(load_weights(a.model, a.config));
   const Config& c = model.config();
   const Tokens prompt = tokenize(tok_path, a.prompt, c.vocab_size);

@@ -7,16 +7,18 @@
 // The defaults are nanoGPT's small CPU configuration for character-level Shakespeare. --config
 // reads a JSON object whose keys are the long option names with '-' as '_' (e.g. {"layers": 6,
 // "d_model": 384, "context": 256, "lr": 1e-3}); options given on the command line win over it.
+#include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
 #include <functional>
 #include <map>
-#include <sstream>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "model/input_file.hpp"
 #include "qkv/types.hpp"
 #include "train/trainer.hpp"
 
@@ -42,10 +44,30 @@ std::function<void(const nlohmann::json&)> setter(T* dst, const std::string& key
   };
 }
 
+// --checkpoint-interval: "500" (steps) or "10m" / "2.5m" (minutes of wall time).
+void parse_checkpoint_interval(const std::string& text, train::TrainOptions& o) {
+  const std::string bad = "--checkpoint-interval: expected a number of steps >= 1 or of minutes > 0 such as 10m, got '" + text + "'";
+  char* end = nullptr;
+  if (!text.empty() && text.back() == 'm') {
+    const std::string num = text.substr(0, text.size() - 1);
+    const double minutes = std::strtod(num.c_str(), &end);
+    if (num.empty() || *end != '\0' || !std::isfinite(minutes) || !(minutes > 0)) fail(kFn, bad);
+    o.checkpoint_interval = 0;
+    o.checkpoint_interval_s = 60 * minutes;
+    return;
+  }
+  const long long steps = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || steps < 1) fail(kFn, bad);
+  o.checkpoint_interval = steps;
+  o.checkpoint_interval_s = 0;
+}
+
 }  // namespace
 
 void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a GPT-2 style model on a text file (character-level or byte-level BPE)");
+  cmd->footer("Ctrl-C (SIGINT), SIGTERM and SIGHUP stop after the current step, save everything and exit 130, 143 "
+              "and 129 (128 + the signal); continue with --resume. One run at a time may write an --out folder.");
   auto o = std::make_shared<train::TrainOptions>();
   auto config_path = std::make_shared<std::string>();
   auto quiet = std::make_shared<bool>(false);
@@ -82,37 +104,56 @@ void add_train(CLI::App& app) {
   bind("clip", &o->opt.clip, "max gradient norm (0: off)");
   bind("eval-interval", &o->eval_interval, "validate every so many steps")->check(at_least(1));
   bind("eval-batches", &o->eval_batches, "batches per validation estimate")->check(at_least(1));
-  bind("checkpoint-interval", &o->checkpoint_interval, "checkpoint every so many steps")->check(at_least(1));
+  auto checkpoint_every = std::make_shared<std::string>("500");
+  bind("checkpoint-interval", checkpoint_every.get(),
+       "checkpoint every so many steps (500), or minutes with an 'm' (10m: every 10 minutes of wall time)");
+  (*bindings)["checkpoint_interval"].from_json = [checkpoint_every](const nlohmann::json& v) {
+    if (v.is_number_integer()) *checkpoint_every = std::to_string(v.get<std::int64_t>());
+    else if (v.is_string()) *checkpoint_every = v.get<std::string>();
+    else fail(kFn, "--config: \"checkpoint_interval\" must be a number of steps or a string such as \"10m\", got " + v.dump());
+  };
   bind("seed", &o->seed, "seed of initialisation and batches");
   bind("val-fraction", &o->val_fraction, "share of the tokens (at the end) kept for validation");
   auto time_limit_min = std::make_shared<double>(0);
   bind("time-limit", time_limit_min.get(),
        "stop after so many minutes of wall time (0: none): validate, save, exit; continue with --resume");
-  cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
+  cmd->add_flag("--resume", o->resume,
+                "continue from the checkpoint in --out: the model and run settings come from it (a flag given with "
+                "another value is an error), the schedule (--steps, --lr, --warmup, ...) may change");
   cmd->add_flag("--quiet", *quiet, "no progress bar");
 
-  cmd->callback([o, config_path, quiet, bindings, decay_opt, time_limit_min] {
+  cmd->callback([o, config_path, quiet, bindings, decay_opt, time_limit_min, checkpoint_every] {
     bool decay_in_config = false;
+    std::set<std::string> given;  // flags set on the command line or in --config (for --resume)
+    for (const auto& [key, b] : *bindings)
+      if (b.opt->count() > 0) given.insert(b.opt->get_name().substr(2));
     if (!config_path->empty()) {
-      std::ifstream f(*config_path, std::ios::binary);
-      if (!f) fail(kFn, "--config '" + *config_path + "': cannot open the file");
-      std::stringstream s;
-      s << f.rdbuf();
-      const auto j = nlohmann::json::parse(s.str(), nullptr, false);
+      const std::string text = detail::read_input_file(*config_path, kFn, "--config", std::size_t{1} << 20);
+      const auto j = nlohmann::json::parse(text, nullptr, false);
       if (j.is_discarded() || !j.is_object()) fail(kFn, "--config '" + *config_path + "': not a JSON object");
       for (auto it = j.begin(); it != j.end(); ++it) {
         const auto b = bindings->find(it.key());
         if (b == bindings->end()) fail(kFn, "--config '" + *config_path + "': unknown key \"" + it.key() + "\"");
         if (b->second.opt->count() == 0) b->second.from_json(it.value());
+        given.insert(b->second.opt->get_name().substr(2));
         decay_in_config = decay_in_config || it.key() == "decay_steps";
       }
     }
     if (decay_opt->count() == 0 && !decay_in_config)  // nanoGPT: lr_decay_iters = max_iters
       o->opt.decay_steps = o->steps;
-    if (!(*time_limit_min >= 0)) fail(kFn, "--time-limit: must be >= 0 minutes (got " + std::to_string(*time_limit_min) + ")");
+    if (!(*time_limit_min >= 0))
+      throw CLI::ValidationError("--time-limit: must be >= 0 minutes (got " + std::to_string(*time_limit_min) + ")");
     o->time_limit_s = 60 * *time_limit_min;
     o->progress = !*quiet;
+    try {  // bad values are usage errors (exit 2), named with the value given
+      parse_checkpoint_interval(*checkpoint_every, *o);
+      train::check_options(*o);
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError(e.what());
+    }
+    if (o->resume) o->given = given;
     const train::TrainSummary r = train::train(*o);
+    if (r.interrupted) exit_status() = 128 + r.signal;  // 130 SIGINT, 143 SIGTERM, 129 SIGHUP
     std::printf("%s at step %lld: validation loss %.4f, %.2f steps/s\n", r.interrupted ? "stopped" : r.time_limited ? "time limit reached" : "done",
                 static_cast<long long>(r.step), r.val_loss, r.steps_per_s);
   });

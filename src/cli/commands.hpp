@@ -5,9 +5,13 @@
 // src/cli/CMakeLists.txt picks up every cmd_*.cpp by itself.
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include <CLI/CLI.hpp>
+
+#include "model/input_file.hpp"
+#include "qkv/types.hpp"
 
 #define QKV_CLI_COMMANDS(X) \
   X(params)                 \
@@ -28,6 +32,22 @@ inline CLI::Validator at_least(long long lo) {
         return {};
       },
       "INT>=" + std::to_string(lo));
+}
+
+// Refuses `path`, given to `command` as `flag`, unless it is a regular file this process may read
+// (or, with allow_folder, a folder): "qkv generate: --model 'x': is a FIFO, not a regular file".
+// Checked with stat(), so a FIFO or device is named before anything would block opening it.
+inline void check_input(const char* command, const std::string& flag, const std::string& path, bool allow_folder = false) {
+  if (allow_folder && std::filesystem::is_directory(path)) return;
+  if (const std::string why = detail::input_file_problem(path); !why.empty())
+    fail(command, flag + " '" + path + "': " + why);
+}
+
+// The exit status of a command that finished without an error but must not report success (a
+// training run stopped by a signal exits 128 + its number, as a shell reports it). main returns it.
+inline int& exit_status() {
+  static int status = 0;
+  return status;
 }
 
 #define QKV_CLI_DECLARE(name) void add_##name(CLI::App& app);

@@ -1,6 +1,7 @@
 // Process-wide settings: thread count and instruction set (chosen once, overridable).
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -11,10 +12,16 @@
 namespace qkv {
 namespace {
 
+// QKV_NUM_THREADS, when set and not empty, must be a whole number ≥ 1 (a typo is an error, not
+// silently all cores).
 int default_threads() {
-  if (const char* s = std::getenv("QKV_NUM_THREADS")) {
-    const int n = std::atoi(s);
-    if (n > 0) return n;
+  if (const char* s = std::getenv("QKV_NUM_THREADS"); s && *s) {
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(s, &end, 10);
+    if (*end != '\0' || errno != 0 || n < 1 || n > 1 << 16)
+      fail("qkv::num_threads", std::string("QKV_NUM_THREADS: must be a whole number in [1, 65536], got '") + s + "'");
+    return static_cast<int>(n);
   }
   return std::max(1u, std::thread::hardware_concurrency());
 }
@@ -35,9 +42,13 @@ Isa detect_isa() {
 
 Isa env_or_cpu_isa() {
   const Isa cpu = detect_isa();
-  if (const char* s = std::getenv("QKV_ISA")) {
-    for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
+  if (const char* s = std::getenv("QKV_ISA"); s && *s) {
+    std::string names;
+    for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
       if (std::strcmp(s, isa_name(i)) == 0) return std::min(i, cpu);
+      names += std::string(names.empty() ? "" : ", ") + isa_name(i);
+    }
+    fail("qkv::active_isa", std::string("QKV_ISA: must be one of ") + names + ", got '" + s + "'");
   }
   return cpu;
 }

@@ -1,12 +1,11 @@
 // Config: validation, presets and the JSON form.
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "model/hf_layout.hpp"
+#include "model/input_file.hpp"
 #include "qkv/model.hpp"
 
 namespace qkv {
@@ -117,6 +116,11 @@ Config config_from_json(std::string_view text, std::string_view source) {
   get_int("n_kv_heads", &c.n_kv_heads);
   get_int("vocab_size", &c.vocab_size);
   get_int("seq_len", &c.seq_len);
+  // Every field that shapes the model is required: a missing one would silently take a default
+  // (RMSNorm, rotary, SwiGLU...) and run a different model on the same weights. rope_theta is
+  // required with rotary positions only.
+  for (const char* key : {"pos", "norm", "mlp", "tied_embeddings", "bias", "norm_eps"})
+    if (!j.contains(key)) fail(fn, where + ": missing required key \"" + key + "\"");
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (k == "dim" || k == "hidden_dim" || k == "n_layers" || k == "n_heads" || k == "n_kv_heads" ||
@@ -131,17 +135,15 @@ Config config_from_json(std::string_view text, std::string_view source) {
     else if (k == "rope_theta") get_float("rope_theta", &c.rope_theta);
     else fail(fn, where + ": unknown key \"" + k + "\"");
   }
+  if (c.pos == PosEncoding::rotary && !j.contains("rope_theta"))
+    fail(fn, where + ": missing required key \"rope_theta\" (pos is \"rotary\")");
   c.validate(std::string(fn) + " (" + where + ")");
   return c;
 }
 
 Config load_config(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("qkv::load_config", "path '" + path + "': cannot open the file");
-  std::ostringstream s;
-  s << f.rdbuf();
-  const std::string text = s.str();
-  if (text.size() > (1u << 20)) fail("qkv::load_config", "path '" + path + "': larger than 1 MiB, not a config");
+  // A config is a few hundred bytes; 1 MiB refuses a weights file given by mistake without reading it.
+  const std::string text = detail::read_input_file(path, "qkv::load_config", "path", std::size_t{1} << 20);
   return config_from_json(text, "config '" + path + "'");
 }
 

@@ -30,8 +30,23 @@ float Sampler::random_f32() {
   return static_cast<float>(u >> 8) / 16777216.0f;
 }
 
+namespace {
+
+// The index of the first logit that is NaN or ±inf, or −1.
+std::int64_t first_non_finite(const float* logits, std::int64_t V) {
+  for (std::int64_t i = 0; i < V; ++i)
+    if (!std::isfinite(logits[i])) return i;
+  return -1;
+}
+
+}  // namespace
+
 int Sampler::sample(float* logits) {
+  const char* fn = "qkv::Sampler::sample";
   const std::int64_t V = V_;
+  if (const std::int64_t bad = first_non_finite(logits, V); bad >= 0)
+    fail(fn, "logits: token " + std::to_string(bad) + " has the non-finite logit " + std::to_string(logits[bad]) +
+                 "; no token can be sampled");
   if (opt_.temperature == 0.0f) {  // greedy: the first maximum
     std::int64_t best = 0;
     for (std::int64_t i = 1; i < V; ++i)
@@ -39,6 +54,9 @@ int Sampler::sample(float* logits) {
     return static_cast<int>(best);
   }
   for (std::int64_t i = 0; i < V; ++i) logits[i] /= opt_.temperature;
+  if (const std::int64_t bad = first_non_finite(logits, V); bad >= 0)
+    fail(fn, "logits: token " + std::to_string(bad) + "'s logit overflows float when divided by the temperature " +
+                 std::to_string(opt_.temperature));
   if (opt_.top_k > 0 && opt_.top_k < V) {
     // Keep the k largest logits (the first ones among equals); the rest get probability 0.
     cand_.clear();
@@ -75,6 +93,9 @@ int Sampler::sample(float* logits) {
   cand_.clear();
   for (std::int64_t i = 0; i < V; ++i)
     if (logits[i] >= cutoff) cand_.emplace_back(logits[i], static_cast<int>(i));
+  // The cutoff can exceed every probability (a flat distribution with top_p < 1/V): the nucleus
+  // is then the most likely token alone (the first maximum), never an empty list.
+  if (cand_.empty()) return static_cast<int>(std::max_element(logits, logits + V) - logits);
   std::stable_sort(cand_.begin(), cand_.end(), [](auto a, auto b) { return a.first > b.first; });
   float cum = 0.0f;
   std::size_t last = cand_.size() - 1;
@@ -103,7 +124,14 @@ GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prom
                  std::to_string(c.vocab_size));
   Sampler sampler(c.vocab_size, opt.sampling);
   const std::int64_t steps = (opt.steps <= 0 || opt.steps > c.seq_len) ? c.seq_len : opt.steps;
-  const std::vector<int> tokens = tok.encode(prompt, true, false);
+  std::vector<int> tokens = tok.encode(prompt, true, false);
+  // Without BOS the first token is the prompt's own (emitted below), or "\n" for an empty prompt.
+  const bool has_bos = tok.bos_id() >= 0;
+  if (!has_bos && tokens.empty()) {
+    tokens = tok.encode("\n", false, false);
+    if (tokens.size() != 1)
+      fail(fn, "prompt: empty, and the tokenizer has neither BOS nor a \"\\n\" token to start from; give a prompt");
+  }
   const auto n = static_cast<std::int64_t>(tokens.size());
   if (n > c.seq_len)
     fail(fn, "prompt: " + std::to_string(n) + " tokens (with BOS) do not fit the model's context of " +
@@ -116,6 +144,13 @@ GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prom
   using clock = std::chrono::steady_clock;
   auto seconds = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
   // The prompt is needed in the cache only if generation goes past it.
+  // Logits of position `pos` (the prediction of its successor) with a NaN or inf: stop, naming it.
+  auto check_logits = [&](std::int64_t pos) {
+    if (const std::int64_t bad = first_non_finite(logits.data(), c.vocab_size); bad >= 0)
+      fail(fn, "the logits at position " + std::to_string(pos) + " are not finite (token " + std::to_string(bad) +
+                   ": " + std::to_string(logits[static_cast<std::size_t>(bad)]) +
+                   "): the model's weights or activations overflow float; generation stopped there");
+  };
   if (steps >= n) {
     const auto t0 = clock::now();
     model.forward(tokens, cache, logits.data());
@@ -124,6 +159,7 @@ GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prom
   // Position pos holds `token`; its successor is the prompt's next token or a sample. llama2.c
   // prints the successor's piece at each of the `steps` positions and stops at BOS.
   int token = tokens[0];
+  if (!has_bos && !prompt.empty()) emit(tok.decode(-1, token));
   const auto t1 = clock::now();
   for (std::int64_t pos = 0; pos < steps; ++pos) {
     int next;
@@ -131,10 +167,11 @@ GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prom
       next = tokens[static_cast<std::size_t>(pos + 1)];
     } else {
       if (pos >= n) model.forward(std::span<const int>(&token, 1), cache, logits.data());
+      check_logits(pos);
       next = sampler.sample(logits.data());
       ++st.generated;
     }
-    if (next == Tokenizer::bos || next == Tokenizer::eos) break;
+    if (next == tok.bos_id() || next == tok.eos_id()) break;
     const std::string_view piece = tok.decode(token, next);
     if (Tokenizer::printable(piece)) emit(piece);
     token = next;

@@ -8,18 +8,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "model/input_file.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::detail {
 
 MappedFile::MappedFile(const std::string& path, const char* fn) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(fn, "path '" + path + "': cannot open: " + std::strerror(errno));
+  // Refuses a directory, FIFO or device before opening (a FIFO would block open()).
+  const int fd = open_input_file(path, fn, "path");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(fn, "path '" + path + "': not a regular file");
-  }
+  ::fstat(fd, &st);
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);

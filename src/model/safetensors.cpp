@@ -11,6 +11,7 @@
 // are converted to f32 into an owned arena. The tensor names are qkv's own (weights.cpp) or those of
 // a Hugging Face GPT-2 or Llama checkpoint (hf_layout.hpp), told apart by the token embedding's name.
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -275,6 +276,10 @@ Weights load_weights(const std::string& path, const std::string& config_path) {
   detail::MappedFile file(path, "qkv::load_weights");
   Header h = parse_header(file, "qkv::load_weights", "file '" + path + "'");
   auto it = h.metadata.find("qkv_config");
+  if (const auto f = h.metadata.find("format"); it == h.metadata.end() && f != h.metadata.end() &&
+                                                f->second == "qkv-train-checkpoint-1")
+    fail("qkv::load_weights", "path '" + path + "': a qkv train checkpoint (weights with optimiser state); the model "
+                                  "to run is model.safetensors beside it");
   if (it == h.metadata.end())
     fail("qkv::load_weights", "path '" + path + "': no config given, none found at '" + beside + "' or '" + folder +
                                   "', and no qkv_config in the file's metadata");
@@ -295,7 +300,9 @@ void save_safetensors(const Weights& w, const std::string& path) {
   }
   std::string header = j.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // A temporary no other writer uses: this process's pid and a count of its saves.
+  static std::atomic<std::uint64_t> saves{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(saves++);
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) fail(fn, "path '" + tmp + "': cannot open for writing: " + std::strerror(errno));

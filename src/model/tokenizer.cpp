@@ -4,7 +4,8 @@
 //   vocab_size × { f32 score, int32 length, length bytes }       (vocab_size comes from the model)
 //
 // Every length is checked against the bytes that remain and against max_token_length, and the
-// file must end exactly after the last token.
+// file must end exactly after the last token. Tokenizer::load also reads qkv train's
+// tokenizer.json (told apart by content), encoding with src/train/tokenizer.hpp.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -15,18 +16,51 @@
 #include <iterator>
 #include <string>
 
+#include "model/input_file.hpp"
 #include "qkv/model.hpp"
+#include "train/tokenizer.hpp"
 
 namespace qkv {
 
 Tokenizer Tokenizer::load(const std::string& path, std::int64_t vocab_size) {
   const char* fn = "qkv::Tokenizer::load";
-  const std::string where = "file '" + path + "'";
   if (vocab_size < 3 || vocab_size > (1 << 22))
     fail(fn, "vocab_size: must be in [3, 4194304] (BOS is 1, EOS is 2), got " + std::to_string(vocab_size));
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(fn, "path '" + path + "': cannot open the file");
-  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string bytes = detail::read_input_file(path, fn, "path", std::size_t{1} << 30);
+  // The format by content: JSON starts with '{' (after blanks); a llama2.c file starts with its
+  // int32 max_token_length, whose low byte is '{' only for lengths 123, 379, ... and then the
+  // JSON parse fails and says it was read as JSON.
+  const auto first = bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && bytes[first] == '{') return load_qkv_json(path, bytes, vocab_size);
+  return load_llama2c(path, bytes, vocab_size);
+}
+
+Tokenizer Tokenizer::load_qkv_json(const std::string& path, const std::string& bytes, std::int64_t vocab_size) {
+  const char* fn = "qkv::Tokenizer::load";
+  const std::string where = "file '" + path + "' (read as qkv train's tokenizer.json: it starts with '{')";
+  train::TextTokenizer tt;
+  try {
+    tt = train::TextTokenizer::from_json(bytes);
+  } catch (const std::invalid_argument& e) {
+    fail(fn, where + ": " + e.what());
+  }
+  if (tt.vocab_size() != vocab_size)
+    fail(fn, where + ": " + std::to_string(tt.vocab_size()) + " tokens, but the model's vocabulary has " +
+                 std::to_string(vocab_size) + ": the tokenizer belongs to another model");
+  Tokenizer t;
+  t.format_ = Format::qkv_json;
+  for (std::int64_t i = 0; i < vocab_size; ++i) t.vocab_.push_back(tt.token_text(static_cast<std::int32_t>(i)));
+  t.scores_.assign(static_cast<std::size_t>(vocab_size), 0.0f);
+  t.text_ = std::make_shared<const train::TextTokenizer>(std::move(tt));
+  t.sorted_.resize(static_cast<std::size_t>(vocab_size));
+  for (std::size_t i = 0; i < t.sorted_.size(); ++i) t.sorted_[i] = static_cast<int>(i);
+  std::stable_sort(t.sorted_.begin(), t.sorted_.end(), [&t](int a, int b) { return t.piece(a) < t.piece(b); });
+  return t;
+}
+
+Tokenizer Tokenizer::load_llama2c(const std::string& path, const std::string& bytes, std::int64_t vocab_size) {
+  const char* fn = "qkv::Tokenizer::load";
+  const std::string where = "file '" + path + "' (read as a llama2.c tokenizer.bin, binary)";
   std::size_t at = 0;
   auto read_i32 = [&](const char* what, std::int64_t index) {
     if (bytes.size() - at < 4)
@@ -77,6 +111,10 @@ int Tokenizer::lookup(std::string_view s) const {
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos) const {
+  if (format_ == Format::qkv_json) {
+    const std::vector<std::int32_t> ids = text_->encode(text);
+    return {ids.begin(), ids.end()};
+  }
   std::vector<int> tokens;
   tokens.reserve(text.size() + 3);
   if (add_bos) tokens.push_back(bos);
@@ -163,6 +201,7 @@ std::string_view Tokenizer::decode(int prev, int token) const {
     fail("qkv::Tokenizer::decode", "token: must be in [0, " + std::to_string(vocab_size()) + "), got " +
                                        std::to_string(token));
   std::string_view p = piece(token);
+  if (format_ == Format::qkv_json) return p;
   if (prev == bos && !p.empty() && p[0] == ' ') p.remove_prefix(1);
   // "<0xXX>" (llama2.c reads it with sscanf("<0x%02hhX>"): one or two hex digits after "<0x").
   if (p.size() >= 4 && p.substr(0, 3) == "<0x" && hex_digit(p[3]) >= 0) {
@@ -176,8 +215,10 @@ std::string_view Tokenizer::decode(int prev, int token) const {
 bool Tokenizer::printable(std::string_view piece) {
   if (piece.empty() || piece[0] == '\0') return false;
   if (piece.size() == 1) {
+    // Only control bytes are dropped: a lone byte ≥ 0x80 is part of a UTF-8 character whose
+    // bytes come as separate byte-fallback tokens, and dropping it would lose the character.
     const unsigned char c = static_cast<unsigned char>(piece[0]);
-    return std::isprint(c) || std::isspace(c);
+    return c >= 0x20 ? c != 0x7F : std::isspace(c) != 0;
   }
   return true;
 }

@@ -1,12 +1,15 @@
 #include "train/safetensors_io.hpp"
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "model/input_file.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::train {
@@ -76,17 +79,38 @@ std::vector<std::int64_t> st_get_i64(const StFile& f, const std::string& name, s
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) fail("qkv::train::write_file", "path '" + tmp + "': cannot open for writing");
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    f.flush();
-    if (!f) fail("qkv::train::write_file", "path '" + tmp + "': write failed (disk full?)");
+  const char* fn = "qkv::train::write_file";
+  // A name no other writer uses: this process's pid and a count of its writes (two runs on one
+  // folder, or two threads of one, never share a temporary).
+  static std::atomic<std::uint64_t> count{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(count++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) fail(fn, "path '" + tmp + "': cannot open for writing: " + std::strerror(errno));
+  // Any failure from here on removes the temporary: a full disk leaves nothing behind.
+  auto give_up = [&](const std::string& what, int err) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    fail(fn, "path '" + path + "': " + what + ": " + std::strerror(err) + " (the temporary was removed)");
+  };
+  for (std::size_t at = 0; at < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) give_up("write failed after " + std::to_string(at) + " of " + std::to_string(text.size()) + " bytes",
+                        n < 0 ? errno : ENOSPC);
+    at += static_cast<std::size_t>(n);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail("qkv::train::write_file", "path '" + path + "': cannot rename the temporary file: " + ec.message());
+  // On the disk before the rename, so a crash leaves the old file or the new one, never a hole.
+  if (::fsync(fd) != 0) give_up("fsync failed", errno);
+  if (::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    fail(fn, "path '" + path + "': close failed: " + std::strerror(e) + " (the temporary was removed)");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    fail(fn, "path '" + path + "': cannot rename the temporary file into place: " + std::strerror(e));
+  }
 }
 
 void write_safetensors(const std::string& path, const StFile& file) {
@@ -110,11 +134,7 @@ void write_safetensors(const std::string& path, const StFile& file) {
 
 StFile read_safetensors(const std::string& path) {
   const char* fn = "qkv::train::read_safetensors";
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(fn, "path '" + path + "': cannot open the file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  const std::string data = ss.str();
+  const std::string data = detail::read_input_file(path, fn, "path");
   if (data.size() < 8) fail(fn, "path '" + path + "': " + std::to_string(data.size()) + " bytes, too short for safetensors");
   std::uint64_t len = 0;
   for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(data[static_cast<std::size_t>(i)]);

@@ -3,7 +3,7 @@
 //
 // Format: u64 little-endian header length n, n bytes of JSON {name: {dtype, shape, data_offsets:
 // [begin, end)}, "__metadata__": {string: string}}, then the data. The writer pads the header with
-// spaces to a multiple of 8 and writes to "<path>.tmp" before renaming it over <path>, so a crash
+// spaces to a multiple of 8 and writes to a temporary "<path>.tmp.<pid>.<n>" before renaming it over <path>, so a crash
 // never leaves a half-written checkpoint. The reader checks every offset against the file size.
 #pragma once
 
@@ -37,7 +37,8 @@ void st_copy_f32(const StFile& f, const std::string& name, float* out, std::int6
 std::vector<std::uint64_t> st_get_u64(const StFile& f, const std::string& name, std::int64_t n, const std::string& what);
 std::vector<std::int64_t> st_get_i64(const StFile& f, const std::string& name, std::int64_t n, const std::string& what);
 
-// Writes text to "<path>.tmp" and renames it over path.
+// Writes text to a temporary "<path>.tmp.<pid>.<n>" (unique per process and write), fsyncs and renames
+// it over path; any failure removes the temporary and throws naming path and errno's text.
 void write_file_atomic(const std::string& path, const std::string& text);
 
 }  // namespace qkv::train

@@ -243,6 +243,12 @@ TextTokenizer TextTokenizer::from_json(std::string_view json) {
     t.kind_ = Kind::bpe;
     for (int b = 0; b < 256; ++b) t.pieces_.emplace_back(1, static_cast<char>(b));
     if (!j.contains("merges") || !j["merges"].is_array()) fail(fn, "json: \"merges\" must be an array");
+    if (j["merges"].size() > 65536 - 256)
+      fail(fn, "json: " + std::to_string(j["merges"].size()) + " merges, more than a 65536-token vocabulary holds");
+    // Each merge concatenates two pieces, so hostile merges ([256, 256], [257, 257], ...) double a
+    // piece's length each time; learned pieces are words of the corpus, far below this bound.
+    constexpr std::size_t kMaxPieceBytes = std::size_t{64} << 20;
+    std::size_t piece_bytes = 256;
     for (const auto& m : j["merges"]) {
       const auto next = static_cast<std::int32_t>(t.pieces_.size());
       if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() || !m[1].is_number_integer() ||
@@ -251,6 +257,10 @@ TextTokenizer TextTokenizer::from_json(std::string_view json) {
         fail(fn, "json: merge " + std::to_string(next - 256) + " must be two ids below " + std::to_string(next) +
                      ", got " + m.dump());
       const auto a = m[0].get<std::int32_t>(), b = m[1].get<std::int32_t>();
+      piece_bytes += t.pieces_[static_cast<std::size_t>(a)].size() + t.pieces_[static_cast<std::size_t>(b)].size();
+      if (piece_bytes > kMaxPieceBytes)
+        fail(fn, "json: merge " + std::to_string(next - 256) + " makes the pieces more than 64 MiB in all: not a "
+                                                                "tokenizer qkv train wrote");
       t.merges_.emplace_back(a, b);
       t.pieces_.push_back(t.pieces_[static_cast<std::size_t>(a)] + t.pieces_[static_cast<std::size_t>(b)]);
     }

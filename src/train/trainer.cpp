@@ -1,5 +1,7 @@
 #include "train/trainer.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +10,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -15,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/input_file.hpp"
 #include "train/plot.hpp"
 #include "train/rng.hpp"
 #include "train/safetensors_io.hpp"
@@ -33,24 +38,65 @@ constexpr const char* kFormat = "qkv-train-checkpoint-1";
 constexpr std::uint64_t kInitStream = 0x1A17'0000'0000'0001ull;
 constexpr std::uint64_t kEvalStream = 0x5EED'E7A1ull;
 
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int) { g_interrupted = true; }
+std::atomic<int> g_stop_signal{0};  // the signal that asked the run to stop, 0 while none did
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-// Installs the Ctrl-C handler for the lifetime of a training run, then restores the old one.
-struct SigintGuard {
+// For the lifetime of a training run: SIGINT (Ctrl-C), SIGTERM (timeout, systemd, docker stop,
+// Slurm) and SIGHUP (a closed terminal) stop the run after the current step with everything
+// saved; SIGXFSZ (a file size limit, `ulimit -f`) is ignored so that a write past the limit fails
+// with EFBIG, is reported and its temporary removed, instead of killing the process mid-write.
+// The old handlers come back at the end.
+struct SignalGuard {
+  static constexpr int kStop[3] = {SIGINT, SIGTERM, SIGHUP};
   using Handler = void (*)(int);
-  Handler old;
-  SigintGuard() : old(std::signal(SIGINT, on_sigint)) { g_interrupted = false; }
-  ~SigintGuard() { std::signal(SIGINT, old); }
+  Handler old[3], old_xfsz;
+  SignalGuard() {
+    g_stop_signal = 0;
+    for (int i = 0; i < 3; ++i) old[i] = std::signal(kStop[i], on_stop_signal);
+    old_xfsz = std::signal(SIGXFSZ, SIG_IGN);
+  }
+  ~SignalGuard() {
+    for (int i = 0; i < 3; ++i) std::signal(kStop[i], old[i]);
+    std::signal(SIGXFSZ, old_xfsz);
+  }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(kFn, "--data '" + path + "': cannot open the file");
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal"; }
+
+// The output folder, locked for this run: flock on out/.qkv-train.lock, which holds the pid. A
+// second run on the folder is refused naming the first one's pid. Creating and writing the lock
+// file is also the check that the folder is writable, before any training.
+class OutLock {
+ public:
+  explicit OutLock(const std::string& dir) {
+    const std::string path = dir + "/.qkv-train.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(kFn, "--out '" + dir + "': cannot write in the folder: " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+      const long pid = n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+      ::close(fd_);
+      fail(kFn, "--out '" + dir + "': another qkv train" + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : "") +
+                    " is writing to this folder (it holds " + path +
+                    "); wait for it to finish or choose another --out");
+    }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+      const int e = errno;
+      ::close(fd_);
+      fail(kFn, "--out '" + dir + "': cannot write in the folder: " + std::strerror(e));
+    }
+  }
+  ~OutLock() { ::close(fd_); }  // closing releases the lock
+  OutLock(const OutLock&) = delete;
+  OutLock& operator=(const OutLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // FNV-1a over the corpus bytes: a resumed run must see the same text.
 std::string fingerprint(const std::string& text) {
@@ -77,24 +123,92 @@ nlohmann::json run_json(const TrainOptions& o) {
           {"clip", o.opt.clip}};
 }
 
+}  // namespace
+
 void check_options(const TrainOptions& o) {
-  auto positive = [](const char* what, std::int64_t v) {
-    if (v < 1) fail(kFn, std::string(what) + ": must be ≥ 1, got " + std::to_string(v));
+  std::vector<std::string> bad;
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
   };
+  auto positive = [&](const char* flag, std::int64_t v) {
+    if (v < 1) bad.push_back(std::string(flag) + ": must be >= 1, got " + std::to_string(v));
+  };
+  auto real = [&](const char* flag, double v, double lo, bool lo_open, double hi, bool hi_open, const char* range) {
+    const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+    if (!ok) bad.push_back(std::string(flag) + ": must be " + range + ", got " + num(v));
+  };
+  constexpr double inf = std::numeric_limits<double>::infinity();
   positive("--batch", o.batch);
   positive("--accum", o.accum);
   positive("--steps", o.steps);
   positive("--eval-interval", o.eval_interval);
   positive("--eval-batches", o.eval_batches);
-  positive("--checkpoint-interval", o.checkpoint_interval);
+  if (o.checkpoint_interval < 0 || (o.checkpoint_interval == 0 && !(o.checkpoint_interval_s > 0)))
+    bad.push_back("--checkpoint-interval: must be >= 1 step or a positive number of minutes, got " +
+                  std::to_string(o.checkpoint_interval) + " steps");
+  if (!(o.checkpoint_interval_s >= 0) || !std::isfinite(o.checkpoint_interval_s))
+    bad.push_back("--checkpoint-interval: must be a finite number of minutes >= 0, got " + num(o.checkpoint_interval_s / 60));
   if (o.tokenizer != "chars" && o.tokenizer != "bpe")
-    fail(kFn, "--tokenizer: must be chars or bpe, got '" + o.tokenizer + "'");
-  if (!(o.val_fraction > 0 && o.val_fraction < 1))
-    fail(kFn, "--val-fraction: must be in (0, 1), got " + std::to_string(o.val_fraction));
-  if (!(o.opt.lr > 0) || !(o.opt.min_lr >= 0) || o.opt.warmup < 0 || o.opt.decay_steps < 0 ||
-      !(o.opt.beta1 >= 0 && o.opt.beta1 < 1) || !(o.opt.beta2 >= 0 && o.opt.beta2 < 1) || !(o.opt.eps > 0) ||
-      !(o.opt.weight_decay >= 0))
-    fail(kFn, "optimiser: need lr > 0, min_lr ≥ 0, warmup ≥ 0, decay_steps ≥ 0, β in [0, 1), eps > 0, weight_decay ≥ 0");
+    bad.push_back("--tokenizer: must be chars or bpe, got '" + o.tokenizer + "'");
+  real("--val-fraction", o.val_fraction, 0, true, 1, true, "in (0, 1)");
+  real("--lr", o.opt.lr, 0, true, inf, true, "a finite number > 0");
+  real("--min-lr", o.opt.min_lr, 0, false, inf, true, "a finite number >= 0");
+  if (o.opt.warmup < 0) bad.push_back("--warmup: must be >= 0 steps, got " + std::to_string(o.opt.warmup));
+  if (o.opt.decay_steps < 0) bad.push_back("--decay-steps: must be >= 0, got " + std::to_string(o.opt.decay_steps));
+  real("--beta1", o.opt.beta1, 0, false, 1, true, "in [0, 1)");
+  real("--beta2", o.opt.beta2, 0, false, 1, true, "in [0, 1)");
+  real("eps", o.opt.eps, 0, true, inf, true, "a finite number > 0");
+  real("--weight-decay", o.opt.weight_decay, 0, false, inf, true, "a finite number >= 0");
+  real("--clip", o.opt.clip, 0, false, inf, true, "a finite number >= 0 (0: off)");
+  if (!(o.time_limit_s >= 0) || std::isnan(o.time_limit_s))
+    bad.push_back("--time-limit: must be >= 0 minutes, got " + num(o.time_limit_s / 60));
+  if (bad.empty()) return;
+  std::string all;
+  for (const auto& b : bad) all += (all.empty() ? "" : "; ") + b;
+  fail(kFn, all);
+}
+
+namespace {
+
+// --resume: the checkpoint's "model" and "run" metadata against the options. Schedule fields may
+// differ (the options win, and the changes are listed on stderr); any other field takes the
+// checkpoint's value unless the caller gave it (TrainOptions::given), and one given with another
+// value is an error naming the flag and both values.
+struct ResumeField {
+  const char* key;   // in the checkpoint's JSON
+  const char* flag;  // qkv train's flag, without "--"
+  bool schedule;
+};
+constexpr ResumeField kResumeFields[] = {
+    {"context", "context", false},      {"layers", "layers", false},   {"heads", "heads", false},
+    {"embd", "d-model", false},         {"bias", "bias", false},       {"tokenizer", "tokenizer", false},
+    {"bpe_vocab", "bpe-vocab", false},  {"batch", "batch", false},     {"accum", "accum", false},
+    {"seed", "seed", false},            {"val_fraction", "val-fraction", false},
+    {"beta1", "beta1", false},          {"beta2", "beta2", false},     {"eps", "eps", false},
+    {"weight_decay", "weight-decay", false}, {"clip", "clip", false},
+    {"lr", "lr", true},                 {"min_lr", "min-lr", true},    {"warmup", "warmup", true},
+    {"decay_steps", "decay-steps", true}};
+
+void set_field(TrainOptions& o, const std::string& key, const nlohmann::json& v) {
+  if (key == "context") o.model.context = v.get<std::int64_t>();
+  else if (key == "layers") o.model.layers = v.get<std::int64_t>();
+  else if (key == "heads") o.model.heads = v.get<std::int64_t>();
+  else if (key == "embd") o.model.embd = v.get<std::int64_t>();
+  else if (key == "bias") o.model.bias = v.get<bool>();
+  else if (key == "tokenizer") o.tokenizer = v.get<std::string>();
+  else if (key == "bpe_vocab") { if (v.get<std::int64_t>() > 0) o.bpe_vocab = v.get<std::int64_t>(); }
+  else if (key == "batch") o.batch = v.get<std::int64_t>();
+  else if (key == "accum") o.accum = v.get<std::int64_t>();
+  else if (key == "seed") o.seed = v.get<std::uint64_t>();
+  else if (key == "val_fraction") o.val_fraction = v.get<double>();
+  else if (key == "beta1") o.opt.beta1 = v.get<double>();
+  else if (key == "beta2") o.opt.beta2 = v.get<double>();
+  else if (key == "eps") o.opt.eps = v.get<double>();
+  else if (key == "weight_decay") o.opt.weight_decay = v.get<double>();
+  else if (key == "clip") o.opt.clip = v.get<double>();
+  else fail(kFn, "internal: no resume field " + key);
 }
 
 // One batch of B windows, each at an offset i drawn uniformly from [0, len − T):
@@ -244,6 +358,37 @@ void export_model(const std::string& dir, const Gpt<float>& m) {
   write_file_atomic(dir + "/model.json", model_config_json(c) + "\n");
 }
 
+// Applies the checkpoint's fields to `o` as described at ResumeField; returns the schedule changes
+// as "name old -> new" for the log.
+std::vector<std::string> reconcile_resume(TrainOptions& o, const std::string& model_text, const std::string& run_text) {
+  const auto have_model = nlohmann::json::parse(model_text, nullptr, false);
+  const auto have_run = nlohmann::json::parse(run_text, nullptr, false);
+  if (!have_model.is_object() || !have_run.is_object())
+    fail(kFn, "--resume: the checkpoint's \"model\" or \"run\" metadata is not a JSON object");
+  std::vector<std::string> errors, changes;
+  for (const ResumeField& f : kResumeFields) {
+    const auto& have = have_model.contains(f.key) ? have_model : have_run;
+    if (!have.contains(f.key)) fail(kFn, std::string("--resume: the checkpoint's metadata has no \"") + f.key + "\"");
+    const nlohmann::json want = have_model.contains(f.key) ? gpt_json(o.model)[f.key] : run_json(o)[f.key];
+    const nlohmann::json& was = have[f.key];
+    if (want == was) continue;
+    if (f.schedule) {
+      changes.push_back(std::string(f.flag) + " " + was.dump() + " -> " + want.dump());
+    } else if (!o.given || o.given->count(f.flag)) {
+      errors.push_back("--" + std::string(f.flag) + " " + want.dump() + " (the checkpoint has " + was.dump() + ")");
+    } else {
+      set_field(o, f.key, was);
+    }
+  }
+  if (!errors.empty()) {
+    std::string all;
+    for (const auto& e : errors) all += (all.empty() ? "" : ", ") + e;
+    fail(kFn, "--resume: the checkpoint was trained with other settings, and these cannot change on resume: " + all +
+                  "; leave these flags out to keep the checkpoint's values");
+  }
+  return changes;
+}
+
 }  // namespace
 
 std::string model_config_json(const GptConfig& c) {
@@ -259,13 +404,15 @@ TrainSummary train(const TrainOptions& opts) {
   TrainOptions o = opts;
   check_options(o);
   namespace fs = std::filesystem;
-  const std::string corpus = read_file(o.data_path);
+  const std::string corpus = detail::read_input_file(o.data_path, kFn, "--data");
   check_text(kFn, corpus);
   const std::string corpus_id = fingerprint(corpus);
 
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
-  if (ec || !fs::is_directory(o.out_dir)) fail(kFn, "--out '" + o.out_dir + "': cannot create the folder");
+  if (ec || !fs::is_directory(o.out_dir))
+    fail(kFn, "--out '" + o.out_dir + "': cannot create the folder" + (ec ? ": " + ec.message() : std::string()));
+  const OutLock lock(o.out_dir);  // also the check that the folder can be written, before any work
   const std::string ckpt = o.out_dir + "/checkpoint.safetensors";
   const bool have_ckpt = fs::exists(ckpt);
   if (have_ckpt && !o.resume)
@@ -285,18 +432,13 @@ TrainSummary train(const TrainOptions& opts) {
       fail(kFn, "--data: the checkpoint was trained on another corpus (" + saved.metadata["corpus"] +
                     "), this one is " + corpus_id);
     tok = TextTokenizer::from_json(saved.metadata["tokenizer"]);
+    for (const std::string& c : reconcile_resume(o, saved.metadata["model"], saved.metadata["run"]))
+      std::fprintf(stderr, "qkv train: resuming with a changed schedule: %s\n", c.c_str());
   } else {
     tok = o.tokenizer == "bpe" ? TextTokenizer::learn_bpe(corpus, o.bpe_vocab) : TextTokenizer::learn_chars(corpus);
   }
   o.model.vocab = tok.vocab_size();
   o.model.validate(kFn);
-  if (o.resume) {
-    const std::string want_model = gpt_json(o.model).dump(), have_model = saved.metadata["model"];
-    const std::string want_run = run_json(o).dump(), have_run = saved.metadata["run"];
-    if (want_model != have_model || want_run != have_run)
-      fail(kFn, "--resume: the checkpoint is from another configuration: it has model " + have_model + " run " +
-                    have_run + ", this command asks for model " + want_model + " run " + want_run);
-  }
 
   const std::vector<std::int32_t> ids = tok.encode(corpus);
   const auto n_all = static_cast<std::int64_t>(ids.size());
@@ -353,7 +495,7 @@ TrainSummary train(const TrainOptions& opts) {
   };
 
   const bool tty = isatty(2) != 0;
-  SigintGuard guard;  // from here on Ctrl-C stops after the current step and saves a checkpoint
+  SignalGuard guard;  // from here on SIGINT/SIGTERM/SIGHUP stop after the current step and save
   std::fprintf(stderr, "qkv train: %lld parameters, vocab %lld (%s), %lld train / %lld val tokens, %d threads%s\n",
                static_cast<long long>(P), static_cast<long long>(o.model.vocab), o.tokenizer.c_str(),
                static_cast<long long>(n_train), static_cast<long long>(val_ids.size()), qkv::num_threads(),
@@ -365,6 +507,7 @@ TrainSummary train(const TrainOptions& opts) {
     if (r.has_val) last_val = r.val_loss;
   TrainSummary out;
   const auto started = clock::now();
+  auto last_save = started;
   auto seconds_left = [&](double at_this_speed) {  // --time-limit caps the estimate
     if (o.time_limit_s <= 0) return at_this_speed;
     return std::max(0.0, std::min(at_this_speed, o.time_limit_s - std::chrono::duration<double>(clock::now() - started).count()));
@@ -426,14 +569,21 @@ TrainSummary train(const TrainOptions& opts) {
                    tty ? "" : "\n");
       std::fflush(stderr);
     }
-    if (g_interrupted) {
+    if (const int sig = g_stop_signal.load(); sig != 0) {
       write_outputs();
-      std::fprintf(stderr, "%sinterrupted: checkpoint saved at step %lld in %s; continue with --resume\n",
-                   tty ? "\n" : "", static_cast<long long>(st.step), o.out_dir.c_str());
+      std::fprintf(stderr, "%sinterrupted by %s: checkpoint saved at step %lld in %s; continue with --resume\n",
+                   tty ? "\n" : "", signal_name(sig), static_cast<long long>(st.step), o.out_dir.c_str());
       out.interrupted = true;
+      out.signal = sig;
       break;
     }
-    if (st.step % o.checkpoint_interval == 0 && st.step < o.steps) write_outputs();
+    const bool by_count = o.checkpoint_interval > 0 && st.step % o.checkpoint_interval == 0;
+    const bool by_time = o.checkpoint_interval_s > 0 &&
+                         std::chrono::duration<double>(clock::now() - last_save).count() >= o.checkpoint_interval_s;
+    if ((by_count || by_time) && st.step < o.steps) {
+      write_outputs();
+      last_save = clock::now();
+    }
   }
   if (!out.interrupted) {
     write_outputs();

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Ctrl-C during `qkv train`: the run saves a checkpoint and exits 0 with "stopped at step N";
+# Ctrl-C during `qkv train`: the run saves a checkpoint and exits 130 (128 + SIGINT, so scripts can
+# tell an interrupted run) with "stopped at step N";
 # `--resume` then continues from step N to the new --steps.   Usage: train_sigint.sh QKV DATA
 set -u
 qkv=$1 data=$2
@@ -13,9 +14,9 @@ sleep 1
 kill -INT "$pid"
 wait "$pid"
 rc=$?
-[[ $rc == 0 ]] || { echo "exit code $rc after SIGINT"; cat "$dir/err"; exit 1; }
+[[ $rc == 130 ]] || { echo "exit code $rc after SIGINT, expected 130"; cat "$dir/err"; exit 1; }
 step=$(sed -n 's/^stopped at step \([0-9]*\):.*/\1/p' "$dir/out")
-[[ -n $step && -f $dir/run/checkpoint.safetensors && ! -e $dir/run/checkpoint.safetensors.tmp ]] ||
+[[ -n $step && -f $dir/run/checkpoint.safetensors && -z $(ls "$dir/run" | grep '\.tmp') ]] ||
   { echo "no 'stopped at step' or no checkpoint"; cat "$dir/out" "$dir/err"; exit 1; }
 "$qkv" train "${args[@]}" --resume --steps $((step + 2)) >"$dir/out2" 2>"$dir/err2" ||
   { echo "resume failed"; cat "$dir/err2"; exit 1; }

@@ -1,9 +1,19 @@
-// Greedy generation with the real stories260K model against llama2.c's published output.
+// Greedy generation with the real stories260K model against llama2.c's published output; the
+// sampler and generation on logits that are not finite; generation with qkv train's tokenizer.
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "qkv/model.hpp"
+#include "train/tokenizer.hpp"
 
 namespace {
 
@@ -48,6 +58,130 @@ TEST(Generate, Stories260KGreedyWithBf16WeightsFollowsLlama2c) {
   std::printf("%s\n\nbf16 weights: the first %zu of %zu bytes equal llama2.c's fp32 output\n", out.c_str(), same,
               pub.size());
   EXPECT_GE(same, 400u);  // measured: 429 on every ISA (scalar, avx2, avx512, avx512_bf16)
+}
+
+// The message of the std::invalid_argument f throws, or "(no error)".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    std::printf("  refused: %s\n", e.what());
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Issue #16, defect 1. Layer 0's w1 set to 3e38 everywhere: finite, so the loader's check passes,
+// but h = W1 · x overflows to ±inf and the logits come out NaN. Every decoding mode must stop with
+// an error naming the position whose logits are bad, after emitting what came before; before the
+// fix greedy decoding printed <unk> to the end and sampling read past an empty candidate list.
+TEST(Generate, NonFiniteLogitsStopWithThePosition) {
+  qkv::Weights w = qkv::load_llama2c(kDir + "stories260K.bin");  // a private, writable mapping
+  const qkv::Config& c = w.config;
+  for (std::int64_t i = 0; i < c.hidden_dim * c.dim; ++i) w.layers[0].w1[i] = 3e38f;
+  qkv::Model model(std::move(w));
+  const auto tok = qkv::Tokenizer::load(kDir + "tok512.bin", c.vocab_size);
+  // The prefill's logits are those of the prompt's last position, n − 1 (n counts BOS): the first
+  // logits generation samples from.
+  const std::string where =
+      "[qkv::generate] the logits at position " + std::to_string(tok.encode("Once upon", true, false).size() - 1) +
+      " are not finite";
+  for (const auto& [temperature, top_p, top_k] : {std::tuple{0.0f, 0.9f, 0}, std::tuple{1.0f, 0.9f, 0},
+                                                 std::tuple{0.8f, 0.0f, 0}, std::tuple{1.0f, 1.0f, 5}}) {
+    qkv::GenerateOptions opt;
+    opt.steps = 40;
+    opt.sampling.temperature = temperature;
+    opt.sampling.top_p = top_p;
+    opt.sampling.top_k = top_k;
+    opt.sampling.seed = 7;
+    std::string out;
+    const std::string m = error_of([&] { qkv::generate(model, tok, "Once upon", opt, [&](std::string_view p) { out += p; }); });
+    EXPECT_NE(m.find(where), std::string::npos) << m;
+    EXPECT_EQ(out, "Once upon");  // the prompt, then nothing
+  }
+}
+
+// The sampler itself refuses NaN and ±inf logits, and logits that overflow when divided by the
+// temperature, instead of choosing among no candidates.
+TEST(Sampler, RefusesNonFiniteLogits) {
+  constexpr int V = 8;
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    for (const float top_p : {0.0f, 0.9f}) {
+      qkv::Sampler s(V, {.temperature = 1.0f, .top_p = top_p, .top_k = 0, .seed = 3});
+      std::vector<float> logits(V, bad);
+      EXPECT_NE(error_of([&] { s.sample(logits.data()); }).find("non-finite logit"), std::string::npos);
+    }
+  }
+  qkv::Sampler s(V, {.temperature = 0.5f, .top_p = 0.9f, .top_k = 0, .seed = 3});
+  std::vector<float> logits(V, 3e38f);  // finite, but 3e38 / 0.5 is inf
+  EXPECT_NE(error_of([&] { s.sample(logits.data()); }).find("overflows float when divided by the temperature 0.5"),
+            std::string::npos);
+}
+
+// A flat distribution over V tokens gives each 1/V; with top_p below 1/V the nucleus cutoff
+// (1 − p)/(V − 1) exceeds every probability, so no token passes it. The nucleus is then the most
+// likely token alone: the first maximum, id 0 (before the fix: an empty list, indexed at −1).
+TEST(Sampler, NucleusOfAFlatDistributionIsTheFirstMaximum) {
+  constexpr int V = 100;
+  qkv::Sampler s(V, {.temperature = 1.0f, .top_p = 0.005f, .top_k = 0, .seed = 11});
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> logits(V, 0.25f);
+    EXPECT_EQ(s.sample(logits.data()), 0);
+  }
+}
+
+// Issue #16, defect 10: Tokenizer::load reads the tokenizer.json qkv train writes (told apart from
+// llama2.c's binary by its content), and encodes and decodes exactly as the trained tokenizer does.
+TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
+  const std::string corpus = "First Citizen:\nBefore we proceed any further, hear me speak.\n\u00e9t\u00e9 caf\u00e9\n";
+  const std::string dir = ::testing::TempDir() + "qkv_tok_json_" + std::to_string(::getpid()) + "_";
+  for (const auto& trained : {qkv::train::TextTokenizer::learn_chars(corpus), qkv::train::TextTokenizer::learn_bpe(corpus, 270)}) {
+    const std::string path = dir + (trained.kind() == qkv::train::TextTokenizer::Kind::chars ? "chars.json" : "bpe.json");
+    std::ofstream(path) << trained.to_json() << "\n";  // as the trainer writes it
+    const auto tok = qkv::Tokenizer::load(path, trained.vocab_size());
+    EXPECT_EQ(tok.format(), qkv::Tokenizer::Format::qkv_json);
+    EXPECT_EQ(tok.bos_id(), -1);
+    EXPECT_EQ(tok.eos_id(), -1);
+    const std::string text = "Before we proceed, caf\u00e9.";
+    const std::vector<std::int32_t> want = trained.encode(text);
+    const std::vector<int> ids = tok.encode(text, true, true);  // no BOS/EOS to add
+    EXPECT_EQ(ids, std::vector<int>(want.begin(), want.end()));
+    std::string back;
+    for (std::size_t i = 0; i < ids.size(); ++i) back += tok.decode(i ? ids[i - 1] : -1, ids[i]);
+    EXPECT_EQ(back, text);
+    // The wrong vocabulary size names the file and the format it was read as.
+    const std::string m = error_of([&] { qkv::Tokenizer::load(path, 512); });
+    EXPECT_NE(m.find("read as qkv train's tokenizer.json"), std::string::npos);
+    EXPECT_NE(m.find("but the model's vocabulary has 512"), std::string::npos);
+  }
+  // JSON that is not a tokenizer, and a llama2.c file read for a qkv vocabulary: each message
+  // says which format the file was taken for.
+  const std::string not_tok = dir + "model.json";
+  std::ofstream(not_tok) << R"({"dim": 8})";
+  EXPECT_NE(error_of([&] { qkv::Tokenizer::load(not_tok, 65); }).find("read as qkv train's tokenizer.json"), std::string::npos);
+  EXPECT_NE(error_of([&] { qkv::Tokenizer::load(kDir + "tok512.bin", 65); }).find("read as a llama2.c tokenizer.bin"),
+            std::string::npos);
+  // Merges that each double a piece ([97, 97], [256, 256], [257, 257], ...): 40 of them would ask
+  // for 2^41 bytes; refused once the pieces pass 64 MiB in all (at merge 24: merge k makes 2^(k+1) bytes).
+  std::string doubling = R"({"kind": "bpe", "merges": [[97, 97])";
+  for (int i = 0; i < 39; ++i) doubling += ", [" + std::to_string(256 + i) + ", " + std::to_string(256 + i) + "]";
+  const std::string bomb = dir + "bomb.json";
+  std::ofstream(bomb) << doubling << "]}";
+  EXPECT_NE(error_of([&] { qkv::Tokenizer::load(bomb, 296); }).find("more than 64 MiB in all"), std::string::npos);
+}
+
+// Issue #16, defect 16: a prompt's characters outside the vocabulary come back whole (byte-fallback
+// tokens, one byte each, were dropped as unprintable); control bytes are still dropped.
+TEST(Generate, EchoesNonAsciiPromptCharacters) {
+  const std::string prompt = "Caf\u00e9 \u732b na\u00efve";
+  const std::string out = run(prompt, 40);  // steps count the prompt: a byte-fallback character takes a position per byte
+  EXPECT_EQ(out.substr(0, prompt.size()), prompt);
+  EXPECT_TRUE(qkv::Tokenizer::printable("\xC3"));
+  EXPECT_TRUE(qkv::Tokenizer::printable("\n"));
+  EXPECT_FALSE(qkv::Tokenizer::printable("\x07"));
+  EXPECT_FALSE(qkv::Tokenizer::printable("\x7F"));
 }
 
 }  // namespace

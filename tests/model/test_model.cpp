@@ -288,9 +288,9 @@ TEST(Model, SafetensorsRefusesBadFiles) {
   expect_error([&] { qkv::load_safetensors(p, c); }, {"nan.safetensors", "layers.0.attention.wk.weight", "non-finite"});
   // Configs: unknown key, bad value, missing size.
   expect_error([] { qkv::config_from_json(R"({"dim": 8})", "cfg.json"); }, {"cfg.json", "hidden_dim"});
-  expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":3,"n_kv_heads":1,"vocab_size":5,"seq_len":4})", "cfg.json"); },
+  expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":3,"n_kv_heads":1,"vocab_size":5,"seq_len":4,"pos":"rotary","norm":"rmsnorm","mlp":"swiglu","tied_embeddings":true,"bias":false,"norm_eps":1e-5,"rope_theta":1e4})", "cfg.json"); },
                {"cfg.json", "multiple of n_heads"});
-  expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":2,"n_kv_heads":1,"vocab_size":5,"seq_len":4,"rope":1})", "cfg.json"); },
+  expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":2,"n_kv_heads":1,"vocab_size":5,"seq_len":4,"pos":"rotary","norm":"rmsnorm","mlp":"swiglu","tied_embeddings":true,"bias":false,"norm_eps":1e-5,"rope_theta":1e4,"rope":1})", "cfg.json"); },
                {"cfg.json", "unknown key \"rope\""});
 }
 
@@ -442,7 +442,46 @@ TEST(Model, Llama2cLoaderRefusesBadFiles) {
   std::memcpy(bad.data() + 20, &huge, 4);  // vocab_size 2^31 − 1
   p = write_tmp("vocab.bin", bad);
   expect_error([&] { qkv::load_llama2c(p); }, {"vocab.bin", "vocab_size"});
-  expect_error([] { qkv::load_llama2c("/nonexistent/model.bin"); }, {"/nonexistent/model.bin", "cannot open"});
+  expect_error([] { qkv::load_llama2c("/nonexistent/model.bin"); }, {"/nonexistent/model.bin", "no such file"});
+}
+
+// Issue #16, defect 12: a model.json without "norm" (or any other field that shapes the model)
+// is refused naming the file and the key, instead of running the weights as an RMSNorm model.
+TEST(Model, ConfigMissingFieldNamesFileAndKey) {
+  const std::string full = qkv::config_to_json(qkv::Config::gpt2_small());
+  EXPECT_NO_THROW(qkv::config_from_json(full, "full.json"));
+  for (const char* key : {"norm", "pos", "mlp", "tied_embeddings", "bias", "norm_eps"}) {
+    auto j = full;
+    const std::string needle = std::string("\"") + key + "\":";
+    const auto at = j.find(needle);
+    ASSERT_NE(at, std::string::npos) << key;
+    j.erase(at, j.find('\n', at) + 1 - at);  // one "key": value line of the indented JSON
+    const std::string p = write_tmp(std::string("no_") + key + ".json", j);
+    expect_error([&] { qkv::load_config(p); }, {p.c_str(), "missing required key", needle.substr(0, needle.size() - 1).c_str()});
+  }
+  // rope_theta is needed by a rotary model only.
+  qkv::Config rot = qkv::Config::gpt2_small();
+  rot.pos = qkv::PosEncoding::rotary;
+  std::string j = qkv::config_to_json(rot);
+  j.erase(j.find("\"rope_theta\""));  // the last key: cut it and the comma before it, close the object
+  while (!j.empty() && (j.back() == ' ' || j.back() == '\n' || j.back() == ',')) j.pop_back();
+  j += "}";
+  expect_error([&] { qkv::config_from_json(j, "rot.json"); }, {"rot.json", "missing required key \"rope_theta\""});
+}
+
+// Issue #16, defect 15 (and 13): every loader names the path and what is wrong with it, a folder,
+// a device or a missing file, instead of "basic_filebuf::underflow" or "the file is empty".
+TEST(Model, LoadersNameWhatThePathIs) {
+  const std::string folder = ::testing::TempDir();
+  const std::string missing = tmp_path("missing.bin");
+  const std::vector<std::pair<std::string, const char*>> paths = {
+      {folder, "is a directory"}, {"/dev/null", "is a character device, not a regular file"}, {missing, "no such file or directory"}};
+  for (const auto& [path, why] : paths) {
+    expect_error([&] { qkv::load_config(path); }, {"qkv::load_config", path.c_str(), why});
+    expect_error([&] { qkv::Tokenizer::load(path, 512); }, {"qkv::Tokenizer::load", path.c_str(), why});
+    expect_error([&] { qkv::load_llama2c(path); }, {"qkv::load_llama2c", path.c_str(), why});
+    expect_error([&] { qkv::load_safetensors(path, qkv::Config::gpt2_small()); }, {"qkv::load_safetensors", path.c_str(), why});
+  }
 }
 
 TEST(Model, TokenizerRefusesBadFilesAndRoundTrips) {

@@ -1,9 +1,16 @@
 // Tokenizers, bad input, bit-exact resume and a short training run of qkv::train.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -125,7 +132,7 @@ TEST(Train, BadInputIsRejectedAndNothingOverwritten) {
   EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("--context: 16 tokens is longer than the corpus allows"),
             std::string::npos);
   o.data_path = dir + "/missing.txt";
-  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("cannot open"), std::string::npos);
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("--data '" + dir + "/missing.txt': no such file"), std::string::npos);
 
   // A finished run, then the same folder without --resume, and with a different model.
   write(dir + "/corpus.txt", shakespeare().substr(0, 20000));
@@ -136,13 +143,84 @@ TEST(Train, BadInputIsRejectedAndNothingOverwritten) {
   EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("already holds checkpoint.safetensors"), std::string::npos);
   o.resume = true;
   o.model.embd = 64;
-  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("the checkpoint is from another configuration"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("--d-model 64 (the checkpoint has 32)"), std::string::npos);
   o.model.embd = 32;
   o.data_path = dir + "/short.txt";
   EXPECT_NE(error_of([&] { qkv::train::train(o); }).find("trained on another corpus"), std::string::npos);
   EXPECT_EQ(fs::last_write_time(dir + "/run/checkpoint.safetensors"), before);
-  EXPECT_FALSE(fs::exists(dir + "/run/checkpoint.safetensors.tmp"));
+  for (const auto& e : fs::directory_iterator(dir + "/run"))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  fs::remove_all(dir);
+}
+
+// Issue #16, defect 11: --resume takes the model and the run's fixed settings from the checkpoint
+// when they are not given, lets the schedule change, and names a given flag that differs with both
+// values in one short message (before: two 400-character JSON dumps, for a changed --steps too).
+TEST(Train, ResumeTakesTheCheckpointsSettingsAndTheScheduleMayChange) {
+  const std::string dir = temp_dir("resume_flags");
+  write(dir + "/corpus.txt", shakespeare().substr(0, 20000));
+  auto o = small_run(dir + "/corpus.txt", dir + "/run");
+  o.steps = 2;
+  qkv::train::train(o);
+  // Only the schedule given (as `qkv train --resume --steps 4 --lr 5e-4`): the model is the
+  // checkpoint's although these options hold the defaults (6 layers, d_model 384, ...).
+  qkv::train::TrainOptions r;
+  r.data_path = o.data_path, r.out_dir = o.out_dir, r.resume = true, r.progress = false;
+  r.steps = 4, r.opt.decay_steps = 4, r.opt.lr = 5e-4, r.eval_batches = 1;
+  r.given = std::set<std::string>{"steps", "lr", "eval-batches"};
+  EXPECT_EQ(qkv::train::train(r).step, 4);
+  // A model flag and a run flag given with other values: both named with both values.
+  r.steps = 6, r.opt.decay_steps = 6;
+  r.model.layers = 3, r.batch = 5;
+  r.given = std::set<std::string>{"steps", "layers", "batch"};
+  const std::string m = error_of([&] { qkv::train::train(r); });
+  std::printf("refused: %s\n", m.c_str());
+  EXPECT_NE(m.find("--layers 3 (the checkpoint has 2), --batch 5 (the checkpoint has 4)"), std::string::npos) << m;
+  EXPECT_LT(m.size(), 300u);
+  fs::remove_all(dir);
+}
+
+// Issue #16, defect 8: a folder another run holds (flock on .qkv-train.lock, pid inside) is
+// refused naming the folder and the pid; temporaries have names of their own, so a stale
+// "<file>.tmp" (here a folder, which nothing can open for writing) does not stop a write.
+TEST(Train, LockedFolderIsRefusedAndTemporariesAreUnique) {
+  const std::string dir = temp_dir("lock");
+  write(dir + "/corpus.txt", shakespeare().substr(0, 20000));
+  fs::create_directories(dir + "/run");
+  const int fd = ::open((dir + "/run/.qkv-train.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  ASSERT_EQ(::write(fd, pid.data(), pid.size()), static_cast<ssize_t>(pid.size()));
+  auto o = small_run(dir + "/corpus.txt", dir + "/run");
+  o.steps = 1;
+  const std::string m = error_of([&] { qkv::train::train(o); });
+  EXPECT_NE(m.find("--out '" + dir + "/run': another qkv train (pid " + std::to_string(::getpid()) + ") is writing"),
+            std::string::npos) << m;
+  ::close(fd);  // released: the run goes ahead
+  fs::create_directories(dir + "/run/tokenizer.json.tmp");
+  EXPECT_EQ(qkv::train::train(o).step, 1);
+  EXPECT_TRUE(fs::is_regular_file(dir + "/run/tokenizer.json"));
+  fs::remove_all(dir);
+}
+
+// Issue #16, defect 19: a write that fails part way (a file size limit, as a full disk) throws
+// naming the file and errno's text, and leaves no temporary behind.
+TEST(Train, FailedWriteRemovesItsTemporary) {
+  const std::string dir = temp_dir("full");
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a signal
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string m = error_of([&] { qkv::train::write_file_atomic(dir + "/big.bin", std::string(10000, 'x')); });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  std::printf("refused: %s\n", m.c_str());
+  EXPECT_NE(m.find(dir + "/big.bin"), std::string::npos) << m;
+  EXPECT_NE(m.find("File too large"), std::string::npos) << m;
+  EXPECT_TRUE(fs::is_empty(dir)) << "a temporary was left in " << dir;
   fs::remove_all(dir);
 }
 
