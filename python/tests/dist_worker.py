@@ -1,9 +1,11 @@
 """One rank of the distributed tests (test_distributed.py launches it with torchrun).
 
-    torchrun --standalone --nproc-per-node P dist_worker.py MODE OUT_DIR
+    torchrun --standalone --nproc-per-node P dist_worker.py MODES OUT_DIR
 
-MODE is exact, errors, or ddp. Each rank writes OUT_DIR/rank<r>.json: what it measured (errors
-against the oracles, the messages of the exceptions it caught); the pytest side asserts on them,
+MODES is a comma-separated list of exact, errors, ddp (one launch runs several: starting P
+processes that import torch is the slow part). Each rank writes OUT_DIR/rank<r>.json: what it
+measured per mode (errors against the oracles, the messages of the exceptions it caught) and the
+seconds each mode took; the pytest side asserts on them,
 so a failing comparison shows every rank's numbers. One thread per rank: P = 4 ranks fit on two
 cores. Every collective has a 60 s timeout, so a bug that desynchronizes the ranks fails the run
 instead of hanging it.
@@ -13,6 +15,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 os.environ["QKV_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
@@ -51,11 +54,11 @@ def single_process(q, k, v, dout, causal):
 
 
 def ring(q, k, v, dout, causal, gqa, group=None):
-    """out, dq, dk, dv of ring_attention on this rank's shards, gathered back to full sequences."""
+    """out, dq, dk, dv of ring_attention: this rank's shards."""
     leaves = [qd.shard(x, 2, group).requires_grad_() for x in (q, k, v)]
     out_l = qd.ring_attention(*leaves, causal=causal, enable_gqa=gqa, group=group)
     out_l.backward(qd.shard(dout, 2, group))
-    return [qd.unshard(x, 2, group) for x in (out_l.detach(), *(t.grad for t in leaves))]
+    return [out_l.detach()] + [t.grad for t in leaves]
 
 
 def mode_exact(r, P):
@@ -71,9 +74,11 @@ def mode_exact(r, P):
                     seed = 1000 * D + 10 * causal + gqa
                     q, k, v, dout = full_inputs(B, H, Hkv, S, D, dtype, seed)
                     got = ring(q, k, v, dout, causal, gqa)
-                    single = single_process(q, k, v, dout, causal)
+                    # The oracles on the whole sequence, cut to this rank's shards (no communication:
+                    # one collective fewer per tensor and case keeps P = 4 on two cores fast).
+                    single = [qd.shard(x, 2) for x in single_process(q, k, v, dout, causal)]
                     # float64 truth on the very same (rounded) inputs
-                    truth = single_process(*(x.double() for x in (q, k, v, dout)), causal)
+                    truth = [qd.shard(x, 2) for x in single_process(*(x.double() for x in (q, k, v, dout)), causal)]
                     names = ("out", "dq", "dk", "dv")
                     rows.append({
                         "D": D, "causal": causal, "gqa": gqa, "dtype": str(dtype).replace("torch.", ""),
@@ -81,7 +86,13 @@ def mode_exact(r, P):
                         "ring_vs_truth": {n: rel_err(a, b) for n, a, b in zip(names, got, truth)},
                         "single_vs_truth": {n: rel_err(a, b) for n, a, b in zip(names, single, truth)},
                     })
-    return {"rows": rows}
+    # unshard inverts shard exactly, and gathers the ring's output into the single-process one.
+    q, k, v, _ = full_inputs(B, 2, 2, S, 64, torch.float64, 5)
+    roundtrip = all(torch.equal(qd.unshard(qd.shard(x, d), d), x) for x in (q, k, v) for d in (2, -1, 0)
+                    if x.shape[d] % (2 * P) == 0)
+    out = qd.unshard(qd.ring_attention(*(qd.shard(x, 2) for x in (q, k, v)), causal=True), 2)
+    return {"rows": rows, "unshard_roundtrip": roundtrip,
+            "unshard_out_rel_err": rel_err(out, qkv.attention(q, k, v, causal=True).out)}
 
 
 def expect_error(fn):
@@ -186,12 +197,16 @@ def mode_ddp(r, P):
 
 
 def main():
-    mode, out_dir = sys.argv[1], sys.argv[2]
+    modes, out_dir = sys.argv[1].split(","), sys.argv[2]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     r, P = dist.get_rank(), dist.get_world_size()
-    result = {"exact": mode_exact, "errors": mode_errors, "ddp": mode_ddp}[mode](r, P)
+    report = {"rank": r, "world": P, "seconds": {}}
+    for mode in modes:
+        t0 = time.perf_counter()
+        report[mode] = {"exact": mode_exact, "errors": mode_errors, "ddp": mode_ddp}[mode](r, P)
+        report["seconds"][mode] = time.perf_counter() - t0
     with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
-        json.dump({"rank": r, "world": P, **result}, f)
+        json.dump(report, f)
     dist.destroy_process_group()
 
 
