@@ -300,18 +300,20 @@ def _backward(q, k, v, out, lse, dout, scale, causal, group, r, P):
         dv_b[:, :, cols] += gv
         if sending is not None:
             sending[0].wait()
-        sending = (ring.send(dkv, _TAG_DKV), dkv)
+        sending = (ring.send(dkv, _TAG_DKV), dkv) if P > 1 else (None, dkv)
         for w in reqs:
             w.wait()
         times["compute"].append(t1 - t0)
         times["wait"].append(time.perf_counter() - t1)
         if reqs:
             cur, nxt = nxt, cur
-    # After P hops the sums of this rank's own block arrive from rank r-1.
+    # After P hops the sums of this rank's own block arrive from rank r-1 (P = 1: they are here).
     t1 = time.perf_counter()
-    mine = torch.empty(nk + v.numel(), dtype=acc)
-    ring.recv(mine, _TAG_DKV).wait()
-    sending[0].wait()
+    mine = sending[1]
+    if P > 1:
+        mine = torch.empty(nk + v.numel(), dtype=acc)
+        ring.recv(mine, _TAG_DKV).wait()
+        sending[0].wait()
     times["wait"].append(time.perf_counter() - t1)
     last_timings["backward"] = times
     dk, dv = _unpack(mine, k.shape, v.shape)

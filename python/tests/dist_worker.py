@@ -86,12 +86,24 @@ def mode_exact(r, P):
                         "ring_vs_truth": {n: rel_err(a, b) for n, a, b in zip(names, got, truth)},
                         "single_vs_truth": {n: rel_err(a, b) for n, a, b in zip(names, single, truth)},
                     })
+    # Subgroups: group ranks differ from global ranks (P >= 3: ranks 1 .. P-1 form a ring of P-1;
+    # rank 0 is not in it), and a group of one rank (P = 2: each rank alone, no communication).
+    members = [list(range(1, P))] if P >= 3 else [[0], [1]]
+    groups = [dist.new_group(m, backend="gloo") for m in members]   # every rank creates every group
+    mine = next((g for g, m in zip(groups, members) if r in m), None)
+    sub = {}
+    if mine is not None:
+        Pg = dist.get_world_size(mine)
+        q, k, v, dout = full_inputs(1, 4, 2, 2 * Pg * 7, 48, torch.float64, 9)
+        got = ring(q, k, v, dout, True, True, mine)
+        single = [qd.shard(x, 2, mine) for x in single_process(q, k, v, dout, True)]
+        sub = {"size": Pg, "rel_err": max(rel_err(a, b) for a, b in zip(got, single))}
     # unshard inverts shard exactly, and gathers the ring's output into the single-process one.
     q, k, v, _ = full_inputs(B, 2, 2, S, 64, torch.float64, 5)
     roundtrip = all(torch.equal(qd.unshard(qd.shard(x, d), d), x) for x in (q, k, v) for d in (2, -1, 0)
                     if x.shape[d] % (2 * P) == 0)
     out = qd.unshard(qd.ring_attention(*(qd.shard(x, 2) for x in (q, k, v)), causal=True), 2)
-    return {"rows": rows, "unshard_roundtrip": roundtrip,
+    return {"rows": rows, "subgroup": sub, "unshard_roundtrip": roundtrip,
             "unshard_out_rel_err": rel_err(out, qkv.attention(q, k, v, causal=True).out)}
 
 

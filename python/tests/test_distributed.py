@@ -78,6 +78,10 @@ def test_ring_equals_single_process(P, runs):
         assert rep["unshard_roundtrip"], f"rank {rep['rank']}: unshard(shard(x)) != x"
         # float64 ring output gathered by unshard vs single-process float64: 1e-12 as below.
         assert rep["unshard_out_rel_err"] < 1e-12, rep["unshard_out_rel_err"]
+        # A subgroup (ranks 1 .. P-1 for P >= 3, one rank alone for P = 2), float64: 1e-12 as below.
+        sub = rep["subgroup"]
+        if rep["rank"] > 0 or P == 2:
+            assert sub["size"] == (P - 1 if P >= 3 else 1) and sub["rel_err"] < 1e-12, sub
         assert len(rep["rows"]) == 4 * 2 * 2 * 3   # D x causal x GQA x dtype
         for row in rep["rows"]:
             case = f"P={P} rank {rep['rank']} D={row['D']} causal={row['causal']} gqa={row['gqa']} {row['dtype']}"
