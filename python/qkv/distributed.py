@@ -125,15 +125,15 @@ def unshard(x_local: torch.Tensor, dim: int, group=None) -> torch.Tensor:
     small all_gather, so a mismatch raises on every rank). Keeps no autograd history.
     """
     fn = "qkv.distributed.unshard"
-    r, P = _check_group(fn, group)
+    _, P = _check_group(fn, group)
     problem = ""
     try:
         d = _dim(fn, x_local, dim)
         if x_local.shape[d] % 2:
             problem = f"dimension {d} has odd length {x_local.shape[d]} (a shard holds two equal chunks)"
         desc = (tuple(x_local.shape), str(x_local.dtype), problem)
-    except (TypeError, ValueError) as e:
-        desc = (None, None, str(e))
+    except (TypeError, ValueError) as e:   # reported by every rank below, without the [fn] prefix twice
+        desc = (None, None, str(e).removeprefix(f"[{fn}] "))
     descs = _all_gather_object(desc, P, group)
     bad = [i for i, di in enumerate(descs) if di[2]]
     if bad:
