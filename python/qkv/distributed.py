@@ -240,21 +240,25 @@ def _forward(q, k, v, scale, causal, group, r, P):
     return out.to(q.dtype), lse
 
 
-def _block_backward_f64(q, k, v, out, dout, lse, scale, diag):
+def _block_backward_f64(q, k, v, out, dout, lse, scale, diag, rows_per_pass=512):
     """(dq, dk, dv) of one block in float64 from the final out and lse (see the module doc).
-    q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]; dk, dv summed over each head group."""
-    G = q.shape[1] // k.shape[1]
-    kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
-    s = torch.matmul(q, kk.transpose(-1, -2)) * scale                            # [B, H, Sq, Skv]
-    if diag:
-        s.masked_fill_(torch.ones(s.shape[-2:], dtype=torch.bool).triu_(1), -math.inf)
-    p = torch.exp(s - lse.unsqueeze(-1))
-    dp = torch.matmul(dout, vv.transpose(-1, -2))
-    ds = p * (dp - (dout * out).sum(-1, keepdim=True)) * scale
-    dq = torch.matmul(ds, kk)
-    dk = torch.matmul(ds.transpose(-1, -2), q)
-    dv = torch.matmul(p.transpose(-1, -2), dout)
-    Hkv = k.shape[1]
+    q [B, H, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]; dk, dv summed over each head group.
+    Query rows go `rows_per_pass` at a time, so the scores take [B, H, rows_per_pass, Skv]."""
+    G, Hkv = q.shape[1] // k.shape[1], k.shape[1]
+    kk, vv = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)             # [B, H, Skv, D | Dv]
+    dq = torch.empty_like(q)
+    dk, dv = torch.zeros_like(kk), torch.zeros_like(vv)
+    for i0 in range(0, q.shape[2], rows_per_pass):
+        qi, oi, gi = (x[:, :, i0:i0 + rows_per_pass] for x in (q, out, dout))
+        s = torch.matmul(qi, kk.transpose(-1, -2)) * scale                     # [B, H, n, Skv]
+        if diag:   # key j is masked for query row i0 + i when j > i0 + i
+            n, Skv = s.shape[-2:]
+            s.masked_fill_(torch.arange(Skv) > torch.arange(i0, i0 + n).unsqueeze(1), -math.inf)
+        p = torch.exp(s - lse[:, :, i0:i0 + rows_per_pass].unsqueeze(-1))
+        ds = p * (torch.matmul(gi, vv.transpose(-1, -2)) - (gi * oi).sum(-1, keepdim=True)) * scale
+        dq[:, :, i0:i0 + rows_per_pass] = torch.matmul(ds, kk)
+        dk += torch.matmul(ds.transpose(-1, -2), qi)
+        dv += torch.matmul(p.transpose(-1, -2), gi)
     return dq, dk.unflatten(1, (Hkv, G)).sum(2), dv.unflatten(1, (Hkv, G)).sum(2)
 
 
