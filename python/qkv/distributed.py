@@ -227,7 +227,7 @@ def _forward(q, k, v, scale, causal, group, r, P):
             o_acc, l_acc = out[:, :, rows], lse[:, :, rows]
             new = torch.logaddexp(l_acc, res.lse)
             o_acc.mul_(torch.exp(l_acc - new).unsqueeze(-1))
-            o_acc.add_(res.out.to(acc) * torch.exp(res.lse - new).unsqueeze(-1))
+            o_acc.add_(res.out.to(acc).mul_(torch.exp(res.lse - new).unsqueeze(-1)))   # res.out is ours: in place
             l_acc.copy_(new)
         t1 = time.perf_counter()
         for w in reqs:
