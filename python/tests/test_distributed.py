@@ -62,11 +62,14 @@ def runs(tmp_path_factory):
 #   float32 / bfloat16: the FlashAttention rule. Against a float64 truth computed on the same
 #     (rounded) inputs, the ring may err at most FACTOR times as much as single-process qkv in the
 #     same dtype (or than the dtype's unit roundoff u, when the single-process error is below it
-#     by luck). FACTOR is 2, except for the bfloat16 output: 3, because every ring step rounds its
-#     partial output to bfloat16 (the bfloat16 forward kernel writes bfloat16) before the float32
-#     merge, one rounding per step that the single-process kernel does not make. The backward
-#     runs in float32 for bfloat16 inputs, so its gradients are rounded once, as single-process.
-FACTOR = {("float32", "out"): 2.0, ("bfloat16", "out"): 3.0}
+#     by luck). FACTOR is 3 where the ring rounds more often than one kernel call: every step's
+#     partial output (float32, or bfloat16 as the bfloat16 forward kernel writes it) and, in
+#     float32, every step's partial dq, dk, dv are rounded before they are merged or summed, P
+#     roundings the single-process kernel does not make (measured at P = 2..4: up to 2.0x in
+#     float32, 1.4x for the bfloat16 output). The bfloat16 backward runs in float32 and rounds its
+#     gradients to bfloat16 once, as single-process does: FACTOR 2 (measured up to 1.4x).
+FACTOR = {("float32", "out"): 3.0, ("float32", "dq"): 3.0, ("float32", "dk"): 3.0, ("float32", "dv"): 3.0,
+          ("bfloat16", "out"): 3.0, ("bfloat16", "dq"): 2.0, ("bfloat16", "dk"): 2.0, ("bfloat16", "dv"): 2.0}
 U = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
 
 
@@ -90,7 +93,7 @@ def test_ring_equals_single_process(P, runs):
                     err, bound = row["ring_vs_single"][name], 1e-12
                 else:
                     err = row["ring_vs_truth"][name]
-                    bound = FACTOR.get((row["dtype"], name), 2.0) * max(row["single_vs_truth"][name], U[row["dtype"]])
+                    bound = FACTOR[row["dtype"], name] * max(row["single_vs_truth"][name], U[row["dtype"]])
                 assert err <= bound, f"{case} {name}: relative error {err:.3e} > bound {bound:.3e} ({row})"
                 key = (row["dtype"], name)
                 worst[key] = max(worst.get(key, 0.0), err / bound)
