@@ -70,15 +70,20 @@ def mode_exact(r, P):
         for causal in (False, True):
             for gqa in (False, True):
                 H, Hkv = (4, 2) if gqa else (2, 2)
+                # Inputs representable in bfloat16, so that all three dtypes see the same values
+                # and one float64 oracle serves them all (qkv's float64 kernels, the reference, are
+                # the slow part of this test: one call per case instead of three).
+                base = [x.to(torch.bfloat16).double()
+                        for x in full_inputs(B, H, Hkv, S, D, torch.float64, 1000 * D + 10 * causal + gqa)]
+                # The oracles on the whole sequence, cut to this rank's shards (no communication:
+                # one collective fewer per tensor and case keeps P = 4 on two cores fast).
+                truth = [qd.shard(x, 2) for x in single_process(*base, causal)]
                 for dtype in (torch.float64, torch.float32, torch.bfloat16):
-                    seed = 1000 * D + 10 * causal + gqa
-                    q, k, v, dout = full_inputs(B, H, Hkv, S, D, dtype, seed)
+                    q, k, v, dout = (x.to(dtype) for x in base)
                     got = ring(q, k, v, dout, causal, gqa)
-                    # The oracles on the whole sequence, cut to this rank's shards (no communication:
-                    # one collective fewer per tensor and case keeps P = 4 on two cores fast).
-                    single = [qd.shard(x, 2) for x in single_process(q, k, v, dout, causal)]
-                    # float64 truth on the very same (rounded) inputs
-                    truth = [qd.shard(x, 2) for x in single_process(*(x.double() for x in (q, k, v, dout)), causal)]
+                    # single-process qkv in the same dtype (for float64, the truth itself)
+                    single = truth if dtype == torch.float64 else [
+                        qd.shard(x, 2) for x in single_process(q, k, v, dout, causal)]
                     names = ("out", "dq", "dk", "dv")
                     rows.append({
                         "D": D, "causal": causal, "gqa": gqa, "dtype": str(dtype).replace("torch.", ""),
