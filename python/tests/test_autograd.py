@@ -195,3 +195,64 @@ def test_varlen_backward_numpy_matches_torch_path():
         assert np.array_equal(a, b.numpy())  # the same kernels on the same data: the same bits
     with pytest.raises(ValueError, match="give both or neither"):
         qkv.attention_backward(q, k, v, r.out, dout, r.lse, cu_seqlens_q=cq)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient of a float attn_mask (issue 16, item 5) and double backward (item 17)
+# ---------------------------------------------------------------------------------------------
+
+MASK_CASES = [
+    dict(qs=(2, 3, 7, 8), ks=(2, 3, 9, 8), vs=(2, 3, 9, 5), ms=(2, 3, 7, 9)),      # full mask
+    dict(qs=(2, 3, 7, 8), ks=(2, 3, 9, 8), vs=(2, 3, 9, 5), ms=(7, 9)),            # broadcast over B, H
+    dict(qs=(2, 3, 7, 8), ks=(2, 3, 9, 8), vs=(2, 3, 9, 5), ms=(2, 1, 1, 9)),      # per-batch key bias
+    dict(qs=(2, 4, 7, 8), ks=(2, 2, 9, 8), vs=(2, 2, 9, 5), ms=(1, 4, 7, 9), enable_gqa=True),
+    dict(qs=(3, 6, 16), ks=(3, 5, 16), vs=(3, 5, 16), ms=(6, 5), causal_in_mask=True),  # -inf entries
+]
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_float_mask_gets_torchs_gradient(case, dtype):
+    """dL/dmask equals torch's (dS summed over the dimensions the mask was broadcast along)."""
+    g = torch.Generator().manual_seed(21)
+    case = dict(case)
+    q, k, v = (torch.randn(case.pop(s), generator=g, dtype=torch.float64) for s in ("qs", "ks", "vs"))
+    mask = torch.randn(case.pop("ms"), generator=g, dtype=torch.float64)
+    if case.pop("causal_in_mask", False):
+        L, S = mask.shape
+        mask = mask.masked_fill(torch.arange(S)[None, :] > torch.arange(L)[:, None], float("-inf"))
+    dout = torch.randn(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **case).shape, generator=g,
+                       dtype=torch.float64)
+
+    def run(fn, dt):
+        ins = [x.to(dt).requires_grad_() for x in (q, k, v, mask)]
+        out = fn(*ins[:3], attn_mask=ins[3], **case)
+        return torch.autograd.grad(out, ins, dout.to(dt))
+
+    want = run(F.scaled_dot_product_attention, torch.float64)
+    got = run(qkv.torch.scaled_dot_product_attention, dtype)
+    assert got[3] is not None and got[3].shape == mask.shape and got[3].dtype == dtype
+    if dtype == torch.float64:
+        bound = 1e-12  # both float64: summation order only
+    else:
+        theirs = run(F.scaled_dot_product_attention, dtype)
+        bound = 2 * (theirs[3].double() - want[3]).abs().max().item() + 1e-5  # this file's float32 rule
+    err = (got[3].double() - want[3]).nan_to_num(posinf=0.0, neginf=0.0).abs().max().item()
+    print(f"{dtype} dmask: max error {err:.3g} (bound {bound:.3g})")
+    assert err <= bound
+
+
+def test_mask_gradient_only_when_asked():
+    q, k, v = (torch.randn(1, 2, 5, 4, requires_grad=True) for _ in range(3))
+    mask = torch.randn(5, 5)                        # a constant mask: no gradient, none computed
+    qkv.torch.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    assert mask.grad is None and q.grad is not None
+
+
+def test_double_backward_raises():
+    """torch.autograd.grad(create_graph=True) then a second backward: an error, never silent None/zeros."""
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+    dq, = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(dq.sum(), (q, k, v))
