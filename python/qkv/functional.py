@@ -196,7 +196,7 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
     fn = "qkv.scaled_dot_product_attention"
     t = A._torch()
     if t is not None and t.is_grad_enabled() and any(
-            isinstance(x, t.Tensor) and x.requires_grad for x in (query, key, value)):
+            isinstance(x, t.Tensor) and x.requires_grad for x in (query, key, value, attn_mask)):
         # A torch graph is being recorded: keep it differentiable (qkv's backward kernel).
         from . import torch as qkv_torch
 

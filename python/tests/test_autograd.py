@@ -348,3 +348,13 @@ def test_flash_attn_variants_qkv_lacks_raise(kw, name):
         qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, block_table=torch.zeros(1, 1, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"max_seqlen_q = 2 is less than the longest sequence in cu_seqlens_q \(3\)"):
         qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 2, 3)
+
+
+def test_plain_entry_point_differentiates_a_mask_alone():
+    """Only the mask requires grad: qkv.scaled_dot_product_attention still returns torch's dL/dmask."""
+    g = torch.Generator().manual_seed(43)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.randn(5, 5, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask.requires_grad_()).sum(), mask)
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum(), mask)
+    assert (got[0] - want[0]).abs().max().item() < 1e-12   # float64 both sides
