@@ -126,6 +126,18 @@ def test_greedy_generate_equals_eager(make):
         close(a, b, what=f"{make.__name__} decode step {step} scores")
 
 
+def test_static_cache_generate_equals_eager():
+    """A StaticCache: keys padded to the cache size, queries not at the bottom of the mask."""
+    model = llama()
+    ids, am = batch([9, 5, 2], 9, left=True)
+    kw = dict(attention_mask=am, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static",
+              output_scores=True, return_dict_in_generate=True)
+    want, got = both(model, lambda m: m.generate(ids, **kw))
+    assert torch.equal(got.sequences, want.sequences)
+    for step, (a, b) in enumerate(zip(got.scores, want.scores)):
+        close(a, b, what=f"static cache decode step {step} scores")
+
+
 def test_causal_structure_is_used_and_exact(monkeypatch):
     """An unpadded prompt runs as qkv's causal option (no dense mask), a padded one with a mask."""
     seen = []
