@@ -95,27 +95,24 @@ def _setup_backward_op(ctx, inputs, output):
 torch.library.register_autograd("qkv::attention_backward", _no_double_backward, setup_context=_setup_backward_op)
 
 
-def _allowed(L: int, S: int, key_lengths: Optional[Tensor], causal: bool, align: str, wl: int, wr: int,
-             mask: Optional[Tensor]) -> Optional[Tensor]:
-    """Bool [B|1, 1|H, L, S]: which keys each query may attend under qkv's rules (None = all)."""
+def _allowed(L: int, S: int, key_lengths: Optional[Tensor], causal: bool, align: str, wl: int,
+             wr: int) -> Optional[Tensor]:
+    """Bool [B|1, 1, L, S]: which keys each query may attend under qkv's rules (None = every key)."""
     i = torch.arange(L).unsqueeze(1)
     j = torch.arange(S).unsqueeze(0)
     diag = i + (S - L if align == "bottom_right" else 0)
-    ok = None
-
-    def both(a, b):
-        return b if a is None else a & b
-
+    rules = []
     if causal:
-        ok = both(ok, j <= diag)
+        rules.append(j <= diag)
     if wl >= 0:
-        ok = both(ok, j >= diag - wl)
+        rules.append(j >= diag - wl)
     if wr >= 0:
-        ok = both(ok, j <= diag + wr)
+        rules.append(j <= diag + wr)
     if key_lengths is not None:
-        ok = both(ok, j < key_lengths.view(-1, 1, 1, 1))
-    if mask is not None and mask.dtype == torch.bool:
-        ok = both(ok, mask)
+        rules.append(j < key_lengths.view(-1, 1, 1, 1))
+    ok = None
+    for r in rules:
+        ok = r if ok is None else ok & r
     return ok
 
 
@@ -132,7 +129,7 @@ def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align,
     s = (qa @ ka.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) + mask.to(acc)
     finite = torch.isfinite(lse).unsqueeze(-1)     # rows with no allowed key: P = 0 there
     p = torch.where(finite, torch.exp(s - torch.where(finite, lse.unsqueeze(-1), 0.0)), 0.0)
-    ok = _allowed(q.shape[2], k.shape[2], key_lengths, causal, align, wl, wr, None)
+    ok = _allowed(q.shape[2], k.shape[2], key_lengths, causal, align, wl, wr)
     if ok is not None:
         p = torch.where(ok, p, 0.0)
     dp = ga @ va.transpose(-1, -2)

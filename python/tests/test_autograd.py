@@ -358,3 +358,26 @@ def test_plain_entry_point_differentiates_a_mask_alone():
     got = torch.autograd.grad(qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask.requires_grad_()).sum(), mask)
     want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum(), mask)
     assert (got[0] - want[0]).abs().max().item() < 1e-12   # float64 both sides
+
+
+def test_mask_gradient_with_qkvs_own_rules():
+    """qkv.torch.attention: float mask + bottom-right causal + window + key lengths; dL/dmask equals
+    torch's on the equivalent additive mask (the rules folded in as -inf), float64 both sides."""
+    g = torch.Generator().manual_seed(44)
+    B, H, L, S = 2, 2, 5, 9
+    q = torch.randn(B, H, L, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, 1, S, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.randn(B, H, L, S, generator=g, dtype=torch.float64)
+    kl = torch.tensor([9, 7])
+    i, j = torch.arange(L)[:, None] + (S - L), torch.arange(S)[None, :]
+    ok = (j <= i) & (j >= i - 3) & (j[None, None] < kl.view(-1, 1, 1, 1))
+    dout = torch.randn(B, H, L, 8, generator=g, dtype=torch.float64)
+    m1 = mask.clone().requires_grad_()
+    out, _ = qkv.torch.attention(q, k, v, mask=m1, key_lengths=kl, causal=True, align="bottom_right", window_left=3)
+    got, = torch.autograd.grad(out, m1, dout)
+    m2 = mask.clone().requires_grad_()
+    want_out = F.scaled_dot_product_attention(q, k.expand(B, H, S, 8), v.expand(B, H, S, 8),
+                                              attn_mask=m2.masked_fill(~ok, float("-inf")))
+    want, = torch.autograd.grad(want_out, m2, dout)
+    assert (out - want_out).abs().max().item() < 1e-12
+    assert (got - want).abs().max().item() < 1e-12
