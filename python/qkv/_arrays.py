@@ -228,6 +228,18 @@ def check_float(fn: str, named: Sequence[Tuple[str, Any]], kind) -> str:
     return names[0]
 
 
+def is_float16(x: Any) -> bool:
+    """Whether x is a float16 NumPy array or torch tensor (qkv computes those in float32)."""
+    return str(getattr(x, "dtype", "")) in ("float16", "torch.float16")
+
+
+def float16_to(x: Any, dtype: str) -> Any:
+    """x (NumPy or torch) converted to float32 or float16; float16 -> float32 is exact."""
+    if isinstance(x, np.ndarray):
+        return x.astype(dtype)
+    return x.to(getattr(_torch(), dtype))
+
+
 def index_array(fn: str, name: str, x: Any) -> Any:
     """An integer array (key lengths, cumulative offsets) from an array or a sequence of ints."""
     if isinstance(x, (list, tuple)):

@@ -168,7 +168,8 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
     """Attention with the semantics of ``torch.nn.functional.scaled_dot_product_attention``.
 
     Args:
-        query: (..., L, E) array; float32, bfloat16 or float64.
+        query: (..., L, E) array; float32, bfloat16, float64, or float16 (computed in float32 and
+            rounded to float16 once, as torch's CPU kernels accumulate in float32).
         key: (..., S, E), same dtype.
         value: (..., S, Ev), same dtype.
         attn_mask: None, a bool array (True = may attend) or a float array added to the scores,
@@ -195,12 +196,21 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
     fn = "qkv.scaled_dot_product_attention"
     t = A._torch()
     if t is not None and t.is_grad_enabled() and any(
-            isinstance(x, t.Tensor) and x.requires_grad for x in (query, key, value)):
+            isinstance(x, t.Tensor) and x.requires_grad for x in (query, key, value, attn_mask)):
         # A torch graph is being recorded: keep it differentiable (qkv's backward kernel).
         from . import torch as qkv_torch
 
         return qkv_torch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                       enable_gqa)
+    halves = [A.is_float16(x) for x in (query, key, value)]
+    if any(halves) and not all(halves):
+        raise TypeError(f"[{fn}] query, key, value: float16 is accepted when all three are float16, got "
+                        f"{[str(x.dtype).replace('torch.', '') for x in (query, key, value)]}")
+    if all(halves):
+        # float16 as torch takes it: widened exactly to float32, f32 accumulation, the result rounded once.
+        w = [A.float16_to(x, "float32") if A.is_float16(x) else x for x in (query, key, value, attn_mask)]
+        return A.float16_to(scaled_dot_product_attention(*w[:3], w[3], dropout_p, is_causal, scale, enable_gqa),
+                            "float16")
     p = _plan_sdpa(fn, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     out = p.kind.empty(p.out_shape, p.q4)
     B, H, L, Ev = p.q4.shape[0], p.q4.shape[1], p.q4.shape[2], p.v4.shape[3]

@@ -1,67 +1,290 @@
-"""qkv attention inside torch models, with gradients.
+"""qkv attention inside torch models, with gradients and torch.compile.
 
     import qkv.torch
     out = qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # differentiable
     out.sum().backward()
     out = qkv.torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=True)  # packed [T, H, D]
+    torch.compile(model, fullgraph=True)   # a model calling the above compiles without a graph break
 
-The forward is qkv's forward (it also keeps the log-sum-exp of every row), the backward is
-qkv::attention_backward, which recomputes the attention pattern from it instead of storing it.
-Broadcast inputs receive gradients summed over the dimensions they were broadcast along, as in
-torch. No gradient flows into ``attn_mask``.
+qkv's attention is registered with ``torch.library`` as two custom operators:
+
+    qkv::attention(q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], mask?, key_lengths?, scale?,
+                   causal, align, window_left, window_right) -> (out [B, H, L, Ev], lse [B, H, L])
+    qkv::attention_backward(q, k, v, mask?, key_lengths?, out, lse, dout, ...same options)
+                   -> (dq, dk, dv)    (dk, dv summed over the query heads of each key/value head)
+
+each with a fake (meta) kernel for shape inference, and the first with an autograd formula (the
+second, so that double backward raises instead of returning nothing). The forward keeps the
+log-sum-exp of every row; the backward recomputes the pattern from it instead of storing it.
+
+Gradients: broadcast inputs receive gradients summed over the dimensions they were broadcast
+along, as in torch. A float ``attn_mask`` that requires grad receives dL/dS (the gradient of the
+scores, P ∘ (dP − rowsum(dO ∘ O))), formed with torch ops from q, k, v and the saved lse: it costs
+one [B, H, L, S] pattern, as large as the mask itself. Double backward raises RuntimeError.
+
+float16 inputs are computed in float32 (exact conversion of the inputs, f32 accumulation) and the
+result is rounded to float16 once; gradients come back in float16 the same way.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import List, Optional, Sequence, Tuple
 
 import torch
+from torch import Tensor
 
-from . import _arrays as A
 from . import _qkv
-from .functional import _plan_sdpa
 
 _FN = "qkv.torch.scaled_dot_product_attention"
 
 
-class ScaledDotProductAttention(torch.autograd.Function):
-    """torch.autograd.Function over qkv's forward and backward kernels (see the module docstring)."""
+def _aux_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of lse: float64 for float64 inputs, else float32 (what qkv's kernels write)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
-    @staticmethod
-    def forward(ctx, query, key, value, attn_mask, is_causal, scale, enable_gqa):
-        p = _plan_sdpa(_FN, query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
-        B, H, L, Ev = p.q4.shape[0], p.q4.shape[1], p.q4.shape[2], p.v4.shape[3]
-        out = torch.empty(p.out_shape, dtype=query.dtype)
-        out4 = out.view(B, H, L, Ev)
-        # Rows' log-sum-exp [B, H, L], what the backward needs to recompute the pattern.
-        lse = torch.empty((B, H, L), dtype=torch.float64 if query.dtype == torch.float64 else torch.float32)
-        _qkv.attention(p.q4, p.k4, p.v4, out4, p.mask4, None, lse, None, p.scale, p.causal, "top_left",
-                              -1, -1, 0, "automatic")
-        ctx.plan = p._replace(q4=None, k4=None, v4=None, mask4=None)
-        ctx.has_mask = p.mask4 is not None
-        ctx.in_shapes = (tuple(query.shape), tuple(key.shape), tuple(value.shape))
-        saved = [p.q4, p.k4, p.v4, out4, lse] + ([p.mask4] if ctx.has_mask else [])
-        ctx.save_for_backward(*saved)
-        return out
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        q4, k4, v4, out4, lse, *rest = ctx.saved_tensors
-        mask4 = rest[0] if ctx.has_mask else None
-        p = ctx.plan
-        lead = p.q_full[:-3]
-        B, H, L, Ev = out4.shape
-        g4 = A.to_rank4(A.TorchKind, grad_out, lead, (H, L, Ev))
-        dq4, dk4, dv4 = (torch.empty(t.shape, dtype=t.dtype) for t in (q4, k4, v4))
-        _qkv.attention_backward(q4, k4, v4, out4, g4, lse, dq4, dk4, dv4, mask4, None, p.scale, p.causal,
-                                "top_left", -1, -1, 0, "automatic")
-        qs, ks, vs = ctx.in_shapes
-        dq = _reduce(dq4.reshape(p.q_full), qs)
-        dk = _reduce(dk4.reshape(p.k_full), ks)
-        dv = _reduce(dv4.reshape(p.v_full), vs)
-        return dq, dk, dv, None, None, None, None
+# ---------------------------------------------------------------------------------------------
+# The custom operators (rank-4 layout, every option of qkv's C++ API but varlen)
+# ---------------------------------------------------------------------------------------------
 
+@torch.library.custom_op("qkv::attention", mutates_args=())
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_lengths: Optional[Tensor],
+                  scale: Optional[float], causal: bool, align: str, window_left: int,
+                  window_right: int) -> Tuple[Tensor, Tensor]:
+    B, H, L, _ = q.shape
+    out = torch.empty((B, H, L, v.shape[3]), dtype=q.dtype)
+    lse = torch.empty((B, H, L), dtype=_aux_dtype(q.dtype))
+    _qkv.attention(q, k, v, out, mask, key_lengths, lse, None, scale, causal, align, window_left, window_right, 0,
+                   "automatic")
+    return out, lse
+
+
+@_attention_op.register_fake
+def _(q, k, v, mask, key_lengths, scale, causal, align, window_left, window_right):
+    B, H, L, _ = q.shape
+    return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=_aux_dtype(q.dtype))
+
+
+@torch.library.custom_op("qkv::attention_backward", mutates_args=())
+def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_lengths: Optional[Tensor],
+                           out: Tensor, lse: Tensor, dout: Tensor, scale: Optional[float], causal: bool, align: str,
+                           window_left: int, window_right: int) -> Tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+    _qkv.attention_backward(q, k, v, out, dout, lse, dq, dk, dv, mask, key_lengths, scale, causal, align, window_left,
+                            window_right, 0, "automatic")
+    return dq, dk, dv
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, window_left, window_right):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("[qkv.torch] double backward (a gradient of qkv's attention gradients, e.g. "
+                       "torch.autograd.grad(..., create_graph=True) followed by another backward) is not "
+                       "implemented; use torch.nn.functional.scaled_dot_product_attention for Hessian-vector "
+                       "products")
+
+
+def _setup_backward_op(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd("qkv::attention_backward", _no_double_backward, setup_context=_setup_backward_op)
+
+
+def _allowed(L: int, S: int, key_lengths: Optional[Tensor], causal: bool, align: str, wl: int,
+             wr: int) -> Optional[Tensor]:
+    """Bool [B|1, 1, L, S]: which keys each query may attend under qkv's rules (None = every key)."""
+    i = torch.arange(L).unsqueeze(1)
+    j = torch.arange(S).unsqueeze(0)
+    diag = i + (S - L if align == "bottom_right" else 0)
+    rules = []
+    if causal:
+        rules.append(j <= diag)
+    if wl >= 0:
+        rules.append(j >= diag - wl)
+    if wr >= 0:
+        rules.append(j <= diag + wr)
+    if key_lengths is not None:
+        rules.append(j < key_lengths.view(-1, 1, 1, 1))
+    ok = None
+    for r in rules:
+        ok = r if ok is None else ok & r
+    return ok
+
+
+def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr) -> Tensor:
+    """dL/dmask = dL/dS [B, H, L, S] = P ∘ (dP − rowsum(dO ∘ O)), P recomputed from lse (torch ops).
+
+    q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], dout and out [B, H, L, Ev], lse [B, H, L].
+    """
+    H, Hkv = q.shape[1], k.shape[1]
+    if Hkv != H:
+        k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    acc = _aux_dtype(q.dtype)
+    qa, ka, va, oa, ga = (t.to(acc) for t in (q, k, v, out, dout))
+    s = (qa @ ka.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) + mask.to(acc)
+    finite = torch.isfinite(lse).unsqueeze(-1)     # rows with no allowed key: P = 0 there
+    p = torch.where(finite, torch.exp(s - torch.where(finite, lse.unsqueeze(-1), 0.0)), 0.0)
+    ok = _allowed(q.shape[2], k.shape[2], key_lengths, causal, align, wl, wr)
+    if ok is not None:
+        p = torch.where(ok, p, 0.0)
+    dp = ga @ va.transpose(-1, -2)
+    delta = (ga * oa).sum(-1, keepdim=True)
+    return (p * (dp - delta)).to(mask.dtype)
+
+
+def _setup_attention(ctx, inputs, output):
+    q, k, v, mask, key_lengths, scale, causal, align, wl, wr = inputs
+    out, lse = output
+    ctx.opts = (scale, causal, align, wl, wr)
+    ctx.save_for_backward(q, k, v, mask, key_lengths, out, lse)
+
+
+def _attention_grad(ctx, dout, dlse):
+    # lse is returned detached by every public entry point (as FlashAttention's is): dlse carries nothing.
+    q, k, v, mask, key_lengths, out, lse = ctx.saved_tensors
+    scale, causal, align, wl, wr = ctx.opts
+    dq, dk, dv = _attention_backward_op(q, k, v, mask, key_lengths, out, lse, dout.contiguous(), scale, causal,
+                                        align, wl, wr)
+    dmask = None
+    if ctx.needs_input_grad[3]:
+        dmask = _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr)
+    return dq, dk, dv, dmask, None, None, None, None, None, None
+
+
+torch.library.register_autograd("qkv::attention", _attention_grad, setup_context=_setup_attention)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
+              key_lengths: Optional[Tensor] = None, scale: Optional[float] = None, causal: bool = False,
+              align: str = "top_left", window_left: Optional[int] = None,
+              window_right: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """qkv's attention in its own layout, differentiable, through the ``qkv::attention`` op.
+
+    q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] (H % Hkv == 0), mask [B, H, L, S] (bool:
+    True = may attend; float: added to the scores; broadcast views are fine), key_lengths int [B].
+    Options as :func:`qkv.attention`. Returns (out [B, H, L, Ev], lse [B, H, L]); lse is detached.
+    Gradients flow to q, k, v and a float mask; float16 is computed in float32 and rounded once.
+    """
+    fn = "qkv.torch.attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            raise TypeError(f"[{fn}] {name}: expected a rank-4 torch.Tensor [B, H, S, D], got "
+                            f"{type(t).__name__} {list(getattr(t, 'shape', []))}")
+    half = q.dtype == torch.float16
+    if half:
+        q, k, v = q.float(), k.float(), v.float()
+        if mask is not None and mask.dtype == torch.float16:
+            mask = mask.float()
+    from .functional import _scale, _window
+    out, lse = _attention_op(q, k, v, mask, key_lengths, _scale(fn, scale), bool(causal), align,
+                             _window(fn, "window_left", window_left), _window(fn, "window_right", window_right))
+    return (out.half() if half else out), lse.detach()
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.nn.functional.scaled_dot_product_attention's signature on the op
+# ---------------------------------------------------------------------------------------------
+
+def _broadcast(named: Sequence[Tuple[str, Tuple[int, ...]]]) -> Tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*(s for _, s in named)))
+    except RuntimeError:
+        desc = ", ".join(f"{n} {list(s)}" for n, s in named)
+        raise ValueError(f"[{_FN}] batch dimensions do not broadcast: {desc}") from None
+
+
+def _rank4(x: Tensor, lead: Tuple[int, ...], tail: Tuple[int, ...]) -> Tensor:
+    """x broadcast to lead + tail and viewed as [prod(lead), *tail] (differentiable; copies only if it must)."""
+    b = 1
+    for n in lead:
+        b *= n
+    return x.expand(lead + tail).reshape((b,) + tail)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` on qkv's kernels, differentiable.
+
+    Same arguments and semantics as :func:`qkv.scaled_dot_product_attention` (torch tensors on the
+    CPU only; ``dropout_p`` must be 0). float32, bfloat16, float64 and float16 (computed in
+    float32, rounded once). Gradients flow to query, key, value and a float ``attn_mask``; double
+    backward raises. Goes through the ``qkv::attention`` custom op, so ``torch.compile`` keeps it
+    in one graph.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"[{_FN}] dropout_p: qkv computes attention exactly and has no dropout; pass "
+                         f"dropout_p=0.0 (as in eval mode), got {dropout_p!r}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"[{_FN}] {name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise TypeError(f"[{_FN}] {name}: qkv runs on the CPU; got a tensor on {t.device} of shape "
+                            f"{list(t.shape)}")
+    dts = [query.dtype, key.dtype, value.dtype]
+    if dts[0] not in (torch.float32, torch.bfloat16, torch.float64, torch.float16) or len(set(dts)) != 1:
+        raise TypeError(f"[{_FN}] query, key, value: dtypes must be one of float32, bfloat16, float64, float16 "
+                        f"and match, got {[str(d).replace('torch.', '') for d in dts]}")
+    qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
+    shapes = f"query {list(qs)}, key {list(ks)}, value {list(vs)}"
+    if min(len(qs), len(ks), len(vs)) < 2:
+        raise ValueError(f"[{_FN}] query, key and value must have rank >= 2 (..., L, E), got {shapes}")
+    L, E = qs[-2:]
+    S, Ev = ks[-2], vs[-1]
+    if ks[-1] != E:
+        raise ValueError(f"[{_FN}] key: last dimension must equal query's E = {E}, got {shapes}")
+    if vs[-2] != S:
+        raise ValueError(f"[{_FN}] value: dimension -2 must equal key's S = {S}, got {shapes}")
+    if attn_mask is not None and is_causal:
+        raise ValueError(f"[{_FN}] attn_mask and is_causal=True together are ambiguous (as in torch); "
+                         f"fold the causal rule into the mask")
+    if enable_gqa:
+        if min(len(qs), len(ks), len(vs)) < 3:
+            raise ValueError(f"[{_FN}] enable_gqa needs a head dimension (-3) on query, key and value, got {shapes}")
+        H, Hk, Hv = qs[-3], ks[-3], vs[-3]
+        if Hk == 0 or Hv == 0 or H % Hk or H % Hv:
+            raise ValueError(f"[{_FN}] enable_gqa: query heads ({H}) must be a multiple of key heads ({Hk}) "
+                             f"and value heads ({Hv}), got {shapes}")
+        lead = _broadcast([("query", qs[:-3]), ("key", ks[:-3]), ("value", vs[:-3])])
+        if Hk != Hv:
+            # qkv pairs key head j with value head j: give both H heads as torch does (repeat_interleave).
+            key, value = key.repeat_interleave(H // Hk, -3), value.repeat_interleave(H // Hv, -3)
+            Hk = H
+        out_batch = lead + (H,)
+    else:
+        out_batch = _broadcast([("query", qs[:-2]), ("key", ks[:-2]), ("value", vs[:-2])])
+        lead, H = (out_batch[:-1], out_batch[-1]) if out_batch else ((), 1)
+        Hk = H
+    mask4 = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise TypeError(f"[{_FN}] attn_mask: expected a torch.Tensor, got {type(attn_mask).__name__}")
+        md = attn_mask.dtype
+        if md != torch.bool and md not in (torch.float32, torch.bfloat16, torch.float64, torch.float16):
+            raise TypeError(f"[{_FN}] attn_mask: dtype must be bool (True = may attend) or float (added to the "
+                            f"scores), got {str(md).replace('torch.', '')} (shape {list(attn_mask.shape)})")
+        ms, target = tuple(attn_mask.shape), out_batch + (L, S)
+        if len(ms) > len(target) or any(n not in (1, t) for n, t in zip(reversed(ms), reversed(target))):
+            raise ValueError(f"[{_FN}] attn_mask: shape {list(ms)} does not broadcast to the scores' shape "
+                             f"{list(target)} ({shapes})")
+        if md.is_floating_point and md != query.dtype:
+            attn_mask = attn_mask.to(query.dtype)   # differentiable: the mask's gradient comes back in its dtype
+        mask4 = _rank4(attn_mask, lead, (H, L, S))
+    q4 = _rank4(query, lead, (H, L, E))
+    k4 = _rank4(key, lead, (Hk, S, E))
+    v4 = _rank4(value, lead, (Hk, S, Ev))
+    out4, _ = attention(q4, k4, v4, mask=mask4, scale=scale, causal=bool(is_causal))
+    return out4.reshape(out_batch + (L, Ev))
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed variable-length sequences
+# ---------------------------------------------------------------------------------------------
 
 _FN_VARLEN = "qkv.torch.attention_varlen"
 
@@ -71,71 +294,58 @@ class AttentionVarlen(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, align, window_left, window_right):
+        from . import _arrays as A
+
         fn = _FN_VARLEN
         cq = A.index_array(fn, "cu_seqlens_q", cu_seqlens_q)
         ck = A.index_array(fn, "cu_seqlens_k", cu_seqlens_k)
         out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
-        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=_aux_dtype(q.dtype))
         _qkv.attention_varlen(q, k, v, out, cq, ck, lse, scale, causal, align, window_left, window_right, 0,
                               "automatic")
         ctx.opts = (scale, causal, align, window_left, window_right)
         ctx.cu = (cq, ck)  # int arrays of any kind (not necessarily tensors): kept on ctx
         ctx.save_for_backward(q, k, v, out, lse)
-        return out
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         cq, ck = ctx.cu
         scale, causal, align, wl, wr = ctx.opts
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
-        _qkv.attention_varlen_backward(q, k, v, out, grad_out, lse, dq, dk, dv, cq, ck, scale, causal, align, wl, wr,
-                                       0, "automatic")
+        _qkv.attention_varlen_backward(q, k, v, out, grad_out.contiguous(), lse, dq, dk, dv, cq, ck, scale, causal,
+                                       align, wl, wr, 0, "automatic")
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k, *,
+def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, *,
                      scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
-                     window_left: Optional[int] = None, window_right: Optional[int] = None) -> torch.Tensor:
+                     window_left: Optional[int] = None, window_right: Optional[int] = None,
+                     return_lse: bool = False):
     """Packed variable-length attention, differentiable (FlashAttention's ``flash_attn_varlen_func``).
 
     q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> out [Tq, H, Dv]; sequence b owns rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v.
     Options as :func:`qkv.attention` (``align='bottom_right'`` is FlashAttention's causal
-    convention when Sq != Skv). Gradients flow to q, k and v.
+    convention when Sq != Skv). Gradients flow to q, k and v. With ``return_lse``, returns
+    (out, lse [H, Tq]) with lse not differentiable. float16 is computed in float32, rounded once.
     """
     from .functional import _scale, _window
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, Tensor):
             raise TypeError(f"[{_FN_VARLEN}] {name}: expected a torch.Tensor, got {type(t).__name__}")
-    return AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale(_FN_VARLEN, scale), bool(causal), align,
-                                 _window(_FN_VARLEN, "window_left", window_left),
-                                 _window(_FN_VARLEN, "window_right", window_right))
+    half = q.dtype == torch.float16
+    if half:
+        q, k, v = q.float(), k.float(), v.float()
+    out, lse = AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale(_FN_VARLEN, scale), bool(causal),
+                                     align, _window(_FN_VARLEN, "window_left", window_left),
+                                     _window(_FN_VARLEN, "window_right", window_right))
+    if half:
+        out = out.half()
+    return (out, lse) if return_lse else out
 
 
-def _reduce(g: torch.Tensor, shape) -> torch.Tensor:
-    """g [*lead, Hg, S, D] summed to an input's own `shape` (its broadcast and repeated heads undone)."""
-    if len(shape) >= 3 and shape[-3] not in (1, g.shape[-3]):
-        # Heads were repeated (GQA with different key and value head counts): sum each group.
-        g = g.unflatten(-3, (shape[-3], g.shape[-3] // shape[-3])).sum(-3)
-    return g.sum_to_size(shape) if tuple(g.shape) != tuple(shape) else g
-
-
-def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                                 is_causal: bool = False, scale: Optional[float] = None,
-                                 enable_gqa: bool = False) -> torch.Tensor:
-    """``torch.nn.functional.scaled_dot_product_attention`` on qkv's kernels, differentiable.
-
-    Same arguments and semantics as :func:`qkv.scaled_dot_product_attention` (torch tensors on the
-    CPU only; ``dropout_p`` must be 0). Gradients flow to query, key and value; ``attn_mask`` is a
-    constant. Double backward is not supported.
-    """
-    if dropout_p != 0.0:
-        raise ValueError(f"[{_FN}] dropout_p: qkv computes attention exactly and has no dropout; pass "
-                         f"dropout_p=0.0 (as in eval mode), got {dropout_p!r}")
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"[{_FN}] {name}: expected a torch.Tensor, got {type(t).__name__}")
-    return ScaledDotProductAttention.apply(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+__all__: List[str] = ["attention", "attention_varlen", "scaled_dot_product_attention"]

@@ -195,3 +195,189 @@ def test_varlen_backward_numpy_matches_torch_path():
         assert np.array_equal(a, b.numpy())  # the same kernels on the same data: the same bits
     with pytest.raises(ValueError, match="give both or neither"):
         qkv.attention_backward(q, k, v, r.out, dout, r.lse, cu_seqlens_q=cq)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient of a float attn_mask (issue 16, item 5) and double backward (item 17)
+# ---------------------------------------------------------------------------------------------
+
+MASK_CASES = [
+    dict(qs=(2, 3, 7, 8), ks=(2, 3, 9, 8), vs=(2, 3, 9, 5), ms=(2, 3, 7, 9)),      # full mask
+    dict(qs=(2, 3, 7, 8), ks=(2, 3, 9, 8), vs=(2, 3, 9, 5), ms=(7, 9)),            # broadcast over B, H
+    dict(qs=(2, 3, 7, 8), ks=(2, 3, 9, 8), vs=(2, 3, 9, 5), ms=(2, 1, 1, 9)),      # per-batch key bias
+    dict(qs=(2, 4, 7, 8), ks=(2, 2, 9, 8), vs=(2, 2, 9, 5), ms=(1, 4, 7, 9), enable_gqa=True),
+    dict(qs=(3, 6, 16), ks=(3, 5, 16), vs=(3, 5, 16), ms=(6, 5), causal_in_mask=True),  # -inf entries
+]
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_float_mask_gets_torchs_gradient(case, dtype):
+    """dL/dmask equals torch's (dS summed over the dimensions the mask was broadcast along)."""
+    g = torch.Generator().manual_seed(21)
+    case = dict(case)
+    q, k, v = (torch.randn(case.pop(s), generator=g, dtype=torch.float64) for s in ("qs", "ks", "vs"))
+    mask = torch.randn(case.pop("ms"), generator=g, dtype=torch.float64)
+    if case.pop("causal_in_mask", False):
+        L, S = mask.shape
+        mask = mask.masked_fill(torch.arange(S)[None, :] > torch.arange(L)[:, None], float("-inf"))
+    dout = torch.randn(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **case).shape, generator=g,
+                       dtype=torch.float64)
+
+    def run(fn, dt):
+        ins = [x.to(dt).requires_grad_() for x in (q, k, v, mask)]
+        out = fn(*ins[:3], attn_mask=ins[3], **case)
+        return torch.autograd.grad(out, ins, dout.to(dt))
+
+    want = run(F.scaled_dot_product_attention, torch.float64)
+    got = run(qkv.torch.scaled_dot_product_attention, dtype)
+    assert got[3] is not None and got[3].shape == mask.shape and got[3].dtype == dtype
+    if dtype == torch.float64:
+        bound = 1e-12  # both float64: summation order only
+    else:
+        theirs = run(F.scaled_dot_product_attention, dtype)
+        bound = 2 * (theirs[3].double() - want[3]).abs().max().item() + 1e-5  # this file's float32 rule
+    err = (got[3].double() - want[3]).nan_to_num(posinf=0.0, neginf=0.0).abs().max().item()
+    print(f"{dtype} dmask: max error {err:.3g} (bound {bound:.3g})")
+    assert err <= bound
+
+
+def test_mask_gradient_only_when_asked():
+    q, k, v = (torch.randn(1, 2, 5, 4, requires_grad=True) for _ in range(3))
+    mask = torch.randn(5, 5)                        # a constant mask: no gradient, none computed
+    qkv.torch.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    assert mask.grad is None and q.grad is not None
+
+
+def test_double_backward_raises():
+    """torch.autograd.grad(create_graph=True) then a second backward: an error, never silent None/zeros."""
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = qkv.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+    dq, = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(dq.sum(), (q, k, v))
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention 2's names: qkv.flash_attn_func / qkv.flash_attn_varlen_func
+# ---------------------------------------------------------------------------------------------
+
+def _fa_reference(q, k, v, causal, window, scale=None):
+    """torch float64 oracle in FlashAttention's layout [B, S, H, D]: bottom-right causal and window."""
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    i = torch.arange(Sq)[:, None] + (Sk - Sq)
+    j = torch.arange(Sk)[None, :]
+    ok = torch.ones(Sq, Sk, dtype=torch.bool)
+    if causal:
+        ok &= j <= i
+    if window[0] >= 0:
+        ok &= j >= i - window[0]
+    if window[1] >= 0:
+        ok &= j <= i + window[1]
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    kt, vt = kt.repeat_interleave(H // Hkv, 1), vt.repeat_interleave(H // Hkv, 1)
+    s = (qt @ kt.transpose(-1, -2)) * (D ** -0.5 if scale is None else scale)
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, -1)                                   # [B, H, Sq]
+    out = torch.softmax(s, -1).nan_to_num(0.0) @ vt
+    return out.transpose(1, 2), lse
+
+
+FA_CASES = [
+    dict(B=2, Sq=7, Sk=12, H=4, Hkv=2, causal=True, window=(-1, -1)),      # bottom-right, GQA
+    dict(B=1, Sq=1, Sk=9, H=2, Hkv=1, causal=True, window=(-1, -1)),       # one-token decode
+    dict(B=2, Sq=10, Sk=10, H=2, Hkv=2, causal=False, window=(3, 2)),      # local attention
+    dict(B=1, Sq=6, Sk=11, H=3, Hkv=3, causal=True, window=(4, -1), scale=0.3),
+]
+
+
+@pytest.mark.parametrize("case", FA_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_flash_attn_func_matches_torch_reference(case):
+    g = torch.Generator().manual_seed(41)
+    c = dict(case)
+    B, Sq, Sk, H, Hkv = (c.pop(n) for n in ("B", "Sq", "Sk", "H", "Hkv"))
+    q = torch.randn(B, Sq, H, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Sk, Hkv, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(B, Sk, Hkv, 8, generator=g, dtype=torch.float64)
+    dout = torch.randn(B, Sq, H, 8, generator=g, dtype=torch.float64)
+    scale = c.get("scale")
+    want_out, want_lse = _fa_reference(q, k, v, c["causal"], c["window"], scale)
+    want = grads(lambda a, b, d: _fa_reference(a, b, d, c["causal"], c["window"], scale)[0], q, k, v, dout)
+    got = grads(lambda a, b, d: qkv.flash_attn_func(a, b, d, softmax_scale=scale, causal=c["causal"],
+                                                    window_size=c["window"]), q, k, v, dout)
+    out, lse, probs = qkv.flash_attn_func(q, k, v, softmax_scale=scale, causal=c["causal"], window_size=c["window"],
+                                          return_attn_probs=True)
+    assert probs is None and lse.shape == (B, H, Sq) and not lse.requires_grad
+    errs = [(a - w).abs().max().item() for a, w in zip(got, want)] + [(lse - want_lse).abs().max().item()]
+    print(f"flash_attn_func float64: max error out, dq, dk, dv, lse = {errs}")
+    assert got[0].shape == (B, Sq, H, 8) and got[0].is_contiguous()
+    assert max(errs) < 1e-12   # float64 on both sides: summation order only
+
+
+def test_flash_attn_varlen_func_matches_torch_reference():
+    cq, ck = [0, 5, 5, 12, 30], [0, 9, 12, 19, 45]
+    g = torch.Generator().manual_seed(42)
+    q = torch.randn(cq[-1], 4, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(ck[-1], 2, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(ck[-1], 2, 8, generator=g, dtype=torch.float64)
+    dout = torch.randn(cq[-1], 4, 8, generator=g, dtype=torch.float64)
+    cu_q, cu_k = torch.tensor(cq, dtype=torch.int32), torch.tensor(ck, dtype=torch.int32)
+    got = grads(lambda a, b, d: qkv.flash_attn_varlen_func(a, b, d, cu_q, cu_k, 18, 26, causal=True), q, k, v, dout)
+    want = grads(lambda a, b, d: _varlen_torch(a, b, d, cq, ck, True), q, k, v, dout)
+    errs = [(a - w).abs().max().item() for a, w in zip(got, want)]
+    print(f"flash_attn_varlen_func float64: max error out, dq, dk, dv = {errs}")
+    assert max(errs) < 1e-12
+    out, lse, _ = qkv.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 18, 26, causal=True, return_attn_probs=True)
+    assert lse.shape == (4, cq[-1])
+    # lse of sequence 3's first query (row 12): keys 19 .. 19 + (26 - 18) of k, bottom-right causal.
+    s = torch.einsum("hd,khd->hk", q[12], k[19:28].repeat_interleave(2, 1)) * 16 ** -0.5
+    assert torch.allclose(lse[:, 12], torch.logsumexp(s, -1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw,name", [(dict(dropout_p=0.1), "dropout_p"), (dict(softcap=30.0), "softcap"),
+                                     (dict(alibi_slopes=torch.zeros(2)), "alibi_slopes")])
+def test_flash_attn_variants_qkv_lacks_raise(kw, name):
+    q = torch.randn(1, 3, 2, 8)
+    with pytest.raises(NotImplementedError, match=rf"\[qkv.flash_attn_func\] {name}"):
+        qkv.flash_attn_func(q, q, q, **kw)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match=rf"\[qkv.flash_attn_varlen_func\] {name}"):
+        qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, **kw)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"max_seqlen_q = 2 is less than the longest sequence in cu_seqlens_q \(3\)"):
+        qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 2, 3)
+
+
+def test_plain_entry_point_differentiates_a_mask_alone():
+    """Only the mask requires grad: qkv.scaled_dot_product_attention still returns torch's dL/dmask."""
+    g = torch.Generator().manual_seed(43)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.randn(5, 5, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask.requires_grad_()).sum(), mask)
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum(), mask)
+    assert (got[0] - want[0]).abs().max().item() < 1e-12   # float64 both sides
+
+
+def test_mask_gradient_with_qkvs_own_rules():
+    """qkv.torch.attention: float mask + bottom-right causal + window + key lengths; dL/dmask equals
+    torch's on the equivalent additive mask (the rules folded in as -inf), float64 both sides."""
+    g = torch.Generator().manual_seed(44)
+    B, H, L, S = 2, 2, 5, 9
+    q = torch.randn(B, H, L, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, 1, S, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.randn(B, H, L, S, generator=g, dtype=torch.float64)
+    kl = torch.tensor([9, 7])
+    i, j = torch.arange(L)[:, None] + (S - L), torch.arange(S)[None, :]
+    ok = (j <= i) & (j >= i - 3) & (j[None, None] < kl.view(-1, 1, 1, 1))
+    dout = torch.randn(B, H, L, 8, generator=g, dtype=torch.float64)
+    m1 = mask.clone().requires_grad_()
+    out, _ = qkv.torch.attention(q, k, v, mask=m1, key_lengths=kl, causal=True, align="bottom_right", window_left=3)
+    got, = torch.autograd.grad(out, m1, dout)
+    m2 = mask.clone().requires_grad_()
+    want_out = F.scaled_dot_product_attention(q, k.expand(B, H, S, 8), v.expand(B, H, S, 8),
+                                              attn_mask=m2.masked_fill(~ok, float("-inf")))
+    want, = torch.autograd.grad(want_out, m2, dout)
+    assert (out - want_out).abs().max().item() < 1e-12
+    assert (got - want).abs().max().item() < 1e-12
