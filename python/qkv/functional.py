@@ -251,6 +251,12 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         AttentionResult(out, lse, pattern, kernel): arrays in the framework of q, and the
         KernelInfo of what ran. A row with no allowed key gives zeros. No autograd here: use
         :func:`attention_backward`, or ``qkv.torch.scaled_dot_product_attention`` inside torch models.
+
+    Non-finite values (as torch, so that a diverging model shows NaN): a NaN or +inf score on a
+    key the row may attend (from NaN/inf in q or k, or a NaN/+inf mask entry) makes that row's out
+    and lse NaN, and in the backward its dq and the dk, dv of the keys it may attend. Masked keys
+    (bool False, additive -inf, causal, window, key_lengths) stay ignored even if their k is NaN,
+    and a row with no allowed key stays zeros. Details: include/qkv/attention.hpp.
     """
     fn = "qkv.attention"
     kind, (q_, k_, v_) = A.common_kind(fn, [("q", q), ("k", k), ("v", v)])
