@@ -54,10 +54,15 @@ class MultiHeadAttention:
     def __init__(self, d_model: int, n_heads: int, *, d_head: Optional[int] = None, n_kv_heads: Optional[int] = None,
                  d_value: Optional[int] = None, d_source: Optional[int] = None, bias: bool = False,
                  seed: Optional[int] = 0):
+        fn = "qkv.MultiHeadAttention"
+        for name, x in (("d_model", d_model), ("n_heads", n_heads)):
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x <= 0:
+                raise ValueError(f"[{fn}] {name}: must be a positive integer, got {x!r}")
         if d_head is None:
-            if not isinstance(n_heads, int) or n_heads <= 0 or d_model % n_heads:
-                raise ValueError(f"[qkv.MultiHeadAttention] d_head: not given, and d_model = {d_model} is not a "
-                                 f"multiple of n_heads = {n_heads}; pass d_head")
+            if d_model % n_heads:
+                raise ValueError(f"[{fn}] n_heads: d_model = {d_model} is not a multiple of n_heads = {n_heads} "
+                                 f"(each head gets d_model / n_heads dims unless d_head is given); pass d_head, "
+                                 f"or an n_heads that divides d_model")
             d_head = d_model // n_heads
         self._native = _qkv.MultiHeadAttention(d_model, d_source or 0, n_heads, n_kv_heads or 0, d_head,
                                                d_value or 0, bool(bias))

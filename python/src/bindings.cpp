@@ -19,6 +19,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -249,9 +250,14 @@ F32Array to_numpy(qkv::Buffer&& b) {
 }
 
 // A model and its own KV cache: forward() continues from the positions already run.
+// The model's work buffers and the cache are one state: Python threads (the GIL is released while
+// the model runs) take turns through `mu`, held for a whole forward / trace / generate / reset
+// (taken after the GIL is released, and let go before it is taken back, so neither lock waits on
+// the other). Without it two threads generating on one model wrote each other's buffers.
 struct PyModel {
   qkv::Model model;
   qkv::KvCache cache;
+  std::mutex mu;
   PyModel(qkv::Weights w, qkv::ModelOptions o) : model(std::move(w), o), cache(model.new_cache()) {}
 };
 
@@ -274,6 +280,7 @@ F32Array model_forward(PyModel& self, const std::vector<std::int64_t>& tokens, b
   qkv::Buffer logits(qkv::DType::f32, all_logits ? std::vector<std::int64_t>{rows, V} : std::vector<std::int64_t>{V});
   {
     nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     self.model.forward(std::span<const int>(t), self.cache, logits.ptr<float>(), all_logits);
   }
   return to_numpy(std::move(logits));
@@ -285,6 +292,7 @@ std::tuple<nb::list, F32Array> model_trace(PyModel& self, const std::vector<std:
   qkv::Trace tr;
   {
     nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     self.model.forward_trace(t, tr);
   }
   nb::list layers;
@@ -309,10 +317,12 @@ std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate
   o.sampling.top_p = top_p;
   o.sampling.top_k = top_k;
   o.sampling.seed = seed;
+  qkv::validate_generate_options(o, "qkv.Model.generate");  // the CLI's rules and messages
   std::string text;
   qkv::GenerateStats st;
   {
     nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     st = qkv::generate(self.model, tok, prompt, o, [&text](std::string_view piece) { text += piece; });
   }
   return {nb::bytes(text.data(), text.size()), st.prompt_tokens, st.generated, st.prefill_seconds,
@@ -411,8 +421,18 @@ NB_MODULE(_qkv, m) {
            "prefill GEMM inputs (and the KV cache) f32 or bf16.")
       .def("config_json", [](const PyModel& self) { return qkv::config_to_json(self.model.config(), false); })
       .def("num_params", [](const PyModel& self) { return self.model.weights().num_params(); })
-      .def_prop_ro("position", [](const PyModel& self) { return self.cache.len; })
-      .def("reset", [](PyModel& self) { self.cache.clear(); })
+      .def_prop_ro("position",
+                   [](PyModel& self) {
+                     nb::gil_scoped_release unlocked;
+                     const std::lock_guard<std::mutex> one_at_a_time(self.mu);
+                     return self.cache.len;
+                   })
+      .def("reset",
+           [](PyModel& self) {
+             nb::gil_scoped_release unlocked;
+             const std::lock_guard<std::mutex> one_at_a_time(self.mu);
+             self.cache.clear();
+           })
       .def("forward", &model_forward, "tokens"_a, "all_logits"_a,
            "Runs tokens after the cached positions; logits [V] for the last, or [S, V].")
       .def("trace", &model_trace, "tokens"_a, "The whole sequence from position 0, every layer recorded.")
