@@ -20,7 +20,7 @@ import numpy as np
 from . import _arrays as A
 from . import _qkv
 from . import safetensors as st
-from .functional import _mask, _scale, _window
+from .functional import _mask, _reserve, _scale, _window
 
 Array = Any
 _FORMAT = "qkv.MultiHeadAttention"
@@ -163,6 +163,9 @@ class MultiHeadAttention:
         src = arrays[1] if source is not None else None
         B, S, H = xs[0], xs[1], self.config["n_heads"]
         Skv = A.shape_of(src)[1] if src is not None and len(A.shape_of(src)) == 3 else S
+        C = self.config["d_model"]
+        _reserve(fn, "results", arrays[0], ((B, S, C), None), ((B, H, S, C) if return_head_delta else (0,), None),
+                 ((B, H, S, Skv) if return_pattern else (0,), None))
         delta = kind.empty((B, S, self.config["d_model"]), arrays[0])
         head_delta = kind.empty((B, H, S, self.config["d_model"]), arrays[0]) if return_head_delta else None
         pattern = kind.empty((B, H, S, Skv), arrays[0]) if return_pattern else None

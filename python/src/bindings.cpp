@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "qkv/attention.hpp"
+#include "qkv/memory.hpp"
 #include "qkv/mha.hpp"
 #include "qkv/model.hpp"
 #include "qkv/types.hpp"
@@ -277,6 +278,7 @@ F32Array model_forward(PyModel& self, const std::vector<std::int64_t>& tokens, b
   const std::vector<int> t = to_tokens("qkv.Model.forward", tokens);
   const std::int64_t V = self.model.config().vocab_size;
   const std::int64_t rows = all_logits ? static_cast<std::int64_t>(t.size()) : 1;
+  qkv::check_memory("qkv.Model.forward", "logits", qkv::bytes_of({rows, V}, 4));
   qkv::Buffer logits(qkv::DType::f32, all_logits ? std::vector<std::int64_t>{rows, V} : std::vector<std::int64_t>{V});
   {
     nb::gil_scoped_release unlocked;
@@ -334,6 +336,9 @@ std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate
 NB_MODULE(_qkv, m) {
   m.doc() = "Native layer of qkv: attention on the CPU over strided arrays. Use the qkv package, not this module.";
 
+  m.def("check_memory", &qkv::check_memory, "function"_a, "what"_a, "bytes"_a,
+        "Raises MemoryError naming `function` and `what` unless `bytes` fit in the memory available now.");
+  m.def("available_memory", &qkv::available_memory, "Bytes this process can still get (MemAvailable, cgroup limit).");
   m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "out"_a, "mask"_a.none(), "key_lengths"_a.none(),
         "lse"_a.none(), "pattern"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a,
         "window_right"_a, "num_threads"_a, "kernel"_a,

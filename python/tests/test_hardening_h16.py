@@ -7,7 +7,7 @@
   math SDPA in float64, independent of qkv).
 """
 
-import math
+import os
 import pathlib
 import threading
 
@@ -224,3 +224,79 @@ def test_defect04_masked_nan_keys_and_dead_rows_stay_clean():
     k0 = k.copy()
     k0[0, 0, 5] = 0.0
     assert np.abs(got[0, 0] - torch_rows(q, k0, v, allow)[0, 0]).max() < 2e-6
+
+
+# ---- item 6: out-of-memory kill instead of an error ------------------------------------------
+# Each case runs in a child process: before the fix the kernel killed the process (SIGKILL) when
+# the pages were touched, and it must kill only the child. The sizes are far beyond any machine
+# these tests run on (≥ 25 GB; the check compares with MemAvailable and the cgroup limit).
+
+import subprocess
+import sys
+import textwrap
+
+
+def run_child(code, tmp_path=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=str(tmp_path or ROOT))
+    return r.returncode, r.stdout + r.stderr
+
+
+def expect_memory_error(code, what, need, tmp_path=None):
+    avail = qkv._qkv.available_memory()
+    if need < avail:
+        pytest.skip(f"this machine has {avail / 1e9:.0f} GB available: {need / 1e9:.0f} GB would fit")
+    rc, out = run_child("""
+        import numpy as np, qkv
+        try:
+    """ + textwrap.indent(textwrap.dedent(code), " " * 12) + """
+        except MemoryError as e:
+            print("MemoryError:", e)
+        else:
+            print("no error")
+    """, tmp_path)
+    assert rc == 0, f"child died with {rc} (before the fix: -9, killed by the kernel): {out[-500:]}"
+    assert "MemoryError: [" in out and what in out and "are available" in out, out[-500:]
+    print(out.strip(), f"(available here {avail / 1e9:.1f} GB)")
+
+
+def test_defect06_mha_too_large_raises_memory_error():
+    # 4 weights of 40000 × 40000 floats: 25.6 GB.
+    expect_memory_error("qkv.MultiHeadAttention(d_model=40000, n_heads=1)",
+                        "[qkv::MultiHeadAttention] weights w_q, w_k, w_v, w_o: needs 25.6 GB", 25.6e9)
+
+
+def test_defect06_attention_output_too_large_raises_memory_error():
+    # Broadcast inputs (stride 0: no memory) whose output [256, 256, 20000, 8] f32 is 42 GB.
+    expect_memory_error("""
+        q = np.broadcast_to(np.ones((1, 1, 1, 8), np.float32), (256, 256, 20000, 8))
+        qkv.attention(q, q, q)
+    """, "[qkv.attention] out and lse: needs 41.9 GB", 41.9e9)
+    expect_memory_error("""
+        q = np.broadcast_to(np.ones((1, 1, 1, 8), np.float32), (256, 256, 20000, 8))
+        qkv.scaled_dot_product_attention(q, q, q)
+    """, "[qkv.scaled_dot_product_attention] output: needs 41.9 GB", 41.9e9)
+    # The pattern [1, 64, 20000, 20000] of small inputs: 102 GB.
+    expect_memory_error("""
+        q = np.zeros((1, 64, 20000, 8), np.float32)
+        qkv.attention(q, q, q, return_pattern=True)
+    """, "[qkv.attention] out, lse and pattern: needs 102 GB", 102e9)
+
+
+def test_defect06_model_with_huge_context_raises_memory_error(tmp_path):
+    # A Llama checkpoint (46 MB) whose config claims 2^20 positions, the most a config may:
+    # its KV cache, [8 layers, 8 kv heads, 2^20, 64] for k and for v, would be 34.4 GB.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=512, intermediate_size=256, num_attention_heads=8,
+                                   num_key_value_heads=8, num_hidden_layers=8, vocab_size=97,
+                                   max_position_embeddings=32)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    import json
+    c = json.loads((tmp_path / "config.json").read_text())
+    c["max_position_embeddings"] = 2**20
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    expect_memory_error(f"qkv.Model.load({str(tmp_path)!r})",
+                        "[qkv::KvCache] k and v [n_layers, n_kv_heads, capacity, head_dim] = [8, 8, 1048576, 64] "
+                        "each: needs 34.4 GB", 34.4e9, tmp_path)
