@@ -32,8 +32,9 @@ std::uint64_t available_memory();
 
 // Throws OutOfMemory naming `function`, `what`, the bytes asked and the bytes available unless
 // `bytes` fit in available_memory() less a margin kept for everything else (1/16 of it, at
-// least 64 MiB). Cheap (two small file reads): call it once per allocation of user-sized memory,
-// with the total of the buffers about to be allocated together.
+// least 64 MiB). Requests under 64 MiB pass without a look (no file read: free on small calls);
+// others cost two small file reads. Call it once per allocation of user-sized memory, with the
+// total of the buffers about to be allocated together.
 void check_memory(std::string_view function, std::string_view what, std::uint64_t bytes);
 
 // n0 · n1 · ... · elem_bytes, saturating at UINT64_MAX (sizes from user input may overflow).

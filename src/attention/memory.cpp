@@ -12,6 +12,7 @@ namespace qkv {
 namespace {
 
 constexpr std::uint64_t kUnknown = std::numeric_limits<std::uint64_t>::max();
+constexpr std::uint64_t kSmall = std::uint64_t{64} << 20;
 
 // The first number in `path` (a cgroup file holds one, or "max"); kUnknown if none.
 std::uint64_t read_number(const std::string& path) {
@@ -78,11 +79,14 @@ std::uint64_t available_memory() {
 }
 
 void check_memory(std::string_view function, std::string_view what, std::uint64_t bytes) {
+  // Below 64 MiB nothing is read (the two files cost tens of µs, per call of small attention):
+  // the check is for sizes a caller's input can blow up, not for the last megabytes of a machine.
+  if (bytes < kSmall) return;
   const std::uint64_t mem = mem_available(), room = cgroup_room();
   const std::uint64_t avail = mem < room ? mem : room;
   if (avail == kUnknown) return;
   std::uint64_t margin = avail / 16;
-  if (margin < (std::uint64_t{64} << 20)) margin = std::uint64_t{64} << 20;
+  if (margin < kSmall) margin = kSmall;
   if (bytes <= avail && avail - bytes >= margin) return;
   std::ostringstream m;
   m << "[" << function << "] " << what << ": needs " << human(bytes) << " (" << bytes << " bytes), but "

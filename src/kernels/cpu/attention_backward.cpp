@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/parallel.hpp"
+#include "qkv/memory.hpp"
 
 namespace qkv::kernels {
 namespace bwd {
@@ -223,6 +224,10 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   // Prepass: Q and dO rows as f32 (in place when possible), delta and L per query row.
   const bool q_direct = usable_in_place(p.q, p.D) && !q_sanitize, o_direct = usable_in_place(bp.dout, p.Dv);
   const bool out_direct = p.out.dtype == DType::f32 && (p.out.stride(3) == 1 || p.Dv == 1);
+  // Packed Q and dO, L and delta (and the dQ partials below): sized by the caller's shapes, so
+  // refused (qkv::OutOfMemory) rather than killed when they cannot fit.
+  check_memory("qkv::attention_backward", "f32 work copies of q and dout, lse and delta",
+               bytes_of({rows, (q_direct ? 0 : cx.Dp) + (o_direct ? 0 : cx.Dvp) + 2}, 4));
   Floats q_pack(q_direct ? 0 : rows * cx.Dp), o_pack(o_direct ? 0 : rows * cx.Dvp);
   Floats L(rows), delta(rows);
   if (q_direct) {
@@ -295,6 +300,7 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   while (C > 1 && part_bytes(C) > (std::int64_t{256} << 20)) --C;
   if (C > cx.key_blocks) C = cx.key_blocks;
   cx.chunks = C < 1 ? 1 : C;
+  check_memory("qkv::attention_backward", "dq partial sums", bytes_of({cx.chunks - (cx.dq0 ? 1 : 0), part_floats}, 4));
   Floats dq_part((cx.chunks - (cx.dq0 ? 1 : 0)) * part_floats);
   cx.dq_part = dq_part.get();
 
