@@ -24,6 +24,19 @@
 // A query row with no allowed key (or whose additive mask is −∞ everywhere) gives out_i = 0
 // and lse_i = −∞, never NaN.
 //
+// Non-finite values (one policy, every kernel, ISA and dtype; as torch, so divergence shows):
+//   - An additive mask entry of −∞ denies the key like a false bool mask entry.
+//   - A NaN or +∞ score_ij on an allowed key (from NaN/±∞ in q_i or k_j, or a NaN/+∞ mask
+//     entry) makes row i NaN: out_i and lse_i are NaN (pattern_ij NaN on its allowed keys).
+//     A score of −∞ on an allowed key counts as p_ij = 0.
+//   - Masked keys stay ignored even if their K is NaN, and a row with no allowed key stays
+//     zeros even if its q is NaN. (torch, which adds −∞ and multiplies full matrices, gives NaN
+//     in both cases.)
+//   - V is used as IEEE arithmetic does: a NaN in v_j reaches every row with p_ij > 0, and may
+//     reach rows that mask key j (0 · NaN) in the fast kernels, as in torch.
+//   - Backward: a NaN row has a NaN dq_i and makes dk_j, dv_j NaN for the keys j it may attend;
+//     the keys it masks and the other rows are untouched (torch: NaN for every key of the head).
+//
 // The seeds draw the attention pattern with keys down the left and queries across the top, so
 // each *column* sums to 1. qkv stores it the PyTorch way, one *row* per query: pattern[b,h,i,:]
 // is the distribution of query i over the keys; transpose to get the seeds' picture.

@@ -68,7 +68,9 @@ struct MhaGrads {
 class MultiHeadAttention {
  public:
   // Validates the configuration (throws std::invalid_argument naming the field) and allocates
-  // zero weights. config() returns it with the defaults (0 = …) resolved.
+  // zero weights. config() returns it with the defaults (0 = …) resolved. Weights that would not
+  // fit in the available memory throw qkv::OutOfMemory (qkv/memory.hpp, a std::bad_alloc) first;
+  // so do make_grads() and forward()/backward() for their work buffers.
   explicit MultiHeadAttention(const MhaConfig& config);
 
   const MhaConfig& config() const { return cfg_; }
@@ -88,6 +90,9 @@ class MultiHeadAttention {
 
   // Zero gradients shaped like this block's weights.
   MhaGrads make_grads() const;
+
+  // Bytes of the weights and biases (what the constructor and make_grads() allocate).
+  std::uint64_t weight_bytes() const;
 
   // The weights (shapes in the table above). Their shapes are fixed; their values are the caller's.
   Buffer w_q, w_k, w_v, w_o;

@@ -359,6 +359,11 @@ struct GenerateOptions {
   std::int64_t steps = 256;  // positions in all, counting BOS and the prompt (≤ 0 or > P: P)
   SamplerOptions sampling;
 };
+// Throws std::invalid_argument "[fn] option: must be ..., got value" unless steps ≥ 0,
+// temperature ∈ [0, 100] (not NaN), top_p ∈ [0, 1], top_k ≥ 0 and seed ≥ 1: the rules of
+// `qkv generate`'s flags. generate() calls it first; Python's Model.generate calls it with its
+// own name, so both faces give one message.
+void validate_generate_options(const GenerateOptions& opt, std::string_view fn = "qkv::generate");
 struct GenerateStats {
   std::int64_t prompt_tokens = 0;  // including BOS
   std::int64_t generated = 0;      // sampled tokens

@@ -6,8 +6,11 @@ on the CPU; ``attention`` and ``attention_backward`` expose the whole qkv API in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
 
 from . import _arrays as A
 from . import _qkv
@@ -162,6 +165,18 @@ def _repeat_heads(kind, x, r: int):
 
 
 
+def _reserve(fn: str, what: str, like: Any, *arrays: Tuple[Sequence[int], Optional[str]]) -> None:
+    """Raises MemoryError (naming fn, what, the bytes asked and available) unless result arrays of
+    these (shape, dtype) fit in the memory available now (dtype None: like's). Without it NumPy
+    and torch grant any size on Linux, and the process is killed when the kernel writes it."""
+    total = 0
+    for shape, dtype in arrays:
+        size = np.dtype(dtype).itemsize if dtype is not None else (
+            like.element_size() if hasattr(like, "element_size") else like.dtype.itemsize)
+        total += math.prod(int(d) for d in shape) * size
+    _qkv.check_memory(fn, what, min(total, 2**64 - 1))
+
+
 def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False) -> Array:
@@ -212,6 +227,7 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
         return A.float16_to(scaled_dot_product_attention(*w[:3], w[3], dropout_p, is_causal, scale, enable_gqa),
                             "float16")
     p = _plan_sdpa(fn, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    _reserve(fn, "output", p.q4, (p.out_shape, None))
     out = p.kind.empty(p.out_shape, p.q4)
     B, H, L, Ev = p.q4.shape[0], p.q4.shape[1], p.q4.shape[2], p.v4.shape[3]
     out4 = out.reshape(B, H, L, Ev)  # a view: out is freshly allocated, contiguous
@@ -261,6 +277,12 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         AttentionResult(out, lse, pattern, kernel): arrays in the framework of q, and the
         KernelInfo of what ran. A row with no allowed key gives zeros. No autograd here: use
         :func:`attention_backward`, or ``qkv.torch.scaled_dot_product_attention`` inside torch models.
+
+    Non-finite values (as torch, so that a diverging model shows NaN): a NaN or +inf score on a
+    key the row may attend (from NaN/inf in q or k, or a NaN/+inf mask entry) makes that row's out
+    and lse NaN, and in the backward its dq and the dk, dv of the keys it may attend. Masked keys
+    (bool False, additive -inf, causal, window, key_lengths) stay ignored even if their k is NaN,
+    and a row with no allowed key stays zeros. Details: include/qkv/attention.hpp.
     """
     fn = "qkv.attention"
     kind, (q_, k_, v_) = A.common_kind(fn, [("q", q), ("k", k), ("v", v)])
@@ -278,6 +300,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         if mask is not None or key_lengths is not None or return_pattern:
             raise ValueError(f"[{fn}] mask, key_lengths and return_pattern are not available with packed "
                              f"sequences (cu_seqlens_q / cu_seqlens_k)")
+        _reserve(fn, "out and lse", q_, ((qs[0], qs[1], vs[2]), None), ((qs[1], qs[0]) if return_lse else (0,), aux))
         out = kind.empty((qs[0], qs[1], vs[2]), q_)
         lse = kind.empty((qs[1], qs[0]), q_, aux) if return_lse else None
         info = _qkv.attention_varlen(
@@ -288,6 +311,8 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     if len(qs) != 4 or len(vs) != 4 or len(A.shape_of(k_)) != 4:
         raise ValueError(f"[{fn}] q, k, v must have rank 4 [B, H, S, D] (rank 3 with cu_seqlens), got "
                          f"q {list(qs)}, k {list(A.shape_of(k_))}, v {list(vs)}")
+    _reserve(fn, "out, lse and pattern" if return_pattern else "out and lse", q_, ((qs[0], qs[1], qs[2], vs[3]), None),
+             (qs[:3] if return_lse else (0,), aux), (qs[:3] + (A.shape_of(k_)[2],) if return_pattern else (0,), aux))
     out = kind.empty((qs[0], qs[1], qs[2], vs[3]), q_)
     lse = kind.empty(qs[:3], q_, aux) if return_lse else None
     pattern = kind.empty(qs[:3] + (A.shape_of(k_)[2],), q_, aux) if return_pattern else None
@@ -316,6 +341,7 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
     kind, arrs = A.common_kind(fn, [("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)])
     q_, k_, v_, o_, g_, l_ = arrs
     A.check_float(fn, [("q", q_), ("k", k_), ("v", v_), ("out", o_), ("dout", g_)], kind)
+    _reserve(fn, "dq, dk and dv", q_, (A.shape_of(q_), None), (A.shape_of(k_), None), (A.shape_of(v_), None))
     dq, dk, dv = kind.empty(A.shape_of(q_), q_), kind.empty(A.shape_of(k_), k_), kind.empty(A.shape_of(v_), v_)
     n = kind.native
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):

@@ -20,7 +20,7 @@ import numpy as np
 from . import _arrays as A
 from . import _qkv
 from . import safetensors as st
-from .functional import _mask, _scale, _window
+from .functional import _mask, _reserve, _scale, _window
 
 Array = Any
 _FORMAT = "qkv.MultiHeadAttention"
@@ -54,10 +54,15 @@ class MultiHeadAttention:
     def __init__(self, d_model: int, n_heads: int, *, d_head: Optional[int] = None, n_kv_heads: Optional[int] = None,
                  d_value: Optional[int] = None, d_source: Optional[int] = None, bias: bool = False,
                  seed: Optional[int] = 0):
+        fn = "qkv.MultiHeadAttention"
+        for name, x in (("d_model", d_model), ("n_heads", n_heads)):
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x <= 0:
+                raise ValueError(f"[{fn}] {name}: must be a positive integer, got {x!r}")
         if d_head is None:
-            if not isinstance(n_heads, int) or n_heads <= 0 or d_model % n_heads:
-                raise ValueError(f"[qkv.MultiHeadAttention] d_head: not given, and d_model = {d_model} is not a "
-                                 f"multiple of n_heads = {n_heads}; pass d_head")
+            if d_model % n_heads:
+                raise ValueError(f"[{fn}] n_heads: d_model = {d_model} is not a multiple of n_heads = {n_heads} "
+                                 f"(each head gets d_model / n_heads dims unless d_head is given); pass d_head, "
+                                 f"or an n_heads that divides d_model")
             d_head = d_model // n_heads
         self._native = _qkv.MultiHeadAttention(d_model, d_source or 0, n_heads, n_kv_heads or 0, d_head,
                                                d_value or 0, bool(bias))
@@ -158,6 +163,9 @@ class MultiHeadAttention:
         src = arrays[1] if source is not None else None
         B, S, H = xs[0], xs[1], self.config["n_heads"]
         Skv = A.shape_of(src)[1] if src is not None and len(A.shape_of(src)) == 3 else S
+        C = self.config["d_model"]
+        _reserve(fn, "results", arrays[0], ((B, S, C), None), ((B, H, S, C) if return_head_delta else (0,), None),
+                 ((B, H, S, Skv) if return_pattern else (0,), None))
         delta = kind.empty((B, S, self.config["d_model"]), arrays[0])
         head_delta = kind.empty((B, H, S, self.config["d_model"]), arrays[0]) if return_head_delta else None
         pattern = kind.empty((B, H, S, Skv), arrays[0]) if return_pattern else None

@@ -68,6 +68,19 @@ def _tokens(fn: str, tokens: Sequence[int]) -> List[int]:
     return out
 
 
+def _integer(fn: str, name: str, x: Any) -> int:
+    """x as an int (bools and floats refused, as the CLI refuses "2.5" for an integer flag)."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"[{fn}] {name}: must be an integer, got {x!r}")
+    return int(x)
+
+
+def _real(fn: str, name: str, x: Any) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise TypeError(f"[{fn}] {name}: must be a number, got {x!r}")
+    return float(x)
+
+
 class Tokenizer:
     """llama2.c's tokenizer: score-ordered merges, byte fallback, BOS = 1 and EOS = 2."""
 
@@ -107,7 +120,14 @@ class Tokenizer:
 
 
 class Model:
-    """A decoder-only transformer with its own KV cache (see the module docstring)."""
+    """A decoder-only transformer with its own KV cache (see the module docstring).
+
+    Threads: one Model may be shared by several Python threads. Its forward, trace, generate and
+    reset take turns (a lock per Model, held for the whole call; the GIL is released meanwhile, so
+    other work and other Models run in parallel): each call gives what it would give alone. The
+    KV cache is still one per Model: threads interleaving forward() calls continue each other's
+    sequence, so give each conversation its own Model.
+    """
 
     def __init__(self, native: Any):
         self._m = native
@@ -158,16 +178,30 @@ class Model:
 
     def generate(self, tokenizer: Tokenizer, prompt: str = "", steps: int = 256, temperature: float = 1.0,
                  top_p: float = 0.9, top_k: int = 0, seed: int = 1, return_stats: bool = False):
-        """llama2.c's generation: ``steps`` positions in all (BOS and the prompt included), stopping
-        at BOS/EOS; temperature 0 is greedy. Returns the text (prompt + continuation), or a
-        :class:`Generation` with timings. Uses a cache of its own (this model's is untouched)."""
+        """llama2.c's generation: ``steps`` positions in all (BOS and the prompt included; 0: the
+        whole context), stopping at BOS/EOS; temperature 0 is greedy. Returns the text (prompt +
+        continuation), or a :class:`Generation` with timings. Uses a cache of its own (this
+        model's is untouched); safe to call from several threads at once (see :class:`Model`).
+
+        The arguments follow ``qkv generate``'s rules, checked by the same C++ code, with the same
+        messages (ValueError): steps >= 0, temperature in [0, 100], top_p in [0, 1], top_k >= 0,
+        seed >= 1. ``prompt`` is a str, or bytes in UTF-8."""
+        fn = "qkv.Model.generate"
         if not isinstance(tokenizer, Tokenizer):
-            raise TypeError("[qkv.Model.generate] tokenizer: must be a qkv.Tokenizer")
-        if int(seed) < 1:
-            raise ValueError(f"[qkv.Model.generate] seed: must be >= 1, got {seed}")
-        raw, n_prompt, n_gen, t_pre, t_dec = self._m.generate(tokenizer._t, str(prompt), int(steps),
-                                                               float(temperature), float(top_p), int(top_k),
-                                                               int(seed))
+            raise TypeError(f"[{fn}] tokenizer: must be a qkv.Tokenizer, got {type(tokenizer).__name__}")
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            try:
+                prompt = bytes(prompt).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"[{fn}] prompt: bytes that are not UTF-8 ({e})") from None
+        elif not isinstance(prompt, str):
+            raise TypeError(f"[{fn}] prompt: must be str or UTF-8 bytes, got {type(prompt).__name__}")
+        steps, top_k, seed = (_integer(fn, n, x) for n, x in (("steps", steps), ("top_k", top_k), ("seed", seed)))
+        temperature, top_p = (_real(fn, n, x) for n, x in (("temperature", temperature), ("top_p", top_p)))
+        if seed < 1:  # before the C++ call: a negative seed does not fit its unsigned type
+            raise ValueError(f"[{fn}] seed: must be ≥ 1 (xorshift's state 0 never changes), got {seed}")
+        raw, n_prompt, n_gen, t_pre, t_dec = self._m.generate(tokenizer._t, prompt, steps, temperature, top_p,
+                                                               top_k, seed)
         text = raw.decode("utf-8", errors="replace")
         if return_stats:
             return Generation(text, n_prompt, n_gen, t_pre, t_dec)

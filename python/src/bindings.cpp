@@ -19,12 +19,14 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
 
 #include "qkv/attention.hpp"
+#include "qkv/memory.hpp"
 #include "qkv/mha.hpp"
 #include "qkv/model.hpp"
 #include "qkv/types.hpp"
@@ -250,9 +252,14 @@ F32Array to_numpy(qkv::Buffer&& b) {
 }
 
 // A model and its own KV cache: forward() continues from the positions already run.
+// The model's work buffers and the cache are one state: Python threads (the GIL is released while
+// the model runs) take turns through `mu`, held for a whole forward / trace / generate / reset
+// (taken after the GIL is released, and let go before it is taken back, so neither lock waits on
+// the other). Without it two threads generating on one model wrote each other's buffers.
 struct PyModel {
   qkv::Model model;
   qkv::KvCache cache;
+  std::mutex mu;
   PyModel(qkv::Weights w, qkv::ModelOptions o) : model(std::move(w), o), cache(model.new_cache()) {}
 };
 
@@ -272,9 +279,11 @@ F32Array model_forward(PyModel& self, const std::vector<std::int64_t>& tokens, b
   const std::vector<int> t = to_tokens("qkv.Model.forward", tokens);
   const std::int64_t V = self.model.config().vocab_size;
   const std::int64_t rows = all_logits ? static_cast<std::int64_t>(t.size()) : 1;
+  qkv::check_memory("qkv.Model.forward", "logits", qkv::bytes_of({rows, V}, 4));
   qkv::Buffer logits(qkv::DType::f32, all_logits ? std::vector<std::int64_t>{rows, V} : std::vector<std::int64_t>{V});
   {
     nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     self.model.forward(std::span<const int>(t), self.cache, logits.ptr<float>(), all_logits);
   }
   return to_numpy(std::move(logits));
@@ -286,6 +295,7 @@ std::tuple<nb::list, F32Array> model_trace(PyModel& self, const std::vector<std:
   qkv::Trace tr;
   {
     nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     self.model.forward_trace(t, tr);
   }
   nb::list layers;
@@ -310,10 +320,12 @@ std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate
   o.sampling.top_p = top_p;
   o.sampling.top_k = top_k;
   o.sampling.seed = seed;
+  qkv::validate_generate_options(o, "qkv.Model.generate");  // the CLI's rules and messages
   std::string text;
   qkv::GenerateStats st;
   {
     nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     st = qkv::generate(self.model, tok, prompt, o, [&text](std::string_view piece) { text += piece; });
   }
   return {nb::bytes(text.data(), text.size()), st.prompt_tokens, st.generated, st.prefill_seconds,
@@ -326,6 +338,9 @@ NB_MODULE(_qkv, m) {
   m.attr("__version__") = QKV_VERSION;  // CMakeLists.txt's project(VERSION), the one place it is written
   m.doc() = "Native layer of qkv: attention on the CPU over strided arrays. Use the qkv package, not this module.";
 
+  m.def("check_memory", &qkv::check_memory, "function"_a, "what"_a, "bytes"_a,
+        "Raises MemoryError naming `function` and `what` unless `bytes` fit in the memory available now.");
+  m.def("available_memory", &qkv::available_memory, "Bytes this process can still get (MemAvailable, cgroup limit).");
   m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "out"_a, "mask"_a.none(), "key_lengths"_a.none(),
         "lse"_a.none(), "pattern"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a,
         "window_right"_a, "num_threads"_a, "kernel"_a,
@@ -413,8 +428,18 @@ NB_MODULE(_qkv, m) {
            "prefill GEMM inputs (and the KV cache) f32 or bf16.")
       .def("config_json", [](const PyModel& self) { return qkv::config_to_json(self.model.config(), false); })
       .def("num_params", [](const PyModel& self) { return self.model.weights().num_params(); })
-      .def_prop_ro("position", [](const PyModel& self) { return self.cache.len; })
-      .def("reset", [](PyModel& self) { self.cache.clear(); })
+      .def_prop_ro("position",
+                   [](PyModel& self) {
+                     nb::gil_scoped_release unlocked;
+                     const std::lock_guard<std::mutex> one_at_a_time(self.mu);
+                     return self.cache.len;
+                   })
+      .def("reset",
+           [](PyModel& self) {
+             nb::gil_scoped_release unlocked;
+             const std::lock_guard<std::mutex> one_at_a_time(self.mu);
+             self.cache.clear();
+           })
       .def("forward", &model_forward, "tokens"_a, "all_logits"_a,
            "Runs tokens after the cached positions; logits [V] for the last, or [S, V].")
       .def("trace", &model_trace, "tokens"_a, "The whole sequence from position 0, every layer recorded.")

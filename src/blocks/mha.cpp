@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "blocks/linear.hpp"
+#include "qkv/memory.hpp"
 
 namespace qkv {
 namespace {
@@ -138,6 +139,8 @@ void forward_core(const MultiHeadAttention& m, const Call& k, const View& x, boo
   const std::int64_t B = k.B, S = k.S, Skv = k.Skv, H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.d_head, Dv = c.d_value;
   a.xp = packed(x, a.xs);
   a.sp = has_source ? packed(k.s, a.ss) : a.xp;
+  check_memory(k.fn, "projections q, k, v and the attention output",
+               bytes_of({k.N, H * (Dh + Dv)}, 4) + bytes_of({k.Nkv, Hkv * (Dh + Dv)}, 4));
   a.qp = Buffer(DType::f32, {k.N, H * Dh});
   a.kp = Buffer(DType::f32, {k.Nkv, Hkv * Dh});
   a.vp = Buffer(DType::f32, {k.Nkv, Hkv * Dv});
@@ -191,11 +194,13 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config) : cfg_(config) {
   mul(mul(hk, cfg_.d_source, "w_k"), 4, "w_k");
   mul(mul(hv, cfg_.d_source, "w_v"), 4, "w_v");
   mul(mul(ho, cfg_.d_model, "w_o"), 4, "w_o");
+  // Sized by the caller's config: d_model = 40000 asks for 25.6 GB; refused, not killed.
+  const std::int64_t nb = cfg_.bias ? 1 : 0;
+  check_memory(kCtor, nb ? "weights w_q, w_k, w_v, w_o and biases" : "weights w_q, w_k, w_v, w_o", weight_bytes());
   w_q = Buffer(DType::f32, {hq, cfg_.d_model});
   w_k = Buffer(DType::f32, {hk, cfg_.d_source});
   w_v = Buffer(DType::f32, {hv, cfg_.d_source});
   w_o = Buffer(DType::f32, {cfg_.d_model, ho});
-  const std::int64_t nb = cfg_.bias ? 1 : 0;
   b_q = Buffer(DType::f32, {nb * hq});
   b_k = Buffer(DType::f32, {nb * hk});
   b_v = Buffer(DType::f32, {nb * hv});
@@ -215,7 +220,15 @@ void MultiHeadAttention::init_random(std::uint64_t seed) {
   for (Buffer* b : {&b_q, &b_k, &b_v, &b_o}) fill(*b, 0.01);
 }
 
+std::uint64_t MultiHeadAttention::weight_bytes() const {
+  const std::int64_t hq = cfg_.n_heads * cfg_.d_head, hk = cfg_.n_kv_heads * cfg_.d_head;
+  const std::int64_t hv = cfg_.n_kv_heads * cfg_.d_value, ho = cfg_.n_heads * cfg_.d_value;
+  return bytes_of({hq, cfg_.d_model}, 4) + bytes_of({hk + hv, cfg_.d_source}, 4) + bytes_of({cfg_.d_model, ho}, 4) +
+         (cfg_.bias ? bytes_of({hq + hk + hv + cfg_.d_model}, 4) : 0);
+}
+
 MhaGrads MultiHeadAttention::make_grads() const {
+  check_memory("qkv::MultiHeadAttention::make_grads", "gradients shaped like the weights", weight_bytes());
   MhaGrads g;
   g.w_q = Buffer(DType::f32, w_q.shape());
   g.w_k = Buffer(DType::f32, w_k.shape());

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "qkv/model.hpp"
@@ -19,6 +20,25 @@ Sampler::Sampler(std::int64_t vocab_size, const SamplerOptions& opt) : V_(vocab_
   if (opt.top_k < 0) fail(fn, "opt.top_k: must be ≥ 0 (0 disables it), got " + std::to_string(opt.top_k));
   if (opt.seed == 0) fail(fn, "opt.seed: must be non-zero (xorshift's state 0 never changes)");
   cand_.reserve(static_cast<std::size_t>(vocab_size));
+}
+
+// The rules `qkv generate` documents for its flags, named as the options (steps, temperature,
+// top_p, top_k, seed) so that the CLI and Python (qkv.Model.generate) give the same message.
+void validate_generate_options(const GenerateOptions& opt, std::string_view fn) {
+  const auto num = [](double x) {
+    std::ostringstream s;
+    s << x;
+    return s.str();
+  };
+  if (opt.steps < 0)
+    fail(fn, "steps: must be ≥ 0 (positions in all, 0: the whole context), got " + std::to_string(opt.steps));
+  const SamplerOptions& s = opt.sampling;
+  if (!(s.temperature >= 0.0f && s.temperature <= 100.0f))
+    fail(fn, "temperature: must be in [0, 100] (0 is greedy), got " + num(s.temperature));
+  if (!(s.top_p >= 0.0f && s.top_p <= 1.0f))
+    fail(fn, "top_p: must be in [0, 1] (0 or 1 disables nucleus sampling), got " + num(s.top_p));
+  if (s.top_k < 0) fail(fn, "top_k: must be ≥ 0 (0 disables it), got " + std::to_string(s.top_k));
+  if (s.seed == 0) fail(fn, "seed: must be ≥ 1 (xorshift's state 0 never changes), got 0");
 }
 
 // xorshift*, exactly llama2.c's random_u32 / random_f32.
@@ -118,6 +138,7 @@ int Sampler::sample(float* logits) {
 GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prompt, const GenerateOptions& opt,
                        const std::function<void(std::string_view)>& emit) {
   const char* fn = "qkv::generate";
+  validate_generate_options(opt, fn);
   const Config& c = model.config();
   if (tok.vocab_size() != c.vocab_size)
     fail(fn, "tok: vocabulary of " + std::to_string(tok.vocab_size()) + " tokens, but the model's is " +

@@ -30,6 +30,7 @@
 #include "core/parallel.hpp"
 #include "core/spin_barrier.hpp"
 #include "qkv/attention.hpp"
+#include "qkv/memory.hpp"
 #include "qkv/model.hpp"
 
 namespace qkv {
@@ -46,6 +47,12 @@ KvCache::KvCache(const Config& c, std::int64_t cap, DType dtype) {
   if (dtype != DType::f32 && dtype != DType::bf16)
     fail("qkv::KvCache", std::string("dtype: must be f32 or bf16, got ") + dtype_name(dtype));
   capacity = cap == 0 ? c.seq_len : cap;
+  // Sized by the config (seq_len): refused, not killed, when it cannot fit.
+  const std::uint64_t one = bytes_of({c.n_layers, c.n_kv_heads, capacity, c.head_dim()}, dtype_size(dtype));
+  check_memory("qkv::KvCache", "k and v [n_layers, n_kv_heads, capacity, head_dim] = [" + std::to_string(c.n_layers) +
+                                   ", " + std::to_string(c.n_kv_heads) + ", " + std::to_string(capacity) + ", " +
+                                   std::to_string(c.head_dim()) + "] each",
+               one > UINT64_MAX / 2 ? UINT64_MAX : 2 * one);
   k = Buffer(dtype, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
   v = Buffer(dtype, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
 }
@@ -74,6 +81,7 @@ Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) 
     const std::int64_t C = c.dim, D = c.head_dim(), Hd = c.hidden_dim;
     const std::int64_t per_layer = (c.n_heads + 2 * c.n_kv_heads) * D * C + C * c.n_heads * D +
                                    (c.mlp == MlpKind::swiglu ? 3 : 2) * Hd * C;
+    check_memory("qkv::Model", "bf16 copy of the weights", bytes_of({c.n_layers * per_layer + c.vocab_size * C}, 2));
     bf16_ = Buffer(DType::bf16, {c.n_layers * per_layer + c.vocab_size * C});
     std::uint16_t* at = bf16_.ptr<std::uint16_t>();
     std::int64_t largest = 0;
@@ -211,6 +219,12 @@ void Model::reserve(std::int64_t S) {
   if (S <= rows_) return;
   const Config& c = w_.config;
   const std::int64_t D = c.head_dim();
+  // Work rows for S tokens (the buffers below, f32 and bf16, with their widths summed).
+  const std::int64_t f32_width = 2 * c.dim + 2 * c.n_heads * D + 2 * c.n_kv_heads * D + 2 * c.hidden_dim +
+                                 (c.n_heads + 2 * c.n_kv_heads) * D;
+  const std::int64_t bf16_width = 2 * c.n_heads * D + std::max(c.dim, c.n_heads * D) + c.hidden_dim;
+  check_memory("qkv::Model::forward", "work buffers for " + std::to_string(S) + " tokens",
+               bytes_of({S, f32_width}, 4) + bytes_of({S, bf16_width}, 2));
   x_ = Buffer(DType::f32, {S, c.dim});
   xb_ = Buffer(DType::f32, {S, c.dim});
   q_ = Buffer(DType::f32, {S, c.n_heads * D});
@@ -674,6 +688,11 @@ void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
   check_tokens(fn, tokens, 0);
   const Config& c = w_.config;
   const auto S = static_cast<std::int64_t>(tokens.size());
+  // What the trace keeps: per layer scores and pattern [H, S, S], head_delta [H, S, C] and
+  // block_delta [S, C]; then logits [S, V].
+  check_memory(fn, "trace of " + std::to_string(S) + " tokens",
+               c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 1, S, c.dim}, 4)) +
+                   bytes_of({S, c.vocab_size}, 4));
   const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity());
   KvCache cache(c, S);
   reserve(S);

@@ -1,7 +1,7 @@
 // Max relative error of a SIMD layer's vector exp2 (src/kernels/cpu/simd_*.hpp) against std::exp2 in
 // f64, over x ∈ [−126, 8] in steps of 2^-12 (x ≤ 8: scores never exceed the running max by more than
-// kLazyRescale), plus the exact zeros below −126. Each exp2_<isa>.cpp instantiates it for its own
-// layer and is compiled with that ISA's flags (tests/CMakeLists.txt).
+// kLazyRescale); zeros_ok: exact zeros below −126, and NaN kept NaN. Each exp2_<isa>.cpp instantiates
+// it for its own layer and is compiled with that ISA's flags (tests/CMakeLists.txt).
 #pragma once
 
 #include <cmath>
@@ -25,6 +25,10 @@ double exp2_max_rel_error(bool* zeros_ok) {
   S::storeu(y, S::exp2(S::loadu(x)));
   *zeros_ok = true;
   for (int i = 0; i < S::L; ++i) *zeros_ok = *zeros_ok && y[i] == 0.0f;
+  // NaN in, NaN out (the non-finite policy of qkv/attention.hpp rides on it; before, NaN gave 0).
+  for (int i = 0; i < S::L; ++i) x[i] = i % 2 ? NAN : 0.5f;
+  S::storeu(y, S::exp2(S::loadu(x)));
+  for (int i = 0; i < S::L; ++i) *zeros_ok = *zeros_ok && (i % 2 ? std::isnan(y[i]) : !std::isnan(y[i]));
   return worst;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/parallel.hpp"
+#include "qkv/memory.hpp"
 
 namespace qkv::kernels {
 namespace bwd {
@@ -110,6 +111,11 @@ std::int64_t arena_size(std::int64_t D, std::int64_t Dv) {
   return D * kBk + kBk * Dp + Dv * kBk + kBk * Dp + kBk * Dvp + 2 * kBq * kBk + kBk;
 }
 
+// x, or 0 for NaN and ±∞. Kr is the K operand of dQ += dS·K only: there a key with dS = 0 (masked
+// for the row) must add 0 even if its K is not finite, not 0·NaN = NaN. Rows that do attend such
+// a key are NaN rows (qkv/attention.hpp), whose dS is NaN already. (KT, for the scores, keeps K.)
+inline float finite_or_zero(float x) { return x - x == 0.0f ? x : 0.0f; }
+
 void pack_kv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk, float* KT,
                    float* Kr, float* VT) {
   const View& k = cx.p->fwd.k;
@@ -134,7 +140,7 @@ void pack_kv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int6
           __builtin_prefetch(vs + kAhead * v.stride(2) + d);
         }
       float* kr = Kr + j * Dp;
-      for (std::int64_t d = 0; d < D; ++d) KT[d * kBk + j] = kr[d] = ks[d];
+      for (std::int64_t d = 0; d < D; ++d) KT[d * kBk + j] = ks[d], kr[d] = finite_or_zero(ks[d]);
       for (std::int64_t e = 0; e < Dv; ++e) VT[e * kBk + j] = vs[e];
     }
     return;
@@ -143,7 +149,7 @@ void pack_kv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int6
   for (std::int64_t j = 0; j < nk; ++j) {
     float* kr = Kr + j * Dp;
     load_row(k, k.offset(b, hk, k0 + j, 0), k.stride(3), D, kr);
-    for (std::int64_t d = 0; d < D; ++d) KT[d * kBk + j] = kr[d];
+    for (std::int64_t d = 0; d < D; ++d) KT[d * kBk + j] = kr[d], kr[d] = finite_or_zero(kr[d]);
     load_row(v, v.offset(b, hk, k0 + j, 0), v.stride(3), Dv, vrow);
     for (std::int64_t e = 0; e < Dv; ++e) VT[e * kBk + j] = vrow[e];
   }
@@ -203,9 +209,25 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   cx.has_mask = p.mask.data != nullptr;
   const std::int64_t rows = p.B * p.H * p.Sq;
 
+  // A Q row that is not finite belongs to a NaN row or to a row with no allowed key (lse NaN or
+  // −∞: any finite score needs a finite q). Those rows' P comes from L alone (NaN, or 0), so Q
+  // is packed with its non-finite values set to 0 (finite_or_zero): as the B operand of
+  // dK += dSᵀ·Q, a NaN in it would reach, by 0·NaN, the dk of keys that row masks. Only rows
+  // whose lse is not finite are scanned; when none has a non-finite q, Q is read as usual.
+  bool q_sanitize = false;
+  for (std::int64_t r = 0; r < rows && !q_sanitize; ++r) {
+    const std::int64_t b = r / (p.H * p.Sq), h = r / p.Sq % p.H, i = r % p.Sq;
+    if (std::isfinite(p.lse.load(p.lse.offset(b, h, i)))) continue;
+    for (std::int64_t d = 0; d < p.D; ++d) q_sanitize = q_sanitize || !std::isfinite(p.q.load(p.q.offset(b, h, i, d)));
+  }
+
   // Prepass: Q and dO rows as f32 (in place when possible), delta and L per query row.
-  const bool q_direct = usable_in_place(p.q, p.D), o_direct = usable_in_place(bp.dout, p.Dv);
+  const bool q_direct = usable_in_place(p.q, p.D) && !q_sanitize, o_direct = usable_in_place(bp.dout, p.Dv);
   const bool out_direct = p.out.dtype == DType::f32 && (p.out.stride(3) == 1 || p.Dv == 1);
+  // Packed Q and dO, L and delta (and the dQ partials below): sized by the caller's shapes, so
+  // refused (qkv::OutOfMemory) rather than killed when they cannot fit.
+  check_memory("qkv::attention_backward", "f32 work copies of q and dout, lse and delta",
+               bytes_of({rows, (q_direct ? 0 : cx.Dp) + (o_direct ? 0 : cx.Dvp) + 2}, 4));
   Floats q_pack(q_direct ? 0 : rows * cx.Dp), o_pack(o_direct ? 0 : rows * cx.Dvp);
   Floats L(rows), delta(rows);
   if (q_direct) {
@@ -229,6 +251,8 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
       if (!q_direct) {
         float* dst = q_pack.get() + r * cx.Dp;
         load_row(p.q, p.q.offset(b, h, i, 0), p.q.stride(3), p.D, dst);
+        if (q_sanitize)
+          for (std::int64_t d = 0; d < p.D; ++d) dst[d] = finite_or_zero(dst[d]);
         for (std::int64_t d = p.D; d < cx.Dp; ++d) dst[d] = 0.0f;
       }
       // dO and O rows as f32: in place when they are f32 with unit stride (no memcpy call per row).
@@ -246,10 +270,13 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
         load_row(p.out, p.out.offset(b, h, i, 0), p.out.stride(3), p.Dv, orow.data());
       double dot = 0.0;
       for (std::int64_t e = 0; e < p.Dv; ++e) dot += static_cast<double>(orw[e]) * dor[e];
-      delta.get()[r] = static_cast<float>(dot);
       // A row with no allowed key has lse = −∞ and P = 0: L = +∞ makes every 2^(s − L) zero.
+      // A NaN row (lse NaN, the policy of qkv/attention.hpp) keeps L = NaN: P = 2^(s − L) is NaN
+      // on its allowed keys, so its dq and their dk, dv come out NaN. Its delta (NaN, from the
+      // NaN out) is set to 0 so that dS = P (dP − delta) stays 0 on the keys it masks (P = 0).
       const double lse = p.lse.load(p.lse.offset(b, h, i));
-      L.get()[r] = std::isfinite(lse) ? static_cast<float>(lse * 1.4426950408889634) : kInf;
+      L.get()[r] = lse == -kInf ? kInf : static_cast<float>(lse * 1.4426950408889634);
+      delta.get()[r] = std::isnan(lse) ? 0.0f : static_cast<float>(dot);
     }
   });
 
@@ -273,6 +300,7 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   while (C > 1 && part_bytes(C) > (std::int64_t{256} << 20)) --C;
   if (C > cx.key_blocks) C = cx.key_blocks;
   cx.chunks = C < 1 ? 1 : C;
+  check_memory("qkv::attention_backward", "dq partial sums", bytes_of({cx.chunks - (cx.dq0 ? 1 : 0), part_floats}, 4));
   Floats dq_part((cx.chunks - (cx.dq0 ? 1 : 0)) * part_floats);
   cx.dq_part = dq_part.get();
 

@@ -22,6 +22,7 @@ namespace qkv::kernels::bwd {
 namespace {
 
 inline constexpr int kLanes = 16;  // columns per group: padded widths are multiples of 16
+inline constexpr float kInfF = __builtin_inff();
 
 // 16 floats as 16 / Simd::L native vectors (one zmm, two ymm, or two 8-float arrays).
 template <class Simd>
@@ -224,6 +225,10 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
             load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
             for (std::int64_t g = 0; g < ngk; ++g)
               V::load(Sr + kLanes * g).fma(vc, V::load(mrow + kLanes * g) + negL).exp2().store(Sr + kLanes * g);
+            // Keys the mask denies get P = 0 even where the sum above is NaN (a NaN in their K,
+            // or L = NaN on a NaN row): masked keys stay out of the gradients.
+            for (std::int64_t j = lo; j < hi; ++j)
+              if (mrow[j] == -kInfF) Sr[j] = 0.0f;
           } else {
             for (std::int64_t g = 0; g < ngk; ++g)
               V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);

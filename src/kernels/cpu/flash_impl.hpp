@@ -125,9 +125,10 @@ inline void widen_row(const std::uint16_t* src, i64 n, float* dst) {
 }
 
 // out row i of head h ← acc / l (0 when l = 0: the row saw no key); lse ← ln 2 (m + log2 l).
+// A NaN row (a NaN or +∞ score, see softmax_row) has l = NaN: out and lse come out NaN.
 template <class S>
 void store_row(const FlashArgs& a, i64 b, i64 h, i64 i, const float* acc, float m, float l) {
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const float inv = l == 0.0f ? 0.0f : 1.0f / l;
   const i64 off = b * a.so[0] + h * a.so[1] + i * a.so[2];
   const i64 st = a.so[3];
   const int L = S::L;
@@ -150,14 +151,15 @@ void store_row(const FlashArgs& a, i64 b, i64 h, i64 i, const float* acc, float 
     float* o = static_cast<float*>(a.out) + off;
     for (i64 e = 0; e < a.Dv; ++e) o[e * st] = acc[e] * inv;
   }
-  const float lse = l > 0.0f ? (m + __builtin_log2f(l)) * kLn2 : kNegInf;
+  const float lse = l == 0.0f ? kNegInf : (m + __builtin_log2f(l)) * kLn2;
   const i64 lo = b * a.slse[0] + h * a.slse[1] + i * a.slse[2];
   if (a.lse_f32) a.lse_f32[lo] = lse;
   if (a.lse_f64) a.lse_f64[lo] = static_cast<double>(lse);
 }
 
 // Masks one row of tile scores s[cb, ce) for keys t0 + c: −∞ outside [lo, hi), and the dense
-// mask applied inside (bool: deny → −∞; additive: + mask · log2 e). moff: offset of the mask
+// mask applied inside (bool: deny → −∞; additive: −∞ → −∞, else + mask · log2 e). Masked keys
+// are overwritten, never added to: a NaN in a masked key's K does not reach the row. moff: offset of the mask
 // element (b, h, i, 0). [cb, ce): the columns the strip computed (the caller reads no others).
 inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 moff, i64 cb, i64 ce) {
   const i64 c_lo = imin(imax(lo - t0, cb), ce), c_hi = imax(imin(hi - t0, ce), c_lo);
@@ -175,21 +177,40 @@ inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 m
     }
     case MaskKind::f32: {
       const auto* m = static_cast<const float*>(a.mask) + base;
-      for (i64 c = c_lo; c < c_hi; ++c) s[c] += m[c * sj] * kLog2e;
+      for (i64 c = c_lo; c < c_hi; ++c) s[c] = m[c * sj] == kNegInf ? kNegInf : s[c] + m[c * sj] * kLog2e;
       break;
     }
     case MaskKind::bf16: {
       const auto* m = static_cast<const std::uint16_t*>(a.mask) + base;
-      for (i64 c = c_lo; c < c_hi; ++c) s[c] += bf16_bits_to_f32(m[c * sj]) * kLog2e;
+      for (i64 c = c_lo; c < c_hi; ++c) {
+        const float x = bf16_bits_to_f32(m[c * sj]);
+        s[c] = x == kNegInf ? kNegInf : s[c] + x * kLog2e;
+      }
       break;
     }
     case MaskKind::f64: {
       const auto* m = static_cast<const double*>(a.mask) + base;
-      for (i64 c = c_lo; c < c_hi; ++c) s[c] += static_cast<float>(m[c * sj]) * kLog2e;
+      for (i64 c = c_lo; c < c_hi; ++c) {
+        const float x = static_cast<float>(m[c * sj]);
+        s[c] = x == kNegInf ? kNegInf : s[c] + x * kLog2e;
+      }
       break;
     }
     case MaskKind::none: break;
   }
+}
+
+// Whether some s[c], c ∈ [cb, ce), is NaN. Out of line and cold: it runs only on tiles masked
+// off for a row. Inlined into softmax_row's callers it grew forward() by 1.7 KB and moved its hot
+// loops: S = 2048, D = 128, one thread, 226–250 → 257–288 ms per call (thread CPU time, rounds
+// alternating, load 18–19); out of line, the policy costs nothing measurable: B = 1, H = 16,
+// f32, non-causal, one thread, thread CPU time per call, 8 alternating rounds, load 14–17,
+// median over rounds of the round's minimum / median: S = 2048 D = 128 239.4 / 251.9 →
+// 235.9 / 245.7 ms, S = 512 D = 64 7.73 / 8.29 → 7.74 / 8.03 ms (shared machine: noise ±3 %).
+__attribute__((noinline, cold)) bool any_nan(const float* s, int cb, int ce) {
+  bool r = false;
+  for (int c = cb; c < ce; ++c) r = r || s[c] != s[c];
+  return r;
 }
 
 // Online softmax of one row's tile scores s[cb, ce) (−∞ where masked; cb, ce multiples of L):
@@ -212,7 +233,14 @@ inline void softmax_row(float* s, float* m, float* l, float* o, i64 Dvp, int cb 
   // and 11.10 → 11.14 ms (two runs of 12 and 20 rounds), S = 1024 D = 128 83.9 → 83.1 ms and
   // 82.9 → 82.2 ms; two threads (wall) S = 512 D = 64 5.59 → 5.54 ms and 6.39 → 6.10 ms,
   // S = 1024 D = 128 45.9 → 43.7 ms: about 1 %, at the edge of this machine's noise.
-  if (!S::any_gt(mx, kNegInf)) {  // nothing allowed in this tile for this row
+  // Non-finite scores (the policy of qkv/attention.hpp) cost nothing on the common path: a NaN
+  // score gives p = 2^(NaN − m) = NaN (exp2 keeps NaN), and a +∞ one raises m to +∞ (any_gt
+  // below), so that its p = 2^(∞ − ∞) = NaN; either way the sum l turns NaN and store_row writes
+  // a NaN row. (mx may have lost a NaN: a vector max returns its second operand when either is
+  // NaN. That is why the rule is carried by exp2, not by the max.) The one test that must look
+  // at NaN is this one: a tile whose mx is −∞ everywhere is skipped only if no score is NaN,
+  // checked element by element, but only on such tiles (masked off for this row: rare).
+  if (!S::any_gt(mx, kNegInf) && !any_nan(s, cb, ce)) {  // nothing allowed in this tile for this row
     std::memset(s + cb, 0, sizeof(float) * static_cast<std::size_t>(ce - cb));
     return;
   }
@@ -837,18 +865,22 @@ void decode(const FlashArgs& a) {
       }
     }
 
-    // Merge the chunks of each row: M = max m_s, l = Σ l_s 2^(m_s − M), O = Σ O_s 2^(m_s − M).
+    // Merge the chunks of each row: M = max m_s, l = Σ l_s 2^(m_s − M), O = Σ O_s 2^(m_s − M),
+    // over the chunks that saw a key (l_s ≠ 0). A NaN chunk (l_s = NaN, see softmax_row) makes
+    // l NaN, and with it the row.
     float* acc = Od;  // reused: [Dvp]
 #pragma omp for schedule(static)
     for (i64 row = 0; row < rows_total; ++row) {
-      float M = kNegInf;
-      for (i64 s = 0; s < nsplit; ++s)
-        if (Lp[row * nsplit + s] > 0.0f && Mp[row * nsplit + s] > M) M = Mp[row * nsplit + s];
-      float l = 0.0f;
+      float M = kNegInf, l = 0.0f;
+      for (i64 s = 0; s < nsplit; ++s) {
+        const float ls = Lp[row * nsplit + s];
+        if (ls != ls) l = ls;  // a NaN chunk, possibly with m_s = −∞ (NaN scores only)
+        else if (ls != 0.0f && Mp[row * nsplit + s] > M) M = Mp[row * nsplit + s];
+      }
       std::memset(acc, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
       if (M != kNegInf) {
         for (i64 s = 0; s < nsplit; ++s) {
-          if (!(Lp[row * nsplit + s] > 0.0f)) continue;
+          if (Lp[row * nsplit + s] == 0.0f) continue;
           const float w = __builtin_exp2f(Mp[row * nsplit + s] - M);
           l += Lp[row * nsplit + s] * w;
           const auto vw = S::set1(w);

@@ -44,8 +44,11 @@ struct SimdAvx2 {
   static bool any_gt(V x, float t) { return _mm256_movemask_ps(_mm256_cmp_ps(x, set1(t), _CMP_GT_OQ)) != 0; }
 
   // As SimdAvx512::exp2; 2^n is built in the exponent field (n ∈ [−126, 127] after clamping).
+  // The clamp puts x second: max/min return their second operand when either is NaN, so NaN
+  // passes through (and the final mask, "not less than", keeps unordered lanes): NaN in, NaN out.
+  // +∞ is clamped to 127 (finite); the kernels never pass it (their running max is +∞ first).
   static V exp2(V x) {
-    const V xc = _mm256_min_ps(_mm256_max_ps(x, set1(-126.0f)), set1(127.0f));
+    const V xc = _mm256_min_ps(set1(127.0f), _mm256_max_ps(set1(-126.0f), x));
     const V n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const V f = _mm256_sub_ps(xc, n);
     V p = set1(kExp2Poly[5]);
@@ -56,7 +59,7 @@ struct SimdAvx2 {
     p = fmadd(p, f, set1(kExp2Poly[0]));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     const V r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_and_ps(r, _mm256_cmp_ps(x, set1(-126.0f), _CMP_GE_OQ));
+    return _mm256_and_ps(r, _mm256_cmp_ps(x, set1(-126.0f), _CMP_NLT_UQ));
   }
 
   static V widen_bf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }

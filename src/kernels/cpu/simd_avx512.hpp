@@ -9,7 +9,8 @@
 //   zero, set1, loadu, storeu, load_n / store_n (first n < L lanes, the rest untouched / zero)
 //   fmadd(a, b, c) = a·b + c, mul, add, sub, max, hmax, hsum
 //   any_gt(x, t)            whether some lane of x is > t (ordered: NaN lanes are not)
-//   exp2(x)                 2^x, relative error ≤ 2.4e-7 (measured in tests/kernels), 0 for x < −126
+//   exp2(x)                 2^x, relative error ≤ 2.4e-7 (measured in tests/kernels), 0 for x < −126,
+//                           NaN for NaN and +∞
 //   load_bf16 / store_bf16  L bf16 values ↔ f32 (round to nearest even, NaN kept NaN)
 #pragma once
 
@@ -48,9 +49,11 @@ struct SimdAvx512 {
   static bool any_gt(V x, float t) { return _mm512_cmp_ps_mask(x, set1(t), _CMP_GT_OQ) != 0; }
 
   // 2^x = 2^n · 2^f with n = round(x), f ∈ [−½, ½]; 2^f by the degree-5 polynomial of
-  // simd_common.hpp, 2^n by scalef. Inputs below −126 (−∞ and NaN included) give exactly 0:
-  // the zeroing mask of scalef drops their lanes, whatever n and f were (−∞ makes f NaN), so no
-  // clamp of x is needed. 9 instructions instead of 11 (a clamp, and a mask move after scalef)
+  // simd_common.hpp, 2^n by scalef. Inputs below −126 (−∞ included) give exactly 0: the zeroing
+  // mask of scalef drops their lanes, whatever n and f were (−∞ makes f NaN), so no clamp of x is
+  // needed. NaN stays NaN (the mask is "not less than", true for unordered lanes; then f and p
+  // are NaN), and so does +∞ (f = ∞ − ∞): the kernels' non-finite policy (qkv/attention.hpp)
+  // rides on it at no cost. 9 instructions instead of 11 (a clamp, and a mask move after scalef)
   // for the same bits; the flash forward runs exp2 on 24 vectors per 3072 FMAs of a strip and
   // tile at D = 64 (A/B figures with softmax_row in flash_impl.hpp).
   static V exp2(V x) {
@@ -62,7 +65,7 @@ struct SimdAvx512 {
     p = fmadd(p, f, set1(kExp2Poly[2]));
     p = fmadd(p, f, set1(kExp2Poly[1]));
     p = fmadd(p, f, set1(kExp2Poly[0]));
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, set1(-126.0f), _CMP_GE_OQ);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, set1(-126.0f), _CMP_NLT_UQ);
     return _mm512_maskz_scalef_ps(keep, p, n);
   }
 

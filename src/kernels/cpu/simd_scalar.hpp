@@ -76,8 +76,12 @@ struct SimdScalar {
     V r;
     for (int i = 0; i < L; ++i) {
       const float x = a.x[i];
-      if (!(x >= -126.0f)) {  // also −∞ and NaN
+      if (x < -126.0f) {  // also −∞
         r.x[i] = 0.0f;
+        continue;
+      }
+      if (x != x) {  // NaN stays NaN (the non-finite policy of qkv/attention.hpp)
+        r.x[i] = x;
         continue;
       }
       const float xc = x < 127.0f ? x : 127.0f;

@@ -16,23 +16,28 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// Scores of one query row against every key, masked entries set to −∞.
-//   s: [Skv] output
-void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t i, double* s) {
+// Scores of one query row against every key. allowed[j]: whether query i may attend key j (the
+// causal/window/padding rule, the bool mask, and an additive mask other than −∞); masked entries
+// of s are −∞ whatever q·k is, so a NaN in a masked key's K never reaches the row.
+//   s, allowed: [Skv] outputs
+void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t i, double* s, char* allowed) {
   const std::int64_t hk = h / p.group();
   std::int64_t lo, hi;
   p.rule.range(i, p.key_len[static_cast<std::size_t>(b)], &lo, &hi);
   for (std::int64_t j = 0; j < p.Skv; ++j) {
-    bool allowed = j >= lo && j < hi;
+    bool ok = j >= lo && j < hi;
     double extra = 0.0;
-    if (allowed && p.mask.data) {
+    if (ok && p.mask.data) {
       const double m = p.mask.load(p.mask.offset(b, h, i, j));
       if (p.mask_is_bool)
-        allowed = m != 0.0;
+        ok = m != 0.0;
+      else if (m == kNegInf)
+        ok = false;
       else
         extra = m;
     }
-    if (!allowed) {
+    allowed[j] = ok ? 1 : 0;
+    if (!ok) {
       s[j] = kNegInf;
       continue;
     }
@@ -43,8 +48,18 @@ void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_
   }
 }
 
-// In place: scores → probabilities; returns the logsumexp (−∞ if every score is −∞).
-double softmax_inplace(double* s, std::int64_t n) {
+// In place: scores → probabilities; returns the logsumexp. The non-finite policy of
+// qkv/attention.hpp: a NaN or +∞ score on an allowed key makes the row NaN (p = NaN on every
+// allowed key, lse NaN); −∞ scores (masked keys, or q·k = −∞) get p = 0; a row whose every
+// score is −∞ gets p = 0 everywhere and lse = −∞.
+double softmax_inplace(double* s, const char* allowed, std::int64_t n) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  bool nan_row = false;
+  for (std::int64_t j = 0; j < n; ++j) nan_row = nan_row || (allowed[j] && (std::isnan(s[j]) || s[j] == -kNegInf));
+  if (nan_row) {
+    for (std::int64_t j = 0; j < n; ++j) s[j] = allowed[j] ? kNaN : 0.0;
+    return kNaN;
+  }
   double m = kNegInf;
   for (std::int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
   if (m == kNegInf) {
@@ -67,10 +82,11 @@ void attention_reference(const AttnParams& p) {
   parallel_for(p.B * p.H, p.threads, [&](std::int64_t bh) {
     const std::int64_t b = bh / p.H, h = bh % p.H, hk = h / p.group();
     std::vector<double> s(static_cast<std::size_t>(p.Skv));
+    std::vector<char> allowed(static_cast<std::size_t>(p.Skv));
     std::vector<double> acc(static_cast<std::size_t>(p.Dv));
     for (std::int64_t i = 0; i < p.Sq; ++i) {
-      row_scores(p, b, h, i, s.data());
-      const double lse = softmax_inplace(s.data(), p.Skv);
+      row_scores(p, b, h, i, s.data(), allowed.data());
+      const double lse = softmax_inplace(s.data(), allowed.data(), p.Skv);
       std::fill(acc.begin(), acc.end(), 0.0);
       for (std::int64_t j = 0; j < p.Skv; ++j) {
         if (s[static_cast<std::size_t>(j)] == 0.0) continue;
@@ -102,17 +118,18 @@ void attention_backward_reference(const AttnBwdParams& bp) {
     std::vector<double> dk(Skv * static_cast<std::size_t>(p.D), 0.0);
     std::vector<double> dv(Skv * static_cast<std::size_t>(p.Dv), 0.0);
     std::vector<double> s(Skv), dp(Skv), dq(static_cast<std::size_t>(p.D));
+    std::vector<char> allowed(Skv);
     for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
       for (std::int64_t i = 0; i < p.Sq; ++i) {
-        row_scores(p, b, h, i, s.data());
-        softmax_inplace(s.data(), p.Skv);
+        row_scores(p, b, h, i, s.data(), allowed.data());
+        softmax_inplace(s.data(), allowed.data(), p.Skv);
         double dot_pdp = 0.0;
         for (std::int64_t j = 0; j < p.Skv; ++j) {
           double d = 0.0;
           for (std::int64_t e = 0; e < p.Dv; ++e)
             d += p.v.load(p.v.offset(b, hk, j, e)) * bp.dout.load(bp.dout.offset(b, h, i, e));
           dp[static_cast<std::size_t>(j)] = d;
-          dot_pdp += s[static_cast<std::size_t>(j)] * d;
+          if (s[static_cast<std::size_t>(j)] != 0.0) dot_pdp += s[static_cast<std::size_t>(j)] * d;  // masked keys: p = 0, V unread
         }
         std::fill(dq.begin(), dq.end(), 0.0);
         for (std::int64_t j = 0; j < p.Skv; ++j) {
