@@ -9,8 +9,13 @@
 // A team job keeps its slots open until every one of them is claimed.
 #include "core/parallel.hpp"
 
+#include <linux/futex.h>
 #include <omp.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
 
 #include <exception>
 #include <memory>
@@ -29,22 +34,6 @@ void pause() {
 #else
   std::atomic_signal_fence(std::memory_order_seq_cst);
 #endif
-}
-
-// Returns the value of `a` once it differs from `old`: spins kSpinPauses rounds, then sleeps on
-// a futex (std::atomic::wait), so a waiting thread gives its core back on a busy machine.
-template <class T>
-T wait_change(const std::atomic<T>& a, T old) {
-  for (int i = 0; i < kSpinPauses; ++i) {
-    const T v = a.load(std::memory_order_acquire);
-    if (v != old) return v;
-    pause();
-  }
-  for (;;) {
-    a.wait(old, std::memory_order_acquire);
-    const T v = a.load(std::memory_order_acquire);
-    if (v != old) return v;
-  }
 }
 
 thread_local int t_index = 0;     // thread_index()
@@ -97,23 +86,21 @@ class Pool {
 
   ~Pool() {
     stop_.store(true, std::memory_order_relaxed);
-    epoch_.fetch_add(1, std::memory_order_release);
-    epoch_.notify_all();
+    epoch_.fetch_add(1);
     for (std::thread& w : workers_) w.join();
   }
 
   // fn(ctx, t) on the caller (t = 0) and up to threads − 1 workers (all of them when `team`).
   void run(int threads, bool team, detail::TaskFn fn, void* ctx) {
     const auto slots = static_cast<std::uint64_t>(threads - 1);
-    const std::uint32_t e = epoch_.load(std::memory_order_relaxed) + 1;
+    const std::uint32_t e = epoch_.load() + 1;
     while (workers_.size() < slots) workers_.emplace_back(&Pool::work, this, e - 1);
     fn_ = fn, ctx_ = ctx, team_ = team ? threads : 1;
     error_ = nullptr;
     failed_.store(false, std::memory_order_relaxed);
-    done_.store(0, std::memory_order_relaxed);
+    done_.store(0);
     claim_.store(std::uint64_t{e} << 32 | slots << 16, std::memory_order_relaxed);
-    epoch_.store(e, std::memory_order_release);  // publishes everything above
-    epoch_.notify_all();                         // a system call only if a worker sleeps
+    epoch_.store(e);  // publishes everything above, wakes sleeping workers
 
     call(0);
     std::uint64_t w = claim_.load(std::memory_order_acquire);
@@ -123,7 +110,7 @@ class Pool {
       }
     }
     const auto need = static_cast<std::uint32_t>(team ? slots : claimed(w));
-    for (std::uint32_t d = done_.load(std::memory_order_acquire); d != need;) d = wait_change(done_, d);
+    for (std::uint32_t d = done_.load(); d != need;) d = done_.wait_change(d);
     if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(error_);
   }
 
@@ -140,7 +127,7 @@ class Pool {
   void work(std::uint32_t seen) {
     set_gomp_threads(1);  // oneDNN inside a worker: one thread (see t_gomp_lost)
     for (;;) {
-      seen = wait_change(epoch_, seen);
+      seen = epoch_.wait_change(seen);
       if (stop_.load(std::memory_order_relaxed)) return;
       std::uint64_t w = claim_.load(std::memory_order_acquire);
       bool mine = false;
@@ -148,8 +135,7 @@ class Pool {
         mine = claim_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire);
       if (!mine) continue;  // an older job, or no slot left
       call(static_cast<int>(claimed(w)) + 1);
-      done_.fetch_add(1, std::memory_order_release);
-      done_.notify_one();
+      done_.fetch_add(1);
     }
   }
 
@@ -161,9 +147,9 @@ class Pool {
   std::exception_ptr error_;  // written by the first participant that sets failed_
   std::atomic<bool> failed_{false};
   std::atomic<bool> stop_{false};
-  alignas(64) std::atomic<std::uint32_t> epoch_{0};
+  alignas(64) WaitWord epoch_;
   alignas(64) std::atomic<std::uint64_t> claim_{0};
-  alignas(64) std::atomic<std::uint32_t> done_{0};
+  alignas(64) WaitWord done_;
 };
 
 thread_local std::unique_ptr<Pool> t_pool;
@@ -192,6 +178,42 @@ void run(int threads, bool team, detail::TaskFn fn, void* ctx) {
 }
 
 }  // namespace
+
+void WaitWord::wake() const {
+  if (sleepers_.load(std::memory_order_seq_cst) > 0)
+    syscall(SYS_futex, reinterpret_cast<const std::uint32_t*>(&word_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void WaitWord::store(std::uint32_t v) {
+  word_.store(v, std::memory_order_seq_cst);
+  wake();
+}
+
+std::uint32_t WaitWord::fetch_add(std::uint32_t d) {
+  const std::uint32_t old = word_.fetch_add(d, std::memory_order_seq_cst);
+  wake();
+  return old;
+}
+
+// A sleeper registers before it re-reads the word, and a writer reads the count after it writes
+// (both sequentially consistent): either the sleeper sees the new value, or the writer sees the
+// sleeper and wakes it; FUTEX_WAIT itself returns at once if the word no longer equals old.
+std::uint32_t WaitWord::wait_change(std::uint32_t old) const {
+  for (int i = 0; i < kSpinPauses; ++i) {
+    const std::uint32_t v = word_.load(std::memory_order_acquire);
+    if (v != old) return v;
+    pause();
+  }
+  for (;;) {
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    std::uint32_t v = word_.load(std::memory_order_seq_cst);
+    if (v == old)
+      syscall(SYS_futex, reinterpret_cast<const std::uint32_t*>(&word_), FUTEX_WAIT_PRIVATE, old, nullptr, nullptr, 0);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    v = word_.load(std::memory_order_acquire);
+    if (v != old) return v;
+  }
+}
 
 void detail::run_shared(int threads, TaskFn fn, void* ctx) { run(threads, false, fn, ctx); }
 
