@@ -2,7 +2,7 @@
 """How qkv degrades when another multi-threaded process shares the cores (issue #16, item 9).
 
 Three workloads, each at QKV_NUM_THREADS threads (default 2):
-  train     `qkv train` on tinyshakespeare for a fixed number of steps: tokens/s (median of the
+  train     `qkv train` on tinyshakespeare for 60 steps: tokens/s (median of the
             progress rows of its loss.csv after the first)
   forward   bench_attention, forward B=1 H=16 S=512 D=64 causal f32: GFLOP/s
   decode    bench_model --gpt2-small (random GPT-2 small weights, 124 M parameters): decode
@@ -71,7 +71,7 @@ def run_forward(build, threads, _steps):
     rows = json.loads(r.stdout)["benchmarks"]
     if not rows:
         sys.exit(f"oversubscription.py: no bench_attention case matches {flt}")
-    return rows[0]["GFLOPs"] / 1e9
+    return rows[0]["GFLOPs"]  # the counter is already in GFLOP/s
 
 
 def run_decode(build, threads, steps):
