@@ -18,6 +18,14 @@ Arrays may be NumPy (float32, float64, ml_dtypes.bfloat16), torch CPU tensors or
 producer; they are read in place through their strides, and outputs come back in the same kind.
 """
 
+import os as _os
+
+# libgomp (the OpenMP runtime of oneDNN's GEMMs, loaded with the module below) reads its waiting
+# policy once, when it loads. Unless the user chose one, its threads wait as qkv's own do: 2000
+# spin rounds, then sleep, instead of spinning ~5 ms after each GEMM (docs/threads.md).
+if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+    _os.environ["GOMP_SPINCOUNT"] = "2000"
+
 from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
 from .functional import (AttentionGrads, AttentionResult, KernelInfo, attention, attention_backward,
                          scaled_dot_product_attention)

@@ -1,6 +1,8 @@
 // The scratch pool (see scratch.hpp): a small array of free blocks under one mutex.
 #include "core/scratch.hpp"
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -62,6 +64,11 @@ class Pool {
     }
   }
 
+  // fork(): taken before, released after in both processes. A child of a process in which
+  // another thread held the mutex would otherwise inherit it locked, with no thread to unlock it.
+  void lock_for_fork() { mu_.lock(); }
+  void unlock_after_fork() { mu_.unlock(); }
+
   void held(std::size_t* blocks, std::size_t* bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     *blocks = n_;
@@ -79,6 +86,10 @@ Pool& pool() {
   static Pool p;  // destroyed at exit, freeing what it holds
   return p;
 }
+
+void lock_for_fork() { pool().lock_for_fork(); }
+void unlock_after_fork() { pool().unlock_after_fork(); }
+[[maybe_unused]] const int g_atfork = pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
 
 }  // namespace
 

@@ -8,7 +8,8 @@
 // (each thread's forward scratch is ≈ 0.25 MiB).
 //
 // Thread safety: leasing and returning take one mutex; a leased block belongs to its holder
-// alone, so any number of caller threads (each with its own OpenMP team) may run kernels at once.
+// alone, so any number of caller threads (each with its own thread pool) may run kernels at once.
+// fork(): the mutex is held across it (pthread_atfork), so a child never inherits it locked.
 // Bounds: the pool keeps at most kScratchPoolBlocks blocks and kScratchPoolBytes bytes; a block
 // larger than kScratchMaxCached is freed when returned instead of cached (the flash-decode
 // partial results can reach 256 MiB). What the pool holds is freed at exit.

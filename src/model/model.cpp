@@ -19,10 +19,9 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <vector>
-
-#include <omp.h>
 
 #include "blocks/dense.hpp"
 #include "blocks/layers.hpp"
@@ -142,7 +141,7 @@ Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) 
 
 void Model::project(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y,
                     std::int64_t S, std::int64_t in, std::int64_t out, float beta) {
-  const int threads = omp_get_max_threads();
+  const int threads = max_threads();
   if (S <= blocks::kGemvMaxRows) {
     if (Wb) blocks::gemv_bf16(x, Wb, b, y, S, in, out, beta, threads, active_isa());
     else blocks::gemv_f32(x, W, b, y, S, in, out, beta, threads, active_isa());
@@ -182,7 +181,7 @@ void Model::project_qkv(int l, const float* xb, float* q, float* k, float* v, st
     project(xb, L.wv, Lb.wv, L.bv, v, S, C, KD);
     return;
   }
-  const int threads = omp_get_max_threads();
+  const int threads = max_threads();
   if (Lb.wq) {
     const blocks::GemvOut outs[3] = {{Lb.wq, L.bq, q, HD}, {Lb.wk, L.bk, k, KD}, {Lb.wv, L.bv, v, KD}};
     blocks::gemv_bf16_multi(xb, outs, S, C, 0.0f, threads, active_isa());
@@ -200,17 +199,10 @@ namespace {
 // each step costs more than it saves (measured: 2 threads decode >10× slower on a busy machine).
 // Below ~100 MFLOP per call (stories260K prefills up to ~190 tokens) one thread is faster here.
 struct CallThreads {
-  int saved;
   int n;
+  ScopedThreads scope;  // max_threads() = n inside the call
   CallThreads(int requested, double flops)
-      : saved(omp_get_max_threads()), n(requested > 0 ? requested : flops < 100e6 ? 1 : saved) {
-    if (n != saved) omp_set_num_threads(n);
-  }
-  ~CallThreads() {
-    if (n != saved) omp_set_num_threads(saved);
-  }
-  CallThreads(const CallThreads&) = delete;
-  CallThreads& operator=(const CallThreads&) = delete;
+      : n(requested > 0 ? requested : flops < 100e6 ? 1 : max_threads()), scope(n) {}
 };
 
 }  // namespace
@@ -264,7 +256,7 @@ void norm(const Config& c, float* out, const float* x, const float* w, const flo
           std::uint16_t* out_bf16 = nullptr) {
   constexpr std::int64_t kRows = 16;
   const Isa isa = active_isa();
-  parallel_for((N + kRows - 1) / kRows, omp_get_max_threads(), [&](std::int64_t k) {
+  parallel_for((N + kRows - 1) / kRows, max_threads(), [&](std::int64_t k) {
     const std::int64_t r0 = k * kRows, n = std::min(kRows, N - r0);
     if (c.norm == NormKind::rmsnorm)
       blocks::rmsnorm_forward(out + r0 * c.dim, nullptr, x + r0 * c.dim, w, n, c.dim, c.norm_eps);
@@ -294,7 +286,7 @@ Model::AttentionViews Model::attention_views(int l, std::int64_t S, std::int64_t
                     View::strided(static_cast<char*>(cache.v.data()) + at, dt, {1, Hkv, Skv, D},
                                   {Hkv * cap * D, cap * D, D, 1}),
                     View::strided(out, dt, {1, H, n, D}, {n * H * D, D, H * D, 1}), AttentionOptions{}};
-  av.opt.num_threads = omp_get_max_threads();
+  av.opt.num_threads = max_threads();
   av.opt.causal = true;
   // The n queries are the last n positions: each sees the keys up to its own position.
   av.opt.align = Align::bottom_right;
@@ -307,7 +299,7 @@ Model::AttentionViews Model::prepare_attention(int l, std::int64_t S, std::int64
   const Config& c = w_.config;
   const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim();
   const std::int64_t pos0 = cache.len, cap = cache.capacity;
-  const int threads = S > blocks::kGemvMaxRows ? omp_get_max_threads() : 1;
+  const int threads = S > blocks::kGemvMaxRows ? max_threads() : 1;
   const bool bf16 = cache.k.dtype() == DType::bf16;
   const Isa isa = active_isa();
   if (c.pos == PosEncoding::rotary)
@@ -411,7 +403,7 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
   } else if (c.mlp == MlpKind::gelu_exact) {
     blocks::gelu_exact_forward(hb, hb, n * Hd);
   } else {
-    blocks::gelu_fast(hb, hb, n * Hd, omp_get_max_threads(), active_isa());
+    blocks::gelu_fast(hb, hb, n * Hd, max_threads(), active_isa());
   }
   project(hb, L.w2, Lb.w2, L.b2, xo, n, Hd, C, 1.0f);  // residual: x += hb·W2ᵀ + b2
 }
@@ -439,7 +431,7 @@ void Model::block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cac
   const LayerBf16& Lb = layers_bf16_[static_cast<std::size_t>(l)];
   const std::int64_t C = c.dim, D = c.head_dim(), Hd = c.hidden_dim;
   const std::int64_t HD = c.n_heads * D, KD = c.n_kv_heads * D, N3 = HD + 2 * KD;
-  const int threads = omp_get_max_threads();
+  const int threads = max_threads();
   float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *qkv = qkv_.ptr<float>(), *att = att_.ptr<float>();
   std::uint16_t *xbb = xbb_.ptr<std::uint16_t>(), *hbb = hbb_.ptr<std::uint16_t>();
   const float* bqkv = bqkv_.numel() > 0 ? bqkv_.ptr<float>() + l * N3 : nullptr;
@@ -527,10 +519,10 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
   project(xf, w_.wcls, wcls_bf16_, nullptr, logits, n, c.dim, c.vocab_size);
 }
 
-// Decoding one token reads every weight once, in ~80 GEMVs of 20–200 µs each. block() starts an
-// OpenMP region per projection, and under OMP_WAIT_POLICY=PASSIVE every start and join wakes a
-// sleeping thread (10–50 µs each here). This path runs the whole token in one region, the threads
-// meeting at a SpinBarrier between steps (each step writes what the next one reads):
+// Decoding one token reads every weight once, in ~80 GEMVs of 20–200 µs each. block() makes a
+// parallel call per projection, and each start and join may wake a sleeping thread (10–50 µs
+// each here). This path runs the whole token in one team (run_team), the threads meeting at a
+// SpinBarrier between steps (each step writes what the next one reads):
 //   t0: norm1(x) → xb                                                   | meet
 //   all: rows of Q, K, V (the fused GEMV)                              | meet
 //   all: KV heads, each with its query heads: rotary, append k, v to the cache, attention
@@ -589,9 +581,8 @@ void Model::decode_step(KvCache& cache, float* logits, int T) {
   const i64 heads_per_chunk = std::max<i64>(1, Hkv / (2 * T));  // ~2 chunks per thread: few attention calls
   SpinBarrier meet;
   std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
-#pragma omp parallel num_threads(T)
-  {
-    const int t = omp_get_thread_num();
+  std::mutex error_mu;
+  run_team(T, [&](int t) {
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
       const LayerBf16 Lb = bf16 ? layers_bf16_[static_cast<std::size_t>(l)] : LayerBf16{};
@@ -645,7 +636,7 @@ void Model::decode_step(KvCache& cache, float* logits, int T) {
                     View::strided(oh, dt, {1, nh, 1, D}, {H * D, D, H * D, 1}), opt);
           if (bf16_kv) blocks::bf16_to_f32(att + h0 * D, ob_.ptr<std::uint16_t>() + h0 * D, nh * D, 1);
         } catch (...) {
-#pragma omp critical(qkv_decode_error)
+          const std::lock_guard<std::mutex> lock(error_mu);
           error = std::current_exception();
         }
       });
@@ -679,7 +670,7 @@ void Model::decode_step(KvCache& cache, float* logits, int T) {
       gemv({{bf16 ? static_cast<const void*>(wcls_bf16_) : w_.wcls, nullptr, logits, c.vocab_size}}, xb, C, 0.0f, r0,
            r1);
     });
-  }
+  });
   if (error) std::rethrow_exception(error);
 }
 

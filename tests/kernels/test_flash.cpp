@@ -372,7 +372,7 @@ TEST(Flash, BitIdenticalAcrossThreadCounts) {
     }
 }
 
-// Several caller threads running attention at once (each with its own OpenMP team of 2, all
+// Several caller threads running attention at once (each with its own thread pool, 2 threads, all
 // leasing scratch from the one pool): every call gives the bits of the same call made alone.
 // Shapes differ per caller (forward and decode, f32 and bf16), so their scratch sizes differ.
 TEST(Flash, ConcurrentCallersGetTheirOwnResults) {

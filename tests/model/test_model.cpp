@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/parallel.hpp"
 #include "qkv/model.hpp"
 
 namespace {
@@ -185,9 +186,9 @@ TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
   EXPECT_THROW(qkv::Model(qkv::load_llama2c(kModel), qkv::ModelOptions{qkv::DType::f32, -1}), std::invalid_argument);
 }
 
-// A forward called from inside the caller's own OpenMP region: the model's region is then nested
-// and inactive (one thread, OpenMP's default max_active_levels), whatever num_threads asks for.
-// The decode step's threads meet at barriers, so this must neither hang nor change the logits.
+// A forward called from inside a parallel call of qkv's pool (core/parallel.hpp): the model's team
+// is then nested and runs on the calling thread alone, whatever num_threads asks for. The decode
+// step's threads meet at barriers, so this must neither hang nor change the logits.
 TEST(Model, DecodeInsideACallersParallelRegion) {
   const qkv::Weights w = qkv::load_llama2c(kModel);
   const std::vector<int> tokens = {1, 403, 407, 261, 378};
@@ -200,11 +201,9 @@ TEST(Model, DecodeInsideACallersParallelRegion) {
   };
   const auto outside = run();
   std::vector<float> inside;
-#pragma omp parallel num_threads(2)
-  {
-#pragma omp single
-    inside = run();
-  }
+  qkv::run_shared(2, [&](int t) {
+    if (t == 0) inside = run();  // the caller, inside its own parallel call
+  });
   ASSERT_EQ(inside.size(), outside.size());
   EXPECT_EQ(std::memcmp(inside.data(), outside.data(), 4 * inside.size()), 0);  // the same rows, one thread
 }

@@ -22,12 +22,12 @@
 // Both are deterministic: a row's result depends only on the shape, never on the thread count.
 #pragma once
 
-#include <omp.h>
-
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "core/parallel.hpp"
 #include "core/scratch.hpp"
 #include "kernels/cpu/flash.hpp"
 #include "kernels/cpu/simd_common.hpp"
@@ -492,18 +492,18 @@ void forward(const FlashArgs* list, i64 n) {
   const i64 arena = per_thread_floats(n_os + kMb + kMb * S::L + kRows * kNt + ops_floats);
   Scratch mem(threads * arena * static_cast<i64>(sizeof(float)));
 
-  // One item needs no team: waking the other threads costs ≈ 10 µs (OMP_WAIT_POLICY=PASSIVE).
-#pragma omp parallel num_threads(threads) if (items > 1)
-  {
-    float* Os = mem.f() + omp_get_thread_num() * arena;
+  // One item needs no team (waking another thread costs microseconds). The items are handed out
+  // one at a time from next_item (a dynamic schedule); thread t works in arena t.
+  std::atomic<i64> next_item{0};
+  run_shared(items > 1 ? threads : 1, [&](int t) {
+    float* Os = mem.f() + t * arena;
     float* Ms = Os + n_os;
     float* Ls = Ms + kMb;
     float* Ps = Ls + kMb * S::L;
     i64 lo[kMb], hi[kMb];                    // allowed keys of each row ([0, 0) for rows past Sq)
     i64 slo[kMb / kRows], shi[kMb / kRows];  // union of the ranges of each strip
 
-#pragma omp for schedule(dynamic, 1)
-    for (i64 item = 0; item < items; ++item) {
+    for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       i64 c0 = 0, c1 = n;  // the call owning this item: plan[c0].first ≤ item < plan[c0 + 1].first
       while (c1 - c0 > 1) {
         const i64 mid = (c0 + c1) / 2;
@@ -613,7 +613,7 @@ void forward(const FlashArgs* list, i64 n) {
       for (int r = 0; r < nrows; ++r)
         store_row<S>(a, b, h, i0 + r, Os + r * Dvp, Ms[r], S::hsum(S::loadu(Ls + r * S::L)));
     }
-  }
+  });
 }
 
 // Scores of query rows q[r] (padded to Dp, zeros beyond D) against one key row k[0, Dp).
@@ -767,9 +767,10 @@ void decode(const FlashArgs& a) {
   // One block of the pool for all threads, thread t at t · arena.
   const i64 arena = per_thread_floats(kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Ops::scratch_floats(a));
   Scratch mem(a.threads * arena * 4);
-#pragma omp parallel num_threads(a.threads) if (items > 1)
-  {
-    float* Qd = mem.f() + omp_get_thread_num() * arena;
+  // Items one at a time from next_item (a dynamic schedule); thread t works in arena t.
+  std::atomic<i64> next_item{0};
+  run_shared(items > 1 ? a.threads : 1, [&](int t) {
+    float* Qd = mem.f() + t * arena;
     float* Od = Qd + kDecRows * Dp;
     float* Kr = Od + kDecRows * Dvp;
     float* Vs = Kr + Dp;
@@ -779,8 +780,7 @@ void decode(const FlashArgs& a) {
     i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
     float Md[kDecRows], Ld[kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
 
-#pragma omp for schedule(dynamic, 1)
-    for (i64 item = 0; item < items; ++item) {
+    for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const i64 sp = item % nsplit, g = (item / nsplit) % ngroups, hk = (item / (nsplit * ngroups)) % a.Hkv;
       const i64 b = item / (nsplit * ngroups * a.Hkv);
       const i64 k0 = sp * split, k1 = imin(a.Skv, k0 + split);
@@ -864,13 +864,15 @@ void decode(const FlashArgs& a) {
         Lp[row * nsplit + sp] = S::hsum(S::loadu(Ld + r * L));
       }
     }
+  });
 
-    // Merge the chunks of each row: M = max m_s, l = Σ l_s 2^(m_s − M), O = Σ O_s 2^(m_s − M),
-    // over the chunks that saw a key (l_s ≠ 0). A NaN chunk (l_s = NaN, see softmax_row) makes
-    // l NaN, and with it the row.
-    float* acc = Od;  // reused: [Dvp]
-#pragma omp for schedule(static)
-    for (i64 row = 0; row < rows_total; ++row) {
+  // Merge the chunks of each row: M = max m_s, l = Σ l_s 2^(m_s − M), O = Σ O_s 2^(m_s − M),
+  // over the chunks that saw a key (l_s ≠ 0), once every chunk is done (the end of the run_shared
+  // above). A NaN chunk (l_s = NaN, see softmax_row) makes l NaN, and with it the row.
+  std::atomic<i64> next_row{0};
+  run_shared(rows_total > 1 ? a.threads : 1, [&](int t) {
+    float* acc = mem.f() + t * arena + kDecRows * Dp;  // thread t's Od, reused: [Dvp]
+    for (i64 row; (row = next_row.fetch_add(1, std::memory_order_relaxed)) < rows_total;) {
       float M = kNegInf, l = 0.0f;
       for (i64 s = 0; s < nsplit; ++s) {
         const float ls = Lp[row * nsplit + s];
@@ -892,7 +894,7 @@ void decode(const FlashArgs& a) {
       const i64 b = bhk / a.Hkv, hk = bhk % a.Hkv;
       store_row<S>(a, b, hk * G + r / a.Sq, r % a.Sq, acc, M, l);
     }
-  }
+  });
 }
 
 }  // namespace
