@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "model/json_depth.hpp"
 #include "qkv/types.hpp"
 #include "train/trainer.hpp"
 
@@ -98,7 +99,8 @@ void add_train(CLI::App& app) {
       if (!f) fail(kFn, "--config '" + *config_path + "': cannot open the file");
       std::stringstream s;
       s << f.rdbuf();
-      const auto j = nlohmann::json::parse(s.str(), nullptr, false);
+      const auto j = nlohmann::json::parse(
+          s.str(), qkv::detail::json_depth_limit(kFn, "--config '" + *config_path + "'"), false);
       if (j.is_discarded() || !j.is_object()) fail(kFn, "--config '" + *config_path + "': not a JSON object");
       for (auto it = j.begin(); it != j.end(); ++it) {
         const auto b = bindings->find(it.key());
