@@ -34,4 +34,7 @@ inline CLI::Validator at_least(long long lo) {
 QKV_CLI_COMMANDS(QKV_CLI_DECLARE)
 #undef QKV_CLI_DECLARE
 
+// The whole qkv app (src/cli/app.cpp): top-level options, then add_NAME for every command above.
+void build_app(CLI::App& app);
+
 }  // namespace qkv::cli
