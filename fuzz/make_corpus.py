@@ -155,6 +155,8 @@ lines = {
     "help.txt": ["train", "--help"],
     "version.txt": ["--version"],
     "unknown.txt": ["frobnicate", "--x"],
+    # Regression: a flag's value that is not one ("stoll" escaped CLI11's usage errors).
+    "regress_flag_value.txt": ["params", "--preset", "gpt2", "--no-bias=input.txt"],
 }
 for name, words in lines.items():
     put("cli", name, "\n".join(words))
