@@ -27,5 +27,5 @@ python3 -m pip install . -q --no-build-isolation -Cbuild-dir=build-python \
   -Ccmake.define.QKV_BUILD_TESTS=OFF -Ccmake.define.QKV_BUILD_BENCH=OFF
 python3 -m pytest -q python/tests
 
-echo "== fuzz the model loaders (llama2.c checkpoint, safetensors, tokenizer), 20 s each"
-bash scripts/fuzz.sh 20
+echo "== fuzz every parser (7 libFuzzer harnesses, docs/fuzzing.md), 15 s each; fuzz_cli links build-ci's library"
+QKV_LIB_BUILD=build-ci bash scripts/fuzz.sh 15

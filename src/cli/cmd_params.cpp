@@ -186,10 +186,12 @@ void add_params(CLI::App& app) {
   cmd->add_option("--positions", args->positions, "position encoding")->check(CLI::IsMember({"learned", "rotary"}));
   cmd->add_flag_function(
       "--bias,!--no-bias", [args](std::int64_t n) { args->bias = n > 0 ? 1 : 0; },
-      "biases on the projections, the MLP and LayerNorm (nanoGPT's bias flag)");
+      "biases on the projections, the MLP and LayerNorm (nanoGPT's bias flag)")
+      ->check(flag_value());
   cmd->add_flag_function(
       "--tied,!--untied", [args](std::int64_t n) { args->tied = n > 0 ? 1 : 0; },
-      "unembedding tied to the token embedding");
+      "unembedding tied to the token embedding")
+      ->check(flag_value());
   cmd->callback([args] {
     const ModelShape s = shape_from(*args);
     print(std::cout, s, count_params(s));

@@ -19,6 +19,7 @@
 
 #include "cli/commands.hpp"
 #include "model/input_file.hpp"
+#include "model/json_depth.hpp"
 #include "qkv/types.hpp"
 #include "train/trainer.hpp"
 
@@ -129,7 +130,8 @@ void add_train(CLI::App& app) {
       if (b.opt->count() > 0) given.insert(b.opt->get_name().substr(2));
     if (!config_path->empty()) {
       const std::string text = detail::read_input_file(*config_path, kFn, "--config", std::size_t{1} << 20);
-      const auto j = nlohmann::json::parse(text, nullptr, false);
+      const auto j = nlohmann::json::parse(
+          text, qkv::detail::json_depth_limit(kFn, "--config '" + *config_path + "'"), false);
       if (j.is_discarded() || !j.is_object()) fail(kFn, "--config '" + *config_path + "': not a JSON object");
       for (auto it = j.begin(); it != j.end(); ++it) {
         const auto b = bindings->find(it.key());

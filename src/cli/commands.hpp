@@ -50,8 +50,28 @@ inline int& exit_status() {
   return status;
 }
 
+// A validator for the value of a flag given as --flag=VALUE (true/false, on/off, yes/no, an
+// integer). CLI11 2.1.2 converts the value of an add_flag_function flag with std::stoll, whose
+// std::invalid_argument escaped its usage errors: `qkv params --bias=foo` printed "qkv: error:
+// stoll" with exit code 1 (found by fuzz/fuzz_cli.cpp). Checked first, it is a usage error (2).
+inline CLI::Validator flag_value() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          CLI::detail::to_flag_value(text);
+        } catch (const std::exception&) {
+          return "'" + text + "' is not a flag value (true/false, on/off, yes/no or an integer)";
+        }
+        return {};
+      },
+      "");
+}
+
 #define QKV_CLI_DECLARE(name) void add_##name(CLI::App& app);
 QKV_CLI_COMMANDS(QKV_CLI_DECLARE)
 #undef QKV_CLI_DECLARE
+
+// The whole qkv app (src/cli/app.cpp): top-level options, then add_NAME for every command above.
+void build_app(CLI::App& app);
 
 }  // namespace qkv::cli

@@ -10,8 +10,6 @@
 #include <vector>
 
 #include "cli/commands.hpp"
-#include "qkv/attention.hpp"
-#include "qkv/version.hpp"
 
 namespace {
 
@@ -54,20 +52,8 @@ std::string command_word(int argc, char** argv, std::string* unknown_option) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"qkv: attention computed exactly and fast on the CPU; transformers run, trained and inspected"};
-  app.name("qkv");
-  app.require_subcommand(1);
-  app.fallthrough();
-  // Option callbacks run while parsing, before any subcommand's callback does its work.
-  app.add_option_function<int>(
-         "--threads", [](int n) { qkv::set_num_threads(n); },
-         "worker threads for the kernels (default: QKV_NUM_THREADS or all cores)")
-      ->check(qkv::cli::at_least(1));
-  app.set_version_flag("--version", "qkv " QKV_VERSION);
-
-#define QKV_CLI_ADD(name) qkv::cli::add_##name(app);
-  QKV_CLI_COMMANDS(QKV_CLI_ADD)
-#undef QKV_CLI_ADD
+  CLI::App app;
+  qkv::cli::build_app(app);
 
   // qkv help [command]: the help of qkv, or of one command.
   auto help_topic = std::make_shared<std::string>();

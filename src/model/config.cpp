@@ -6,6 +6,7 @@
 
 #include "model/hf_layout.hpp"
 #include "model/input_file.hpp"
+#include "model/json_depth.hpp"
 #include "qkv/model.hpp"
 
 namespace qkv {
@@ -70,7 +71,7 @@ Config config_from_json(std::string_view text, std::string_view source) {
   const std::string where(source);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text.begin(), text.end());
+    j = nlohmann::json::parse(text.begin(), text.end(), detail::json_depth_limit(fn, where));
   } catch (const nlohmann::json::exception& e) {
     fail(fn, where + ": not valid JSON (" + e.what() + ")");
   }

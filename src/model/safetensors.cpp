@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/hf_layout.hpp"
+#include "model/json_depth.hpp"
 #include "model/mapped_file.hpp"
 #include "model/weights.hpp"
 
@@ -84,7 +85,7 @@ Header parse_header(const detail::MappedFile& file, const char* fn, const std::s
                  " bytes (limit 100000000)");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(file.data() + 8, file.data() + 8 + n);
+    j = nlohmann::json::parse(file.data() + 8, file.data() + 8 + n, detail::json_depth_limit(fn, where));
   } catch (const nlohmann::json::exception& e) {
     fail(fn, where + ": header is not valid JSON (" + e.what() + ")");
   }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/input_file.hpp"
+#include "model/json_depth.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::train {
@@ -141,7 +142,8 @@ StFile read_safetensors(const std::string& path) {
   if (len > data.size() - 8)
     fail(fn, "path '" + path + "': header length " + std::to_string(len) + " exceeds the file size " +
                  std::to_string(data.size()));
-  const auto h = nlohmann::json::parse(data.substr(8, len), nullptr, false);
+  const auto h =
+      nlohmann::json::parse(data.substr(8, len), qkv::detail::json_depth_limit(fn, "path '" + path + "'"), false);
   if (h.is_discarded() || !h.is_object()) fail(fn, "path '" + path + "': the header is not a JSON object");
   const std::size_t base = 8 + len, body = data.size() - base;
   StFile out;

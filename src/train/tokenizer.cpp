@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/json_depth.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::train {
@@ -137,6 +138,7 @@ TextTokenizer TextTokenizer::learn_bpe(std::string_view corpus, std::int64_t voc
   t.kind_ = Kind::bpe;
   for (int b = 0; b < 256; ++b) t.pieces_.emplace_back(1, static_cast<char>(b));
   std::unordered_map<std::uint64_t, std::int64_t> pairs;
+  std::int64_t token_bytes = 256;  // the bytes of all tokens so far (kMaxBpeTokenBytes)
   while (t.vocab_size() < vocab_size) {
     pairs.clear();
     for (const auto& [ids, c] : words)
@@ -147,6 +149,9 @@ TextTokenizer TextTokenizer::learn_bpe(std::string_view corpus, std::int64_t voc
       if (c > best_count || (c == best_count && k < best)) best = k, best_count = c;
     if (best_count < 2) break;
     const auto a = static_cast<std::int32_t>(best >> 32), b = static_cast<std::int32_t>(best & 0xffffffffu);
+    token_bytes += static_cast<std::int64_t>(t.pieces_[static_cast<std::size_t>(a)].size() +
+                                             t.pieces_[static_cast<std::size_t>(b)].size());
+    if (token_bytes > kMaxBpeTokenBytes) break;
     const auto merged = static_cast<std::int32_t>(t.vocab_size());
     t.merges_.emplace_back(a, b);
     t.pieces_.push_back(t.pieces_[static_cast<std::size_t>(a)] + t.pieces_[static_cast<std::size_t>(b)]);
@@ -227,7 +232,7 @@ std::string TextTokenizer::to_json() const {
 
 TextTokenizer TextTokenizer::from_json(std::string_view json) {
   const char* fn = "qkv::train::TextTokenizer::from_json";
-  const auto j = nlohmann::json::parse(json, nullptr, false);
+  const auto j = nlohmann::json::parse(json, qkv::detail::json_depth_limit(fn, "json"), false);
   if (j.is_discarded() || !j.is_object() || !j.contains("kind"))
     fail(fn, "json: not a tokenizer description (an object with \"kind\")");
   TextTokenizer t;
@@ -245,10 +250,7 @@ TextTokenizer TextTokenizer::from_json(std::string_view json) {
     if (!j.contains("merges") || !j["merges"].is_array()) fail(fn, "json: \"merges\" must be an array");
     if (j["merges"].size() > 65536 - 256)
       fail(fn, "json: " + std::to_string(j["merges"].size()) + " merges, more than a 65536-token vocabulary holds");
-    // Each merge concatenates two pieces, so hostile merges ([256, 256], [257, 257], ...) double a
-    // piece's length each time; learned pieces are words of the corpus, far below this bound.
-    constexpr std::size_t kMaxPieceBytes = std::size_t{64} << 20;
-    std::size_t piece_bytes = 256;
+    std::int64_t token_bytes = 256;  // the bytes of all tokens so far (kMaxBpeTokenBytes)
     for (const auto& m : j["merges"]) {
       const auto next = static_cast<std::int32_t>(t.pieces_.size());
       if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() || !m[1].is_number_integer() ||
@@ -257,10 +259,12 @@ TextTokenizer TextTokenizer::from_json(std::string_view json) {
         fail(fn, "json: merge " + std::to_string(next - 256) + " must be two ids below " + std::to_string(next) +
                      ", got " + m.dump());
       const auto a = m[0].get<std::int32_t>(), b = m[1].get<std::int32_t>();
-      piece_bytes += t.pieces_[static_cast<std::size_t>(a)].size() + t.pieces_[static_cast<std::size_t>(b)].size();
-      if (piece_bytes > kMaxPieceBytes)
-        fail(fn, "json: merge " + std::to_string(next - 256) + " makes the pieces more than 64 MiB in all: not a "
-                                                                "tokenizer qkv train wrote");
+      token_bytes += static_cast<std::int64_t>(t.pieces_[static_cast<std::size_t>(a)].size() +
+                                               t.pieces_[static_cast<std::size_t>(b)].size());
+      if (token_bytes > kMaxBpeTokenBytes)
+        fail(fn, "json: merge " + std::to_string(next - 256) + " " + m.dump() + " makes the tokens " +
+                     std::to_string(token_bytes) + " bytes long in all, more than the limit of " +
+                     std::to_string(kMaxBpeTokenBytes) + " (merges that join a token with itself double it)");
       t.merges_.emplace_back(a, b);
       t.pieces_.push_back(t.pieces_[static_cast<std::size_t>(a)] + t.pieces_[static_cast<std::size_t>(b)]);
     }

@@ -10,6 +10,11 @@
 //          encodes, and decode(encode(s)) == s.
 //
 // Both serialise to a small JSON object kept in checkpoints and written beside trained weights.
+//
+// The bytes of all BPE tokens together are at most kMaxBpeTokenBytes: a merge doubles the length
+// of its token when it joins a token with itself, so a 500-byte merges list of 40 such merges
+// would spell 2^41 bytes (found by fuzz/fuzz_text_tokenizer.cpp). Learning stops there too, so
+// every tokenizer learn_bpe makes, from_json reads.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +24,8 @@
 #include <vector>
 
 namespace qkv::train {
+
+inline constexpr std::int64_t kMaxBpeTokenBytes = std::int64_t{1} << 24;  // 16 MiB; GPT-2's 50k tokens: 0.35 MiB
 
 class TextTokenizer {
  public:

@@ -164,12 +164,12 @@ TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
   EXPECT_NE(error_of([&] { qkv::Tokenizer::load(kDir + "tok512.bin", 65); }).find("read as a llama2.c tokenizer.bin"),
             std::string::npos);
   // Merges that each double a piece ([97, 97], [256, 256], [257, 257], ...): 40 of them would ask
-  // for 2^41 bytes; refused once the pieces pass 64 MiB in all (at merge 24: merge k makes 2^(k+1) bytes).
+  // for 2^41 bytes; refused once the tokens pass kMaxBpeTokenBytes (16 MiB) in all (merge k makes 2^(k+1) bytes).
   std::string doubling = R"({"kind": "bpe", "merges": [[97, 97])";
   for (int i = 0; i < 39; ++i) doubling += ", [" + std::to_string(256 + i) + ", " + std::to_string(256 + i) + "]";
   const std::string bomb = dir + "bomb.json";
   std::ofstream(bomb) << doubling << "]}";
-  EXPECT_NE(error_of([&] { qkv::Tokenizer::load(bomb, 296); }).find("more than 64 MiB in all"), std::string::npos);
+  EXPECT_NE(error_of([&] { qkv::Tokenizer::load(bomb, 296); }).find("more than the limit of 16777216"), std::string::npos);
 }
 
 // Issue #16, defect 16: a prompt's characters outside the vocabulary come back whole (byte-fallback
