@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "qkv/runtime.hpp"
 
 namespace {
 
