@@ -238,7 +238,9 @@ import textwrap
 
 def run_child(code, tmp_path=None):
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    # The child imports the very qkv this process imported (the installed wheel, or python/ in a dev tree).
+    here = str(pathlib.Path(qkv.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
                        env=env, cwd=str(tmp_path or ROOT))
     return r.returncode, r.stdout + r.stderr
