@@ -37,6 +37,18 @@
 //   - Backward: a NaN row has a NaN dq_i and makes dk_j, dv_j NaN for the keys j it may attend;
 //     the keys it masks and the other rows are untouched (torch: NaN for every key of the head).
 //
+// Dropout (opt.dropout_p = p > 0; training), as torch's SDPA and FlashAttention apply it:
+//   keep_ij ∈ {0, 1}, P(keep_ij = 1) = 1 − p (to within 2⁻³³), a counter-based hash of
+//           (opt.dropout_seed, opt.dropout_offset, b, h, i, j): the same mask for every kernel,
+//           ISA, dtype, tiling and thread count, regenerated tile by tile (never stored N×N);
+//           in attention_varlen b is the sequence index and i, j positions within it
+//   out_i = Σ_j p_ij · keep_ij / (1 − p) · v_j    lse_i: the softmax's, before dropout
+//   pattern_ij = p_ij · keep_ij / (1 − p)  (the weights that multiplied V, as torch's math path
+//           returns them; rows no longer sum to 1)
+// attention_backward with the same options regenerates the same mask. p = 0 runs exactly the
+// code (and gives the bits) of a call without dropout. dropout_mask() below writes the mask.
+// A NaN row stays NaN whatever its mask.
+//
 // The seeds draw the attention pattern with keys down the left and queries across the top, so
 // each *column* sums to 1. qkv stores it the PyTorch way, one *row* per query: pattern[b,h,i,:]
 // is the distribution of query i over the keys; transpose to get the seeds' picture.
@@ -83,6 +95,11 @@ struct AttentionOptions {
   std::optional<View> key_lengths;  // per-batch number of valid keys (key padding)
   int num_threads = 0;              // 0: the library default (set_num_threads / QKV_NUM_THREADS)
   Kernel kernel = Kernel::automatic;
+  // Attention dropout, see "Dropout" above: each probability is dropped with chance dropout_p ∈ [0, 1);
+  // the mask is a function of (dropout_seed, dropout_offset, b, h, i, j) alone.
+  double dropout_p = 0.0;
+  std::uint64_t dropout_seed = 0;
+  std::uint64_t dropout_offset = 0;
 };
 
 // What ran: the kernel, the instruction set it was compiled for, and a printable name
@@ -124,6 +141,11 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
                                      const View& dout, const View& lse, const View& dq, const View& dk,
                                      const View& dv, const View& cu_seqlens_q, const View& cu_seqlens_k,
                                      const AttentionOptions& opt = {});
+
+// The keep mask opt.dropout_* gives an attention call of these sizes: mask [B, H, Sq, Skv] u8 ← keep_ij
+// (1 kept, 0 dropped), written through its strides. For tests and for users who check or reproduce
+// qkv's dropout in their own code. Throws std::invalid_argument on a bad p or mask.
+void dropout_mask(const View& mask, double dropout_p, std::uint64_t seed, std::uint64_t offset = 0);
 
 // Threads and instruction set (set_num_threads, set_isa, active_isa …): qkv/runtime.hpp.
 const char* kernel_name(Kernel k);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/dispatch.hpp"
+#include "kernels/dropout.hpp"
 #include "kernels/params.hpp"
 
 namespace qkv {
@@ -110,6 +111,14 @@ void expect_shape(const char* fn, const char* name, const View& v, std::initiali
   }
 }
 
+// A dropout probability must lie in [0, 1) (p = 1 would drop everything and divide by 0).
+void check_dropout_p(const char* fn, const char* name, double p) {
+  if (p >= 0.0 && p < 1.0) return;
+  std::ostringstream m;
+  m << name << ": must be in [0, 1), got " << p;
+  fail(fn, m.str());
+}
+
 // Validates q/k/v/out and the options; fills everything of AttnParams but lse/pattern.
 AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, const View& out,
                    const AttentionOptions& opt) {
@@ -153,6 +162,10 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
   p.rule.window_left = opt.window_left;
   p.rule.window_right = opt.window_right;
   p.threads = opt.num_threads > 0 ? opt.num_threads : num_threads();
+  check_dropout_p(fn, "opt.dropout_p", opt.dropout_p);
+  p.dropout.p = opt.dropout_p;
+  p.dropout.seed = opt.dropout_seed;
+  p.dropout.offset = opt.dropout_offset;
 
   p.key_len.assign(static_cast<std::size_t>(p.B), p.Skv);
   if (opt.key_lengths) {
@@ -359,6 +372,7 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
     if (lq == 0) continue;
     AttnParams p = resolve(fn, seq_window(q, q0, lq), seq_window(k, k0, lk), seq_window(v, k0, lk),
                            seq_window(out, q0, lq), opt);
+    p.dropout.b0 = static_cast<std::int64_t>(b);  // the mask of sequence b (qkv/attention.hpp)
     attach_lse(fn, p, lse ? std::optional<View>(lse_window(*lse, q0, lq)) : std::nullopt);
     seqs.push_back(std::move(p));
   }
@@ -400,6 +414,7 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
     AttnBwdParams bp;
     bp.fwd = resolve(fn, seq_window(q, q0, lq), seq_window(k, k0, lk), seq_window(v, k0, lk), seq_window(out, q0, lq),
                      opt);
+    bp.fwd.dropout.b0 = static_cast<std::int64_t>(b);
     attach_lse(fn, bp.fwd, lse_window(lse, q0, lq));
     bp.dout = seq_window(dout, q0, lq), bp.dq = seq_window(dq, q0, lq);
     bp.dk = seq_window(dk, k0, lk), bp.dv = seq_window(dv, k0, lk);
@@ -413,6 +428,22 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
   KernelInfo info;  // what a batch of empty sequences reports (as the forward)
   for (const AttnBwdParams& bp : seqs) info = detail::run_backward(fn, bp, opt.kernel);
   return info;
+}
+
+void dropout_mask(const View& mask, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
+  const char* fn = "qkv::dropout_mask";
+  check_dropout_p(fn, "dropout_p", dropout_p);
+  check_view(fn, "mask", mask, 4, "[B, H, Sq, Skv]");
+  if (mask.dtype != DType::u8) fail(fn, "mask: dtype must be u8, got " + std::string(dtype_name(mask.dtype)));
+  check_writable(fn, "mask", mask);
+  const std::uint32_t t = kernels::dropout_threshold(dropout_p);
+  for (std::int64_t b = 0; b < mask.dim(0); ++b)
+    for (std::int64_t h = 0; h < mask.dim(1); ++h)
+      for (std::int64_t i = 0; i < mask.dim(2); ++i) {
+        const std::uint64_t key = kernels::dropout_row_key(seed, offset, b, h, i);
+        auto* row = mask.ptr<std::uint8_t>() + mask.offset(b, h, i, 0);
+        for (std::int64_t j = 0; j < mask.dim(3); ++j) row[j * mask.stride(3)] = kernels::dropout_bits(key, j) >= t ? 1 : 0;
+      }
 }
 
 }  // namespace qkv

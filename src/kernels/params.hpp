@@ -34,6 +34,15 @@ struct KeyRange {
   }
 };
 
+// Attention dropout (kernels/dropout.hpp): the keep/drop decision of (b0 + b, h, i, j) is a hash of
+// (seed, offset, b0 + b, h, i, j); p = 0 turns it off.
+struct DropoutParams {
+  double p = 0.0;                 // in [0, 1)
+  std::uint64_t seed = 0, offset = 0;
+  std::int64_t b0 = 0;            // the mask's batch index of b = 0 (the sequence index in varlen calls)
+  bool on() const { return p > 0.0; }
+};
+
 struct AttnParams {
   View q, k, v, out;              // [B,H,Sq,D] [B,Hkv,Skv,D] [B,Hkv,Skv,Dv] [B,H,Sq,Dv]
   View lse;                       // f32|f64 [B,H,Sq]; data == nullptr when not requested
@@ -44,6 +53,7 @@ struct AttnParams {
   std::int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0, Dv = 0;
   double scale = 1.0;
   KeyRange rule;
+  DropoutParams dropout;
   int threads = 1;
 
   std::int64_t group() const { return H / Hkv; }  // query heads per kv head

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/parallel.hpp"
+#include "kernels/dropout.hpp"
 #include "qkv/memory.hpp"
 
 namespace qkv::kernels {
@@ -207,6 +208,9 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   cx.rule = p.rule;
   cx.key_len = p.key_len.data();
   cx.has_mask = p.mask.data != nullptr;
+  cx.dropout = p.dropout.on();
+  cx.dropout_t = dropout_threshold(p.dropout.p);
+  cx.dropout_rs = static_cast<float>(1.0 / (1.0 - p.dropout.p));
   const std::int64_t rows = p.B * p.H * p.Sq;
 
   // A Q row that is not finite belongs to a NaN row or to a row with no allowed key (lse NaN or

@@ -11,8 +11,10 @@
 //       S  = Q·Kᵀ                       [Bq, Bk]
 //       P  = 2^(S·scale·log2e + mask − L)   (0 where masked)
 //       dP = dO·Vᵀ                       [Bq, Bk]
+//       with dropout (W = keep / (1 − p), regenerated from the seed, kernels/dropout.hpp):
+//         dP ∘= W, and Z = P ∘ W takes P's place in dV (the forward's out = Z·V)
 //       dS = P ∘ (dP − delta) · scale
-//       dV += Pᵀ·dO,  dK += dSᵀ·Q,  dQ_c += dS·K
+//       dV += Pᵀ·dO (Zᵀ·dO),  dK += dSᵀ·Q,  dQ_c += dS·K
 //   reduce, per (b, h, i): dq_i = Σ_c dQ_c,i in increasing c.
 // The key chunks, blocks and every loop order depend only on the shapes, never on the thread
 // count, so the result is bit-identical for any number of threads.
@@ -39,6 +41,9 @@ struct Context {
   KeyRange rule;
   const std::int64_t* key_len = nullptr;  // [B]
   bool has_mask = false;
+  bool dropout = false;          // the forward's dropout (p->fwd.dropout); the factors below
+  std::uint32_t dropout_t = 0;   // keep ⟺ bits ≥ dropout_t
+  float dropout_rs = 1.0f;       // 1 / (1 − p)
 
   // Q and dO rows as f32: either the caller's own memory (f32, unit inner stride, D and Dv
   // multiples of 16) or packed copies [B, H, Sq, Dp] / [B, H, Sq, Dvp].

@@ -12,11 +12,12 @@
 //   dV  [kBk, Dvp]   same for dv
 //   S   [kBq, kBk]   scores, then probabilities P in place
 //   dP  [kBq, kBk]   dO·Vᵀ, then dS in place
-//   row [kBk]        one row of the dense mask
+//   row [kBk]        one row of the dense mask; later that row's dropout factors W
 #include <cstring>
 #include <utility>
 
 #include "kernels/cpu/attention_backward.hpp"
+#include "kernels/dropout.hpp"
 
 namespace qkv::kernels::bwd {
 namespace {
@@ -242,12 +243,23 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         for (std::int64_t r = 0; r < mq; ++r) {
           const V dl = V::set1(delta_h[i0 + r]);
           float* dPr = dP + r * kBk;
-          const float* Pr = S + r * kBk;
+          float* Pr = S + r * kBk;
+          if (cx.dropout) {  // dP ∘= W (the gradient through Z = P ∘ W), then P ← Z for dV below
+            const auto& d = cx.p->fwd.dropout;
+            dropout_row(dropout_row_key(d.seed, d.offset, d.b0 + b, h, i0 + r), k0, ngk * kLanes, cx.dropout_t,
+                        cx.dropout_rs, mrow);
+            for (std::int64_t g = 0; g < ngk; ++g) {
+              const V w = V::load(mrow + kLanes * g), pg = V::load(Pr + kLanes * g);
+              (pg * (V::load(dPr + kLanes * g) * w - dl) * vscale).store(dPr + kLanes * g);
+              (pg * w).store(Pr + kLanes * g);
+            }
+            continue;
+          }
           for (std::int64_t g = 0; g < ngk; ++g)
             (V::load(Pr + kLanes * g) * (V::load(dPr + kLanes * g) - dl) * vscale).store(dPr + kLanes * g);
         }
 
-        // dV += Pᵀ·dO, dK += dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ += dS·K.
+        // dV += Pᵀ·dO (Zᵀ·dO with dropout), dK += dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ += dS·K.
         gemm<Simd, kM, kNG>(nk, Dvp / kLanes, mq, S, 1, kBk, dO, cx.o_ld, dV, Dvp, true);
         gemm<Simd, kM, kNG>(nk, Dp / kLanes, mq, dP, 1, kBk, Q, cx.q_ld, dK, Dp, true);
         gemm<Simd, kM, kNG>(mq, Dp / kLanes, nk, dP, kBk, 1, Kr, Dp, dQh + i0 * dq_ld, dq_ld, true);

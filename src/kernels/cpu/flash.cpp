@@ -1,6 +1,7 @@
 // Portable side of the fast forward kernels: which calls they take, and AttnParams → FlashArgs.
 #include "kernels/cpu/flash.hpp"
 
+#include "kernels/dropout.hpp"
 #include "kernels/params.hpp"
 
 namespace qkv::kernels::cpu {
@@ -43,6 +44,10 @@ FlashArgs make_flash_args(const AttnParams& p) {
   a.window_right = p.rule.window_right;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   a.threads = p.threads;
+  a.dropout = p.dropout.on();
+  a.dropout_t = dropout_threshold(p.dropout.p);
+  a.dropout_rs = static_cast<float>(1.0 / (1.0 - p.dropout.p));
+  a.dropout_seed = p.dropout.seed, a.dropout_offset = p.dropout.offset, a.dropout_b0 = p.dropout.b0;
   return a;
 }
 

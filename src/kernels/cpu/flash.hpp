@@ -36,6 +36,13 @@ struct FlashArgs {
   std::int64_t diag_offset, window_left, window_right;  // as KeyRange
   float scale_log2;   // scale · log2(e): scores are kept in log2 units
   int threads;
+  // Dropout (kernels/dropout.hpp), when `dropout`: the probabilities of row (b, h, i) are multiplied
+  // by keep / (1 − p) = 0 or dropout_rs after the softmax summed them, before P·V.
+  bool dropout;
+  std::uint32_t dropout_t;  // keep ⟺ bits ≥ dropout_t
+  float dropout_rs;         // 1 / (1 − p)
+  std::uint64_t dropout_seed, dropout_offset;
+  std::int64_t dropout_b0;  // the mask's batch index of b = 0
 };
 
 FlashArgs make_flash_args(const AttnParams& p);

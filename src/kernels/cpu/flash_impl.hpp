@@ -31,6 +31,7 @@
 #include "core/scratch.hpp"
 #include "kernels/cpu/flash.hpp"
 #include "kernels/cpu/simd_common.hpp"
+#include "kernels/dropout.hpp"
 
 namespace qkv::kernels::cpu {
 namespace {
@@ -262,6 +263,15 @@ inline void softmax_row(float* s, float* m, float* l, float* o, i64 Dvp, int cb 
     sum = S::add(sum, p);
   }
   S::storeu(l, S::add(S::loadu(l), sum));
+}
+
+// Dropout of one row's tile probabilities p[c], c ∈ [c_lo, c_hi) (keys t0 + c), after the softmax
+// summed them (l and lse stay the softmax's): p[c] ·= keep / (1 − p). key: the row's
+// dropout_row_key. Multiplying, not selecting, keeps a NaN row's probabilities NaN.
+inline void dropout_tile_row(const FlashArgs& a, std::uint64_t key, float* p, i64 t0, i64 c_lo, i64 c_hi) {
+  float w[kNt];
+  dropout_row(key, t0 + c_lo, c_hi - c_lo, a.dropout_t, a.dropout_rs, w);
+  for (i64 c = c_lo; c < c_hi; ++c) p[c] *= w[c - c_lo];
 }
 
 // Q·Kᵀ micro-kernel: scores of kRows queries against NQ·L keys starting at column c0.
@@ -502,6 +512,7 @@ void forward(const FlashArgs* list, i64 n) {
     float* Ps = Ls + kMb * S::L;
     i64 lo[kMb], hi[kMb];                    // allowed keys of each row ([0, 0) for rows past Sq)
     i64 slo[kMb / kRows], shi[kMb / kRows];  // union of the ranges of each strip
+    std::uint64_t dkey[kMb];                 // dropout_row_key of each row, when a.dropout
 
     for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
       i64 c0 = 0, c1 = n;  // the call owning this item: plan[c0].first ≤ item < plan[c0 + 1].first
@@ -539,6 +550,8 @@ void forward(const FlashArgs* list, i64 n) {
         Ms[r] = kNegInf;
         S::storeu(Ls + r * S::L, S::zero());
       }
+      if (a.dropout)
+        for (int r = 0; r < nrows; ++r) dkey[r] = dropout_row_key(a.dropout_seed, a.dropout_offset, a.dropout_b0 + b, h, i0 + r);
 
       const i64 kbase = b * a.sk[0] + hk * a.sk[1];
       const i64 vbase = b * a.sv[0] + hk * a.sv[1];
@@ -607,6 +620,8 @@ void forward(const FlashArgs* list, i64 n) {
               softmax_row<S>(Ps + r * kNt, &Ms[row], Ls + row * S::L, Os + row * Dvp, Dvp, cb, ce);
             }
           }
+          if (a.dropout)
+            for (int r = r0; r < imin(r0 + kRows, nrows); ++r) dropout_tile_row(a, dkey[r], Ps + (r - r0) * kNt, t0, c_lo, c_hi);
           ops.pv(Ps, c_lo, c_hi, Os + r0 * Dvp);
         }
       }
@@ -778,6 +793,7 @@ void decode(const FlashArgs& a) {
     Ops ops(a, Ps + kDecRows * kNt);
     for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
     i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
+    std::uint64_t dkey[kDecRows];  // dropout_row_key of each row, when a.dropout
     float Md[kDecRows], Ld[kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
 
     for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
@@ -790,6 +806,7 @@ void decode(const FlashArgs& a) {
       for (int r = 0; r < nr; ++r) {
         const i64 gr = g * kDecRows + r;
         hs[r] = hk * G + gr / a.Sq, is[r] = gr % a.Sq;
+        if (a.dropout) dkey[r] = dropout_row_key(a.dropout_seed, a.dropout_offset, a.dropout_b0 + b, hs[r], is[r]);
         key_range(a, is[r], klen, &lo[r], &hi[r]);
         if (hi[r] > lo[r] && lo[r] < k1 && hi[r] > k0) ulo = imin(ulo, imax(lo[r], k0)), uhi = imax(uhi, imin(hi[r], k1));
         const i64 qoff = b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2];
@@ -825,6 +842,7 @@ void decode(const FlashArgs& a) {
           const i64 rlo = imax(lo[r], imax(k0, j_lo)), rhi = imin(hi[r], imin(k1, j_hi));
           mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2], 0, kNt);
           softmax_row<S>(Ps + r * kNt, &Md[r], Ld + r * L, Od + r * Dvp, Dvp);
+          if (a.dropout) dropout_tile_row(a, dkey[r], Ps + r * kNt, t0, j_lo - t0, j_hi - t0);
         }
         if (ops_v) {
           ops.pv(nr, Ps, vbase, t0, j_lo, j_hi, Od, Dvp);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/parallel.hpp"
+#include "kernels/dropout.hpp"
 #include "kernels/params.hpp"
 
 namespace qkv::kernels {
@@ -75,6 +76,15 @@ double softmax_inplace(double* s, const char* allowed, std::int64_t n) {
   return m + std::log(sum);
 }
 
+// Dropout of one row, in place: w[j] ← keep_ij / (1 − p) (qkv/attention.hpp), decided by the same
+// dropout_bits as every fast kernel, but key by key and in f64.  w: [Skv]
+void dropout_weights(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t i, double* w) {
+  const std::uint64_t key = dropout_row_key(p.dropout.seed, p.dropout.offset, p.dropout.b0 + b, h, i);
+  const std::uint32_t t = dropout_threshold(p.dropout.p);
+  const double rs = 1.0 / (1.0 - p.dropout.p);
+  for (std::int64_t j = 0; j < p.Skv; ++j) w[j] = dropout_bits(key, j) >= t ? rs : 0.0;
+}
+
 }  // namespace
 
 void attention_reference(const AttnParams& p) {
@@ -84,9 +94,15 @@ void attention_reference(const AttnParams& p) {
     std::vector<double> s(static_cast<std::size_t>(p.Skv));
     std::vector<char> allowed(static_cast<std::size_t>(p.Skv));
     std::vector<double> acc(static_cast<std::size_t>(p.Dv));
+    std::vector<double> w(p.dropout.on() ? static_cast<std::size_t>(p.Skv) : 0);  // dropout factors
     for (std::int64_t i = 0; i < p.Sq; ++i) {
       row_scores(p, b, h, i, s.data(), allowed.data());
       const double lse = softmax_inplace(s.data(), allowed.data(), p.Skv);
+      // Dropout after the softmax (lse stays the softmax's); a NaN row stays NaN.
+      if (p.dropout.on() && !std::isnan(lse)) {
+        dropout_weights(p, b, h, i, w.data());
+        for (std::int64_t j = 0; j < p.Skv; ++j) s[static_cast<std::size_t>(j)] *= w[static_cast<std::size_t>(j)];
+      }
       std::fill(acc.begin(), acc.end(), 0.0);
       for (std::int64_t j = 0; j < p.Skv; ++j) {
         if (s[static_cast<std::size_t>(j)] == 0.0) continue;
@@ -106,6 +122,9 @@ void attention_reference(const AttnParams& p) {
 //   dv_j  += Σ_i p_ij · dout_i
 //   dp_ij  = dout_i · v_j
 //   ds_ij  = p_ij · (dp_ij − Σ_j' p_ij' dp_ij')
+// With dropout (w_ij = keep_ij / (1 − p)) the forward used z_ij = p_ij w_ij in place of p_ij, so
+// dv_j takes z_ij, and dp_ij is the gradient through z: dp_ij = w_ij · dout_i · v_j; the row sum
+// Σ_j' p_ij' dp_ij' is then Σ_j' z_ij' dout_i · v_j' = dout_i · out_i (FlashAttention's D_i).
 //   dq_i   = scale · Σ_j ds_ij · k_j
 //   dk_j  += scale · Σ_i ds_ij · q_i
 // dk, dv of a kv head collect the contributions of all query heads of its group, so one task
@@ -119,15 +138,19 @@ void attention_backward_reference(const AttnBwdParams& bp) {
     std::vector<double> dv(Skv * static_cast<std::size_t>(p.Dv), 0.0);
     std::vector<double> s(Skv), dp(Skv), dq(static_cast<std::size_t>(p.D));
     std::vector<char> allowed(Skv);
+    std::vector<double> w(Skv, 1.0);  // dropout factors w_ij (1 without dropout)
     for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
       for (std::int64_t i = 0; i < p.Sq; ++i) {
         row_scores(p, b, h, i, s.data(), allowed.data());
-        softmax_inplace(s.data(), allowed.data(), p.Skv);
+        const double lse = softmax_inplace(s.data(), allowed.data(), p.Skv);
+        const bool drop = p.dropout.on() && !std::isnan(lse);  // a NaN row stays NaN
+        if (drop) dropout_weights(p, b, h, i, w.data());
         double dot_pdp = 0.0;
         for (std::int64_t j = 0; j < p.Skv; ++j) {
           double d = 0.0;
           for (std::int64_t e = 0; e < p.Dv; ++e)
             d += p.v.load(p.v.offset(b, hk, j, e)) * bp.dout.load(bp.dout.offset(b, h, i, e));
+          if (drop) d *= w[static_cast<std::size_t>(j)];
           dp[static_cast<std::size_t>(j)] = d;
           if (s[static_cast<std::size_t>(j)] != 0.0) dot_pdp += s[static_cast<std::size_t>(j)] * d;  // masked keys: p = 0, V unread
         }
@@ -136,8 +159,9 @@ void attention_backward_reference(const AttnBwdParams& bp) {
           const double pj = s[static_cast<std::size_t>(j)];
           if (pj == 0.0) continue;
           const double ds = pj * (dp[static_cast<std::size_t>(j)] - dot_pdp) * p.scale;
+          const double zj = drop ? pj * w[static_cast<std::size_t>(j)] : pj;
           for (std::int64_t e = 0; e < p.Dv; ++e)
-            dv[static_cast<std::size_t>(j * p.Dv + e)] += pj * bp.dout.load(bp.dout.offset(b, h, i, e));
+            dv[static_cast<std::size_t>(j * p.Dv + e)] += zj * bp.dout.load(bp.dout.offset(b, h, i, e));
           for (std::int64_t d = 0; d < p.D; ++d) {
             dq[static_cast<std::size_t>(d)] += ds * p.k.load(p.k.offset(b, hk, j, d));
             dk[static_cast<std::size_t>(j * p.D + d)] += ds * p.q.load(p.q.offset(b, h, i, d));
