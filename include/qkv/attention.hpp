@@ -120,6 +120,8 @@ KernelInfo attention(const View& q, const View& k, const View& v, const View& ou
 //   dq [B, H, Sq, D], dk [B, Hkv, Skv, D], dv [B, Hkv, Skv, Dv], same dtype as q.
 //   With grouped-query attention dk and dv are summed over the query heads of each group.
 //   An additive float mask is treated as a constant (no gradient flows into it).
+//   Dropout: opt.dropout_* as in the forward regenerate its mask; with W = keep / (1 − p),
+//   dv_j = Σ_i p_ij W_ij dout_i and ds_ij = p_ij (W_ij dout_i · v_j − dout_i · out_i) (FlashAttention's).
 KernelInfo attention_backward(const View& q, const View& k, const View& v, const View& out,
                               const View& dout, const View& lse, const View& dq, const View& dk,
                               const View& dv, const AttentionOptions& opt = {});

@@ -8,13 +8,16 @@
 Same signatures, layouts and conventions as ``flash_attn`` 2.x: k and v may have fewer heads
 (GQA, H % Hkv == 0); causal and sliding windows are aligned bottom-right (query i of Sq sits at
 key position i + Sk - Sq), window_size = (left, right) with -1 for unbounded; the lse is the
-natural-log log-sum-exp of each row's scaled scores (-inf on a row with no allowed key) and does not
-carry gradients, as FlashAttention's does not. The third value of ``return_attn_probs`` is None:
-FlashAttention returns a debugging dropout pattern there, and qkv has no dropout.
+natural-log log-sum-exp of each row's scaled scores (-inf on a row with no allowed key, before
+dropout) and does not carry gradients, as FlashAttention's does not. The third value of
+``return_attn_probs`` is None: FlashAttention returns a debugging dropout pattern there
+(``qkv.dropout_mask`` gives qkv's mask).
 
-Arguments that need a variant qkv does not have raise NotImplementedError naming the argument:
-dropout_p > 0, softcap != 0, alibi_slopes, block_table (paged KV cache). ``deterministic`` is
-accepted: qkv's backward is deterministic for a given thread count.
+``dropout_p`` > 0 applies attention dropout as FlashAttention does (its callers pass 0 in eval
+mode), with a seed drawn from torch's default generator (``torch.manual_seed`` reproduces it); the
+backward regenerates the same mask. Arguments that need a variant qkv does not have raise
+NotImplementedError naming the argument: softcap != 0, alibi_slopes, block_table (paged KV
+cache). ``deterministic`` is accepted: qkv's backward is deterministic for a given thread count.
 """
 
 from __future__ import annotations
@@ -27,9 +30,7 @@ from torch import Tensor
 from . import torch as _qtorch
 
 
-def _check_variant(fn: str, dropout_p, softcap, alibi_slopes, block_table=None) -> None:
-    if dropout_p:
-        raise NotImplementedError(f"[{fn}] dropout_p = {dropout_p}: qkv has no attention dropout; pass 0.0")
+def _check_variant(fn: str, softcap, alibi_slopes, block_table=None) -> None:
     if softcap:
         raise NotImplementedError(f"[{fn}] softcap = {softcap}: qkv has no softcapping variant; pass 0.0")
     if alibi_slopes is not None:
@@ -66,14 +67,15 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                     return_attn_probs: bool = False):
     """q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] -> out [B, Sq, H, Dv] (see the module docstring)."""
     fn = "qkv.flash_attn_func"
-    _check_variant(fn, dropout_p, softcap, alibi_slopes)
+    _check_variant(fn, softcap, alibi_slopes)
     _check_tensors(fn, ("q", "k", "v"), (q, k, v), 4)
     if k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3] or k.shape[3] != q.shape[3]:
         raise ValueError(f"[{fn}] shapes must be q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv], got "
                          f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}")
     wl, wr = _window(fn, window_size, causal)
     out, lse = _qtorch.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=softmax_scale,
-                                 causal=bool(causal), align="bottom_right", window_left=wl, window_right=wr)
+                                 causal=bool(causal), align="bottom_right", window_left=wl, window_right=wr,
+                                 dropout_p=dropout_p)
     out = out.transpose(1, 2).contiguous()
     return (out, lse, None) if return_attn_probs else out
 
@@ -87,7 +89,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     (out, lse [H, Tq], None). Sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and
     cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v; max_seqlen_q/k must bound those lengths."""
     fn = "qkv.flash_attn_varlen_func"
-    _check_variant(fn, dropout_p, softcap, alibi_slopes, block_table)
+    _check_variant(fn, softcap, alibi_slopes, block_table)
     _check_tensors(fn, ("q", "k", "v"), (q, k, v), 3)
     for name, cu, mx in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
         cu_t = torch.as_tensor(cu)
@@ -97,5 +99,6 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                              f"cu_seqlens_{name} ({longest})")
     wl, wr = _window(fn, window_size, causal)
     out, lse = _qtorch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale=softmax_scale, causal=bool(causal),
-                                        align="bottom_right", window_left=wl, window_right=wr, return_lse=True)
+                                        align="bottom_right", window_left=wl, window_right=wr, return_lse=True,
+                                        dropout_p=dropout_p)
     return (out, lse, None) if return_attn_probs else out

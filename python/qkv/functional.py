@@ -64,6 +64,64 @@ def _scale(fn: str, scale: Optional[float]) -> Optional[float]:
         raise TypeError(f"[{fn}] scale: must be None or a float, got {type(scale).__name__}") from None
 
 
+def _dropout_p(fn: str, p: Any) -> float:
+    if isinstance(p, bool):
+        raise TypeError(f"[{fn}] dropout_p: must be a float in [0, 1), got {p!r}")
+    try:
+        p = float(p)
+    except (TypeError, ValueError):
+        raise TypeError(f"[{fn}] dropout_p: must be a float in [0, 1), got {type(p).__name__}") from None
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"[{fn}] dropout_p: must be in [0, 1), got {p!r}")
+    return p
+
+
+def _u64(fn: str, name: str, x: Any) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= int(x) < 2**64:
+        raise ValueError(f"[{fn}] {name}: must be an int in [0, 2**64), got {x!r}")
+    return int(x)
+
+
+def _dropout(fn: str, dropout_p: Any, seed: Any, offset: Any) -> Tuple[float, int, int]:
+    """(p, seed, offset) for the native call; seed is required when p > 0 (the backward needs it)."""
+    p = _dropout_p(fn, dropout_p)
+    if p == 0.0:
+        return 0.0, 0, 0
+    if seed is None:
+        raise ValueError(f"[{fn}] seed: required with dropout_p = {p} (an int in [0, 2**64); attention_backward "
+                         f"regenerates the mask from the same seed and offset)")
+    return p, _u64(fn, "seed", seed), _u64(fn, "offset", offset)
+
+
+def _draw_seed(kind_is_torch: bool) -> int:
+    """A dropout seed in [0, 2**63) from torch's default generator (torch inputs: torch.manual_seed
+    makes the runs reproducible) or NumPy's global one (np.random.seed)."""
+    if kind_is_torch:
+        import torch
+
+        return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+    return int(np.random.randint(0, 2**63 - 1, dtype=np.int64))
+
+
+def dropout_mask(shape: Sequence[int], dropout_p: float, seed: int, offset: int = 0) -> np.ndarray:
+    """The keep mask of attention dropout: bool [B, H, Sq, Skv], True where p_ij is kept.
+
+    It is the mask :func:`attention` (and every qkv entry point) applies with this ``dropout_p``,
+    ``seed`` and ``offset``: element (b, h, i, j) depends on (seed, offset, b, h, i, j) alone, so
+    the mask of a smaller call is a corner of a larger one; in packed (varlen) calls b is the
+    sequence index and i, j positions within the sequence. For checking qkv's dropout or
+    reproducing it in other code (e.g. ``torch.where(mask, p / (1 - dropout_p), 0) @ v``)."""
+    fn = "qkv.dropout_mask"
+    shape = tuple(int(d) for d in shape)
+    if len(shape) != 4 or min(shape) < 0:
+        raise ValueError(f"[{fn}] shape: expected [B, H, Sq, Skv] of sizes >= 0, got {list(shape)}")
+    p = _dropout_p(fn, dropout_p)
+    mask = np.empty(shape, dtype=np.bool_)
+    if mask.size:
+        _qkv.dropout_mask(mask, p, _u64(fn, "seed", seed), _u64(fn, "offset", offset))
+    return mask
+
+
 def _mask(fn: str, kind, mask: Array, name: str):
     mk, m = A.kind_of(mask, name, fn)
     if mk is not kind:
@@ -96,14 +154,11 @@ class _SdpaPlan(NamedTuple):
     scale: Optional[float]
 
 
-def _plan_sdpa(fn: str, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> _SdpaPlan:
+def _plan_sdpa(fn: str, query, key, value, attn_mask, is_causal, scale, enable_gqa) -> _SdpaPlan:
     kind, (q, k, v) = A.common_kind(fn, [("query", query), ("key", key), ("value", value)])
     A.check_float(fn, [("query", q), ("key", k), ("value", v)], kind)
     qs, ks, vs = A.shape_of(q), A.shape_of(k), A.shape_of(v)
     shapes = f"query {list(qs)}, key {list(ks)}, value {list(vs)}"
-    if dropout_p != 0.0:
-        raise ValueError(f"[{fn}] dropout_p: qkv computes attention exactly and has no dropout; pass "
-                         f"dropout_p=0.0 (as in eval mode), got {dropout_p!r}")
     if min(len(qs), len(ks), len(vs)) < 2:
         raise ValueError(f"[{fn}] query, key and value must have rank >= 2 (..., L, E), got {shapes}")
     L, E = qs[-2:]
@@ -189,7 +244,10 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
         value: (..., S, Ev), same dtype.
         attn_mask: None, a bool array (True = may attend) or a float array added to the scores,
             broadcastable to (..., L, S).
-        dropout_p: must be 0.0: qkv has no dropout (raises ValueError otherwise).
+        dropout_p: attention dropout probability in [0, 1), applied whenever > 0 (as torch does;
+            pass 0.0 in eval mode). The seed is drawn from torch's default generator for torch
+            tensors (``torch.manual_seed`` reproduces a run), from NumPy's global one otherwise
+            (``np.random.seed``); the mask is that of :func:`dropout_mask`.
         is_causal: top-left causal mask (query i sees keys j <= i, also when L != S). Not together
             with attn_mask.
         scale: score scale; None means 1/sqrt(E).
@@ -226,14 +284,16 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
         w = [A.float16_to(x, "float32") if A.is_float16(x) else x for x in (query, key, value, attn_mask)]
         return A.float16_to(scaled_dot_product_attention(*w[:3], w[3], dropout_p, is_causal, scale, enable_gqa),
                             "float16")
-    p = _plan_sdpa(fn, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    drop = _dropout_p(fn, dropout_p)
+    p = _plan_sdpa(fn, query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    seed = _draw_seed(p.kind.name == "torch") if drop > 0.0 else 0
     _reserve(fn, "output", p.q4, (p.out_shape, None))
     out = p.kind.empty(p.out_shape, p.q4)
     B, H, L, Ev = p.q4.shape[0], p.q4.shape[1], p.q4.shape[2], p.v4.shape[3]
     out4 = out.reshape(B, H, L, Ev)  # a view: out is freshly allocated, contiguous
     n = p.kind.native
     _qkv.attention(n(p.q4), n(p.k4), n(p.v4), n(out4), None if p.mask4 is None else n(p.mask4), None, None, None,
-                   p.scale, p.causal, "top_left", -1, -1, 0, "automatic")
+                   p.scale, p.causal, "top_left", -1, -1, 0, "automatic", drop, seed, 0)
     return out
 
 
@@ -245,7 +305,8 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
               cu_seqlens_q: Optional[Array] = None, cu_seqlens_k: Optional[Array] = None,
               scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
               window_left: Optional[int] = None, window_right: Optional[int] = None, return_lse: bool = False,
-              return_pattern: bool = False, num_threads: int = 0, kernel: str = "automatic") -> AttentionResult:
+              return_pattern: bool = False, num_threads: int = 0, kernel: str = "automatic",
+              dropout_p: float = 0.0, seed: Optional[int] = None, offset: int = 0) -> AttentionResult:
     """Attention with every option of qkv's C++ API.
 
     Layout (strides are free; nothing is copied):
@@ -268,10 +329,16 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         return_lse: also return log-sum-exp of the allowed scores, [B, H, Sq] ([H, Tq] packed),
             float32 (float64 for float64 inputs); -inf on rows with no allowed key.
         return_pattern: also return the softmax probabilities [B, H, Sq, Skv] (one row per query,
-            rows sum to 1), float32 (float64 for float64 inputs). Not with packed sequences.
+            rows sum to 1), float32 (float64 for float64 inputs). Not with packed sequences. With
+            dropout, the weights that multiplied V: p_ij · keep_ij / (1 - dropout_p), as torch's
+            math path returns them (rows no longer sum to 1).
         num_threads: threads for this call; 0 means qkv.num_threads().
         kernel: 'automatic' (the fastest that supports the call), 'reference', 'flash' or
             'flash_decode'.
+        dropout_p: attention dropout in [0, 1): out_i = sum_j p_ij keep_ij / (1 - dropout_p) v_j
+            with keep_ij = :func:`dropout_mask` (seed, offset)[b, h, i, j]; lse stays the softmax's.
+        seed, offset: ints in [0, 2**64) choosing the mask; seed is required when dropout_p > 0.
+            Pass the same three to :func:`attention_backward`.
 
     Returns:
         AttentionResult(out, lse, pattern, kernel): arrays in the framework of q, and the
@@ -290,6 +357,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     qs, vs = A.shape_of(q_), A.shape_of(v_)
     aux = "float64" if dtype == "float64" else "float32"
     wl, wr = _window(fn, "window_left", window_left), _window(fn, "window_right", window_right)
+    drop = _dropout(fn, dropout_p, seed, offset)
     n = kind.native
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError(f"[{fn}] cu_seqlens_q and cu_seqlens_k: give both or neither")
@@ -306,7 +374,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         info = _qkv.attention_varlen(
             n(q_), n(k_), n(v_), n(out), A.index_array(fn, "cu_seqlens_q", cu_seqlens_q),
             A.index_array(fn, "cu_seqlens_k", cu_seqlens_k), lse, _scale(fn, scale), bool(causal), align,
-            wl, wr, int(num_threads), kernel)
+            wl, wr, int(num_threads), kernel, *drop)
         return AttentionResult(out, lse, None, KernelInfo(*info))
     if len(qs) != 4 or len(vs) != 4 or len(A.shape_of(k_)) != 4:
         raise ValueError(f"[{fn}] q, k, v must have rank 4 [B, H, S, D] (rank 3 with cu_seqlens), got "
@@ -319,7 +387,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
     info = _qkv.attention(n(q_), n(k_), n(v_), n(out), m, kl, lse, pattern, _scale(fn, scale), bool(causal),
-                          align, wl, wr, int(num_threads), kernel)
+                          align, wl, wr, int(num_threads), kernel, *drop)
     return AttentionResult(out, lse, pattern, KernelInfo(*info))
 
 
@@ -328,16 +396,19 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
                        cu_seqlens_q: Optional[Array] = None, cu_seqlens_k: Optional[Array] = None,
                        scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
                        window_left: Optional[int] = None, window_right: Optional[int] = None,
-                       num_threads: int = 0, kernel: str = "automatic") -> AttentionGrads:
+                       num_threads: int = 0, kernel: str = "automatic", dropout_p: float = 0.0,
+                       seed: Optional[int] = None, offset: int = 0) -> AttentionGrads:
     """Gradients of :func:`attention`: given dout = dL/dout, returns dq, dk, dv (shaped as q, k, v).
 
     ``out`` and ``lse`` (float32) come from the forward call with the same options
     (``attention(..., return_lse=True)``), in either layout: rank 4, or packed sequences with
     ``cu_seqlens_q`` / ``cu_seqlens_k`` (lse [H, Tq]; keys of a sequence without queries get zero
     gradients). With grouped-query attention dk and dv are summed over the query heads of each
-    group. No gradient flows into an additive mask.
+    group. No gradient flows into an additive mask. With dropout, the forward's ``dropout_p``,
+    ``seed`` and ``offset`` regenerate its mask (FlashAttention's backward: nothing N×N is stored).
     """
     fn = "qkv.attention_backward"
+    drop = _dropout(fn, dropout_p, seed, offset)
     kind, arrs = A.common_kind(fn, [("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)])
     q_, k_, v_, o_, g_, l_ = arrs
     A.check_float(fn, [("q", q_), ("k", k_), ("v", v_), ("out", o_), ("dout", g_)], kind)
@@ -354,12 +425,12 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
             n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv),
             A.index_array(fn, "cu_seqlens_q", cu_seqlens_q), A.index_array(fn, "cu_seqlens_k", cu_seqlens_k),
             _scale(fn, scale), bool(causal), align, _window(fn, "window_left", window_left),
-            _window(fn, "window_right", window_right), int(num_threads), kernel)
+            _window(fn, "window_right", window_right), int(num_threads), kernel, *drop)
         return AttentionGrads(dq, dk, dv, KernelInfo(*info))
     m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
     info = _qkv.attention_backward(
         n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv), m, kl, _scale(fn, scale), bool(causal),
         align, _window(fn, "window_left", window_left), _window(fn, "window_right", window_right),
-        int(num_threads), kernel)
+        int(num_threads), kernel, *drop)
     return AttentionGrads(dq, dk, dv, KernelInfo(*info))

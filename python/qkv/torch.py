@@ -6,16 +6,25 @@
     out = qkv.torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=True)  # packed [T, H, D]
     torch.compile(model, fullgraph=True)   # a model calling the above compiles without a graph break
 
-qkv's attention is registered with ``torch.library`` as two custom operators:
+qkv's attention is registered with ``torch.library`` as custom operators:
 
     qkv::attention(q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], mask?, key_lengths?, scale?,
-                   causal, align, window_left, window_right) -> (out [B, H, L, Ev], lse [B, H, L])
+                   causal, align, window_left, window_right, dropout_p, seed?)
+                   -> (out [B, H, L, Ev], lse [B, H, L])
     qkv::attention_backward(q, k, v, mask?, key_lengths?, out, lse, dout, ...same options)
                    -> (dq, dk, dv)    (dk, dv summed over the query heads of each key/value head)
 
-each with a fake (meta) kernel for shape inference, and the first with an autograd formula (the
-second, so that double backward raises instead of returning nothing). The forward keeps the
+and their packed twins ``qkv::attention_varlen(q [Tq, H, E], k [Tk, Hkv, E], v [Tk, Hkv, Ev],
+cu_seqlens_q, cu_seqlens_k, ...)`` -> (out [Tq, H, Ev], lse [H, Tq]) and
+``qkv::attention_varlen_backward``; each with a fake (meta) kernel for shape inference, and the
+forwards with an autograd formula (the backwards too, so that double backward raises instead of
+returning nothing). The forward keeps the
 log-sum-exp of every row; the backward recomputes the pattern from it instead of storing it.
+
+Dropout (``dropout_p > 0``): the mask's seed is an int64 tensor [] drawn from a torch generator
+(the default one unless ``generator=`` is given, so ``torch.manual_seed`` makes runs reproducible,
+also under torch.compile, where the draw is a graph op) and saved for the backward, which
+regenerates the same mask tile by tile (qkv.dropout_mask shows it; nothing N×N is stored).
 
 Gradients: broadcast inputs receive gradients summed over the dimensions they were broadcast
 along, as in torch. A float ``attn_mask`` that requires grad receives dL/dS (the gradient of the
@@ -39,6 +48,22 @@ from . import _qkv
 _FN = "qkv.torch.scaled_dot_product_attention"
 
 
+def _seed_tensor(fn: str, dropout_p: float, generator: Optional[torch.Generator], seed: Optional[int]) -> Optional[Tensor]:
+    """The dropout seed as an int64 tensor [] (None without dropout): `seed` if given, else drawn
+    from `generator` (torch's default generator when None)."""
+    if dropout_p == 0.0:
+        return None
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"[{fn}] seed: must be an int in [0, 2**63), got {seed!r}")
+        return torch.tensor(seed, dtype=torch.int64)
+    return torch.randint(0, 2**63 - 1, (), dtype=torch.int64, generator=generator)
+
+
+def _seed_int(seed: Optional[Tensor]) -> int:
+    return 0 if seed is None else int(seed)
+
+
 def _aux_dtype(dtype: torch.dtype) -> torch.dtype:
     """dtype of lse: float64 for float64 inputs, else float32 (what qkv's kernels write)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -51,17 +76,17 @@ def _aux_dtype(dtype: torch.dtype) -> torch.dtype:
 @torch.library.custom_op("qkv::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_lengths: Optional[Tensor],
                   scale: Optional[float], causal: bool, align: str, window_left: int,
-                  window_right: int) -> Tuple[Tensor, Tensor]:
+                  window_right: int, dropout_p: float, seed: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     B, H, L, _ = q.shape
     out = torch.empty((B, H, L, v.shape[3]), dtype=q.dtype)
     lse = torch.empty((B, H, L), dtype=_aux_dtype(q.dtype))
     _qkv.attention(q, k, v, out, mask, key_lengths, lse, None, scale, causal, align, window_left, window_right, 0,
-                   "automatic")
+                   "automatic", dropout_p, _seed_int(seed), 0)
     return out, lse
 
 
 @_attention_op.register_fake
-def _(q, k, v, mask, key_lengths, scale, causal, align, window_left, window_right):
+def _(q, k, v, mask, key_lengths, scale, causal, align, window_left, window_right, dropout_p, seed):
     B, H, L, _ = q.shape
     return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=_aux_dtype(q.dtype))
 
@@ -69,15 +94,16 @@ def _(q, k, v, mask, key_lengths, scale, causal, align, window_left, window_righ
 @torch.library.custom_op("qkv::attention_backward", mutates_args=())
 def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_lengths: Optional[Tensor],
                            out: Tensor, lse: Tensor, dout: Tensor, scale: Optional[float], causal: bool, align: str,
-                           window_left: int, window_right: int) -> Tuple[Tensor, Tensor, Tensor]:
+                           window_left: int, window_right: int, dropout_p: float,
+                           seed: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
     _qkv.attention_backward(q, k, v, out, dout, lse, dq, dk, dv, mask, key_lengths, scale, causal, align, window_left,
-                            window_right, 0, "automatic")
+                            window_right, 0, "automatic", dropout_p, _seed_int(seed), 0)
     return dq, dk, dv
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, window_left, window_right):
+def _(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, window_left, window_right, dropout_p, seed):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -116,10 +142,24 @@ def _allowed(L: int, S: int, key_lengths: Optional[Tensor], causal: bool, align:
     return ok
 
 
-def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr) -> Tensor:
+@torch.library.custom_op("qkv::dropout_keep", mutates_args=())
+def _dropout_keep_op(like: Tensor, dropout_p: float, seed: Tensor) -> Tensor:
+    """qkv.dropout_mask as an op (traceable by torch.compile): bool, shaped like `like` [B, H, L, S]."""
+    from .functional import dropout_mask
+
+    return torch.from_numpy(dropout_mask(tuple(like.shape), dropout_p, int(seed)))
+
+
+@_dropout_keep_op.register_fake
+def _(like, dropout_p, seed):
+    return like.new_empty(like.shape, dtype=torch.bool)
+
+
+def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr, dropout_p, seed) -> Tensor:
     """dL/dmask = dL/dS [B, H, L, S] = P ∘ (dP − rowsum(dO ∘ O)), P recomputed from lse (torch ops).
 
     q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], dout and out [B, H, L, Ev], lse [B, H, L].
+    With dropout dP = W ∘ (dO·Vᵀ), W = keep / (1 − p) the forward's mask (qkv.dropout_mask).
     """
     H, Hkv = q.shape[1], k.shape[1]
     if Hkv != H:
@@ -133,27 +173,30 @@ def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align,
     if ok is not None:
         p = torch.where(ok, p, 0.0)
     dp = ga @ va.transpose(-1, -2)
+    if dropout_p > 0.0:
+        keep = _dropout_keep_op(dp.detach(), dropout_p, seed)
+        dp = torch.where(keep, dp / (1.0 - dropout_p), 0.0)
     delta = (ga * oa).sum(-1, keepdim=True)
     return (p * (dp - delta)).to(mask.dtype)
 
 
 def _setup_attention(ctx, inputs, output):
-    q, k, v, mask, key_lengths, scale, causal, align, wl, wr = inputs
+    q, k, v, mask, key_lengths, scale, causal, align, wl, wr, dropout_p, seed = inputs
     out, lse = output
-    ctx.opts = (scale, causal, align, wl, wr)
-    ctx.save_for_backward(q, k, v, mask, key_lengths, out, lse)
+    ctx.opts = (scale, causal, align, wl, wr, dropout_p)
+    ctx.save_for_backward(q, k, v, mask, key_lengths, out, lse, seed)
 
 
 def _attention_grad(ctx, dout, dlse):
     # lse is returned detached by every public entry point (as FlashAttention's is): dlse carries nothing.
-    q, k, v, mask, key_lengths, out, lse = ctx.saved_tensors
-    scale, causal, align, wl, wr = ctx.opts
+    q, k, v, mask, key_lengths, out, lse, seed = ctx.saved_tensors
+    scale, causal, align, wl, wr, dropout_p = ctx.opts
     dq, dk, dv = _attention_backward_op(q, k, v, mask, key_lengths, out, lse, dout.contiguous(), scale, causal,
-                                        align, wl, wr)
+                                        align, wl, wr, dropout_p, seed)
     dmask = None
     if ctx.needs_input_grad[3]:
-        dmask = _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr)
-    return dq, dk, dv, dmask, None, None, None, None, None, None
+        dmask = _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr, dropout_p, seed)
+    return dq, dk, dv, dmask, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("qkv::attention", _attention_grad, setup_context=_setup_attention)
@@ -162,15 +205,22 @@ torch.library.register_autograd("qkv::attention", _attention_grad, setup_context
 def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
               key_lengths: Optional[Tensor] = None, scale: Optional[float] = None, causal: bool = False,
               align: str = "top_left", window_left: Optional[int] = None,
-              window_right: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+              window_right: Optional[int] = None, dropout_p: float = 0.0,
+              generator: Optional[torch.Generator] = None, seed: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """qkv's attention in its own layout, differentiable, through the ``qkv::attention`` op.
 
     q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] (H % Hkv == 0), mask [B, H, L, S] (bool:
     True = may attend; float: added to the scores; broadcast views are fine), key_lengths int [B].
     Options as :func:`qkv.attention`. Returns (out [B, H, L, Ev], lse [B, H, L]); lse is detached.
     Gradients flow to q, k, v and a float mask; float16 is computed in float32 and rounded once.
+    Dropout: ``dropout_p`` in [0, 1) whenever > 0; the mask is ``qkv.dropout_mask(..., seed)`` with
+    ``seed`` (an int in [0, 2**63)) if given, else one drawn from ``generator`` (torch's default
+    generator when None); the backward reuses it.
     """
     fn = "qkv.torch.attention"
+    from .functional import _dropout_p
+    dropout_p = _dropout_p(fn, dropout_p)
+    seed_t = _seed_tensor(fn, dropout_p, generator, seed)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise TypeError(f"[{fn}] {name}: expected a rank-4 torch.Tensor [B, H, S, D], got "
@@ -182,7 +232,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
             mask = mask.float()
     from .functional import _scale, _window
     out, lse = _attention_op(q, k, v, mask, key_lengths, _scale(fn, scale), bool(causal), align,
-                             _window(fn, "window_left", window_left), _window(fn, "window_right", window_right))
+                             _window(fn, "window_left", window_left), _window(fn, "window_right", window_right),
+                             dropout_p, seed_t)
     return (out.half() if half else out), lse.detach()
 
 
@@ -212,14 +263,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     """``torch.nn.functional.scaled_dot_product_attention`` on qkv's kernels, differentiable.
 
     Same arguments and semantics as :func:`qkv.scaled_dot_product_attention` (torch tensors on the
-    CPU only; ``dropout_p`` must be 0). float32, bfloat16, float64 and float16 (computed in
-    float32, rounded once). Gradients flow to query, key, value and a float ``attn_mask``; double
-    backward raises. Goes through the ``qkv::attention`` custom op, so ``torch.compile`` keeps it
-    in one graph.
+    CPU only). float32, bfloat16, float64 and float16 (computed in float32, rounded once).
+    Gradients flow to query, key, value and a float ``attn_mask``; double backward raises. Goes
+    through the ``qkv::attention`` custom op, so ``torch.compile`` keeps it in one graph.
+    ``dropout_p > 0`` applies dropout (as torch does, whatever the mode: pass 0 in eval) with a
+    seed drawn from torch's default generator (``torch.manual_seed`` reproduces it).
     """
-    if dropout_p != 0.0:
-        raise ValueError(f"[{_FN}] dropout_p: qkv computes attention exactly and has no dropout; pass "
-                         f"dropout_p=0.0 (as in eval mode), got {dropout_p!r}")
+    from .functional import _dropout_p
+    dropout_p = _dropout_p(_FN, dropout_p)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"[{_FN}] {name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -278,7 +329,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     q4 = _rank4(query, lead, (H, L, E))
     k4 = _rank4(key, lead, (Hk, S, E))
     v4 = _rank4(value, lead, (Hk, S, Ev))
-    out4, _ = attention(q4, k4, v4, mask=mask4, scale=scale, causal=bool(is_causal))
+    out4, _ = attention(q4, k4, v4, mask=mask4, scale=scale, causal=bool(is_causal), dropout_p=dropout_p)
     return out4.reshape(out_batch + (L, Ev))
 
 
@@ -289,42 +340,83 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 _FN_VARLEN = "qkv.torch.attention_varlen"
 
 
-class AttentionVarlen(torch.autograd.Function):
-    """Packed variable-length attention (FlashAttention's varlen layout) with qkv's backward."""
+@torch.library.custom_op("qkv::attention_varlen", mutates_args=())
+def _attention_varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                         scale: Optional[float], causal: bool, align: str, window_left: int, window_right: int,
+                         dropout_p: float, seed: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=_aux_dtype(q.dtype))
+    _qkv.attention_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, lse, scale, causal, align, window_left,
+                          window_right, 0, "automatic", dropout_p, _seed_int(seed), 0)
+    return out, lse
 
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, align, window_left, window_right):
+
+@_attention_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, align, window_left, window_right, dropout_p, seed):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2])), q.new_empty((q.shape[1], q.shape[0]),
+                                                                          dtype=_aux_dtype(q.dtype))
+
+
+@torch.library.custom_op("qkv::attention_varlen_backward", mutates_args=())
+def _attention_varlen_backward_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                  out: Tensor, lse: Tensor, dout: Tensor, scale: Optional[float], causal: bool,
+                                  align: str, window_left: int, window_right: int, dropout_p: float,
+                                  seed: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+    _qkv.attention_varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, scale, causal,
+                                   align, window_left, window_right, 0, "automatic", dropout_p, _seed_int(seed), 0)
+    return dq, dk, dv
+
+
+@_attention_varlen_backward_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, dout, scale, causal, align, window_left, window_right, dropout_p,
+      seed):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+torch.library.register_autograd("qkv::attention_varlen_backward", _no_double_backward,
+                                setup_context=_setup_backward_op)
+
+
+def _setup_attention_varlen(ctx, inputs, output):
+    q, k, v, cq, ck, scale, causal, align, wl, wr, dropout_p, seed = inputs
+    out, lse = output
+    ctx.opts = (scale, causal, align, wl, wr, dropout_p)
+    ctx.save_for_backward(q, k, v, cq, ck, out, lse, seed)
+
+
+def _attention_varlen_grad(ctx, dout, dlse):
+    # lse is returned detached by attention_varlen: dlse carries nothing.
+    q, k, v, cq, ck, out, lse, seed = ctx.saved_tensors
+    scale, causal, align, wl, wr, dropout_p = ctx.opts
+    dq, dk, dv = _attention_varlen_backward_op(q, k, v, cq, ck, out, lse, dout.contiguous(), scale, causal, align,
+                                               wl, wr, dropout_p, seed)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("qkv::attention_varlen", _attention_varlen_grad,
+                                setup_context=_setup_attention_varlen)
+
+
+def _offsets(fn: str, name: str, cu) -> Tensor:
+    """cu_seqlens as an int32/int64 tensor [B + 1] (lists and NumPy arrays are converted)."""
+    if isinstance(cu, Tensor):
+        t = cu
+    else:
         from . import _arrays as A
 
-        fn = _FN_VARLEN
-        cq = A.index_array(fn, "cu_seqlens_q", cu_seqlens_q)
-        ck = A.index_array(fn, "cu_seqlens_k", cu_seqlens_k)
-        out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
-        lse = torch.empty((q.shape[1], q.shape[0]), dtype=_aux_dtype(q.dtype))
-        _qkv.attention_varlen(q, k, v, out, cq, ck, lse, scale, causal, align, window_left, window_right, 0,
-                              "automatic")
-        ctx.opts = (scale, causal, align, window_left, window_right)
-        ctx.cu = (cq, ck)  # int arrays of any kind (not necessarily tensors): kept on ctx
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        cq, ck = ctx.cu
-        scale, causal, align, wl, wr = ctx.opts
-        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
-        _qkv.attention_varlen_backward(q, k, v, out, grad_out.contiguous(), lse, dq, dk, dv, cq, ck, scale, causal,
-                                       align, wl, wr, 0, "automatic")
-        return dq, dk, dv, None, None, None, None, None, None, None
+        t = torch.as_tensor(A.index_array(fn, name, cu))
+    if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+        raise TypeError(f"[{fn}] {name}: expected an int32 or int64 array [B + 1], got {t.dtype} "
+                        f"{list(t.shape)}")
+    return t
 
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, *,
                      scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
                      window_left: Optional[int] = None, window_right: Optional[int] = None,
-                     return_lse: bool = False):
+                     return_lse: bool = False, dropout_p: float = 0.0, generator: Optional[torch.Generator] = None,
+                     seed: Optional[int] = None):
     """Packed variable-length attention, differentiable (FlashAttention's ``flash_attn_varlen_func``).
 
     q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> out [Tq, H, Dv]; sequence b owns rows
@@ -332,17 +424,22 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
     Options as :func:`qkv.attention` (``align='bottom_right'`` is FlashAttention's causal
     convention when Sq != Skv). Gradients flow to q, k and v. With ``return_lse``, returns
     (out, lse [H, Tq]) with lse not differentiable. float16 is computed in float32, rounded once.
+    Dropout as :func:`attention` (the mask of sequence b is ``qkv.dropout_mask`` at batch index b).
     """
-    from .functional import _scale, _window
+    from .functional import _dropout_p, _scale, _window
+    dropout_p = _dropout_p(_FN_VARLEN, dropout_p)
+    seed_t = _seed_tensor(_FN_VARLEN, dropout_p, generator, seed)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"[{_FN_VARLEN}] {name}: expected a torch.Tensor, got {type(t).__name__}")
     half = q.dtype == torch.float16
     if half:
         q, k, v = q.float(), k.float(), v.float()
-    out, lse = AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, _scale(_FN_VARLEN, scale), bool(causal),
-                                     align, _window(_FN_VARLEN, "window_left", window_left),
-                                     _window(_FN_VARLEN, "window_right", window_right))
+    out, lse = _attention_varlen_op(q, k, v, _offsets(_FN_VARLEN, "cu_seqlens_q", cu_seqlens_q),
+                                    _offsets(_FN_VARLEN, "cu_seqlens_k", cu_seqlens_k), _scale(_FN_VARLEN, scale),
+                                    bool(causal), align, _window(_FN_VARLEN, "window_left", window_left),
+                                    _window(_FN_VARLEN, "window_right", window_right), dropout_p, seed_t)
+    lse = lse.detach()
     if half:
         out = out.half()
     return (out, lse) if return_lse else out

@@ -23,8 +23,10 @@ bottom-right causal, with a sliding window when the model has one, key lengths f
 padding; it checks the whole mask against the structure it chose (once per mask object, not per
 layer) and otherwise passes the bool mask itself. Either way the result is exact.
 
-What qkv cannot do raises NotImplementedError naming the model, the layer and the feature:
-attention dropout in training, softcapping, attention sinks, position biases, flex BlockMasks.
+Attention dropout runs as eager's does: with the layer's probability in training mode (the seed
+drawn from torch's default generator, so ``torch.manual_seed`` reproduces a step), p = 0 in eval
+mode. What qkv cannot do raises NotImplementedError naming the model, the layer and the feature:
+softcapping, attention sinks, position biases, flex BlockMasks.
 ``output_attentions=True`` returns qkv's pattern (float32 softmax rows, detached from the graph).
 
 A query row with no allowed key (left padding) gives zeros here; eager gives a uniform average
@@ -163,8 +165,7 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
                       attention_mask: Optional[Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                       is_causal: Optional[bool] = None, **kwargs) -> Tuple[Tensor, Optional[Tensor]]:
     """transformers' attention interface on qkv (see the module docstring for shapes and masks)."""
-    if dropout and module.training:
-        raise _unsupported(module, f"attention dropout (p = {dropout}) in training mode")
+    dropout_p = float(dropout) if module.training else 0.0   # eval mode: no dropout, as transformers does
     for feature in ("softcap", "sinks", "s_aux", "position_bias"):
         if kwargs.get(feature) is not None:
             raise _unsupported(module, f"{feature!r}")
@@ -194,7 +195,12 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
     if m is not None:
         m = m.expand(B, H, L, S)
     wl = -1 if plan.window_left is None else plan.window_left
-    if (query.dtype != torch.float16 and not torch.compiler.is_compiling()
+    # With attentions requested under dropout, the seed is drawn here so that the weights returned
+    # below are the dropped ones that multiplied V, as eager returns them.
+    seed = None
+    if dropout_p > 0.0 and _attentions_requested(kwargs):
+        seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+    if (query.dtype != torch.float16 and not torch.compiler.is_compiling() and dropout_p == 0.0
             and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))):
         # Inference: the kernel directly (the custom op's dispatch costs ~50 us per call, a third of a
         # 600-key decode step); the same kernel and options as the op below.
@@ -203,13 +209,14 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
                        0, "automatic")
     else:
         out, _ = _qtorch.attention(query, key, value, mask=m, key_lengths=plan.key_lengths, scale=scaling,
-                                   causal=plan.causal, align=align, window_left=plan.window_left)
+                                   causal=plan.causal, align=align, window_left=plan.window_left, dropout_p=dropout_p,
+                                   seed=seed)
     weights = None
     if _attentions_requested(kwargs):
         q, k, v = (t.detach().float() if t.dtype == torch.float16 else t.detach() for t in (query, key, value))
         r = _functional.attention(q, k, v, mask=None if m is None else m.detach(), key_lengths=plan.key_lengths,
                                   scale=scaling, causal=plan.causal, align=align, window_left=plan.window_left,
-                                  return_pattern=True)
+                                  return_pattern=True, dropout_p=dropout_p, seed=seed)
         weights = r.pattern.to(query.dtype)
     return out.transpose(1, 2).contiguous(), weights
 

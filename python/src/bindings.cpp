@@ -122,13 +122,22 @@ qkv::AttentionOptions options(const char* fn, const std::optional<In>& mask, con
   return o;
 }
 
+// Attention dropout (qkv/attention.hpp): probability, seed and offset of the mask.
+qkv::AttentionOptions with_dropout(qkv::AttentionOptions o, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
+  o.dropout_p = dropout_p;
+  o.dropout_seed = seed;
+  o.dropout_offset = offset;
+  return o;
+}
+
 Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<In> key_lengths,
                std::optional<Out> lse, std::optional<Out> pattern, std::optional<double> scale, bool causal,
                const std::string& align, std::int64_t window_left, std::int64_t window_right, int num_threads,
-               const std::string& kernel) {
+               const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
   const char* fn = "qkv.attention";
-  const qkv::AttentionOptions o =
-      options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::AttentionOptions o = with_dropout(
+      options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel), dropout_p,
+      seed, offset);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out);
   const auto lv = to_view(fn, "lse", lse), pv = to_view(fn, "pattern", pattern);
@@ -142,10 +151,12 @@ Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<
 
 Info attention_varlen(In q, In k, In v, Out out, In cu_seqlens_q, In cu_seqlens_k, std::optional<Out> lse,
                       std::optional<double> scale, bool causal, const std::string& align, std::int64_t window_left,
-                      std::int64_t window_right, int num_threads, const std::string& kernel) {
+                      std::int64_t window_right, int num_threads, const std::string& kernel, double dropout_p,
+                      std::uint64_t seed, std::uint64_t offset) {
   const char* fn = "qkv.attention";
-  const qkv::AttentionOptions o =
-      options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::AttentionOptions o = with_dropout(
+      options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel),
+      dropout_p, seed, offset);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), cq = to_view(fn, "cu_seqlens_q", cu_seqlens_q),
                   ck = to_view(fn, "cu_seqlens_k", cu_seqlens_k);
@@ -161,10 +172,12 @@ Info attention_varlen(In q, In k, In v, Out out, In cu_seqlens_q, In cu_seqlens_
 Info attention_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out dk, Out dv, std::optional<In> mask,
                         std::optional<In> key_lengths, std::optional<double> scale, bool causal,
                         const std::string& align, std::int64_t window_left, std::int64_t window_right,
-                        int num_threads, const std::string& kernel) {
+                        int num_threads, const std::string& kernel, double dropout_p, std::uint64_t seed,
+                        std::uint64_t offset) {
   const char* fn = "qkv.attention_backward";
-  const qkv::AttentionOptions o =
-      options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::AttentionOptions o = with_dropout(
+      options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel), dropout_p,
+      seed, offset);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), gv = to_view(fn, "dout", dout), lv = to_view(fn, "lse", lse),
                   dqv = to_view(fn, "dq", dq), dkv = to_view(fn, "dk", dk), dvv = to_view(fn, "dv", dv);
@@ -179,10 +192,11 @@ Info attention_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out d
 Info attention_varlen_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out dk, Out dv, In cu_seqlens_q,
                                In cu_seqlens_k, std::optional<double> scale, bool causal, const std::string& align,
                                std::int64_t window_left, std::int64_t window_right, int num_threads,
-                               const std::string& kernel) {
+                               const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
   const char* fn = "qkv.attention_backward";
-  const qkv::AttentionOptions o =
-      options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel);
+  const qkv::AttentionOptions o = with_dropout(
+      options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel),
+      dropout_p, seed, offset);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), gv = to_view(fn, "dout", dout), lv = to_view(fn, "lse", lse),
                   dqv = to_view(fn, "dq", dq), dkv = to_view(fn, "dk", dk), dvv = to_view(fn, "dv", dv),
@@ -193,6 +207,12 @@ Info attention_varlen_backward(In q, In k, In v, In out, In dout, In lse, Out dq
     info = qkv::attention_varlen_backward(qv, kv, vv, ov, gv, lv, dqv, dkv, dvv, cq, ck, o);
   }
   return info_tuple(info);
+}
+
+void dropout_mask(Out mask, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
+  const qkv::View mv = to_view("qkv.dropout_mask", "mask", mask);
+  nb::gil_scoped_release unlocked;
+  qkv::dropout_mask(mv, dropout_p, seed, offset);
 }
 
 // ---- the multi-head attention block (include/qkv/mha.hpp)
@@ -343,25 +363,31 @@ NB_MODULE(_qkv, m) {
   m.def("available_memory", &qkv::available_memory, "Bytes this process can still get (MemAvailable, cgroup limit).");
   m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "out"_a, "mask"_a.none(), "key_lengths"_a.none(),
         "lse"_a.none(), "pattern"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a,
-        "window_right"_a, "num_threads"_a, "kernel"_a,
+        "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,
         "Forward attention over [B, H, S, D] arrays into `out` (and `lse`, `pattern` when given).\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
   m.def("attention_varlen", &attention_varlen, "q"_a, "k"_a, "v"_a, "out"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
         "lse"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a, "window_right"_a,
-        "num_threads"_a, "kernel"_a,
+        "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,
         "Forward attention over packed [T, H, D] sequences delimited by cumulative offsets.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
   m.def("attention_backward", &attention_backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a,
         "dk"_a, "dv"_a, "mask"_a.none(), "key_lengths"_a.none(), "scale"_a.none(), "causal"_a, "align"_a,
-        "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a,
+        "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0,
+        "offset"_a = 0,
         "Backward attention: writes dq, dk, dv from dout and the forward's out and lse.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
 
   m.def("attention_varlen_backward", &attention_varlen_backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a,
         "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "scale"_a.none(), "causal"_a, "align"_a,
-        "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a,
+        "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0,
+        "offset"_a = 0,
         "Backward of attention_varlen over packed [T, H, D] sequences: writes dq, dk, dv.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
+
+  m.def("dropout_mask", &dropout_mask, "mask"_a, "dropout_p"_a, "seed"_a, "offset"_a,
+        "Writes into the uint8/bool [B, H, Sq, Skv] `mask` the keep mask (1 kept) of an attention call\n"
+        "with this dropout_p, seed and offset (qkv/attention.hpp).");
 
   nb::class_<Mha>(m, "MultiHeadAttention",
                   "The multi-head attention block of include/qkv/mha.hpp (use qkv.MultiHeadAttention).")

@@ -22,6 +22,8 @@ SWEEP = [
     (1, 3, 1, 11, 5, 7, 5, dict(window_left=2, window_right=1)),
     (3, 2, 2, 5, 5, 4, 4, dict(mask="float")),
     (2, 2, 1, 6, 8, 8, 8, dict(mask="bool", key_lengths=True)),
+    (2, 4, 2, 9, 70, 16, 8, dict(causal=True, dropout=0.3)),
+    (1, 2, 2, 5, 6, 8, 8, dict(mask="float", dropout=0.5)),
 ]
 
 
@@ -39,10 +41,13 @@ def _args(B, H, Hkv, L, S, E, Ev, opts, dtype, requires_grad):
         mask = mask.expand(B, H, L, S)
     kl = torch.tensor([max(S - b, 1) for b in range(B)]) if opts.get("key_lengths") else None
     wl, wr = opts.get("window_left", -1), opts.get("window_right", -1)
-    return (q, k, v, mask, kl, opts.get("scale"), opts.get("causal", False), opts.get("align", "top_left"), wl, wr)
+    p = opts.get("dropout", 0.0)
+    seed = torch.tensor(12345 + B, dtype=torch.int64) if p else None
+    return (q, k, v, mask, kl, opts.get("scale"), opts.get("causal", False), opts.get("align", "top_left"), wl, wr, p,
+            seed)
 
 
-@pytest.mark.parametrize("shape", SWEEP, ids=lambda s: "x".join(map(str, s[:7])) + "," + ",".join(s[7]))
+@pytest.mark.parametrize("shape", SWEEP, ids=lambda s: "x".join(map(str, s[:7])) + "," + ",".join(map(str, s[7])))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_opcheck(shape, dtype, requires_grad):
@@ -96,3 +101,18 @@ def test_compile_fullgraph_forward_and_backward():
     # And qkv's compiled block equals torch's SDPA in the same block (float32 rounding).
     ref = _Block(F.scaled_dot_product_attention)
     torch.testing.assert_close(out_c, ref(x), rtol=1e-4, atol=1e-5)
+
+
+# Packed sequences (lengths 0, 1, odd; GQA), with and without dropout, through qkv::attention_varlen.
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck_varlen(dropout, dtype):
+    g = torch.Generator().manual_seed(5)
+    cq = torch.tensor([0, 3, 3, 4, 11], dtype=torch.int32)
+    ck = torch.tensor([0, 5, 7, 8, 17], dtype=torch.int64)
+    q = torch.randn(11, 4, 8, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.randn(17, 2, 8, generator=g, dtype=dtype, requires_grad=True)
+    v = torch.randn(17, 2, 6, generator=g, dtype=dtype, requires_grad=True)
+    seed = torch.tensor(9, dtype=torch.int64) if dropout else None
+    torch.library.opcheck(torch.ops.qkv.attention_varlen.default,
+                          (q, k, v, cq, ck, None, True, "bottom_right", -1, -1, dropout, seed))

@@ -255,15 +255,34 @@ def test_future_tokens_do_not_leak():
     assert torch.equal(a[0, :-1], b[0, :-1])
 
 
-def test_unsupported_features_raise_naming_model_and_layer():
-    model = bert(attention_probs_dropout_prob=0.1)
+def test_attention_dropout_runs_in_training_and_is_off_in_eval():
+    model = bert(attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.0)
+    ids, am = batch([5, 3], 5, left=False)
+    model.eval()
+    want = model(input_ids=ids, attention_mask=am).last_hidden_state
     model.set_attn_implementation("qkv")
+    # eval mode: no dropout (p = 0, as transformers passes), eager's output within the tolerance of the
+    # other BERT tests here.
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=am).last_hidden_state, want, rtol=0, atol=1e-5)
     model.train()
+    torch.manual_seed(0)
+    a = model(input_ids=ids, attention_mask=am).last_hidden_state
+    torch.manual_seed(0)
+    b = model(input_ids=ids, attention_mask=am).last_hidden_state
+    assert torch.equal(a, b)                     # the seed comes from torch's generator: reproducible
+    assert not torch.allclose(a, want, atol=1e-3)  # and dropout did act
+    a.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    # The attention weights returned in training are the dropped, rescaled ones that multiplied V (as eager's).
+    out = model(input_ids=ids[:1, :3], attention_mask=am[:1, :3], output_attentions=True)
+    w = out.attentions[0]
+    assert ((w == 0) | (w > 0)).all() and (w.sum(-1) != 1).any()
+
+
+def test_unsupported_features_raise_naming_model_and_layer():
+    model = bert()
+    model.set_attn_implementation("qkv")
     ids, am = batch([5], 5, left=False)
-    with pytest.raises(NotImplementedError, match=r"model 'bert', layer 0 .*attention dropout \(p = 0.1\)"):
-        model(input_ids=ids, attention_mask=am)
-    model.eval()   # eval mode: no dropout, runs
-    model(input_ids=ids, attention_mask=am)
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(NotImplementedError, match="'softcap'"):
         qkv.transformers.attention_forward(model.encoder.layer[0].attention.self, q, q, q, None, softcap=30.0)
