@@ -18,8 +18,8 @@ and their packed twins ``qkv::attention_varlen(q [Tq, H, E], k [Tk, Hkv, E], v [
 cu_seqlens_q, cu_seqlens_k, ...)`` -> (out [Tq, H, Ev], lse [H, Tq]) and
 ``qkv::attention_varlen_backward``; each with a fake (meta) kernel for shape inference, and the
 forwards with an autograd formula (the backwards too, so that double backward raises instead of
-returning nothing). The forward keeps the
-log-sum-exp of every row; the backward recomputes the pattern from it instead of storing it.
+returning nothing). The forward keeps the log-sum-exp of every row; the backward recomputes the
+pattern from it instead of storing it.
 
 Dropout (``dropout_p > 0``): the mask's seed is an int64 tensor [] drawn from a torch generator
 (the default one unless ``generator=`` is given, so ``torch.manual_seed`` makes runs reproducible,
@@ -29,7 +29,7 @@ regenerates the same mask tile by tile (qkv.dropout_mask shows it; nothing N×N 
 Gradients: broadcast inputs receive gradients summed over the dimensions they were broadcast
 along, as in torch. A float ``attn_mask`` that requires grad receives dL/dS (the gradient of the
 scores, P ∘ (dP − rowsum(dO ∘ O))), formed with torch ops from q, k, v and the saved lse: it costs
-one [B, H, L, S] pattern, as large as the mask itself. Double backward raises RuntimeError.
+one [B, H, L, S] pattern, as large as the mask itself (and with dropout the bool keep mask). Double backward raises RuntimeError.
 
 float16 inputs are computed in float32 (exact conversion of the inputs, f32 accumulation) and the
 result is rounded to float16 once; gradients come back in float16 the same way.
