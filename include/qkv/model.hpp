@@ -368,6 +368,11 @@ struct GenerateStats {
   std::int64_t prompt_tokens = 0;  // including BOS
   std::int64_t generated = 0;      // sampled tokens
   double prefill_seconds = 0, decode_seconds = 0;
+  // Every position's token: the prompt's (BOS first), then each sampled one, including a BOS or
+  // EOS that ended the text (prompt_tokens + generated in all). pieces[i] is the text token i
+  // added to what `emit` received ("" for BOS, EOS and an unprintable piece).
+  std::vector<int> tokens;
+  std::vector<std::string> pieces;
 };
 
 // llama2.c's generation loop: emits the prompt's pieces, then each sampled token's piece, through

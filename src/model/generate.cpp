@@ -160,6 +160,8 @@ GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prom
 
   GenerateStats st;
   st.prompt_tokens = n;
+  st.tokens = tokens;
+  st.pieces.assign(tokens.size(), std::string());
   KvCache cache = model.new_cache();
   std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
   using clock = std::chrono::steady_clock;
@@ -180,7 +182,10 @@ GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prom
   // Position pos holds `token`; its successor is the prompt's next token or a sample. llama2.c
   // prints the successor's piece at each of the `steps` positions and stops at BOS.
   int token = tokens[0];
-  if (!has_bos && !prompt.empty()) emit(tok.decode(-1, token));
+  if (!has_bos && !prompt.empty()) {
+    st.pieces[0] = tok.decode(-1, token);
+    emit(st.pieces[0]);
+  }
   const auto t1 = clock::now();
   for (std::int64_t pos = 0; pos < steps; ++pos) {
     int next;
@@ -191,10 +196,15 @@ GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prom
       check_logits(pos);
       next = sampler.sample(logits.data());
       ++st.generated;
+      st.tokens.push_back(next);
+      st.pieces.emplace_back();
     }
     if (next == tok.bos_id() || next == tok.eos_id()) break;
     const std::string_view piece = tok.decode(token, next);
-    if (Tokenizer::printable(piece)) emit(piece);
+    if (Tokenizer::printable(piece)) {
+      st.pieces[static_cast<std::size_t>(pos + 1)] = piece;
+      emit(piece);
+    }
     token = next;
   }
   st.decode_seconds = seconds(t1);
