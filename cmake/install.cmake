@@ -13,6 +13,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/qkv DESTINATION ${CMAKE_INSTALL_
 install(FILES ${PROJECT_BINARY_DIR}/include/qkv/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/qkv)
 if(TARGET qkv_cli)
   install(TARGETS qkv_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  install(DIRECTORY ${PROJECT_BINARY_DIR}/share/qkv DESTINATION ${CMAKE_INSTALL_DATADIR})  # its default model
 endif()
 
 set(qkv_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/qkv)

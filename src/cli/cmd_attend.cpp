@@ -2,7 +2,9 @@
 // embeddings and random weights; prints each head's attention pattern as a grid the way the seeds
 // draw it (keys down the left, queries across the top, each column summing to 1).
 //
-//   qkv attend --text "a fluffy blue creature roamed the verdant forest" --heads 2
+//   qkv attend --prompt "a fluffy blue creature roamed the verdant forest" --heads 2
+//   echo "a fluffy blue creature" | qkv attend --prompt - --json   (the sentence from stdin; the
+//                                        tokens and every head's pattern as one JSON document)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/io.hpp"
 #include "qkv/mha.hpp"
 #include "qkv/types.hpp"
 
@@ -27,6 +30,7 @@ struct AttendArgs {
   std::uint64_t seed = 0;
   bool causal = true;
   bool full = false;  // print the whole grid, however many tokens
+  bool json = false;
 };
 
 // A grid of T tokens is T lines of 9·T characters per head: 64 tokens ≈ 37 kB, 5000 ≈ 225 MB.
@@ -111,9 +115,10 @@ std::string cell(const std::string& s, std::size_t width, bool right) {
   return right ? pad + text : text + pad;
 }
 
-void run(const AttendArgs& a) {
+void run(AttendArgs a) {
+  read_if_stdin("qkv attend", "--prompt", a.text);
   const std::vector<std::string> words = words_of(a.text);
-  if (words.empty()) fail("qkv attend", "--text: no words in '" + a.text + "'");
+  if (words.empty()) fail("qkv attend", "--prompt: no words in '" + a.text + "'");
   const auto T = static_cast<std::int64_t>(words.size());
   MultiHeadAttention block({.d_model = a.d_model, .n_heads = a.heads, .d_head = a.d_head});
   block.init_random(a.seed);
@@ -131,6 +136,31 @@ void run(const AttendArgs& a) {
   AttentionOptions opt;
   opt.causal = a.causal;
   block.forward(e.view(), std::nullopt, opt, delta.view(), std::nullopt, pattern.view());
+  std::vector<double> delta_norm(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t) {
+    double n2 = 0.0;
+    for (std::int64_t c = 0; c < a.d_model; ++c) n2 += std::pow(delta.ptr<float>()[t * a.d_model + c], 2.0);
+    delta_norm[static_cast<std::size_t>(t)] = std::sqrt(n2);
+  }
+  if (a.json) {
+    // pattern[h][i][j]: how much query i attends to key j (each row sums to 1; 0 where masked).
+    nlohmann::json heads = nlohmann::json::array();
+    const double* p = pattern.ptr<double>();
+    for (std::int64_t h = 0; h < a.heads; ++h) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (std::int64_t i = 0; i < T; ++i) rows.push_back(std::vector<double>(p + (h * T + i) * T, p + (h * T + i + 1) * T));
+      heads.push_back(std::move(rows));
+    }
+    print_json({{"tokens", words},
+                {"d_model", a.d_model},
+                {"heads", a.heads},
+                {"d_head", a.d_head},
+                {"seed", a.seed},
+                {"causal", a.causal},
+                {"pattern", std::move(heads)},
+                {"delta_norm", delta_norm}});
+    return;
+  }
 
   std::printf("%lld tokens, d_model %lld, %lld head(s) of d_head %lld, random weights (seed %llu)%s\n",
               static_cast<long long>(T), static_cast<long long>(a.d_model), static_cast<long long>(a.heads),
@@ -163,11 +193,9 @@ void run(const AttendArgs& a) {
                   static_cast<long long>(T));
   }
   std::printf("\nsize of each token's change |Δe| (the block's output before the residual e + Δe):\n");
-  for (std::int64_t t = 0; t < T; ++t) {
-    double n2 = 0.0;
-    for (std::int64_t c = 0; c < a.d_model; ++c) n2 += std::pow(delta.ptr<float>()[t * a.d_model + c], 2.0);
-    std::printf("  %s %.3f\n", cell(words[static_cast<std::size_t>(t)], kLabel, false).c_str(), std::sqrt(n2));
-  }
+  for (std::int64_t t = 0; t < T; ++t)
+    std::printf("  %s %.3f\n", cell(words[static_cast<std::size_t>(t)], kLabel, false).c_str(),
+                delta_norm[static_cast<std::size_t>(t)]);
 }
 
 }  // namespace
@@ -175,7 +203,9 @@ void run(const AttendArgs& a) {
 void add_attend(CLI::App& app) {
   auto args = std::make_shared<AttendArgs>();
   CLI::App* cmd = app.add_subcommand("attend", "run one attention block on a sentence and print its attention pattern");
-  cmd->add_option("--text", args->text, "the sentence, one token per word")->capture_default_str();
+  // --prompt, as generate and inspect name the text they run; --text is its older name.
+  cmd->add_option("--prompt,--text", args->text, "the sentence, one token per word; - reads it from stdin")
+      ->capture_default_str();
   cmd->add_option("--d-model", args->d_model, "embedding width")->check(at_least(1))->capture_default_str();
   cmd->add_option("--heads", args->heads, "attention heads")->check(at_least(1))->capture_default_str();
   cmd->add_option("--d-head", args->d_head, "query/key/value size of each head")->check(at_least(1))->capture_default_str();
@@ -184,6 +214,9 @@ void add_attend(CLI::App& app) {
   cmd->add_flag("--full", args->full,
                 "print the whole grid; without it a text of more than 64 words shows the first 64 (a grid of T "
                 "words is about 9·T² characters)");
+  cmd->add_flag("--json", args->json,
+                "print one JSON document: the tokens, every head's full pattern (pattern[head][query][key]) and "
+                "each token's |Δe|");
   cmd->callback([args] { run(*args); });
 }
 

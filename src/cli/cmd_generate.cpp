@@ -8,9 +8,12 @@
 //   qkv generate --weights bf16 --gemm-inputs bf16 ...   (also the prefill's GEMM inputs, attention
 //                                        and KV cache in bf16: the fastest prefill, as torch's bf16)
 //
+//   echo "Once upon a time" | qkv generate --prompt - --json   (the prompt from stdin; one JSON
+//                                        document: text, tokens, pieces, timings, settings)
+//
 // stdout carries the text alone (the prompt, then the continuation, then one newline, exactly as
-// llama2.c prints them); speeds go to stderr. --steps counts every position including BOS and the
-// prompt's tokens.
+// llama2.c prints them), or with --json the JSON document alone; speeds go to stderr. --steps
+// counts every position including BOS and the prompt's tokens.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -18,18 +21,17 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/io.hpp"
 #include "qkv/model.hpp"
 
 namespace qkv::cli {
 namespace {
 
 constexpr const char* kFn = "qkv generate";
-const std::string kDefaultModel = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin";
-const std::string kDefaultTokenizer = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/tok512.bin";
 
 struct GenerateArgs {
-  std::string model = kDefaultModel;
-  std::string tokenizer;  // default: tokenizer.json or tokenizer.bin beside --model, else kDefaultTokenizer
+  std::string model;      // default: io.hpp's default_model (QKV_MODEL, else the stories260K shipped with qkv)
+  std::string tokenizer;  // default: tokenizer.json or tokenizer.bin beside --model, else the shipped tok512.bin
   std::string config;
   std::string prompt;
   std::int64_t steps = 256;
@@ -39,21 +41,22 @@ struct GenerateArgs {
   std::int64_t seed = -1;  // -1: from the clock, as llama2.c does
   std::string weights = "f32";
   std::string gemm_inputs = "f32";
+  bool json = false;
 };
 
 // --tokenizer when not given: what `qkv train` writes beside its model (tokenizer.json), or a
-// tokenizer.bin beside the model, else stories260K's.
+// tokenizer.bin beside the model, else the tok512.bin of the stories260K shipped with qkv.
 std::string default_tokenizer(const std::string& model) {
-  if (model != kDefaultModel) {
-    const std::filesystem::path p(model);
-    const std::filesystem::path dir = std::filesystem::is_directory(p) ? p : p.parent_path();
-    for (const char* name : {"tokenizer.json", "tokenizer.bin"})
-      if (std::filesystem::is_regular_file(dir / name)) return (dir / name).string();
-  }
-  return kDefaultTokenizer;
+  const std::filesystem::path p(model);
+  const std::filesystem::path dir = std::filesystem::is_directory(p) ? p : p.parent_path();
+  for (const char* name : {"tokenizer.json", "tokenizer.bin"})
+    if (std::filesystem::is_regular_file(dir / name)) return (dir / name).string();
+  return (std::filesystem::path(shipped_model_dir(kFn, "give --tokenizer")) / "tok512.bin").string();
 }
 
-void run(const GenerateArgs& a) {
+void run(GenerateArgs a) {
+  read_if_stdin(kFn, "--prompt", a.prompt);
+  if (a.model.empty()) a.model = default_model(kFn);
   check_input(kFn, "--model", a.model, /*allow_folder=*/true);
   const std::string tok_path = a.tokenizer.empty() ? default_tokenizer(a.model) : a.tokenizer;
   check_input(kFn, "--tokenizer", tok_path);
@@ -74,9 +77,14 @@ void run(const GenerateArgs& a) {
                                   : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   if (opt.sampling.seed == 0) fail(kFn, "--seed: must be non-zero");
   bool emitted = false;
+  std::string text;  // with --json: the text, printed in the document instead of streamed
   GenerateStats st;
   try {
-    st = generate(model, tok, a.prompt, opt, [&emitted](std::string_view piece) {
+    st = generate(model, tok, a.prompt, opt, [&](std::string_view piece) {
+      if (a.json) {
+        text += piece;
+        return;
+      }
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
       emitted = true;
@@ -86,16 +94,40 @@ void run(const GenerateArgs& a) {
     std::fflush(stdout);
     throw;
   }
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
   // The first sampled token comes from the prefill's logits: decode forwards = generated − 1.
   const std::int64_t decoded = st.generated > 0 ? st.generated - 1 : 0;
+  const double prefill_rate = st.prefill_seconds > 0 ? static_cast<double>(st.prompt_tokens) / st.prefill_seconds : 0.0;
+  const double decode_rate = st.decode_seconds > 0 ? static_cast<double>(decoded) / st.decode_seconds : 0.0;
+  if (a.json) {
+    print_json({{"text", text},
+                {"tokens", st.tokens},
+                {"pieces", st.pieces},
+                {"prompt_tokens", st.prompt_tokens},
+                {"generated", st.generated},
+                {"timings",
+                 {{"prefill_seconds", st.prefill_seconds},
+                  {"decode_seconds", st.decode_seconds},
+                  {"prefill_tokens_per_second", prefill_rate},
+                  {"decode_tokens_per_second", decode_rate}}},
+                {"settings",
+                 {{"model", a.model},
+                  {"tokenizer", tok_path},
+                  {"config", a.config},
+                  {"prompt", a.prompt},
+                  {"steps", a.steps},
+                  {"temperature", json_number(a.temperature)},
+                  {"top_p", json_number(a.top_p)},
+                  {"top_k", a.top_k},
+                  {"seed", opt.sampling.seed},
+                  {"weights", a.weights},
+                  {"gemm_inputs", a.gemm_inputs}}}});
+  } else {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
   std::fprintf(stderr, "prompt %lld tokens, prefill %.1f tok/s; generated %lld tokens, decode %.1f tok/s; seed %llu\n",
-               static_cast<long long>(st.prompt_tokens),
-               st.prefill_seconds > 0 ? static_cast<double>(st.prompt_tokens) / st.prefill_seconds : 0.0,
-               static_cast<long long>(st.generated),
-               st.decode_seconds > 0 ? static_cast<double>(decoded) / st.decode_seconds : 0.0,
-               static_cast<unsigned long long>(opt.sampling.seed));
+               static_cast<long long>(st.prompt_tokens), prefill_rate, static_cast<long long>(st.generated),
+               decode_rate, static_cast<unsigned long long>(opt.sampling.seed));
 }
 
 }  // namespace
@@ -103,13 +135,16 @@ void run(const GenerateArgs& a) {
 void add_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "generate text from a prompt with a language model (llama2.c's run)");
-  sub->add_option("--model", a->model, "weights: llama2.c checkpoint (.bin) or .safetensors")->capture_default_str();
+  sub->add_option("--model", a->model,
+                  "weights: llama2.c checkpoint (.bin) or .safetensors (default: $QKV_MODEL, else the stories260K "
+                  "installed with qkv)");
   sub->add_option("--tokenizer", a->tokenizer,
                   "llama2.c tokenizer.bin or qkv train's tokenizer.json (told apart by content); default: "
                   "tokenizer.json or tokenizer.bin beside --model, else stories260K's tok512.bin");
   sub->add_option("--config", a->config,
                   "config JSON for .safetensors (default: beside the file, then config.json in its folder)");
-  sub->add_option("--prompt,-i", a->prompt, "the text to continue (default: empty, the story starts from BOS)");
+  sub->add_option("--prompt,-i", a->prompt,
+                  "the text to continue; - reads it from stdin (default: empty, the story starts from BOS)");
   sub->add_option("--steps,-n", a->steps, "positions in all, counting BOS and the prompt (0: the whole context)")
       ->capture_default_str()
       ->check(at_least(0));
@@ -128,6 +163,8 @@ void add_generate(CLI::App& app) {
                   "keeps the KV cache and attention in bf16; fastest prefill, logits within bf16 rounding)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  sub->add_flag("--json", a->json,
+                "print one JSON document instead of the text: text, tokens, pieces, timings and the settings used");
   sub->callback([a] { run(*a); });
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/io.hpp"
 #include "inspect/page.hpp"
 #include "qkv/model.hpp"
 #include "qkv/params.hpp"
@@ -25,8 +26,7 @@ namespace fs = std::filesystem;
 constexpr const char* kFn = "qkv inspect";
 
 struct InspectArgs {
-  // The default model is the one `qkv generate` runs: stories260K as the repository carries it.
-  std::string model = std::string(QKV_SOURCE_DIR) + "/data/models/stories260K/stories260K.bin";
+  std::string model;  // default: the one `qkv generate` runs (io.hpp: default_model)
   std::string tokenizer, config, prompt, out, format = "html";
 };
 
@@ -119,7 +119,9 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
   return out;
 }
 
-void run(const InspectArgs& a) {
+void run(InspectArgs a) {
+  read_if_stdin(kFn, "--prompt", a.prompt);
+  if (a.model.empty()) a.model = default_model(kFn);
   check_input(kFn, "--model", a.model, /*allow_folder=*/true);
   const std::string tok_path = a.tokenizer.empty() ? find_tokenizer(a.model) : a.tokenizer;
   check_input(kFn, "--tokenizer", tok_path);
@@ -155,10 +157,12 @@ void run(const InspectArgs& a) {
 void add_inspect(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "draw every head's attention pattern for a prompt (HTML page, PNGs or JSON)");
-  cmd->add_option("--model", args->model, "weights: a llama2.c checkpoint (.bin) or .safetensors")->capture_default_str();
+  cmd->add_option("--model", args->model,
+                  "weights: a llama2.c checkpoint (.bin) or .safetensors (default: $QKV_MODEL, else the stories260K "
+                  "installed with qkv)");
   cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json (qkv train) or llama2.c .bin; default: the one beside the model");
   cmd->add_option("--config", args->config, "config JSON of a .safetensors model; default: the one beside it");
-  cmd->add_option("--prompt", args->prompt, "the text to run")->required();
+  cmd->add_option("--prompt", args->prompt, "the text to run; - reads it from stdin")->required();
   cmd->add_option("--out", args->out, "output directory (created if missing)")->required();
   cmd->add_option("--format", args->format, "html: index.html and layer PNGs; json: inspect.json")
       ->check(CLI::IsMember({"html", "json"}));

@@ -3,12 +3,14 @@
 //   qkv params --preset gpt3
 //   qkv params --d-model 4096 --heads 32 --kv-heads 8 --layers 32
 //   qkv params --preset gpt2 --layers 24          (a preset with some sizes changed)
+//   qkv params --preset gpt3 --json               (the same counts as one JSON document)
 #include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/io.hpp"
 #include "qkv/params.hpp"
 #include "qkv/types.hpp"
 
@@ -23,6 +25,7 @@ struct ParamsArgs {
   std::string mlp, norm, positions;
   int bias = -1;  // --bias / --no-bias
   int tied = -1;  // --tied / --untied
+  bool json = false;
 };
 
 constexpr const char* kFn = "qkv params";
@@ -158,6 +161,48 @@ void print(std::ostream& os, const ModelShape& s, const ParamCounts& c) {
   os << "  " << sh.str() << "\n";
 }
 
+// The configuration and every count print() shows, as one JSON document ("model" is null when the
+// shape does not say enough for a whole-model total).
+nlohmann::json to_json(const ModelShape& s, const ParamCounts& c) {
+  const AttentionCounts& a = c.attention;
+  nlohmann::json doc = {
+      {"configuration",
+       {{"name", s.name},
+        {"d_model", s.d_model},
+        {"d_source", s.d_source ? s.d_source : s.d_model},
+        {"d_head", s.d_head},
+        {"d_value", s.d_value ? s.d_value : s.d_head},
+        {"heads", s.n_heads},
+        {"kv_heads", s.n_kv_heads ? s.n_kv_heads : s.n_heads},
+        {"layers", s.n_layers},
+        {"d_ff", s.d_ff},
+        {"vocab", s.vocab},
+        {"context", s.context},
+        {"mlp", s.mlp == MlpKind::swiglu ? "swiglu" : "gelu"},
+        {"norm", s.norm == NormKind::rmsnorm ? "rmsnorm" : "layernorm"},
+        {"positions", s.positions == PositionKind::rotary ? "rotary" : "learned"},
+        {"attention_bias", s.attn_bias},
+        {"mlp_bias", s.mlp_bias},
+        {"norm_bias", s.norm_bias},
+        {"tied", s.tied_embeddings}}},
+      {"per_head", {{"query", a.query}, {"key", a.key}, {"value_down", a.value_down}, {"value_up", a.value_up},
+                    {"total", a.per_head}}},
+      {"per_block", {{"weights", a.block_weights}, {"biases", a.block_biases}, {"total", a.block}}},
+      {"all_blocks", {{"weights", a.all_weights}, {"total", a.all}}},
+      {"model", nullptr}};
+  if (c.model) {
+    const ModelCounts& m = *c.model;
+    doc["model"] = {{"token_embedding", m.token_embedding},
+                    {"positions", m.positions},
+                    {"attention", a.all},
+                    {"mlp", m.mlp_per_layer * s.n_layers},
+                    {"norms", m.norms_per_layer * s.n_layers + m.final_norm},
+                    {"unembedding", m.unembedding},
+                    {"total", m.total}};
+  }
+  return doc;
+}
+
 }  // namespace
 
 void add_params(CLI::App& app) {
@@ -192,9 +237,15 @@ void add_params(CLI::App& app) {
       "--tied,!--untied", [args](std::int64_t n) { args->tied = n > 0 ? 1 : 0; },
       "unembedding tied to the token embedding")
       ->check(flag_value());
+  cmd->add_flag("--json", args->json, "print the counts as one JSON document");
   cmd->callback([args] {
     const ModelShape s = shape_from(*args);
-    print(std::cout, s, count_params(s));
+    const ParamCounts c = count_params(s);
+    if (args->json) {
+      print_json(to_json(s, c));
+    } else {
+      print(std::cout, s, c);
+    }
   });
 }
 

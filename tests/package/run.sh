@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The C++ package as a user meets it: `cmake --install` the build into a fresh prefix, then build and run
 # tests/package/consumer (find_package(qkv CONFIG REQUIRED) + qkv::qkv) against it, and compile the same
-# program with pkg-config's flags. Usage: run.sh BUILD_DIR
+# program with pkg-config's flags; the installed qkv command runs its default model. Usage: run.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$(dirname "$0")" && pwd)
@@ -15,6 +15,14 @@ test -f "$work/prefix/lib/cmake/qkv/qkvConfig.cmake"
 # No qkv source or build path may leak into the installed package files.
 if grep -rl -e "$build" -e "$(cd "$src/../.." && pwd)/src" "$work/prefix/lib/cmake" "$work/prefix/lib/pkgconfig"; then
   echo "installed package files name the build or source tree" >&2; exit 1
+fi
+
+# The installed qkv runs its default model, installed beside it in share/qkv, from any folder.
+if [[ -x "$work/prefix/bin/qkv" ]]; then
+  echo "== the installed qkv and its default model"
+  test -f "$work/prefix/share/qkv/models/stories260K/stories260K.bin"
+  (cd "$work" && "$work/prefix/bin/qkv" generate --temperature 0 --steps 200 2>/dev/null) |
+    cmp - "$src/../golden/llama2c_stories260K_greedy_200.txt"
 fi
 
 echo "== find_package(qkv) consumer"

@@ -1,0 +1,97 @@
+#include "cli/io.hpp"
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
+#include <system_error>
+
+#include "qkv/types.hpp"
+
+namespace qkv::cli {
+
+namespace {
+
+// The length of the UTF-8 sequence at s[i], or 0 when it is not one (a stray continuation byte,
+// an overlong form, a surrogate, a code point above U+10FFFF, or a sequence cut short).
+std::size_t utf8_length(const std::string& s, std::size_t i) {
+  const auto b = [&s](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  std::size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) len = 2;
+  else if (c >= 0xE0 && c <= 0xEF) len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4) len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  else return 0;
+  if (i + len > s.size() || b(i + 1) < lo || b(i + 1) > hi) return 0;
+  for (std::size_t k = 2; k < len; ++k)
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+  return len;
+}
+
+}  // namespace
+
+void read_if_stdin(const char* command, const std::string& flag, std::string& value) {
+  if (value != "-") return;
+  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (std::cin.bad()) fail(command, flag + " -: reading stdin failed");
+  std::size_t line = 1, column = 1;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t n = utf8_length(text, i);
+    if (n == 0) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[i]));
+      fail(command, flag + " -: stdin is not UTF-8: line " + std::to_string(line) + ", character " +
+                        std::to_string(column) + " starts with the byte " + byte);
+    }
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+    i += n;
+  }
+  if (text.ends_with("\r\n")) {
+    text.resize(text.size() - 2);
+  } else if (text.ends_with('\n')) {
+    text.pop_back();
+  }
+  value = std::move(text);
+}
+
+void print_json(const nlohmann::json& doc) {
+  std::cout << doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  std::cout.flush();
+}
+
+double json_number(float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
+std::string shipped_model_dir(const char* command, const std::string& remedy) {
+  namespace fs = std::filesystem;
+  const fs::path rel = fs::path("share") / "qkv" / "models" / "stories260K";
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) fail(command, "the qkv binary cannot find its own folder (/proc/self/exe: " + ec.message() +
+                        ") to look for the stories260K that ships with it; " + remedy);
+  std::string looked;
+  for (const fs::path& dir : {exe.parent_path().parent_path() / rel, exe.parent_path() / rel}) {
+    if (fs::is_regular_file(dir / "stories260K.bin", ec)) return dir.string();
+    looked += (looked.empty() ? "" : ", ") + (dir / "stories260K.bin").string();
+  }
+  fail(command, "the stories260K that ships with qkv is not installed (looked for " + looked + "); " + remedy);
+}
+
+std::string default_model(const char* command) {
+  if (const char* env = std::getenv("QKV_MODEL"); env != nullptr && *env != '\0') return env;
+  return (std::filesystem::path(shipped_model_dir(command, "give --model, or set QKV_MODEL")) / "stories260K.bin").string();
+}
+
+}  // namespace qkv::cli
