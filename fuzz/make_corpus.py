@@ -155,6 +155,13 @@ lines = {
     "help.txt": ["train", "--help"],
     "version.txt": ["--version"],
     "unknown.txt": ["frobnicate", "--x"],
+    # For scripts (issue #23): text from stdin, JSON output, completion scripts.
+    "generate_json_stdin.txt": ["generate", "--prompt", "-", "--json", "--temperature", "0"],
+    "params_json.txt": ["params", "--preset", "gpt3", "--json"],
+    "attend_json_stdin.txt": ["attend", "--prompt", "-", "--json", "--heads", "2"],
+    "inspect_stdin.txt": ["inspect", "--prompt=-", "--out", "out"],
+    "completion.txt": ["completion", "zsh"],
+    "help_command.txt": ["help", "completion"],
     # Regression: a flag's value that is not one ("stoll" escaped CLI11's usage errors).
     "regress_flag_value.txt": ["params", "--preset", "gpt2", "--no-bias=input.txt"],
 }
