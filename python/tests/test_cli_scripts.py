@@ -154,3 +154,14 @@ def test_installed_binary_finds_the_model_by_its_own_location(tmp_path):
     shutil.copytree(shipped, tmp_path / "share" / "qkv")
     r = run("generate", "--temperature", "0", "--steps", "200", exe=str(alone), cwd="/")
     assert r.returncode == 0 and r.stdout == GREEDY_200.read_bytes()
+
+
+def test_help_documents_exit_codes_and_completion_lists_commands():
+    out = run("--help").stdout.decode()
+    assert "Exit codes: 0 success; 1 error" in out and "2 usage error" in out and "129, 130, 143" in out
+    commands = {l.split()[0] for l in out.split("Subcommands:\n")[1].split("\n\n")[0].splitlines()}
+    assert {"params", "attend", "generate", "inspect", "train", "completion", "help"} <= commands
+    script = run("completion", "bash").stdout.decode()
+    root = script.split("    '')")[1].split("    params)")[0]  # what `qkv <TAB>` offers
+    listed = set(root.split("compgen -W '")[-1].split("'")[0].split())
+    assert listed == commands

@@ -22,6 +22,13 @@ void build_app(CLI::App& app) {
 #define QKV_CLI_ADD(name) add_##name(app);
   QKV_CLI_COMMANDS(QKV_CLI_ADD)
 #undef QKV_CLI_ADD
+  // After the commands: a subcommand copies its parent's footer when it is created.
+  app.footer(
+      "Exit codes: 0 success; 1 error (a file that cannot be read, a run that fails); 2 usage error (unknown "
+      "command or option, bad value); 129, 130, 143: qkv train stopped by SIGHUP, SIGINT, SIGTERM (128 + the "
+      "signal) after saving its checkpoint.\n"
+      "Scripts: --prompt - reads the text from stdin; --json (params, attend, generate) prints one JSON "
+      "document; source <(qkv completion bash) completes commands and options.");
 }
 
 }  // namespace qkv::cli

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   auto help_topic = std::make_shared<std::string>();
   CLI::App* help = app.add_subcommand("help", "print the help of qkv, or of one command: qkv help generate");
   help->add_option("command", *help_topic, "the command to explain");
+  help->footer("");  // a subcommand copies its parent's footer: qkv's exit codes belong to qkv --help
   help->callback([&app, help_topic] {
     // The formatter directly: App::help() would print the help of the command parsed, `help`.
     if (help_topic->empty()) {

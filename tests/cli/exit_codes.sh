@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The exit codes `qkv --help` documents are the ones the tool returns:
+#   exit_codes.sh QKV CORPUS
+# Each code is read from the help text, then a run that should end with it is made.
+set -uo pipefail
+qkv=$1 data=$2
+fail() { echo "FAIL: $*"; exit 1; }
+dir=$(mktemp -d)
+trap 'jobs -p | xargs -r kill 2>/dev/null; rm -rf "$dir"' EXIT
+
+help=$("$qkv" --help | tr '\n' ' ')
+codes=$(grep -oE 'Exit codes: [^.]*\.' <<<"$help") || fail "qkv --help documents no exit codes"
+echo "$codes"
+# expect CODE WHAT CMD...: the help names CODE as WHAT, and CMD exits with CODE.
+expect() {
+  local code=$1 what=$2; shift 2
+  grep -qE "[ ;]$code $what" <<<"$codes" || fail "the help does not say '$code $what'"
+  "$@" >"$dir/out" 2>"$dir/err"
+  local rc=$?
+  echo "$code $what: qkv ${*:2} exited $rc"
+  [[ $rc == "$code" ]] || fail "exit code $rc, the help says $code"
+}
+expect 0 success "$qkv" params --preset gpt2
+expect 1 error "$qkv" generate --model "$dir/missing.bin"
+expect 2 "usage error" "$qkv" params --no-such-option
+
+# "129, 130, 143: qkv train stopped by SIGHUP, SIGINT, SIGTERM": the n-th code goes with the n-th signal.
+numbers=($(grep -oE '[0-9]+, [0-9]+, [0-9]+: qkv train stopped by' <<<"$codes" | grep -oE '^[0-9, ]+' | tr -d ','))
+signals=($(grep -oE 'stopped by SIG[A-Z]+, SIG[A-Z]+, SIG[A-Z]+' <<<"$codes" | grep -oE 'SIG[A-Z]+'))
+[[ ${#numbers[@]} == 3 && ${#signals[@]} == 3 ]] || fail "the help does not pair three codes with three signals"
+for k in 0 1 2; do
+  "$qkv" train --data "$data" --out "$dir/run$k" --layers 1 --heads 2 --d-model 16 --context 16 --batch 2 \
+      --eval-batches 1 --eval-interval 1000 --steps 1000000 --decay-steps 1000 >"$dir/out" 2>"$dir/err" &
+  pid=$!
+  for _ in $(seq 200); do grep -q '^qkv train:' "$dir/err" && break; sleep 0.1; done
+  sleep 0.5
+  kill -"${signals[k]#SIG}" "$pid"
+  wait "$pid"
+  rc=$?
+  echo "${signals[k]}: qkv train exited $rc"
+  [[ $rc == "${numbers[k]}" ]] || fail "after ${signals[k]}: exit code $rc, the help says ${numbers[k]}"
+done
+echo ok
