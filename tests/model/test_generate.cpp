@@ -46,6 +46,35 @@ TEST(Generate, Stories260KGreedyMatchesLlama2c) {
   EXPECT_EQ(out, kPublished);
 }
 
+// GenerateStats lists every position's token beside the text it added (qkv generate --json): the
+// prompt's ids are the tokenizer's, one id per position and one past the last (steps + 1 in all),
+// and the pieces joined are what `emit` received.
+TEST(Generate, StatsListTokensAndTheirPieces) {
+  qkv::Model model(qkv::load_llama2c(kDir + "stories260K.bin"));
+  const auto tok = qkv::Tokenizer::load(kDir + "tok512.bin", model.config().vocab_size);
+  qkv::GenerateOptions opt;
+  opt.steps = 40;
+  opt.sampling.temperature = 0.0f;
+  const std::string prompt = "Once upon a time";
+  std::string out;
+  const qkv::GenerateStats st = qkv::generate(model, tok, prompt, opt, [&](std::string_view p) { out += p; });
+  const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+  ASSERT_EQ(st.tokens.size(), 41u);
+  ASSERT_EQ(st.pieces.size(), st.tokens.size());
+  EXPECT_EQ(static_cast<std::int64_t>(st.tokens.size()), st.prompt_tokens + st.generated);
+  EXPECT_EQ(std::vector<int>(st.tokens.begin(), st.tokens.begin() + static_cast<std::ptrdiff_t>(ids.size())), ids);
+  EXPECT_EQ(st.pieces[0], "");  // BOS prints nothing
+  std::string joined;
+  for (std::size_t i = 0; i < st.pieces.size(); ++i) {
+    if (i > 0) {
+      EXPECT_EQ(st.pieces[i], std::string(tok.decode(st.tokens[i - 1], st.tokens[i])));
+    }
+    joined += st.pieces[i];
+  }
+  EXPECT_EQ(joined, out);
+  EXPECT_EQ(out, std::string(kPublished).substr(0, out.size()));
+}
+
 // With bf16 weights the logits move by ~2^-9 of their scale (test_golden_model.cpp), enough to
 // flip a near-tie between the top two tokens somewhere in 200 greedy steps, after which the story
 // goes its own way. What is pinned: the text is the published one up to the first such flip, that
