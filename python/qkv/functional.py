@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -472,7 +472,8 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
                        window_left: Optional[int] = None, window_right: Optional[int] = None,
                        num_threads: int = 0, kernel: str = "automatic", dropout_p: float = 0.0,
                        seed: Optional[int] = None, offset: int = 0,
-                       softcap: Optional[float] = None, alibi_slopes: Any = None, sinks: Optional[Array] = None):
+                       softcap: Optional[float] = None, alibi_slopes: Any = None, sinks: Optional[Array] = None
+                       ) -> Union[AttentionGrads, AttentionGradsSinks]:
     """Gradients of :func:`attention`: given dout = dL/dout, returns dq, dk, dv (shaped as q, k, v).
 
     ``out`` and ``lse`` (float32) come from the forward call with the same options
