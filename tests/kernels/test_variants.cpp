@@ -378,6 +378,43 @@ TEST(Variants, FastKernelsWithinTwiceNaive) {
   }
 }
 
+// With dropout (issue #17) the variants go through the same kernels: the fast forward and backward
+// against the f64 reference kernel on the same f32 inputs (the reference regenerates the same mask).
+// Tolerance: the f32 rule's order of magnitude, 2^-16 of the largest value (a few hundred f32 ulps
+// of the largest gradient: the naive oracle above has no dropout to measure the naive error with).
+TEST(Variants, CombineWithDropout) {
+  IsaGuard guard;
+  Case c{"dropout_all_variants", 2, 4, 2, 40, 90, 32, 32, true, Align::bottom_right_key_lengths};
+  c.softcap = 3.0, c.alibi = true, c.sinks = true, c.key_lengths = {90, 50};
+  const Inputs in(c, DType::f32, 31);
+  for (Isa isa : isas()) {
+    qkv::set_isa(isa);
+    Call call(in, DType::f32);
+    call.opt.dropout_p = 0.25, call.opt.dropout_seed = 1234;
+    Buffer out[2] = {Buffer(DType::f32, {c.B, c.H, c.Sq, c.Dv}), Buffer(DType::f32, {c.B, c.H, c.Sq, c.Dv})};
+    Buffer lse[2] = {Buffer(DType::f32, {c.B, c.H, c.Sq}), Buffer(DType::f32, {c.B, c.H, c.Sq})};
+    std::vector<double> g[2][4];
+    for (int r = 0; r < 2; ++r) {  // 0: reference, 1: flash
+      call.opt.kernel = r ? qkv::Kernel::flash : qkv::Kernel::reference;
+      qkv::attention(call.q.view(), call.k.view(), call.v.view(), out[r].view(), call.opt, lse[r].view());
+      Buffer dq(DType::f32, {c.B, c.H, c.Sq, c.D}), dk(DType::f32, {c.B, c.Hkv, c.Skv, c.D}),
+          dv(DType::f32, {c.B, c.Hkv, c.Skv, c.Dv}), ds(DType::f64, {c.H});
+      qkv::attention_backward(call.q.view(), call.k.view(), call.v.view(), out[0].view(), call.dout.view(),
+                              lse[0].view(), dq.view(), dk.view(), dv.view(), call.opt, ds.view());
+      g[r][0] = values(dq), g[r][1] = values(dk), g[r][2] = values(dv), g[r][3] = values(ds);
+    }
+    const std::vector<double> o0 = values(out[0]);
+    double big = 1e-3;
+    for (double x : o0) big = std::max(big, std::abs(x));
+    EXPECT_LE(max_err(values(out[1]), o0), 0x1p-16 * big) << qkv::isa_name(isa);
+    for (int t = 0; t < 4; ++t) {
+      double gb = 1e-3;
+      for (double x : g[0][t]) gb = std::max(gb, std::abs(x));
+      EXPECT_LE(max_err(g[1][t], g[0][t]), 0x1p-16 * gb) << qkv::isa_name(isa) << " gradient " << t;
+    }
+  }
+}
+
 // Packed sequences take the variants per sequence: each must equal its own [1, H, S, D] call.
 TEST(Variants, VarlenMatchesPerSequence) {
   const std::vector<std::int64_t> lq = {5, 0, 17}, lk = {9, 4, 30};
