@@ -15,17 +15,27 @@
 //   pattern       f32 | f64  (opt.)     [B, H,   Sq,  Skv]    softmax probabilities; each row sums to 1
 //   opt.mask      u8 | f32 | bf16 | f64 [Bm, Hm, Sq, Skv]     Bm ∈ {1, B}, Hm ∈ {1, H} (stride 0 also ok)
 //   opt.key_lengths  i32 | i64          [B]                   0 ≤ len ≤ Skv
+//   opt.alibi_slopes f32 | bf16 | f64   [H]                   finite; alibi_standard_slopes(H) for the usual ones
+//   opt.sinks        f32 | bf16 | f64   [H]                   finite sink logits (natural units, not scaled)
+//   dsinks (bwd)     f32 | f64          [H]                   written: ∂L/∂sinks, summed over batch and rows
 //
-// The computation, for every (b, h, i):
-//   score_ij = scale · q_i · k_j  (+ additive mask_ij)         scale defaults to 1/√D
+// The computation, for every (b, h, i), in ONNX Attention's order (opsets 23–24: scale, softcap,
+// add mask, softmax; also FlashAttention's and Gemma 2's):
+//   score_ij = scale · q_i · k_j                               scale defaults to 1/√D
+//   score_ij → c · tanh(score_ij / c)                          opt.softcap = c > 0
+//   score_ij → score_ij (+ additive mask_ij) − slopes[h] · |diag(i) − j|   opt.alibi_slopes (diag: below)
 //   allowed(i, j) = causal/window rule below ∧ j < key_lengths[b] ∧ bool mask_ij
-//   p_ij = exp(score_ij) / Σ_{allowed j'} exp(score_ij')  on allowed j, exactly 0 elsewhere
-//   out_i = Σ_j p_ij · v_j            lse_i = log Σ_{allowed j} exp(score_ij)
-// A query row with no allowed key (or whose additive mask is −∞ everywhere) gives out_i = 0
-// and lse_i = −∞, never NaN.
+//   p_ij = exp(score_ij) / (exp(sink_h) + Σ_{allowed j'} exp(score_ij'))  on allowed j, 0 elsewhere
+//   out_i = Σ_j p_ij · v_j            lse_i = log (exp(sink_h) + Σ_{allowed j} exp(score_ij))
+// sink_h = opt.sinks[h] (gpt-oss's learned sink: a key with a logit and no value); without
+// opt.sinks exp(sink_h) = 0. A query row with no allowed key (or whose additive mask is −∞
+// everywhere) gives out_i = 0 and lse_i = −∞ (sink_h with opt.sinks), never NaN.
+// ALiBi is a bias like the additive mask, after softcap as in FlashAttention (ONNX has no ALiBi).
+// Masked keys stay masked: a −∞ mask entry is added after the cap, never turned into −c.
 //
 // Non-finite values (one policy, every kernel, ISA and dtype; as torch, so divergence shows):
 //   - An additive mask entry of −∞ denies the key like a false bool mask entry.
+//   - With opt.softcap a +∞ score becomes c (tanh(+∞) = 1), as ONNX computes it.
 //   - A NaN or +∞ score_ij on an allowed key (from NaN/±∞ in q_i or k_j, or a NaN/+∞ mask
 //     entry) makes row i NaN: out_i and lse_i are NaN (pattern_ij NaN on its allowed keys).
 //     A score of −∞ on an allowed key counts as p_ij = 0.
@@ -53,8 +63,16 @@
 // each *column* sums to 1. qkv stores it the PyTorch way, one *row* per query: pattern[b,h,i,:]
 // is the distribution of query i over the keys; transpose to get the seeds' picture.
 //
-// Causal masks and windows are measured from a diagonal whose placement depends on `align`
-// when Sq ≠ Skv.  With diag(i) = i (top_left) or i + Skv − Sq (bottom_right):
+// Causal masks, windows and ALiBi distances are measured from a diagonal whose placement
+// depends on `align` when Sq ≠ Skv:
+//
+//   align                      diag(i)                    as
+//   top_left (default)         i                          PyTorch is_causal
+//   bottom_right               i + Skv − Sq               FlashAttention (padded length Skv)
+//   bottom_right_key_lengths   i + key_lengths[b] − Sq    ONNX Attention (nonpad_kv_seqlen),
+//                                                         FlashAttention's cache_seqlens
+//   (without opt.key_lengths, bottom_right_key_lengths is bottom_right)
+//
 //   causal                 : j ≤ diag(i)
 //   window_left  = L ≥ 0   : j ≥ diag(i) − L
 //   window_right = R ≥ 0   : j ≤ diag(i) + R
@@ -73,13 +91,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "qkv/runtime.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv {
 
-enum class Align : std::uint8_t { top_left, bottom_right };
+enum class Align : std::uint8_t { top_left, bottom_right, bottom_right_key_lengths };
 
 // Which implementation runs. `automatic` takes the fastest kernel that supports the call
 // and falls back to the reference for anything the fast kernels do not take.
@@ -93,6 +112,10 @@ struct AttentionOptions {
   std::int64_t window_right = -1;   // -1: unbounded (causal implies 0)
   std::optional<View> mask;         // boolean (u8) or additive (float) mask, see the table above
   std::optional<View> key_lengths;  // per-batch number of valid keys (key padding)
+  // Score variants (see the computation above); none by default.
+  std::optional<double> softcap;      // c > 0: scores capped to c · tanh(score / c)
+  std::optional<View> alibi_slopes;   // [H]: ALiBi bias −slope_h · |diag(i) − j|
+  std::optional<View> sinks;          // [H]: per-head sink logit in every row's softmax denominator
   int num_threads = 0;              // 0: the library default (set_num_threads / QKV_NUM_THREADS)
   Kernel kernel = Kernel::automatic;
   // Attention dropout, see "Dropout" above: each probability is dropped with chance dropout_p ∈ [0, 1);
@@ -119,12 +142,14 @@ KernelInfo attention(const View& q, const View& k, const View& v, const View& ou
 //   q, k, v, out, dout: as in attention(); lse: f32 [B, H, Sq] from the forward of the same call.
 //   dq [B, H, Sq, D], dk [B, Hkv, Skv, D], dv [B, Hkv, Skv, Dv], same dtype as q.
 //   With grouped-query attention dk and dv are summed over the query heads of each group.
-//   An additive float mask is treated as a constant (no gradient flows into it).
+//   An additive float mask and the ALiBi slopes are treated as constants (no gradient).
 //   Dropout: opt.dropout_* as in the forward regenerate its mask; with W = keep / (1 − p),
 //   dv_j = Σ_i p_ij W_ij dout_i and ds_ij = p_ij (W_ij dout_i · v_j − dout_i · out_i) (FlashAttention's).
+//   dsinks (only with opt.sinks): ∂L/∂sink_h = −Σ_{b,i} exp(sink_h − lse_i) · (dout_i · out_i).
 KernelInfo attention_backward(const View& q, const View& k, const View& v, const View& out,
                               const View& dout, const View& lse, const View& dq, const View& dk,
-                              const View& dv, const AttentionOptions& opt = {});
+                              const View& dv, const AttentionOptions& opt = {},
+                              const std::optional<View>& dsinks = std::nullopt);
 
 // Variable-length batches in the packed layout of FlashAttention's varlen API:
 //   q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv], out [Tq, H, Dv], lse (opt.) [H, Tq];
@@ -142,7 +167,13 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
 KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v, const View& out,
                                      const View& dout, const View& lse, const View& dq, const View& dk,
                                      const View& dv, const View& cu_seqlens_q, const View& cu_seqlens_k,
-                                     const AttentionOptions& opt = {});
+                                     const AttentionOptions& opt = {},
+                                     const std::optional<View>& dsinks = std::nullopt);
+
+// The ALiBi slopes of the paper (Press et al., 2022) for H heads, as BLOOM and MPT build them:
+// for H a power of two, slope_h = 2^(−8 (h + 1) / H); otherwise the slopes of the largest power
+// of two n < H, then every other slope of 2n heads (2^(−4 (2m + 1) / n), m = 0, 1, …) for the rest.
+std::vector<double> alibi_standard_slopes(std::int64_t H);
 
 // The keep mask opt.dropout_* gives an attention call of these sizes: mask [B, H, Sq, Skv] u8 ← keep_ij
 // (1 kept, 0 dropped), written through its strides. For tests and for users who check or reproduce

@@ -27,14 +27,15 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "2000"
 
 from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
-from .functional import (AttentionGrads, AttentionResult, KernelInfo, attention, attention_backward, dropout_mask,
-                         scaled_dot_product_attention)
+from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, KernelInfo, alibi_slopes, attention,
+                         attention_backward, dropout_mask, scaled_dot_product_attention)
 from .mha import MhaResult, MultiHeadAttention
 from .model import Generation, LayerTrace, Model, ModelTrace, Tokenizer
 
 __all__ = [
-    "AttentionGrads", "AttentionResult", "Generation", "KernelInfo", "LayerTrace", "MhaResult", "Model", "ModelTrace",
-    "MultiHeadAttention", "Tokenizer", "active_isa", "attention", "attention_backward", "cpu_isa", "dropout_mask", "num_threads",
+    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "Generation", "KernelInfo", "LayerTrace", "MhaResult",
+    "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes", "attention",
+    "attention_backward", "cpu_isa", "dropout_mask", "num_threads",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
 from ._qkv import __version__  # noqa: E402  (CMakeLists.txt's project VERSION, through the module)

@@ -15,9 +15,11 @@ dropout) and does not carry gradients, as FlashAttention's does not. The third v
 
 ``dropout_p`` > 0 applies attention dropout as FlashAttention does (its callers pass 0 in eval
 mode), with a seed drawn from torch's default generator (``torch.manual_seed`` reproduces it); the
-backward regenerates the same mask. Arguments that need a variant qkv does not have raise
-NotImplementedError naming the argument: softcap != 0, alibi_slopes, block_table (paged KV
-cache). ``deterministic`` is accepted: qkv's backward is deterministic for a given thread count.
+backward regenerates the same mask. ``softcap`` (> 0: scores capped to softcap · tanh(score /
+softcap)) and ``alibi_slopes`` ([H]: bias −slope · |i + Sk − Sq − j|) work as in FlashAttention.
+Arguments that need a variant qkv does not have raise NotImplementedError naming the argument:
+per-batch alibi_slopes [B, H], block_table (paged KV cache). ``deterministic`` is accepted: qkv's
+backward is deterministic for a given thread count.
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ from torch import Tensor
 from . import torch as _qtorch
 
 
-def _check_variant(fn: str, softcap, alibi_slopes, block_table=None) -> None:
-    if softcap:
-        raise NotImplementedError(f"[{fn}] softcap = {softcap}: qkv has no softcapping variant; pass 0.0")
-    if alibi_slopes is not None:
-        raise NotImplementedError(f"[{fn}] alibi_slopes: qkv has no ALiBi variant; pass None")
+def _check_variant(fn: str, softcap, alibi_slopes, block_table=None):
+    """The (softcap, alibi_slopes) qkv takes: None for FlashAttention's 0.0 and None."""
+    if softcap < 0:
+        raise ValueError(f"[{fn}] softcap: must be >= 0 (0 = none), got {softcap}")
+    if alibi_slopes is not None and (not isinstance(alibi_slopes, Tensor) or alibi_slopes.dim() != 1):
+        shape = list(alibi_slopes.shape) if isinstance(alibi_slopes, Tensor) else type(alibi_slopes).__name__
+        raise NotImplementedError(f"[{fn}] alibi_slopes: qkv takes one slope per head [H]; got {shape}")
     if block_table is not None:
         raise NotImplementedError(f"[{fn}] block_table: qkv has no paged-KV-cache variant; pass None")
+    return (float(softcap) if softcap else None), alibi_slopes
 
 
 def _window(fn: str, window_size: Sequence[int], causal: bool):
@@ -67,7 +72,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                     return_attn_probs: bool = False):
     """q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] -> out [B, Sq, H, Dv] (see the module docstring)."""
     fn = "qkv.flash_attn_func"
-    _check_variant(fn, softcap, alibi_slopes)
+    cap, slopes = _check_variant(fn, softcap, alibi_slopes)
     _check_tensors(fn, ("q", "k", "v"), (q, k, v), 4)
     if k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3] or k.shape[3] != q.shape[3]:
         raise ValueError(f"[{fn}] shapes must be q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv], got "
@@ -75,7 +80,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     wl, wr = _window(fn, window_size, causal)
     out, lse = _qtorch.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=softmax_scale,
                                  causal=bool(causal), align="bottom_right", window_left=wl, window_right=wr,
-                                 dropout_p=dropout_p)
+                                 dropout_p=dropout_p, softcap=cap, alibi_slopes=slopes)
     out = out.transpose(1, 2).contiguous()
     return (out, lse, None) if return_attn_probs else out
 
@@ -89,7 +94,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     (out, lse [H, Tq], None). Sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and
     cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v; max_seqlen_q/k must bound those lengths."""
     fn = "qkv.flash_attn_varlen_func"
-    _check_variant(fn, softcap, alibi_slopes, block_table)
+    cap, slopes = _check_variant(fn, softcap, alibi_slopes, block_table)
     _check_tensors(fn, ("q", "k", "v"), (q, k, v), 3)
     for name, cu, mx in (("q", cu_seqlens_q, max_seqlen_q), ("k", cu_seqlens_k, max_seqlen_k)):
         cu_t = torch.as_tensor(cu)
@@ -100,5 +105,5 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     wl, wr = _window(fn, window_size, causal)
     out, lse = _qtorch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale=softmax_scale, causal=bool(causal),
                                         align="bottom_right", window_left=wl, window_right=wr, return_lse=True,
-                                        dropout_p=dropout_p)
+                                        dropout_p=dropout_p, softcap=cap, alibi_slopes=slopes)
     return (out, lse, None) if return_attn_probs else out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -44,6 +44,16 @@ class AttentionGrads(NamedTuple):
     dq: Array
     dk: Array
     dv: Array
+    kernel: KernelInfo
+
+
+class AttentionGradsSinks(NamedTuple):
+    """What :func:`attention_backward` returns when ``sinks`` are given: also dL/dsinks [H] (float64)."""
+
+    dq: Array
+    dk: Array
+    dv: Array
+    dsinks: Array
     kernel: KernelInfo
 
 
@@ -120,6 +130,58 @@ def dropout_mask(shape: Sequence[int], dropout_p: float, seed: int, offset: int 
     if mask.size:
         _qkv.dropout_mask(mask, p, _u64(fn, "seed", seed), _u64(fn, "offset", offset))
     return mask
+
+def alibi_slopes(H: int) -> np.ndarray:
+    """The ALiBi paper's slopes for H heads, float64 [H], as BLOOM and MPT build them: 2^(-8 (h+1) / H)
+    for H a power of two; otherwise those of the largest power of two n < H, then every other
+    slope of 2n heads."""
+    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+        raise ValueError(f"[qkv.alibi_slopes] H: must be an int >= 1, got {H!r}")
+    return np.asarray(_qkv.alibi_standard_slopes(H), dtype=np.float64)
+
+
+class _Variants(NamedTuple):
+    """The score variants of one call, ready for the native layer (None: not used)."""
+
+    softcap: Optional[float]
+    alibi_slopes: Optional[Array]   # float [H]
+    sinks: Optional[Array]          # float [H]
+
+
+def _head_vector(fn: str, name: str, x: Any, H: int):
+    """A float [H] array (numpy or torch, or a sequence of numbers) for the native layer."""
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x, dtype=np.float64)
+    kind, a = A.kind_of(x, name, fn)
+    a = kind.prepare(a)
+    d = kind.dtype_name(a)
+    if d not in A.FLOAT_DTYPES:
+        raise TypeError(f"[{fn}] {name}: dtype must be float32, bfloat16 or float64, got {d}")
+    if tuple(A.shape_of(a)) != (H,):
+        raise ValueError(f"[{fn}] {name}: expected shape [H] = [{H}], got {list(A.shape_of(a))}")
+    return kind.native(a)
+
+
+def _variants(fn: str, H: int, softcap: Optional[float], alibi_slopes: Any, sinks: Any) -> _Variants:
+    """softcap: None or a float > 0; alibi_slopes: None, True (the standard slopes for H heads) or
+    a float [H] array; sinks: None or a float [H] array of sink logits."""
+    cap = None
+    if softcap is not None:
+        if isinstance(softcap, bool):
+            raise TypeError(f"[{fn}] softcap: must be None or a float > 0, got {softcap!r}")
+        try:
+            cap = float(softcap)
+        except (TypeError, ValueError):
+            raise TypeError(f"[{fn}] softcap: must be None or a float > 0, got {type(softcap).__name__}") from None
+        if not math.isfinite(cap) or cap <= 0:
+            raise ValueError(f"[{fn}] softcap: must be a finite float > 0, got {softcap!r}")
+    slopes = None
+    if alibi_slopes is True:
+        slopes = np.asarray(_qkv.alibi_standard_slopes(H), dtype=np.float64)
+    elif alibi_slopes is not None and alibi_slopes is not False:
+        slopes = _head_vector(fn, "alibi_slopes", alibi_slopes, H)
+    return _Variants(cap, slopes, None if sinks is None else _head_vector(fn, "sinks", sinks, H))
+
 
 
 def _mask(fn: str, kind, mask: Array, name: str):
@@ -306,7 +368,9 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
               scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
               window_left: Optional[int] = None, window_right: Optional[int] = None, return_lse: bool = False,
               return_pattern: bool = False, num_threads: int = 0, kernel: str = "automatic",
-              dropout_p: float = 0.0, seed: Optional[int] = None, offset: int = 0) -> AttentionResult:
+              dropout_p: float = 0.0, seed: Optional[int] = None, offset: int = 0,
+              softcap: Optional[float] = None, alibi_slopes: Any = None,
+              sinks: Optional[Array] = None) -> AttentionResult:
     """Attention with every option of qkv's C++ API.
 
     Layout (strides are free; nothing is copied):
@@ -322,8 +386,10 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         key_lengths: ints [B]: batch b attends only to its first key_lengths[b] keys.
         scale: None means 1/sqrt(D).
         causal: key j is allowed for query i iff j <= diag(i).
-        align: where diag lies when Sq != Skv: 'top_left' (diag(i) = i, as torch's is_causal) or
-            'bottom_right' (diag(i) = i + Skv - Sq, as FlashAttention and KV-cache decoding).
+        align: where diag lies when Sq != Skv: 'top_left' (diag(i) = i, as torch's is_causal),
+            'bottom_right' (diag(i) = i + Skv - Sq, as FlashAttention and KV-cache decoding), or
+            'bottom_right_key_lengths' (diag(i) = i + key_lengths[b] - Sq: each batch row aligned
+            to its own key length, as ONNX Attention and FlashAttention's cache_seqlens).
         window_left, window_right: sliding window diag(i) - left <= j <= diag(i) + right; None is
             unbounded.
         return_lse: also return log-sum-exp of the allowed scores, [B, H, Sq] ([H, Tq] packed),
@@ -339,6 +405,12 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
             with keep_ij = :func:`dropout_mask` (seed, offset)[b, h, i, j]; lse stays the softmax's.
         seed, offset: ints in [0, 2**64) choosing the mask; seed is required when dropout_p > 0.
             Pass the same three to :func:`attention_backward`.
+        softcap: c > 0 caps every score to c * tanh(score / c), after the scale, before the additive
+            mask (ONNX Attention's order; Gemma 2, FlashAttention); masked keys stay masked.
+        alibi_slopes: float [H], or True for the standard slopes of H heads (qkv.alibi_slopes):
+            score -= slope[h] * |diag(i) - j| (BLOOM, MPT; after softcap, as FlashAttention).
+        sinks: float [H] sink logits (gpt-oss): each row's softmax denominator gains exp(sinks[h])
+            for a key without a value; lse includes it.
 
     Returns:
         AttentionResult(out, lse, pattern, kernel): arrays in the framework of q, and the
@@ -371,10 +443,11 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         _reserve(fn, "out and lse", q_, ((qs[0], qs[1], vs[2]), None), ((qs[1], qs[0]) if return_lse else (0,), aux))
         out = kind.empty((qs[0], qs[1], vs[2]), q_)
         lse = kind.empty((qs[1], qs[0]), q_, aux) if return_lse else None
+        var = _variants(fn, qs[1], softcap, alibi_slopes, sinks)
         info = _qkv.attention_varlen(
             n(q_), n(k_), n(v_), n(out), A.index_array(fn, "cu_seqlens_q", cu_seqlens_q),
             A.index_array(fn, "cu_seqlens_k", cu_seqlens_k), lse, _scale(fn, scale), bool(causal), align,
-            wl, wr, int(num_threads), kernel, *drop)
+            wl, wr, int(num_threads), kernel, *drop, *var)
         return AttentionResult(out, lse, None, KernelInfo(*info))
     if len(qs) != 4 or len(vs) != 4 or len(A.shape_of(k_)) != 4:
         raise ValueError(f"[{fn}] q, k, v must have rank 4 [B, H, S, D] (rank 3 with cu_seqlens), got "
@@ -386,8 +459,9 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     pattern = kind.empty(qs[:3] + (A.shape_of(k_)[2],), q_, aux) if return_pattern else None
     m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
+    var = _variants(fn, qs[1], softcap, alibi_slopes, sinks)
     info = _qkv.attention(n(q_), n(k_), n(v_), n(out), m, kl, lse, pattern, _scale(fn, scale), bool(causal),
-                          align, wl, wr, int(num_threads), kernel, *drop)
+                          align, wl, wr, int(num_threads), kernel, *drop, *var)
     return AttentionResult(out, lse, pattern, KernelInfo(*info))
 
 
@@ -397,15 +471,19 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
                        scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
                        window_left: Optional[int] = None, window_right: Optional[int] = None,
                        num_threads: int = 0, kernel: str = "automatic", dropout_p: float = 0.0,
-                       seed: Optional[int] = None, offset: int = 0) -> AttentionGrads:
+                       seed: Optional[int] = None, offset: int = 0,
+                       softcap: Optional[float] = None, alibi_slopes: Any = None, sinks: Optional[Array] = None
+                       ) -> Union[AttentionGrads, AttentionGradsSinks]:
     """Gradients of :func:`attention`: given dout = dL/dout, returns dq, dk, dv (shaped as q, k, v).
 
     ``out`` and ``lse`` (float32) come from the forward call with the same options
     (``attention(..., return_lse=True)``), in either layout: rank 4, or packed sequences with
     ``cu_seqlens_q`` / ``cu_seqlens_k`` (lse [H, Tq]; keys of a sequence without queries get zero
     gradients). With grouped-query attention dk and dv are summed over the query heads of each
-    group. No gradient flows into an additive mask. With dropout, the forward's ``dropout_p``,
+    group. No gradient flows into an additive mask or the ALiBi slopes. With dropout, the forward's ``dropout_p``,
     ``seed`` and ``offset`` regenerate its mask (FlashAttention's backward: nothing N×N is stored).
+    With ``sinks`` it returns AttentionGradsSinks(dq, dk, dv, dsinks, kernel): dsinks = dL/dsinks [H],
+    float64.
     """
     fn = "qkv.attention_backward"
     drop = _dropout(fn, dropout_p, seed, offset)
@@ -417,6 +495,17 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
     n = kind.native
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError(f"[{fn}] cu_seqlens_q and cu_seqlens_k: give both or neither")
+    H = A.shape_of(q_)[-2 if cu_seqlens_q is not None else 1]
+    var = _variants(fn, H, softcap, alibi_slopes, sinks)
+    dsinks = np.empty((H,), dtype=np.float64) if sinks is not None else None
+
+    def result(info):
+        if dsinks is None:
+            return AttentionGrads(dq, dk, dv, KernelInfo(*info))
+        t = A._torch()
+        ds = t.from_numpy(dsinks) if t is not None and isinstance(q_, t.Tensor) else dsinks
+        return AttentionGradsSinks(dq, dk, dv, ds, KernelInfo(*info))
+
     if cu_seqlens_q is not None:
         if mask is not None or key_lengths is not None:
             raise ValueError(f"[{fn}] mask and key_lengths are not available with packed sequences "
@@ -425,12 +514,12 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
             n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv),
             A.index_array(fn, "cu_seqlens_q", cu_seqlens_q), A.index_array(fn, "cu_seqlens_k", cu_seqlens_k),
             _scale(fn, scale), bool(causal), align, _window(fn, "window_left", window_left),
-            _window(fn, "window_right", window_right), int(num_threads), kernel, *drop)
-        return AttentionGrads(dq, dk, dv, KernelInfo(*info))
+            _window(fn, "window_right", window_right), int(num_threads), kernel, *drop, *var, dsinks)
+        return result(info)
     m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
     info = _qkv.attention_backward(
         n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv), m, kl, _scale(fn, scale), bool(causal),
         align, _window(fn, "window_left", window_left), _window(fn, "window_right", window_right),
-        int(num_threads), kernel, *drop)
-    return AttentionGrads(dq, dk, dv, KernelInfo(*info))
+        int(num_threads), kernel, *drop, *var, dsinks)
+    return result(info)

@@ -9,10 +9,12 @@
 qkv's attention is registered with ``torch.library`` as custom operators:
 
     qkv::attention(q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], mask?, key_lengths?, scale?,
-                   causal, align, window_left, window_right, dropout_p, seed?)
+                   causal, align, window_left, window_right, dropout_p, seed?, softcap?, alibi_slopes? [H],
+                   sinks? [H])
                    -> (out [B, H, L, Ev], lse [B, H, L])
     qkv::attention_backward(q, k, v, mask?, key_lengths?, out, lse, dout, ...same options)
-                   -> (dq, dk, dv)    (dk, dv summed over the query heads of each key/value head)
+                   -> (dq, dk, dv, dsinks)   (dk, dv summed over the query heads of each key/value
+                      head; dsinks [H] float64 with sinks, else empty)
 
 and their packed twins ``qkv::attention_varlen(q [Tq, H, E], k [Tk, Hkv, E], v [Tk, Hkv, Ev],
 cu_seqlens_q, cu_seqlens_k, ...)`` -> (out [Tq, H, Ev], lse [H, Tq]) and
@@ -76,17 +78,24 @@ def _aux_dtype(dtype: torch.dtype) -> torch.dtype:
 @torch.library.custom_op("qkv::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_lengths: Optional[Tensor],
                   scale: Optional[float], causal: bool, align: str, window_left: int,
-                  window_right: int, dropout_p: float, seed: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                  window_right: int, dropout_p: float, seed: Optional[Tensor], softcap: Optional[float] = None,
+                  alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     B, H, L, _ = q.shape
     out = torch.empty((B, H, L, v.shape[3]), dtype=q.dtype)
     lse = torch.empty((B, H, L), dtype=_aux_dtype(q.dtype))
     _qkv.attention(q, k, v, out, mask, key_lengths, lse, None, scale, causal, align, window_left, window_right, 0,
-                   "automatic", dropout_p, _seed_int(seed), 0)
+                   "automatic", dropout_p, _seed_int(seed), 0, softcap, _detached(alibi_slopes), _detached(sinks))
     return out, lse
 
 
+def _detached(t: Optional[Tensor]) -> Optional[Tensor]:
+    """A [H] option tensor as the native layer reads it (no autograd history, float32/64 as given)."""
+    return None if t is None else t.detach()
+
+
 @_attention_op.register_fake
-def _(q, k, v, mask, key_lengths, scale, causal, align, window_left, window_right, dropout_p, seed):
+def _(q, k, v, mask, key_lengths, scale, causal, align, window_left, window_right, dropout_p, seed, softcap=None,
+      alibi_slopes=None, sinks=None):
     B, H, L, _ = q.shape
     return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=_aux_dtype(q.dtype))
 
@@ -94,17 +103,22 @@ def _(q, k, v, mask, key_lengths, scale, causal, align, window_left, window_righ
 @torch.library.custom_op("qkv::attention_backward", mutates_args=())
 def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_lengths: Optional[Tensor],
                            out: Tensor, lse: Tensor, dout: Tensor, scale: Optional[float], causal: bool, align: str,
-                           window_left: int, window_right: int, dropout_p: float,
-                           seed: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+                           window_left: int, window_right: int, dropout_p: float, seed: Optional[Tensor],
+                           softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
+                           sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+    dsinks = torch.empty((0 if sinks is None else q.shape[1],), dtype=torch.float64)
     _qkv.attention_backward(q, k, v, out, dout, lse, dq, dk, dv, mask, key_lengths, scale, causal, align, window_left,
-                            window_right, 0, "automatic", dropout_p, _seed_int(seed), 0)
-    return dq, dk, dv
+                            window_right, 0, "automatic", dropout_p, _seed_int(seed), 0, softcap, _detached(alibi_slopes),
+                            _detached(sinks), None if sinks is None else dsinks)
+    return dq, dk, dv, dsinks
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, window_left, window_right, dropout_p, seed):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, window_left, window_right, dropout_p, seed,
+      softcap=None, alibi_slopes=None, sinks=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((0 if sinks is None else q.shape[1],), dtype=torch.float64))
 
 
 def _no_double_backward(ctx, *grads):
@@ -121,12 +135,19 @@ def _setup_backward_op(ctx, inputs, output):
 torch.library.register_autograd("qkv::attention_backward", _no_double_backward, setup_context=_setup_backward_op)
 
 
+def _diag(L: int, S: int, key_lengths: Optional[Tensor], align: str) -> Tensor:
+    """diag(i) of qkv/attention.hpp, [L, 1] or [B, 1, L, 1] (bottom_right_key_lengths with key_lengths)."""
+    i = torch.arange(L).unsqueeze(1)
+    if align == "bottom_right_key_lengths" and key_lengths is not None:
+        return i + (key_lengths.to(torch.int64).view(-1, 1, 1, 1) - L)
+    return i + (S - L if align in ("bottom_right", "bottom_right_key_lengths") else 0)
+
+
 def _allowed(L: int, S: int, key_lengths: Optional[Tensor], causal: bool, align: str, wl: int,
              wr: int) -> Optional[Tensor]:
     """Bool [B|1, 1, L, S]: which keys each query may attend under qkv's rules (None = every key)."""
-    i = torch.arange(L).unsqueeze(1)
     j = torch.arange(S).unsqueeze(0)
-    diag = i + (S - L if align == "bottom_right" else 0)
+    diag = _diag(L, S, key_lengths, align)
     rules = []
     if causal:
         rules.append(j <= diag)
@@ -155,8 +176,10 @@ def _(like, dropout_p, seed):
     return like.new_empty(like.shape, dtype=torch.bool)
 
 
-def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr, dropout_p, seed) -> Tensor:
-    """dL/dmask = dL/dS [B, H, L, S] = P ∘ (dP − rowsum(dO ∘ O)), P recomputed from lse (torch ops).
+def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr, dropout_p, seed,
+               softcap=None, alibi_slopes=None) -> Tensor:
+    """dL/dmask = dL/dS [B, H, L, S] = P ∘ (dP − rowsum(dO ∘ O)), P recomputed from lse (torch ops;
+    the mask is added after softcap, so no tanh factor; with sinks lse includes them).
 
     q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], dout and out [B, H, L, Ev], lse [B, H, L].
     With dropout dP = W ∘ (dO·Vᵀ), W = keep / (1 − p) the forward's mask (qkv.dropout_mask).
@@ -166,7 +189,13 @@ def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align,
         k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
     acc = _aux_dtype(q.dtype)
     qa, ka, va, oa, ga = (t.to(acc) for t in (q, k, v, out, dout))
-    s = (qa @ ka.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) + mask.to(acc)
+    s = (qa @ ka.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap is not None:   # before the mask: ONNX's, FlashAttention's and Gemma 2's order
+        s = softcap * torch.tanh(s / softcap)
+    s = s + mask.to(acc)
+    if alibi_slopes is not None:
+        dist = (_diag(q.shape[2], k.shape[2], key_lengths, align) - torch.arange(k.shape[2])).abs()
+        s = s - alibi_slopes.detach().to(acc).view(1, -1, 1, 1) * dist.to(acc)
     finite = torch.isfinite(lse).unsqueeze(-1)     # rows with no allowed key: P = 0 there
     p = torch.where(finite, torch.exp(s - torch.where(finite, lse.unsqueeze(-1), 0.0)), 0.0)
     ok = _allowed(q.shape[2], k.shape[2], key_lengths, causal, align, wl, wr)
@@ -181,22 +210,24 @@ def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align,
 
 
 def _setup_attention(ctx, inputs, output):
-    q, k, v, mask, key_lengths, scale, causal, align, wl, wr, dropout_p, seed = inputs
+    q, k, v, mask, key_lengths, scale, causal, align, wl, wr, dropout_p, seed, softcap, alibi_slopes, sinks = inputs
     out, lse = output
-    ctx.opts = (scale, causal, align, wl, wr, dropout_p)
-    ctx.save_for_backward(q, k, v, mask, key_lengths, out, lse, seed)
+    ctx.opts = (scale, causal, align, wl, wr, dropout_p, softcap)
+    ctx.save_for_backward(q, k, v, mask, key_lengths, out, lse, seed, alibi_slopes, sinks)
 
 
 def _attention_grad(ctx, dout, dlse):
     # lse is returned detached by every public entry point (as FlashAttention's is): dlse carries nothing.
-    q, k, v, mask, key_lengths, out, lse, seed = ctx.saved_tensors
-    scale, causal, align, wl, wr, dropout_p = ctx.opts
-    dq, dk, dv = _attention_backward_op(q, k, v, mask, key_lengths, out, lse, dout.contiguous(), scale, causal,
-                                        align, wl, wr, dropout_p, seed)
+    q, k, v, mask, key_lengths, out, lse, seed, alibi_slopes, sinks = ctx.saved_tensors
+    scale, causal, align, wl, wr, dropout_p, softcap = ctx.opts
+    dq, dk, dv, dsinks = _attention_backward_op(q, k, v, mask, key_lengths, out, lse, dout.contiguous(), scale, causal,
+                                                align, wl, wr, dropout_p, seed, softcap, alibi_slopes, sinks)
     dmask = None
     if ctx.needs_input_grad[3]:
-        dmask = _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr, dropout_p, seed)
-    return dq, dk, dv, dmask, None, None, None, None, None, None, None, None
+        dmask = _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr, dropout_p, seed,
+                           softcap, alibi_slopes)
+    dsink = dsinks.to(sinks.dtype) if sinks is not None and ctx.needs_input_grad[14] else None
+    return dq, dk, dv, dmask, None, None, None, None, None, None, None, None, None, None, dsink
 
 
 torch.library.register_autograd("qkv::attention", _attention_grad, setup_context=_setup_attention)
@@ -206,13 +237,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
               key_lengths: Optional[Tensor] = None, scale: Optional[float] = None, causal: bool = False,
               align: str = "top_left", window_left: Optional[int] = None,
               window_right: Optional[int] = None, dropout_p: float = 0.0,
-              generator: Optional[torch.Generator] = None, seed: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+              generator: Optional[torch.Generator] = None, seed: Optional[int] = None, softcap: Optional[float] = None,
+              alibi_slopes=None, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """qkv's attention in its own layout, differentiable, through the ``qkv::attention`` op.
 
     q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] (H % Hkv == 0), mask [B, H, L, S] (bool:
     True = may attend; float: added to the scores; broadcast views are fine), key_lengths int [B].
-    Options as :func:`qkv.attention`. Returns (out [B, H, L, Ev], lse [B, H, L]); lse is detached.
-    Gradients flow to q, k, v and a float mask; float16 is computed in float32 and rounded once.
+    Options as :func:`qkv.attention` (softcap, alibi_slopes [H] or True, sinks [H] included).
+    Returns (out [B, H, L, Ev], lse [B, H, L]); lse is detached. Gradients flow to q, k, v, a
+    float mask and the sinks; float16 is computed in float32 and rounded once.
     Dropout: ``dropout_p`` in [0, 1) whenever > 0; the mask is ``qkv.dropout_mask(..., seed)`` with
     ``seed`` (an int in [0, 2**63)) if given, else one drawn from ``generator`` (torch's default
     generator when None); the backward reuses it.
@@ -230,10 +263,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
         q, k, v = q.float(), k.float(), v.float()
         if mask is not None and mask.dtype == torch.float16:
             mask = mask.float()
-    from .functional import _scale, _window
+    from .functional import _scale, _variants, _window
+    var = _variants(fn, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach())
+    slopes = None if var.alibi_slopes is None else torch.as_tensor(var.alibi_slopes)
+    if sinks is not None and sinks.dtype not in (torch.float32, torch.float64):
+        sinks = sinks.float()   # differentiable; its gradient comes back in the caller's dtype
     out, lse = _attention_op(q, k, v, mask, key_lengths, _scale(fn, scale), bool(causal), align,
                              _window(fn, "window_left", window_left), _window(fn, "window_right", window_right),
-                             dropout_p, seed_t)
+                             dropout_p, seed_t, var.softcap, slopes, sinks)
     return (out.half() if half else out), lse.detach()
 
 
@@ -343,16 +380,19 @@ _FN_VARLEN = "qkv.torch.attention_varlen"
 @torch.library.custom_op("qkv::attention_varlen", mutates_args=())
 def _attention_varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          scale: Optional[float], causal: bool, align: str, window_left: int, window_right: int,
-                         dropout_p: float, seed: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                         dropout_p: float, seed: Optional[Tensor], softcap: Optional[float] = None,
+                         alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=_aux_dtype(q.dtype))
     _qkv.attention_varlen(q, k, v, out, cu_seqlens_q, cu_seqlens_k, lse, scale, causal, align, window_left,
-                          window_right, 0, "automatic", dropout_p, _seed_int(seed), 0)
+                          window_right, 0, "automatic", dropout_p, _seed_int(seed), 0, softcap, _detached(alibi_slopes),
+                          _detached(sinks))
     return out, lse
 
 
 @_attention_varlen_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, align, window_left, window_right, dropout_p, seed):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, align, window_left, window_right, dropout_p, seed,
+      softcap=None, alibi_slopes=None, sinks=None):
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2])), q.new_empty((q.shape[1], q.shape[0]),
                                                                           dtype=_aux_dtype(q.dtype))
 
@@ -361,17 +401,22 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, align, window_left, wi
 def _attention_varlen_backward_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                                   out: Tensor, lse: Tensor, dout: Tensor, scale: Optional[float], causal: bool,
                                   align: str, window_left: int, window_right: int, dropout_p: float,
-                                  seed: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+                                  seed: Optional[Tensor], softcap: Optional[float] = None,
+                                  alibi_slopes: Optional[Tensor] = None,
+                                  sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+    dsinks = torch.empty((0 if sinks is None else q.shape[1],), dtype=torch.float64)
     _qkv.attention_varlen_backward(q, k, v, out, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, scale, causal,
-                                   align, window_left, window_right, 0, "automatic", dropout_p, _seed_int(seed), 0)
-    return dq, dk, dv
+                                   align, window_left, window_right, 0, "automatic", dropout_p, _seed_int(seed), 0,
+                                   softcap, _detached(alibi_slopes), _detached(sinks), None if sinks is None else dsinks)
+    return dq, dk, dv, dsinks
 
 
 @_attention_varlen_backward_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, dout, scale, causal, align, window_left, window_right, dropout_p,
-      seed):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      seed, softcap=None, alibi_slopes=None, sinks=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((0 if sinks is None else q.shape[1],), dtype=torch.float64))
 
 
 torch.library.register_autograd("qkv::attention_varlen_backward", _no_double_backward,
@@ -379,19 +424,20 @@ torch.library.register_autograd("qkv::attention_varlen_backward", _no_double_bac
 
 
 def _setup_attention_varlen(ctx, inputs, output):
-    q, k, v, cq, ck, scale, causal, align, wl, wr, dropout_p, seed = inputs
+    q, k, v, cq, ck, scale, causal, align, wl, wr, dropout_p, seed, softcap, alibi_slopes, sinks = inputs
     out, lse = output
-    ctx.opts = (scale, causal, align, wl, wr, dropout_p)
-    ctx.save_for_backward(q, k, v, cq, ck, out, lse, seed)
+    ctx.opts = (scale, causal, align, wl, wr, dropout_p, softcap)
+    ctx.save_for_backward(q, k, v, cq, ck, out, lse, seed, alibi_slopes, sinks)
 
 
 def _attention_varlen_grad(ctx, dout, dlse):
     # lse is returned detached by attention_varlen: dlse carries nothing.
-    q, k, v, cq, ck, out, lse, seed = ctx.saved_tensors
-    scale, causal, align, wl, wr, dropout_p = ctx.opts
-    dq, dk, dv = _attention_varlen_backward_op(q, k, v, cq, ck, out, lse, dout.contiguous(), scale, causal, align,
-                                               wl, wr, dropout_p, seed)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    q, k, v, cq, ck, out, lse, seed, alibi_slopes, sinks = ctx.saved_tensors
+    scale, causal, align, wl, wr, dropout_p, softcap = ctx.opts
+    dq, dk, dv, dsinks = _attention_varlen_backward_op(q, k, v, cq, ck, out, lse, dout.contiguous(), scale, causal,
+                                                       align, wl, wr, dropout_p, seed, softcap, alibi_slopes, sinks)
+    dsink = dsinks.to(sinks.dtype) if sinks is not None and ctx.needs_input_grad[14] else None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, dsink
 
 
 torch.library.register_autograd("qkv::attention_varlen", _attention_varlen_grad,
@@ -416,17 +462,19 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
                      scale: Optional[float] = None, causal: bool = False, align: str = "top_left",
                      window_left: Optional[int] = None, window_right: Optional[int] = None,
                      return_lse: bool = False, dropout_p: float = 0.0, generator: Optional[torch.Generator] = None,
-                     seed: Optional[int] = None):
+                     seed: Optional[int] = None, softcap: Optional[float] = None, alibi_slopes=None,
+                     sinks: Optional[Tensor] = None):
     """Packed variable-length attention, differentiable (FlashAttention's ``flash_attn_varlen_func``).
 
     q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv] -> out [Tq, H, Dv]; sequence b owns rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v.
     Options as :func:`qkv.attention` (``align='bottom_right'`` is FlashAttention's causal
-    convention when Sq != Skv). Gradients flow to q, k and v. With ``return_lse``, returns
+    convention when Sq != Skv; softcap, alibi_slopes and sinks as there). Gradients flow to q, k, v
+    and the sinks. With ``return_lse``, returns
     (out, lse [H, Tq]) with lse not differentiable. float16 is computed in float32, rounded once.
     Dropout as :func:`attention` (the mask of sequence b is ``qkv.dropout_mask`` at batch index b).
     """
-    from .functional import _dropout_p, _scale, _window
+    from .functional import _dropout_p, _scale, _variants, _window
     dropout_p = _dropout_p(_FN_VARLEN, dropout_p)
     seed_t = _seed_tensor(_FN_VARLEN, dropout_p, generator, seed)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -435,10 +483,15 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
     half = q.dtype == torch.float16
     if half:
         q, k, v = q.float(), k.float(), v.float()
+    var = _variants(_FN_VARLEN, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach())
+    slopes = None if var.alibi_slopes is None else torch.as_tensor(var.alibi_slopes)
+    if sinks is not None and sinks.dtype not in (torch.float32, torch.float64):
+        sinks = sinks.float()
     out, lse = _attention_varlen_op(q, k, v, _offsets(_FN_VARLEN, "cu_seqlens_q", cu_seqlens_q),
                                     _offsets(_FN_VARLEN, "cu_seqlens_k", cu_seqlens_k), _scale(_FN_VARLEN, scale),
                                     bool(causal), align, _window(_FN_VARLEN, "window_left", window_left),
-                                    _window(_FN_VARLEN, "window_right", window_right), dropout_p, seed_t)
+                                    _window(_FN_VARLEN, "window_right", window_right), dropout_p, seed_t,
+                                    var.softcap, slopes, sinks)
     lse = lse.detach()
     if half:
         out = out.half()

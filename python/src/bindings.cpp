@@ -85,7 +85,10 @@ std::optional<qkv::View> to_view(const char* fn, const char* name, const std::op
 qkv::Align to_align(const std::string& s) {
   if (s == "top_left") return qkv::Align::top_left;
   if (s == "bottom_right") return qkv::Align::bottom_right;
-  throw nb::value_error(("[qkv.attention] align: must be 'top_left' or 'bottom_right', got '" + s + "'").c_str());
+  if (s == "bottom_right_key_lengths") return qkv::Align::bottom_right_key_lengths;
+  throw nb::value_error(
+      ("[qkv.attention] align: must be 'top_left', 'bottom_right' or 'bottom_right_key_lengths', got '" + s + "'")
+          .c_str());
 }
 
 qkv::Kernel to_kernel(const std::string& s) {
@@ -130,14 +133,24 @@ qkv::AttentionOptions with_dropout(qkv::AttentionOptions o, double dropout_p, st
   return o;
 }
 
+// The score variants (issue #19) into o: softcap, ALiBi slopes [H], sinks [H].
+void add_score_variants(const char* fn, qkv::AttentionOptions& o, std::optional<double> softcap,
+                        const std::optional<In>& alibi_slopes, const std::optional<In>& sinks) {
+  o.softcap = softcap;
+  o.alibi_slopes = to_view(fn, "alibi_slopes", alibi_slopes);
+  o.sinks = to_view(fn, "sinks", sinks);
+}
+
 Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<In> key_lengths,
                std::optional<Out> lse, std::optional<Out> pattern, std::optional<double> scale, bool causal,
                const std::string& align, std::int64_t window_left, std::int64_t window_right, int num_threads,
-               const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
+               const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset,
+               std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks) {
   const char* fn = "qkv.attention";
-  const qkv::AttentionOptions o = with_dropout(
+  qkv::AttentionOptions o = with_dropout(
       options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel), dropout_p,
       seed, offset);
+  add_score_variants(fn, o, softcap, alibi_slopes, sinks);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out);
   const auto lv = to_view(fn, "lse", lse), pv = to_view(fn, "pattern", pattern);
@@ -152,11 +165,13 @@ Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<
 Info attention_varlen(In q, In k, In v, Out out, In cu_seqlens_q, In cu_seqlens_k, std::optional<Out> lse,
                       std::optional<double> scale, bool causal, const std::string& align, std::int64_t window_left,
                       std::int64_t window_right, int num_threads, const std::string& kernel, double dropout_p,
-                      std::uint64_t seed, std::uint64_t offset) {
+                      std::uint64_t seed, std::uint64_t offset,
+               std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks) {
   const char* fn = "qkv.attention";
-  const qkv::AttentionOptions o = with_dropout(
+  qkv::AttentionOptions o = with_dropout(
       options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel),
       dropout_p, seed, offset);
+  add_score_variants(fn, o, softcap, alibi_slopes, sinks);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), cq = to_view(fn, "cu_seqlens_q", cu_seqlens_q),
                   ck = to_view(fn, "cu_seqlens_k", cu_seqlens_k);
@@ -173,18 +188,21 @@ Info attention_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out d
                         std::optional<In> key_lengths, std::optional<double> scale, bool causal,
                         const std::string& align, std::int64_t window_left, std::int64_t window_right,
                         int num_threads, const std::string& kernel, double dropout_p, std::uint64_t seed,
-                        std::uint64_t offset) {
+                        std::uint64_t offset,
+                        std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks, std::optional<Out> dsinks) {
   const char* fn = "qkv.attention_backward";
-  const qkv::AttentionOptions o = with_dropout(
+  qkv::AttentionOptions o = with_dropout(
       options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel), dropout_p,
       seed, offset);
+  add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  const auto dsv = to_view(fn, "dsinks", dsinks);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), gv = to_view(fn, "dout", dout), lv = to_view(fn, "lse", lse),
                   dqv = to_view(fn, "dq", dq), dkv = to_view(fn, "dk", dk), dvv = to_view(fn, "dv", dv);
   qkv::KernelInfo info;
   {
     nb::gil_scoped_release unlocked;
-    info = qkv::attention_backward(qv, kv, vv, ov, gv, lv, dqv, dkv, dvv, o);
+    info = qkv::attention_backward(qv, kv, vv, ov, gv, lv, dqv, dkv, dvv, o, dsv);
   }
   return info_tuple(info);
 }
@@ -192,11 +210,14 @@ Info attention_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out d
 Info attention_varlen_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out dk, Out dv, In cu_seqlens_q,
                                In cu_seqlens_k, std::optional<double> scale, bool causal, const std::string& align,
                                std::int64_t window_left, std::int64_t window_right, int num_threads,
-                               const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset) {
+                               const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset,
+                        std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks, std::optional<Out> dsinks) {
   const char* fn = "qkv.attention_backward";
-  const qkv::AttentionOptions o = with_dropout(
+  qkv::AttentionOptions o = with_dropout(
       options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel),
       dropout_p, seed, offset);
+  add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  const auto dsv = to_view(fn, "dsinks", dsinks);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), gv = to_view(fn, "dout", dout), lv = to_view(fn, "lse", lse),
                   dqv = to_view(fn, "dq", dq), dkv = to_view(fn, "dk", dk), dvv = to_view(fn, "dv", dv),
@@ -204,7 +225,7 @@ Info attention_varlen_backward(In q, In k, In v, In out, In dout, In lse, Out dq
   qkv::KernelInfo info;
   {
     nb::gil_scoped_release unlocked;
-    info = qkv::attention_varlen_backward(qv, kv, vv, ov, gv, lv, dqv, dkv, dvv, cq, ck, o);
+    info = qkv::attention_varlen_backward(qv, kv, vv, ov, gv, lv, dqv, dkv, dvv, cq, ck, o, dsv);
   }
   return info_tuple(info);
 }
@@ -358,23 +379,31 @@ NB_MODULE(_qkv, m) {
   m.attr("__version__") = QKV_VERSION;  // CMakeLists.txt's project(VERSION), the one place it is written
   m.doc() = "Native layer of qkv: attention on the CPU over strided arrays. Use the qkv package, not this module.";
 
+  m.def("alibi_standard_slopes", &qkv::alibi_standard_slopes, "H"_a,
+        "The ALiBi paper's slopes for H heads (as BLOOM and MPT build them), a list of H floats.");
   m.def("check_memory", &qkv::check_memory, "function"_a, "what"_a, "bytes"_a,
         "Raises MemoryError naming `function` and `what` unless `bytes` fit in the memory available now.");
   m.def("available_memory", &qkv::available_memory, "Bytes this process can still get (MemAvailable, cgroup limit).");
   m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "out"_a, "mask"_a.none(), "key_lengths"_a.none(),
         "lse"_a.none(), "pattern"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a,
         "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,
+        "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
+        "sinks"_a.none() = nb::none(),
         "Forward attention over [B, H, S, D] arrays into `out` (and `lse`, `pattern` when given).\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
   m.def("attention_varlen", &attention_varlen, "q"_a, "k"_a, "v"_a, "out"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
         "lse"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a, "window_right"_a,
         "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,
+        "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
+        "sinks"_a.none() = nb::none(),
         "Forward attention over packed [T, H, D] sequences delimited by cumulative offsets.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
   m.def("attention_backward", &attention_backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a,
         "dk"_a, "dv"_a, "mask"_a.none(), "key_lengths"_a.none(), "scale"_a.none(), "causal"_a, "align"_a,
         "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0,
         "offset"_a = 0,
+        "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
+        "sinks"_a.none() = nb::none(), "dsinks"_a.none() = nb::none(),
         "Backward attention: writes dq, dk, dv from dout and the forward's out and lse.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
 
@@ -382,6 +411,8 @@ NB_MODULE(_qkv, m) {
         "dq"_a, "dk"_a, "dv"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a, "scale"_a.none(), "causal"_a, "align"_a,
         "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0,
         "offset"_a = 0,
+        "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
+        "sinks"_a.none() = nb::none(), "dsinks"_a.none() = nb::none(),
         "Backward of attention_varlen over packed [T, H, D] sequences: writes dq, dk, dv.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
 

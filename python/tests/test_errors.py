@@ -71,7 +71,7 @@ CASES = [
     ("attention heads", lambda: att(Q, f32(2, 2, 5, 8), f32(2, 2, 5, 6)), ValueError,
      r"\[qkv::attention\] k: query heads H = 3 must be a multiple of key/value heads Hkv = 2"),
     ("attention align", lambda: att(Q, K, V, align="middle"), ValueError,
-     r"align: must be 'top_left' or 'bottom_right', got 'middle'"),
+     r"align: must be 'top_left', 'bottom_right' or 'bottom_right_key_lengths', got 'middle'"),
     ("attention kernel", lambda: att(Q, K, V, kernel="fastest"), ValueError,
      r"kernel: must be 'automatic', 'reference', 'flash' or 'flash_decode', got 'fastest'"),
     ("attention window", lambda: att(Q, K, V, window_left=-2), ValueError,

@@ -119,6 +119,33 @@ void check_dropout_p(const char* fn, const char* name, double p) {
   fail(fn, m.str());
 }
 
+// A per-head vector option ([H], float, finite values) read into f64: the ALiBi slopes or sinks.
+std::vector<double> per_head(const char* fn, const char* name, const View& t, std::int64_t H) {
+  check_view(fn, name, t, 1, "[H]");
+  if (!is_float(t.dtype))
+    fail(fn, std::string(name) + ": dtype must be f32, bf16 or f64, got " + dtype_name(t.dtype));
+  expect_shape(fn, name, t, {H}, "[H]");
+  std::vector<double> r(static_cast<std::size_t>(H));
+  for (std::int64_t h = 0; h < H; ++h) {
+    r[static_cast<std::size_t>(h)] = t.load(t.offset(h));
+    if (!std::isfinite(r[static_cast<std::size_t>(h)]))
+      fail(fn, std::string(name) + "[" + std::to_string(h) + "]: must be finite, got " +
+                   std::to_string(r[static_cast<std::size_t>(h)]));
+  }
+  return r;
+}
+
+// The score variants of the options (softcap, ALiBi, sinks) into p.
+void resolve_score_variants(const char* fn, AttnParams& p, const AttentionOptions& opt) {
+  if (opt.softcap) {
+    if (!std::isfinite(*opt.softcap) || *opt.softcap <= 0.0)
+      fail(fn, "opt.softcap: must be a finite number > 0, got " + std::to_string(*opt.softcap));
+    p.softcap = *opt.softcap;
+  }
+  if (opt.alibi_slopes) p.alibi = per_head(fn, "opt.alibi_slopes", *opt.alibi_slopes, p.H);
+  if (opt.sinks) p.sinks = per_head(fn, "opt.sinks", *opt.sinks, p.H);
+}
+
 // Validates q/k/v/out and the options; fills everything of AttnParams but lse/pattern.
 AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, const View& out,
                    const AttentionOptions& opt) {
@@ -157,8 +184,13 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
   if (opt.window_left < -1) fail(fn, "opt.window_left: must be ≥ 0 or -1 (unbounded), got " + std::to_string(opt.window_left));
   if (opt.window_right < -1) fail(fn, "opt.window_right: must be ≥ 0 or -1 (unbounded), got " + std::to_string(opt.window_right));
   if (opt.num_threads < 0) fail(fn, "opt.num_threads: must be ≥ 0, got " + std::to_string(opt.num_threads));
+  if (opt.align != Align::top_left && opt.align != Align::bottom_right && opt.align != Align::bottom_right_key_lengths)
+    fail(fn, "opt.align: unknown value " + std::to_string(static_cast<int>(opt.align)));
   p.rule.causal = opt.causal;
-  p.rule.diag_offset = opt.align == Align::bottom_right ? p.Skv - p.Sq : 0;
+  p.rule.diag_offset = opt.align == Align::bottom_right ? p.Skv - p.Sq
+                       : opt.align == Align::bottom_right_key_lengths ? -p.Sq
+                                                                       : 0;
+  p.rule.diag_from_key_len = opt.align == Align::bottom_right_key_lengths;
   p.rule.window_left = opt.window_left;
   p.rule.window_right = opt.window_right;
   p.threads = opt.num_threads > 0 ? opt.num_threads : num_threads();
@@ -211,6 +243,7 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
     // An additive mask entry may be anything: −∞ denies the key, NaN or +∞ on an allowed key
     // makes the row NaN (the non-finite policy of qkv/attention.hpp, as torch does).
   }
+  resolve_score_variants(fn, p, opt);
   return p;
 }
 
@@ -225,7 +258,31 @@ void attach_lse(const char* fn, AttnParams& p, const std::optional<View>& lse) {
   p.lse = *lse;
 }
 
+// dsinks: f32|f64 [H], given only with opt.sinks, not overlapping the other arguments.
+void check_dsinks(const char* fn, const std::optional<View>& dsinks, const AttentionOptions& opt, std::int64_t H,
+                  std::initializer_list<std::pair<const char*, const View*>> others) {
+  if (!dsinks) return;
+  if (!opt.sinks) fail(fn, "dsinks: given without opt.sinks (the gradient of sinks the forward did not use)");
+  check_view(fn, "dsinks", *dsinks, 1, "[H]");
+  if (dsinks->dtype != DType::f32 && dsinks->dtype != DType::f64)
+    fail(fn, "dsinks: dtype must be f32 or f64, got " + std::string(dtype_name(dsinks->dtype)));
+  expect_shape(fn, "dsinks", *dsinks, {H}, "[H]");
+  check_writable(fn, "dsinks", *dsinks);
+  check_no_overlap(fn, "dsinks", *dsinks, others);
+}
+
 }  // namespace
+
+std::vector<double> alibi_standard_slopes(std::int64_t H) {
+  if (H < 1) fail("qkv::alibi_standard_slopes", "H: must be ≥ 1, got " + std::to_string(H));
+  std::int64_t n = 1;  // the largest power of two ≤ H
+  while (n * 2 <= H) n *= 2;
+  std::vector<double> s;
+  for (std::int64_t h = 0; h < n; ++h) s.push_back(std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(n)));
+  for (std::int64_t m = 0; static_cast<std::int64_t>(s.size()) < H; ++m)
+    s.push_back(std::exp2(-4.0 * static_cast<double>(2 * m + 1) / static_cast<double>(n)));
+  return s;
+}
 
 KernelInfo attention(const View& q, const View& k, const View& v, const View& out, const AttentionOptions& opt,
                      const std::optional<View>& lse, const std::optional<View>& pattern) {
@@ -246,7 +303,7 @@ KernelInfo attention(const View& q, const View& k, const View& v, const View& ou
 
 KernelInfo attention_backward(const View& q, const View& k, const View& v, const View& out, const View& dout,
                               const View& lse, const View& dq, const View& dk, const View& dv,
-                              const AttentionOptions& opt) {
+                              const AttentionOptions& opt, const std::optional<View>& dsinks) {
   const char* fn = "qkv::attention_backward";
   AttnBwdParams bp;
   bp.fwd = resolve(fn, q, k, v, out, opt);
@@ -268,7 +325,15 @@ KernelInfo attention_backward(const View& q, const View& k, const View& v, const
     check_no_overlap(fn, name, *g, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}});
   if (overlaps(dq, dk) || overlaps(dq, dv) || overlaps(dk, dv)) fail(fn, "dq, dk, dv: gradient outputs overlap each other");
   bp.dout = dout, bp.dq = dq, bp.dk = dk, bp.dv = dv;
-  return detail::run_backward(fn, bp, opt.kernel);
+  check_dsinks(fn, dsinks, opt, p.H, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse},
+                                      {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+  const KernelInfo info = detail::run_backward(fn, bp, opt.kernel);
+  if (dsinks) {
+    std::vector<double> acc(static_cast<std::size_t>(p.H), 0.0);
+    kernels::sink_gradient(bp, acc.data());
+    for (std::int64_t h = 0; h < p.H; ++h) dsinks->store(dsinks->offset(h), acc[static_cast<std::size_t>(h)]);
+  }
+  return info;
 }
 
 namespace {
@@ -382,7 +447,7 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
 KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v, const View& out, const View& dout,
                                      const View& lse, const View& dq, const View& dk, const View& dv,
                                      const View& cu_seqlens_q, const View& cu_seqlens_k,
-                                     const AttentionOptions& opt) {
+                                     const AttentionOptions& opt, const std::optional<View>& dsinks) {
   const char* fn = "qkv::attention_varlen_backward";
   const Packed pk = check_packed(fn, q, k, v, out, cu_seqlens_q, cu_seqlens_k, opt);
   check_packed_lse(fn, lse, q);
@@ -425,8 +490,16 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
       for (std::int64_t t = k0; t < k0 + lk; ++t)
         for (std::int64_t h = 0; h < g->dim(1); ++h)
           for (std::int64_t d = 0; d < g->dim(2); ++d) g->store(g->offset(t, h, d), 0.0);
+  check_dsinks(fn, dsinks, opt, q.dim(1), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout},
+                                          {"lse", &lse}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   KernelInfo info;  // what a batch of empty sequences reports (as the forward)
-  for (const AttnBwdParams& bp : seqs) info = detail::run_backward(fn, bp, opt.kernel);
+  std::vector<double> dsink_acc(static_cast<std::size_t>(q.dim(1)), 0.0);
+  for (const AttnBwdParams& bp : seqs) {
+    info = detail::run_backward(fn, bp, opt.kernel);
+    if (dsinks) kernels::sink_gradient(bp, dsink_acc.data());
+  }
+  if (dsinks)
+    for (std::int64_t h = 0; h < q.dim(1); ++h) dsinks->store(dsinks->offset(h), dsink_acc[static_cast<std::size_t>(h)]);
   return info;
 }
 

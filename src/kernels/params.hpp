@@ -18,13 +18,19 @@ namespace qkv::kernels {
 struct KeyRange {
   bool causal = false;
   std::int64_t diag_offset = 0;  // diag(i) = i + diag_offset (0 top-left, Skv − Sq bottom-right)
+  bool diag_from_key_len = false;  // bottom_right_key_lengths: diag(i) = i + diag_offset + key_len, diag_offset = −Sq
   std::int64_t window_left = -1;
   std::int64_t window_right = -1;
+
+  // The diagonal of query i in a batch row with key_len valid keys (causal, windows, ALiBi).
+  std::int64_t diag(std::int64_t i, std::int64_t key_len) const {
+    return i + diag_offset + (diag_from_key_len ? key_len : 0);
+  }
 
   // Keys j with lo ≤ j < hi may be attended by query i when key_len keys are valid.
   // Returns hi ≤ lo (an empty range) when none may.
   void range(std::int64_t i, std::int64_t key_len, std::int64_t* lo, std::int64_t* hi) const {
-    const std::int64_t diag = i + diag_offset;
+    const std::int64_t diag = this->diag(i, key_len);
     std::int64_t l = 0, h = key_len;
     if (window_left >= 0) l = std::max(l, diag - window_left);
     if (causal) h = std::min(h, diag + 1);
@@ -55,7 +61,12 @@ struct AttnParams {
   KeyRange rule;
   DropoutParams dropout;
   int threads = 1;
+  // Score variants (qkv/attention.hpp), resolved to f64 by the attention floor.
+  double softcap = 0.0;           // > 0: scores → softcap · tanh(score / softcap); 0: none
+  std::vector<double> alibi;      // [H] ALiBi slopes, or empty
+  std::vector<double> sinks;      // [H] sink logits, or empty
 
+  bool has_score_mod() const { return softcap > 0.0 || !alibi.empty(); }
   std::int64_t group() const { return H / Hkv; }  // query heads per kv head
 };
 
@@ -68,5 +79,8 @@ struct AttnBwdParams {
 // The oracle: straightforward loops, f64 accumulation, any strides and dtypes.
 void attention_reference(const AttnParams& p);
 void attention_backward_reference(const AttnBwdParams& p);
+// dsink[h] += −Σ_{b,i} exp(sink_h − lse_bhi) · (dout_bhi · out_bhi) over p's rows (f64; needs p.fwd.sinks).
+// The same for every kernel: it reads only the forward's out, lse and dout.
+void sink_gradient(const AttnBwdParams& p, double* dsink);
 
 }  // namespace qkv::kernels

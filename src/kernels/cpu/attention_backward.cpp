@@ -109,7 +109,7 @@ std::int64_t live_query_blocks(const AttnParams& p, std::int64_t b, std::int64_t
 
 std::int64_t arena_size(std::int64_t D, std::int64_t Dv) {
   const std::int64_t Dp = pad16(D), Dvp = pad16(Dv);
-  return D * kBk + kBk * Dp + Dv * kBk + kBk * Dp + kBk * Dvp + 2 * kBq * kBk + kBk;
+  return D * kBk + kBk * Dp + Dv * kBk + kBk * Dp + kBk * Dvp + 2 * kBq * kBk + kBk + kBq * kBk;
 }
 
 // x, or 0 for NaN and ±∞. Kr is the K operand of dQ += dS·K only: there a key with dS = 0 (masked
@@ -211,6 +211,8 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   cx.dropout = p.dropout.on();
   cx.dropout_t = dropout_threshold(p.dropout.p);
   cx.dropout_rs = static_cast<float>(1.0 / (1.0 - p.dropout.p));
+  cx.softcap_log2 = static_cast<float>(p.softcap * 1.4426950408889634);
+  cx.alibi = p.alibi.empty() ? nullptr : p.alibi.data();
   const std::int64_t rows = p.B * p.H * p.Sq;
 
   // A Q row that is not finite belongs to a NaN row or to a row with no allowed key (lse NaN or
@@ -218,10 +220,11 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   // is packed with its non-finite values set to 0 (finite_or_zero): as the B operand of
   // dK += dSᵀ·Q, a NaN in it would reach, by 0·NaN, the dk of keys that row masks. Only rows
   // whose lse is not finite are scanned; when none has a non-finite q, Q is read as usual.
+  // With sinks a row without allowed keys has lse = its sink, finite: then every row is scanned.
   bool q_sanitize = false;
   for (std::int64_t r = 0; r < rows && !q_sanitize; ++r) {
     const std::int64_t b = r / (p.H * p.Sq), h = r / p.Sq % p.H, i = r % p.Sq;
-    if (std::isfinite(p.lse.load(p.lse.offset(b, h, i)))) continue;
+    if (p.sinks.empty() && std::isfinite(p.lse.load(p.lse.offset(b, h, i)))) continue;
     for (std::int64_t d = 0; d < p.D; ++d) q_sanitize = q_sanitize || !std::isfinite(p.q.load(p.q.offset(b, h, i, d)));
   }
 

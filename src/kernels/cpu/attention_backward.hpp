@@ -9,11 +9,11 @@
 //   tasks, one per (b, hk, key chunk c), each owning dK, dV of its keys, per key block of Bk keys:
 //     for each query head h of the group, each query block of Bq rows that may see these keys:
 //       S  = Q·Kᵀ                       [Bq, Bk]
-//       P  = 2^(S·scale·log2e + mask − L)   (0 where masked)
+//       P  = 2^(S·scale·log2e + mask − L)   (0 where masked; softcap / ALiBi before − L)
 //       dP = dO·Vᵀ                       [Bq, Bk]
 //       with dropout (W = keep / (1 − p), regenerated from the seed, kernels/dropout.hpp):
 //         dP ∘= W, and Z = P ∘ W takes P's place in dV (the forward's out = Z·V)
-//       dS = P ∘ (dP − delta) · scale
+//       dS = P ∘ (dP − delta) · scale    (∘ (1 − tanh²) with softcap)
 //       dV += Pᵀ·dO (Zᵀ·dO),  dK += dSᵀ·Q,  dQ_c += dS·K
 //   reduce, per (b, h, i): dq_i = Σ_c dQ_c,i in increasing c.
 // The key chunks, blocks and every loop order depend only on the shapes, never on the thread
@@ -44,6 +44,9 @@ struct Context {
   bool dropout = false;          // the forward's dropout (p->fwd.dropout); the factors below
   std::uint32_t dropout_t = 0;   // keep ⟺ bits ≥ dropout_t
   float dropout_rs = 1.0f;       // 1 / (1 − p)
+  // Score variants (score_mod.hpp): softcap · log2(e) (0: none), ALiBi slopes [H] (null: none).
+  float softcap_log2 = 0.0f;
+  const double* alibi = nullptr;
 
   // Q and dO rows as f32: either the caller's own memory (f32, unit inner stride, D and Dv
   // multiples of 16) or packed copies [B, H, Sq, Dp] / [B, H, Sq, Dvp].

@@ -13,11 +13,13 @@
 //   S   [kBq, kBk]   scores, then probabilities P in place
 //   dP  [kBq, kBk]   dO·Vᵀ, then dS in place
 //   row [kBk]        one row of the dense mask; later that row's dropout factors W
+//   Fc  [kBq, kBk]   1 − tanh² of the softcapped scores (softcap only)
 #include <cstring>
 #include <utility>
 
 #include "kernels/cpu/attention_backward.hpp"
 #include "kernels/dropout.hpp"
+#include "kernels/cpu/score_mod.hpp"
 
 namespace qkv::kernels::bwd {
 namespace {
@@ -140,7 +142,7 @@ void gemm(std::int64_t m, std::int64_t ng, std::int64_t K, const float* A, std::
 
 // Allowed keys [lo, hi) of query i (the KeyRange rule, restated without std:: templates).
 inline void row_range(const KeyRange& r, std::int64_t i, std::int64_t key_len, std::int64_t* lo, std::int64_t* hi) {
-  const std::int64_t diag = i + r.diag_offset;
+  const std::int64_t diag = i + r.diag_offset + (r.diag_from_key_len ? key_len : 0);
   std::int64_t l = 0, h = key_len;
   if (r.window_left >= 0) l = imax(l, diag - r.window_left);
   if (r.causal) h = imin(h, diag + 1);
@@ -168,6 +170,8 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
   float* S = dV + kBk * Dvp;
   float* dP = S + kBq * kBk;
   float* mrow = dP + kBq * kBk;
+  float* Fc = mrow + kBk;
+  const bool mods = cx.softcap_log2 > 0.0f || cx.alibi;
 
   const std::int64_t dq_ld = cx.dq_ld(c);
   for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h)
@@ -199,7 +203,7 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         row_range(cx.rule, i0, key_len, &lo_first, &hi_first);
         row_range(cx.rule, i1, key_len, &lo_last, &hi_last);
         if (imax(lo_first, k0) >= imin(hi_last, k0 + nk)) continue;  // no allowed key in the tile
-        const bool full = !cx.has_mask && nk % kLanes == 0 && lo_last <= k0 && hi_first >= k0 + nk;
+        const bool full = !cx.has_mask && !mods && nk % kLanes == 0 && lo_last <= k0 && hi_first >= k0 + nk;
 
         const float* Q = Qh + i0 * cx.q_ld;
         const float* dO = dOh + i0 * cx.o_ld;
@@ -220,9 +224,33 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
           hi = imin(hi - k0, nk);
           if (lo >= hi) {
             zero_floats(Sr, ngk * kLanes);
+            if (cx.softcap_log2 > 0.0f) zero_floats(Fc + r * kBk, ngk * kLanes);  // read by dS beside P = 0
             continue;
           }
-          if (cx.has_mask) {
+          if (mods) {
+            // The forward's order: scaled score, softcap (keeping 1 − tanh² for dS), + mask − L, ALiBi.
+            // Without softcap, mask − L joins the scaling FMA as in the paths below.
+            if (cx.has_mask) load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
+            const int ncol = static_cast<int>(ngk * kLanes);
+            if (cx.softcap_log2 > 0.0f) {
+              for (std::int64_t g = 0; g < ngk; ++g) (V::load(Sr + kLanes * g) * vc).store(Sr + kLanes * g);
+              cpu::softcap_row<Simd>(Sr, 0, ncol, cx.softcap_log2, Fc + r * kBk);
+              for (std::int64_t g = 0; g < ngk; ++g) {
+                const V x = V::load(Sr + kLanes * g) + negL;
+                (cx.has_mask ? x + V::load(mrow + kLanes * g) : x).store(Sr + kLanes * g);
+              }
+            } else {
+              for (std::int64_t g = 0; g < ngk; ++g)
+                V::load(Sr + kLanes * g).fma(vc, cx.has_mask ? V::load(mrow + kLanes * g) + negL : negL).store(Sr + kLanes * g);
+            }
+            if (cx.alibi)
+              cpu::alibi_row<Simd>(Sr, 0, ncol, static_cast<float>(cx.alibi[h] * 1.4426950408889634), k0,
+                                   i0 + r + cx.rule.diag_offset + (cx.rule.diag_from_key_len ? key_len : 0));
+            for (std::int64_t g = 0; g < ngk; ++g) V::load(Sr + kLanes * g).exp2().store(Sr + kLanes * g);
+            if (cx.has_mask)
+              for (std::int64_t j = lo; j < hi; ++j)
+                if (mrow[j] == -kInfF) Sr[j] = 0.0f;
+          } else if (cx.has_mask) {
             load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
             for (std::int64_t g = 0; g < ngk; ++g)
               V::load(Sr + kLanes * g).fma(vc, V::load(mrow + kLanes * g) + negL).exp2().store(Sr + kLanes * g);
@@ -238,21 +266,30 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
           zero_floats(Sr + hi, ngk * kLanes - hi);
         }
 
-        // dP = dO·Vᵀ, then dS = P ∘ (dP − delta) · scale.
+        // dP = dO·Vᵀ, then dS = P ∘ (dP − delta) · scale (∘ Fc with softcap: the chain through tanh).
         gemm<Simd, kM, kNG>(mq, ngk, Dv, dO, cx.o_ld, 1, VT, kBk, dP, kBk, false);
         for (std::int64_t r = 0; r < mq; ++r) {
           const V dl = V::set1(delta_h[i0 + r]);
           float* dPr = dP + r * kBk;
           float* Pr = S + r * kBk;
+          // With softcap, dS takes the chain through tanh: ∘ Fc (the factor defaults to 1 below).
+          const float* Fr = cx.softcap_log2 > 0.0f ? Fc + r * kBk : nullptr;
           if (cx.dropout) {  // dP ∘= W (the gradient through Z = P ∘ W), then P ← Z for dV below
             const auto& d = cx.p->fwd.dropout;
             dropout_row(dropout_row_key(d.seed, d.offset, d.b0 + b, h, i0 + r), k0, ngk * kLanes, cx.dropout_t,
                         cx.dropout_rs, mrow);
             for (std::int64_t g = 0; g < ngk; ++g) {
               const V w = V::load(mrow + kLanes * g), pg = V::load(Pr + kLanes * g);
-              (pg * (V::load(dPr + kLanes * g) * w - dl) * vscale).store(dPr + kLanes * g);
+              const V ds = pg * (V::load(dPr + kLanes * g) * w - dl) * vscale;
+              (Fr ? ds * V::load(Fr + kLanes * g) : ds).store(dPr + kLanes * g);
               (pg * w).store(Pr + kLanes * g);
             }
+            continue;
+          }
+          if (Fr) {
+            for (std::int64_t g = 0; g < ngk; ++g)
+              (V::load(Pr + kLanes * g) * (V::load(dPr + kLanes * g) - dl) * vscale * V::load(Fr + kLanes * g))
+                  .store(dPr + kLanes * g);
             continue;
           }
           for (std::int64_t g = 0; g < ngk; ++g)

@@ -42,12 +42,16 @@ FlashArgs make_flash_args(const AttnParams& p) {
   a.diag_offset = p.rule.diag_offset;
   a.window_left = p.rule.window_left;
   a.window_right = p.rule.window_right;
+  a.diag_from_key_len = p.rule.diag_from_key_len;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   a.threads = p.threads;
   a.dropout = p.dropout.on();
   a.dropout_t = dropout_threshold(p.dropout.p);
   a.dropout_rs = static_cast<float>(1.0 / (1.0 - p.dropout.p));
   a.dropout_seed = p.dropout.seed, a.dropout_offset = p.dropout.offset, a.dropout_b0 = p.dropout.b0;
+  a.softcap_log2 = static_cast<float>(p.softcap * 1.4426950408889634);
+  a.alibi = p.alibi.empty() ? nullptr : p.alibi.data();
+  a.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
   return a;
 }
 

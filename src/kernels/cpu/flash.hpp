@@ -34,6 +34,7 @@ struct FlashArgs {
   const std::int64_t* key_len;  // [B] valid keys per batch
   bool causal;
   std::int64_t diag_offset, window_left, window_right;  // as KeyRange
+  bool diag_from_key_len;                               // as KeyRange
   float scale_log2;   // scale · log2(e): scores are kept in log2 units
   int threads;
   // Dropout (kernels/dropout.hpp), when `dropout`: the probabilities of row (b, h, i) are multiplied
@@ -43,6 +44,11 @@ struct FlashArgs {
   float dropout_rs;         // 1 / (1 − p)
   std::uint64_t dropout_seed, dropout_offset;
   std::int64_t dropout_b0;  // the mask's batch index of b = 0
+  // Score variants (AttnParams; score_mod.hpp): softcap in log2 units (0: none), ALiBi slopes
+  // and sink logits [H] in natural units (null: none).
+  float softcap_log2;
+  const double* alibi;
+  const double* sinks;
 };
 
 FlashArgs make_flash_args(const AttnParams& p);

@@ -30,6 +30,7 @@
 #include "core/parallel.hpp"
 #include "core/scratch.hpp"
 #include "kernels/cpu/flash.hpp"
+#include "kernels/cpu/score_mod.hpp"
 #include "kernels/cpu/simd_common.hpp"
 #include "kernels/dropout.hpp"
 
@@ -85,9 +86,12 @@ inline void pf_row_w(void* p, i64 bytes) {
   for (i64 x = 0; x < bytes; x += 64) __builtin_prefetch(static_cast<char*>(p) + x, 1, 2);
 }
 
+// The diagonal of query row i in a batch row with key_len valid keys (KeyRange::diag).
+inline i64 row_diag(const FlashArgs& a, i64 i, i64 key_len) { return i + a.diag_offset + (a.diag_from_key_len ? key_len : 0); }
+
 // Allowed keys [lo, hi) of query row i (see KeyRange in params.hpp); empty → lo = hi = 0.
 inline void key_range(const FlashArgs& a, i64 i, i64 key_len, i64* lo, i64* hi) {
-  const i64 diag = i + a.diag_offset;
+  const i64 diag = row_diag(a, i, key_len);
   i64 l = 0, h = key_len;
   if (a.window_left >= 0) l = imax(l, diag - a.window_left);
   if (a.causal) h = imin(h, diag + 1);
@@ -125,11 +129,26 @@ inline void widen_row(const std::uint16_t* src, i64 n, float* dst) {
   if (x < n) S::storeu(dst + x, S::load_bf16_n(src + x, static_cast<int>(n - x)));
 }
 
+// A sink logit s2 (log2 units, finite) joins a row's softmax sum l, kept relative to the running
+// max m (acc likewise): with M = max(m, s2), l ← l · 2^(m − M) + 2^(s2 − M) and m ← M, *w the
+// factor 2^(m − M) the accumulators take. A row that saw no key (m = −∞, l = 0, acc = 0) gets
+// l = 1 and m = s2: out 0, lse the sink. NaN rows (l = NaN) stay NaN.
+inline void add_sink(float s2, float* m, float* l, float* w) {
+  if (*l != *l) return;
+  const float M = *m > s2 ? *m : s2;
+  *w = __builtin_exp2f(*m - M);
+  *l = *l * *w + __builtin_exp2f(s2 - M);
+  *m = M;
+}
+
 // out row i of head h ← acc / l (0 when l = 0: the row saw no key); lse ← ln 2 (m + log2 l).
 // A NaN row (a NaN or +∞ score, see softmax_row) has l = NaN: out and lse come out NaN.
+// With sinks, the head's sink joins the sum first (add_sink).
 template <class S>
 void store_row(const FlashArgs& a, i64 b, i64 h, i64 i, const float* acc, float m, float l) {
-  const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+  float w = 1.0f;  // acc's factor when the sink raises the max
+  if (a.sinks) add_sink(static_cast<float>(a.sinks[h] * kLog2e), &m, &l, &w);
+  const float inv = l == 0.0f ? 0.0f : w / l;
   const i64 off = b * a.so[0] + h * a.so[1] + i * a.so[2];
   const i64 st = a.so[3];
   const int L = S::L;
@@ -199,6 +218,17 @@ inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 m
     }
     case MaskKind::none: break;
   }
+}
+
+// One row's scores s[cb, ce) in qkv/attention.hpp's order: softcap (score_mod.hpp), mask_row
+// (the rule's range [lo, hi) and the dense mask: masked keys become −∞ after the cap, so they stay
+// masked), then ALiBi. slope2: the head's slope · log2 e (ignored without ALiBi); moff as mask_row.
+template <class S>
+inline void mask_mod_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 moff, i64 diag, float slope2,
+                         int cb, int ce) {
+  if (a.softcap_log2 > 0.0f) softcap_row<S>(s, cb, ce, a.softcap_log2);
+  mask_row(a, s, t0, lo, hi, moff, cb, ce);
+  if (a.alibi) alibi_row<S>(s, cb, ce, slope2, t0, diag);
 }
 
 // Whether some s[c], c ∈ [cb, ce), is NaN. Out of line and cold: it runs only on tiles masked
@@ -534,6 +564,8 @@ void forward(const FlashArgs* list, i64 n) {
       const int nrows = static_cast<int>(imin(mb, a.Sq - i0));
       const int nstrips = (nrows + kRows - 1) / kRows;
       const i64 klen = a.key_len[b];
+      const bool mods = a.softcap_log2 > 0.0f || a.alibi;
+      const float slope2 = a.alibi ? static_cast<float>(a.alibi[h] * kLog2e) : 0.0f;
 
       i64 blo = a.Skv, bhi = 0;  // union over the block
       for (int s = 0; s < nstrips; ++s) {
@@ -601,7 +633,8 @@ void forward(const FlashArgs* list, i64 n) {
           if (slo[s] >= t0 + kNt || shi[s] <= t0) continue;  // the rule removes the whole strip
           const i64 c_lo = imax(slo[s], t0) - t0, c_hi = imin(shi[s], t0 + kNt) - t0;
           ops.qk(r0, Ps, c_lo, c_hi);
-          bool cut = a.mask_kind != MaskKind::none;
+          // Score variants go through the masked path: one pass per row over the computed columns.
+          bool cut = a.mask_kind != MaskKind::none || mods;
           for (int r = r0; r < r0 + kRows; ++r) cut = cut || lo[r] > t0 || hi[r] < t0 + kNt;
           if (!cut) {
             for (int r = 0; r < kRows; ++r)
@@ -615,8 +648,9 @@ void forward(const FlashArgs* list, i64 n) {
             const int cb = static_cast<int>(c_lo / S::L * S::L), ce = static_cast<int>(round_up(c_hi, S::L));
             for (int r = 0; r < kRows; ++r) {
               const i64 row = r0 + r;
-              mask_row(a, Ps + r * kNt, t0, lo[row], hi[row], b * a.smask[0] + h * a.smask[1] + (i0 + row) * a.smask[2],
-                       cb, ce);
+              const i64 moff = b * a.smask[0] + h * a.smask[1] + (i0 + row) * a.smask[2];
+              if (mods) mask_mod_row<S>(a, Ps + r * kNt, t0, lo[row], hi[row], moff, row_diag(a, i0 + row, klen), slope2, cb, ce);
+              else mask_row(a, Ps + r * kNt, t0, lo[row], hi[row], moff, cb, ce);
               softmax_row<S>(Ps + r * kNt, &Ms[row], Ls + row * S::L, Os + row * Dvp, Dvp, cb, ce);
             }
           }
@@ -840,7 +874,12 @@ void decode(const FlashArgs& a) {
         for (int r = 0; r < nr; ++r) {
           // The chunk bounds cut like the rule does: keys outside [k0, k1) are not this item's.
           const i64 rlo = imax(lo[r], imax(k0, j_lo)), rhi = imin(hi[r], imin(k1, j_hi));
-          mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2], 0, kNt);
+          const i64 moff = b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2];
+          if (a.softcap_log2 > 0.0f || a.alibi)
+            mask_mod_row<S>(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), moff, row_diag(a, is[r], klen),
+                            a.alibi ? static_cast<float>(a.alibi[hs[r]] * kLog2e) : 0.0f, 0, kNt);
+          else
+            mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), moff, 0, kNt);
           softmax_row<S>(Ps + r * kNt, &Md[r], Ld + r * L, Od + r * Dvp, Dvp);
           if (a.dropout) dropout_tile_row(a, dkey[r], Ps + r * kNt, t0, j_lo - t0, j_hi - t0);
         }

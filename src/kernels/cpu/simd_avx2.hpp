@@ -29,6 +29,14 @@ struct SimdAvx2 {
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V rcp(V x) {  // as SimdAvx512::rcp; rcp_ps has relative error ≤ 1.5 · 2^-12
+    const V r = _mm256_rcp_ps(x);
+    return _mm256_mul_ps(r, _mm256_fnmadd_ps(x, r, set1(2.0f)));
+  }
+  static V where_neg_inf(V x, V y) {
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, set1(-__builtin_inff()), _CMP_EQ_OQ));
+  }
   static float hmax(V x) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));

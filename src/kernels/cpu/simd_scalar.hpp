@@ -55,6 +55,18 @@ struct SimdScalar {
     for (int i = 0; i < L; ++i) a.x[i] = a.x[i] > b.x[i] ? a.x[i] : b.x[i];
     return a;
   }
+  static V min(V a, V b) {
+    for (int i = 0; i < L; ++i) a.x[i] = a.x[i] < b.x[i] ? a.x[i] : b.x[i];
+    return a;
+  }
+  static V rcp(V a) {
+    for (int i = 0; i < L; ++i) a.x[i] = 1.0f / a.x[i];
+    return a;
+  }
+  static V where_neg_inf(V x, V y) {
+    for (int i = 0; i < L; ++i) y.x[i] = x.x[i] == -__builtin_inff() ? x.x[i] : y.x[i];
+    return y;
+  }
   static float hmax(V a) {
     float m = a.x[0];
     for (int i = 1; i < L; ++i) m = a.x[i] > m ? a.x[i] : m;

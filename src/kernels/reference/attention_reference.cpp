@@ -5,6 +5,7 @@
 //   q [B,H,Sq,D]  k [B,Hkv,Skv,D]  v [B,Hkv,Skv,Dv]  out [B,H,Sq,Dv]
 //   query head h reads kv head h / (H / Hkv)
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -17,14 +18,34 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+// One allowed key's score from s = scale · q·k, in qkv/attention.hpp's order: softcap, + the
+// additive mask entry `extra`, − the ALiBi bias. −∞ stays −∞ (tanh would make it −c). dcap, when
+// not null, gets ∂score/∂s = 1 − tanh²(s / c) (1 without softcap).
+double score_mod(const AttnParams& p, std::int64_t h, std::int64_t diag, std::int64_t j, double s, double extra,
+                 double* dcap) {
+  double d = 1.0;
+  if (p.softcap > 0.0 && s != kNegInf) {
+    const double t = std::tanh(s / p.softcap);
+    s = p.softcap * t;
+    d = 1.0 - t * t;
+  }
+  s += extra;
+  if (!p.alibi.empty()) s -= p.alibi[static_cast<std::size_t>(h)] * static_cast<double>(std::abs(diag - j));
+  if (dcap) *dcap = d;
+  return s;
+}
+
 // Scores of one query row against every key. allowed[j]: whether query i may attend key j (the
 // causal/window/padding rule, the bool mask, and an additive mask other than −∞); masked entries
 // of s are −∞ whatever q·k is, so a NaN in a masked key's K never reaches the row.
-//   s, allowed: [Skv] outputs
-void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t i, double* s, char* allowed) {
+//   s, allowed: [Skv] outputs; dcap: [Skv] ∂score/∂(scale·q·k) (score_mod), or null
+void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t i, double* s, char* allowed,
+                double* dcap = nullptr) {
   const std::int64_t hk = h / p.group();
+  const std::int64_t key_len = p.key_len[static_cast<std::size_t>(b)];
+  const std::int64_t diag = p.rule.diag(i, key_len);
   std::int64_t lo, hi;
-  p.rule.range(i, p.key_len[static_cast<std::size_t>(b)], &lo, &hi);
+  p.rule.range(i, key_len, &lo, &hi);
   for (std::int64_t j = 0; j < p.Skv; ++j) {
     bool ok = j >= lo && j < hi;
     double extra = 0.0;
@@ -45,15 +66,21 @@ void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_
     double dot = 0.0;
     for (std::int64_t d = 0; d < p.D; ++d)
       dot += p.q.load(p.q.offset(b, h, i, d)) * p.k.load(p.k.offset(b, hk, j, d));
-    s[j] = dot * p.scale + extra;
+    s[j] = score_mod(p, h, diag, j, dot * p.scale, extra, dcap ? dcap + j : nullptr);
   }
+}
+
+// The sink logit of head h, −∞ without opt.sinks (exp(−∞) = 0 leaves the softmax as it was).
+double sink_of(const AttnParams& p, std::int64_t h) {
+  return p.sinks.empty() ? kNegInf : p.sinks[static_cast<std::size_t>(h)];
 }
 
 // In place: scores → probabilities; returns the logsumexp. The non-finite policy of
 // qkv/attention.hpp: a NaN or +∞ score on an allowed key makes the row NaN (p = NaN on every
 // allowed key, lse NaN); −∞ scores (masked keys, or q·k = −∞) get p = 0; a row whose every
-// score is −∞ gets p = 0 everywhere and lse = −∞.
-double softmax_inplace(double* s, const char* allowed, std::int64_t n) {
+// score is −∞ gets p = 0 everywhere and lse = −∞. sink (finite, or −∞ for none) joins the
+// denominator as one more score without a value: lse = log(exp(sink) + Σ exp(s_j)).
+double softmax_inplace(double* s, const char* allowed, std::int64_t n, double sink) {
   constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   bool nan_row = false;
   for (std::int64_t j = 0; j < n; ++j) nan_row = nan_row || (allowed[j] && (std::isnan(s[j]) || s[j] == -kNegInf));
@@ -61,13 +88,13 @@ double softmax_inplace(double* s, const char* allowed, std::int64_t n) {
     for (std::int64_t j = 0; j < n; ++j) s[j] = allowed[j] ? kNaN : 0.0;
     return kNaN;
   }
-  double m = kNegInf;
+  double m = sink;
   for (std::int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
   if (m == kNegInf) {
     for (std::int64_t j = 0; j < n; ++j) s[j] = 0.0;
     return kNegInf;
   }
-  double sum = 0.0;
+  double sum = sink == kNegInf ? 0.0 : std::exp(sink - m);
   for (std::int64_t j = 0; j < n; ++j) {
     s[j] = s[j] == kNegInf ? 0.0 : std::exp(s[j] - m);
     sum += s[j];
@@ -97,7 +124,7 @@ void attention_reference(const AttnParams& p) {
     std::vector<double> w(p.dropout.on() ? static_cast<std::size_t>(p.Skv) : 0);  // dropout factors
     for (std::int64_t i = 0; i < p.Sq; ++i) {
       row_scores(p, b, h, i, s.data(), allowed.data());
-      const double lse = softmax_inplace(s.data(), allowed.data(), p.Skv);
+      const double lse = softmax_inplace(s.data(), allowed.data(), p.Skv, sink_of(p, h));
       // Dropout after the softmax (lse stays the softmax's); a NaN row stays NaN.
       if (p.dropout.on() && !std::isnan(lse)) {
         dropout_weights(p, b, h, i, w.data());
@@ -121,12 +148,15 @@ void attention_reference(const AttnParams& p) {
 // Backward, recomputing the probabilities in f64 (it does not trust the saved lse):
 //   dv_j  += Σ_i p_ij · dout_i
 //   dp_ij  = dout_i · v_j
-//   ds_ij  = p_ij · (dp_ij − Σ_j' p_ij' dp_ij')
+//   ds_ij  = p_ij · (dp_ij − Σ_j' p_ij' dp_ij') · dcap_ij     dcap = 1 − tanh² with softcap, else 1
 // With dropout (w_ij = keep_ij / (1 − p)) the forward used z_ij = p_ij w_ij in place of p_ij, so
 // dv_j takes z_ij, and dp_ij is the gradient through z: dp_ij = w_ij · dout_i · v_j; the row sum
 // Σ_j' p_ij' dp_ij' is then Σ_j' z_ij' dout_i · v_j' = dout_i · out_i (FlashAttention's D_i).
 //   dq_i   = scale · Σ_j ds_ij · k_j
 //   dk_j  += scale · Σ_i ds_ij · q_i
+// A sink takes probability mass but has no value: Σ_j' p_ij' dp_ij' = dout_i · out_i still holds
+// (p here already excludes the sink's share), so these formulas stand; its own gradient is
+// sink_gradient() below.
 // dk, dv of a kv head collect the contributions of all query heads of its group, so one task
 // per (b, hk) owns them and the result does not depend on the thread count.
 void attention_backward_reference(const AttnBwdParams& bp) {
@@ -136,13 +166,13 @@ void attention_backward_reference(const AttnBwdParams& bp) {
     const auto Skv = static_cast<std::size_t>(p.Skv);
     std::vector<double> dk(Skv * static_cast<std::size_t>(p.D), 0.0);
     std::vector<double> dv(Skv * static_cast<std::size_t>(p.Dv), 0.0);
-    std::vector<double> s(Skv), dp(Skv), dq(static_cast<std::size_t>(p.D));
+    std::vector<double> s(Skv), dp(Skv), dcap(Skv), dq(static_cast<std::size_t>(p.D));
     std::vector<char> allowed(Skv);
     std::vector<double> w(Skv, 1.0);  // dropout factors w_ij (1 without dropout)
     for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
       for (std::int64_t i = 0; i < p.Sq; ++i) {
-        row_scores(p, b, h, i, s.data(), allowed.data());
-        const double lse = softmax_inplace(s.data(), allowed.data(), p.Skv);
+        row_scores(p, b, h, i, s.data(), allowed.data(), dcap.data());
+        const double lse = softmax_inplace(s.data(), allowed.data(), p.Skv, sink_of(p, h));
         const bool drop = p.dropout.on() && !std::isnan(lse);  // a NaN row stays NaN
         if (drop) dropout_weights(p, b, h, i, w.data());
         double dot_pdp = 0.0;
@@ -158,7 +188,7 @@ void attention_backward_reference(const AttnBwdParams& bp) {
         for (std::int64_t j = 0; j < p.Skv; ++j) {
           const double pj = s[static_cast<std::size_t>(j)];
           if (pj == 0.0) continue;
-          const double ds = pj * (dp[static_cast<std::size_t>(j)] - dot_pdp) * p.scale;
+          const double ds = pj * (dp[static_cast<std::size_t>(j)] - dot_pdp) * dcap[static_cast<std::size_t>(j)] * p.scale;
           const double zj = drop ? pj * w[static_cast<std::size_t>(j)] : pj;
           for (std::int64_t e = 0; e < p.Dv; ++e)
             dv[static_cast<std::size_t>(j * p.Dv + e)] += zj * bp.dout.load(bp.dout.offset(b, h, i, e));
@@ -175,6 +205,24 @@ void attention_backward_reference(const AttnBwdParams& bp) {
       for (std::int64_t e = 0; e < p.Dv; ++e) bp.dv.store(bp.dv.offset(b, hk, j, e), dv[static_cast<std::size_t>(j * p.Dv + e)]);
     }
   });
+}
+
+// out_i = Σ_j p_ij v_j with p_ij = exp(s_ij) / Z_i, Z_i = exp(sink_h) + Σ_j exp(s_ij), so
+// ∂out_i/∂sink_h = −p_sink,i · out_i with p_sink,i = exp(sink_h − lse_i), and
+// ∂L/∂sink_h = −Σ_{b,i} p_sink,i · (dout_i · out_i). One pass over out and dout, in f64.
+void sink_gradient(const AttnBwdParams& bp, double* dsink) {
+  const AttnParams& p = bp.fwd;
+  for (std::int64_t h = 0; h < p.H; ++h) {
+    double acc = 0.0;
+    for (std::int64_t b = 0; b < p.B; ++b)
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        double delta = 0.0;
+        for (std::int64_t e = 0; e < p.Dv; ++e)
+          delta += p.out.load(p.out.offset(b, h, i, e)) * bp.dout.load(bp.dout.offset(b, h, i, e));
+        acc -= std::exp(p.sinks[static_cast<std::size_t>(h)] - p.lse.load(p.lse.offset(b, h, i))) * delta;
+      }
+    dsink[h] += acc;
+  }
 }
 
 }  // namespace qkv::kernels

@@ -1,0 +1,256 @@
+"""Score variants (issue #19) through qkv.attention, qkv.torch and qkv.flash_attn_func, against peers:
+
+- torch's flex_attention with a score_mod for softcap and ALiBi (float64; torch's implementation),
+- a naive numpy formula for attention sinks (gpt-oss: a logit without a value in every denominator),
+- onnx.reference's Attention (opset 24) for softcap and the per-batch key-length causal alignment,
+- torch autograd on the explicit formula for the gradients of q, k, v, the sinks and a float mask.
+
+Tolerances: qkv's float64 reference kernel against a float64 peer 1e-10 (both exact up to the
+rounding of sums of ~100 terms, ~1e-14). float32 flash kernels against the float64 peer follow
+FlashAttention's rule: at most 2x the error of the same formula computed naively in float32 (the
+peer run in float32), plus 2^-20 of the largest value (2 ulps).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import qkv
+
+torch = pytest.importorskip("torch")
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+def rand(*shape, seed, dtype=torch.float64, sigma=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (sigma * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
+
+
+def isas():
+    order = ["scalar", "avx2", "avx512", "avx512_bf16"]
+    return order[: order.index(qkv.cpu_isa()) + 1]
+
+
+@pytest.fixture
+def restore_isa():
+    saved = qkv.active_isa()
+    yield
+    qkv.set_isa(saved)
+
+
+def flex_peer(q, k, v, *, softcap=None, slopes=None, causal=False, offset=0):
+    """flex_attention with a score_mod: softcap, then ALiBi −slope·|i + offset − j|, then causal."""
+    def score_mod(score, b, h, i, j):
+        if softcap is not None:
+            score = softcap * torch.tanh(score / softcap)
+        diag = i + offset
+        if slopes is not None:
+            score = score - slopes[h] * (diag - j).abs()
+        if causal:
+            score = torch.where(j <= diag, score, -float("inf"))
+        return score
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flex.flex_attention(q, k, v, score_mod=score_mod, enable_gqa=q.shape[1] != k.shape[1])
+
+
+@pytest.mark.parametrize("variant", ["softcap", "alibi", "both"])
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "top_left"), (True, "bottom_right")])
+def test_softcap_alibi_against_flex_attention(variant, causal, align, restore_isa):
+    B, H, Hkv, Sq, Skv, D = 2, 4, 2, 37, 70, 32
+    q, k, v = rand(B, H, Sq, D, seed=1, sigma=1.5), rand(B, Hkv, Skv, D, seed=2, sigma=1.5), rand(B, Hkv, Skv, D, seed=3)
+    cap = 2.5 if variant in ("softcap", "both") else None
+    slopes = torch.from_numpy(qkv.alibi_slopes(H)) if variant in ("alibi", "both") else None
+    offset = Skv - Sq if align == "bottom_right" else 0
+    want = flex_peer(q, k, v, softcap=cap, slopes=slopes, causal=causal, offset=offset)
+    kw = dict(causal=causal, align=align, softcap=cap, alibi_slopes=None if slopes is None else True)
+    got = qkv.attention(q, k, v, kernel="reference", **kw).out
+    assert (got - want).abs().max() < 1e-10
+    naive32 = flex_peer(q.float(), k.float(), v.float(), softcap=cap, slopes=None if slopes is None else slopes.float(),
+                        causal=causal, offset=offset)
+    tol = 2 * (naive32.double() - want).abs().max().item() + 2 ** -20 * want.abs().max().item()
+    for isa in isas():
+        qkv.set_isa(isa)
+        for kernel in ("flash", "flash_decode"):
+            r = qkv.attention(q.float(), k.float(), v.float(), kernel=kernel, **kw)
+            err = (r.out.double() - want).abs().max().item()
+            assert err <= tol, (isa, kernel, err, tol)
+
+
+def naive_sinks(q, k, v, sinks, scale):
+    """numpy: p_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)); out = p @ v; lse = log(denominator)."""
+    G = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, G, axis=1), np.repeat(v, G, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    m = np.maximum(s.max(-1, keepdims=True), sinks[None, :, None, None])
+    e = np.exp(s - m)
+    z = e.sum(-1, keepdims=True) + np.exp(sinks[None, :, None, None] - m)
+    return np.einsum("bhij,bhjd->bhid", e / z, v), (m + np.log(z))[..., 0]
+
+
+def test_sinks_against_numpy(restore_isa):
+    B, H, Hkv, Sq, Skv, D = 2, 6, 3, 9, 300, 64
+    q, k, v = (rand(*s, seed=i, sigma=1.2).numpy() for i, s in
+               enumerate([(B, H, Sq, D), (B, Hkv, Skv, D), (B, Hkv, Skv, D)]))
+    sinks = rand(H, seed=9, sigma=2.0).numpy()
+    want, want_lse = naive_sinks(q, k, v, sinks, D ** -0.5)
+    r = qkv.attention(q, k, v, sinks=sinks, kernel="reference", return_lse=True)
+    assert np.abs(r.out - want).max() < 1e-10 and np.abs(r.lse - want_lse).max() < 1e-10
+    n32, _ = naive_sinks(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), sinks.astype(np.float32),
+                         np.float32(D ** -0.5))
+    tol = 2 * np.abs(n32 - want).max() + 2 ** -20 * np.abs(want).max()
+    for isa in isas():
+        qkv.set_isa(isa)
+        for kernel in ("flash", "flash_decode"):
+            r = qkv.attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), sinks=sinks,
+                              kernel=kernel, return_lse=True)
+            assert np.abs(r.out - want).max() <= tol, (isa, kernel)
+            assert np.abs(r.lse - want_lse).max() <= 1e-5, (isa, kernel)  # lse is float32: ~1 ulp of |lse| ≤ 10
+
+
+def explicit(q, k, v, *, mask=None, softcap=None, slopes=None, sinks=None, causal=False, offset=0):
+    """The header's formula in torch ops (differentiable): softcap, + mask, − ALiBi, sinks in the denominator."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if mask is not None:
+        s = s + mask
+    i = torch.arange(q.shape[2]).view(-1, 1) + (offset if torch.is_tensor(offset) else torch.tensor(offset))
+    j = torch.arange(k.shape[2])
+    if slopes is not None:
+        s = s - slopes.view(1, -1, 1, 1) * (i - j).abs()
+    if causal:
+        s = s.masked_fill(j > i, -math.inf)
+    if sinks is not None:
+        s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+        return torch.softmax(s, -1)[..., :-1] @ v
+    return torch.softmax(s, -1) @ v
+
+
+def test_torch_gradients_against_autograd():
+    B, H, Hkv, Sq, Skv, D = 2, 4, 2, 11, 17, 16
+    q, k, v = (rand(*s, seed=i + 20, sigma=1.5).requires_grad_() for i, s in
+               enumerate([(B, H, Sq, D), (B, Hkv, Skv, D), (B, Hkv, Skv, D)]))
+    mask = rand(Sq, Skv, seed=30).requires_grad_()
+    sinks = rand(H, seed=31).requires_grad_()
+    slopes = torch.from_numpy(qkv.alibi_slopes(H))
+    out, _ = qkv.torch.attention(q, k, v, mask=mask, softcap=3.0, alibi_slopes=slopes, sinks=sinks, causal=True,
+                                 align="bottom_right")
+    want = explicit(q, k, v, mask=mask, softcap=3.0, slopes=slopes, sinks=sinks, causal=True, offset=Skv - Sq)
+    assert (out - want).abs().max() < 1e-10
+    g = rand(*out.shape, seed=40)
+    got = torch.autograd.grad(out, (q, k, v, mask, sinks), g)
+    ref = torch.autograd.grad(want, (q, k, v, mask, sinks), g)
+    for name, a, b in zip(["q", "k", "v", "mask", "sinks"], got, ref):
+        assert (a - b).abs().max() < 1e-9, name   # f64 kernels on both sides; sums of ≤ 200 terms
+
+
+def test_torch_sink_gradient_float32_and_varlen():
+    H, D = 4, 32
+    lens = [5, 9]
+    q = rand(sum(lens), H, D, seed=50, dtype=torch.float32).requires_grad_()
+    k = rand(sum(lens), 2, D, seed=51, dtype=torch.float32).requires_grad_()
+    v = rand(sum(lens), 2, D, seed=52, dtype=torch.float32).requires_grad_()
+    sinks = rand(H, seed=53, dtype=torch.float32).requires_grad_()
+    cu = torch.tensor([0, 5, 14], dtype=torch.int32)
+    out = qkv.torch.attention_varlen(q, k, v, cu, cu, causal=True, sinks=sinks, softcap=4.0)
+    got = torch.autograd.grad(out.sum(), (q, sinks))
+    # Per sequence, the explicit formula in float64.
+    q64, k64, v64, s64 = (t.detach().double().requires_grad_() for t in (q, k, v, sinks))
+    outs = []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        outs.append(explicit(q64[a:b].transpose(0, 1)[None], k64[a:b].transpose(0, 1)[None],
+                             v64[a:b].transpose(0, 1)[None], softcap=4.0, sinks=s64, causal=True)[0].transpose(0, 1))
+    ref = torch.autograd.grad(torch.cat(outs).sum(), (q64, s64))
+    # float32 kernels against float64: errors of a few float32 ulps of sums of ≤ 9 terms of size ~1-10.
+    assert (got[0].double() - ref[0]).abs().max() < 1e-4
+    assert (got[1].double() - ref[1]).abs().max() < 1e-4
+
+
+def test_key_length_alignment_against_explicit():
+    B, H, Sq, Skv, D = 3, 2, 6, 20, 8
+    q, k, v = rand(B, H, Sq, D, seed=60), rand(B, H, Skv, D, seed=61), rand(B, H, Skv, D, seed=62)
+    kl = torch.tensor([20, 11, 4])
+    r = qkv.attention(q, k, v, key_lengths=kl, causal=True, align="bottom_right_key_lengths", kernel="reference")
+    for b in range(B):
+        n = int(kl[b])
+        want = explicit(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal=True, offset=n - Sq)
+        want = torch.nan_to_num(want)  # rows before the first key (batch 2: queries 0, 1) see none: 0
+        assert (r.out[b:b + 1] - want).abs().max() < 1e-12, b
+    # Without key_lengths it is bottom_right; the existing aligns are unchanged.
+    a = qkv.attention(q, k, v, causal=True, align="bottom_right_key_lengths").out
+    assert torch.equal(a, qkv.attention(q, k, v, causal=True, align="bottom_right").out)
+
+
+onnx = pytest.importorskip("onnx")
+
+
+def onnx_attention(q, k, v, *, softcap=None, nonpad=None, causal=False):
+    """onnx.reference's Attention (opset 24), 4-D inputs [B, H, S, D]."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = [helper.make_tensor_value_info(n, TensorProto.DOUBLE, None) for n in ("Q", "K", "V")]
+    names = ["Q", "K", "V"]
+    feeds = {"Q": q, "K": k, "V": v}
+    if nonpad is not None:
+        names += ["", "", "", "nonpad"]
+        inputs.append(helper.make_tensor_value_info("nonpad", TensorProto.INT64, None))
+        feeds["nonpad"] = nonpad
+    attrs = dict(is_causal=int(causal))
+    if softcap is not None:
+        attrs["softcap"] = float(softcap)
+    node = helper.make_node("Attention", names, ["Y"], **attrs)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)])
+    return ReferenceEvaluator(model).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("softcap", [None, 1.5])
+def test_onnx_reference_softcap_and_key_lengths(softcap):
+    B, H, Sq, Skv, D = 3, 2, 5, 12, 8
+    q, k, v = (rand(*s, seed=70 + i, sigma=1.5).numpy() for i, s in enumerate([(B, H, Sq, D), (B, H, Skv, D),
+                                                                              (B, H, Skv, D)]))
+    nonpad = np.array([12, 7, 5], dtype=np.int64)
+    want = onnx_attention(q, k, v, softcap=softcap, nonpad=nonpad, causal=True)
+    got = qkv.attention(q, k, v, key_lengths=nonpad, causal=True, align="bottom_right_key_lengths", softcap=softcap,
+                        kernel="reference").out
+    assert np.abs(got - want).max() < 1e-12
+    want = onnx_attention(q, k, v, softcap=softcap)
+    assert np.abs(qkv.attention(q, k, v, softcap=softcap).out - want).max() < 1e-12
+
+
+def test_flash_attn_func_softcap_and_alibi():
+    q, k, v = rand(2, 9, 4, 16, seed=80), rand(2, 13, 2, 16, seed=81), rand(2, 13, 2, 16, seed=82)
+    slopes = torch.from_numpy(qkv.alibi_slopes(4))
+    out = qkv.flash_attn_func(q, k, v, causal=True, softcap=2.0, alibi_slopes=slopes)
+    want = explicit(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softcap=2.0, slopes=slopes, causal=True,
+                    offset=13 - 9).transpose(1, 2)
+    assert (out - want).abs().max() < 1e-10
+    with pytest.raises(NotImplementedError, match=r"\[qkv.flash_attn_func\] alibi_slopes: qkv takes one slope per head"):
+        qkv.flash_attn_func(q, k, v, alibi_slopes=torch.zeros(2, 4))
+
+
+def test_errors_name_argument_and_value():
+    q = np.zeros((1, 2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"\[qkv.attention\] softcap: must be a finite float > 0, got -1"):
+        qkv.attention(q, q, q, softcap=-1)
+    with pytest.raises(ValueError, match=r"\[qkv.attention\] sinks: expected shape \[H\] = \[2\], got \[3\]"):
+        qkv.attention(q, q, q, sinks=np.zeros(3))
+    with pytest.raises(ValueError, match=r"opt.alibi_slopes\[0\]: must be finite"):
+        qkv.attention(q, q, q, alibi_slopes=np.array([np.inf, 1.0]))
+    with pytest.raises(ValueError, match="align: must be 'top_left', 'bottom_right' or 'bottom_right_key_lengths'"):
+        qkv.attention(q, q, q, align="left")
+
+
+def test_custom_op_opcheck():
+    q, k, v = (rand(1, 2, 4, 8, seed=90 + i).requires_grad_() for i in range(3))
+    sinks = rand(2, seed=93).requires_grad_()
+    torch.library.opcheck(torch.ops.qkv.attention.default,
+                          (q, k, v, None, None, None, False, "top_left", -1, -1, 0.0, None, 2.0,
+                           torch.from_numpy(qkv.alibi_slopes(2)), sinks))
