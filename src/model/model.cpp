@@ -680,17 +680,26 @@ void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
   const Config& c = w_.config;
   const auto S = static_cast<std::int64_t>(tokens.size());
   // What the trace keeps: per layer scores and pattern [H, S, S], head_delta [H, S, C] and
-  // block_delta [S, C]; then logits [S, V].
+  // block_delta [S, C], resid [S, C]; then embed [S, C] and logits [S, V].
   check_memory(fn, "trace of " + std::to_string(S) + " tokens",
-               c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 1, S, c.dim}, 4)) +
-                   bytes_of({S, c.vocab_size}, 4));
+               c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 2, S, c.dim}, 4)) +
+                   bytes_of({S, c.dim}, 4) + bytes_of({S, c.vocab_size}, 4));
   const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity());
   KvCache cache(c, S);
   reserve(S);
   trace.layers.clear();
   trace.layers.resize(static_cast<std::size_t>(c.n_layers));
   blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, 0);
-  for (int l = 0; l < c.n_layers; ++l) block(l, S, 0, cache, &trace.layers[static_cast<std::size_t>(l)]);
+  const auto copy_x = [&](Buffer& to) {
+    to = Buffer(DType::f32, {S, c.dim});
+    std::memcpy(to.data(), x_.data(), sizeof(float) * static_cast<std::size_t>(S * c.dim));
+  };
+  copy_x(trace.embed);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerTrace& lt = trace.layers[static_cast<std::size_t>(l)];
+    block(l, S, 0, cache, &lt);
+    copy_x(lt.resid);
+  }
   trace.logits = Buffer(DType::f32, {S, c.vocab_size});
   norm(c, xb_.ptr<float>(), x_.ptr<float>(), w_.normf_w, w_.normf_b, S);
   project(xb_.ptr<float>(), w_.wcls, wcls_bf16_, nullptr, trace.logits.ptr<float>(), S, c.dim, c.vocab_size);
