@@ -275,6 +275,58 @@ void put_matrix(std::string& out, const std::vector<float>& m, std::int64_t h, s
   out += ']';
 }
 
+json tokens_json(const std::vector<NextToken>& ts) {
+  json a = json::array();
+  for (const NextToken& t : ts) a.push_back({{"id", t.id}, {"text", t.text}, {"prob", t.prob}, {"logit", t.logit}});
+  return a;
+}
+
+// [L·H] layer-major → [L][H] nested arrays.
+template <class T, class F>
+json by_head(const Report& r, const std::vector<T>& v, F&& f) {
+  json out = json::array();
+  for (std::int64_t l = 0; l < r.L; ++l) {
+    json row = json::array();
+    for (std::int64_t h = 0; h < r.H; ++h) row.push_back(f(v[static_cast<std::size_t>(l * r.H + h)]));
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+json attribution_json(const Report& r, Encoding enc) {
+  const Attribution& a = *r.attribution;
+  json toks = json::array();
+  for (const TokenAttribution& t : a.tokens) {
+    toks.push_back({{"id", t.id},        {"text", t.text},
+                    {"logit", t.logit},  {"sum", t.sum},
+                    {"embed", t.embed},  {"norm_bias", t.norm_bias},
+                    {"attn_bias", t.attn_bias}, {"mlp", t.mlp},
+                    {"heads", by_head(r, t.heads, [](double x) { return x; })}});
+  }
+  const auto pushed = [](const std::vector<ScoredToken>& v) {
+    json o = json::array();
+    for (const ScoredToken& t : v) o.push_back({{"id", t.id}, {"text", t.text}, {"value", t.value}});
+    return o;
+  };
+  json out = {{"sigma", a.sigma}, {"tokens", toks}, {"up", by_head(r, a.up, pushed)}, {"down", by_head(r, a.down, pushed)}};
+  if (enc == Encoding::kJson) {  // [L][H][C]; the page has no W_U to dot them with, so it goes without
+    const auto C = static_cast<std::size_t>(r.model.d_model);
+    std::vector<std::vector<float>> rows;
+    for (std::size_t i = 0; i + C <= a.head_vectors.size(); i += C) {
+      rows.emplace_back(a.head_vectors.begin() + static_cast<std::ptrdiff_t>(i),
+                        a.head_vectors.begin() + static_cast<std::ptrdiff_t>(i + C));
+    }
+    out["head_vectors"] = by_head(r, rows, [](const std::vector<float>& v) { return json(v); });
+  }
+  return out;
+}
+
+json lens_json(const Report& r) {
+  json rows = json::array();
+  for (const LensRow& lr : r.lens) rows.push_back({{"top", tokens_json(lr.top)}, {"positions", tokens_json(lr.positions)}});
+  return {{"pos0", r.lens_pos0}, {"rows", rows}};
+}
+
 }  // namespace
 
 std::string to_json(const Report& r, Encoding enc) {
@@ -298,6 +350,8 @@ std::string to_json(const Report& r, Encoding enc) {
   out += ",\"tokens\":" + dump(tokens);
   out += ",\"params\":" + dump(r.params);
   out += ",\"next_tokens\":" + dump(next);
+  if (r.attribution) out += ",\"attribution\":" + dump(attribution_json(r, enc));
+  if (!r.lens.empty()) out += ",\"lens\":" + dump(lens_json(r));
   KeySpans ks;
   if (enc == Encoding::kPage) {
     ks = key_spans(r);
