@@ -268,7 +268,7 @@ def check_attribution_and_lens(browser, doc, shot):
     want = A["tokens"][3]["heads"][1][2]
     assert abs(v - want) <= 1e-5 * max(1e-3, abs(want)), (tip, want)
     browser.eval("const s2 = document.getElementById('attr-token'); s2.value = '0'; s2.dispatchEvent(new Event('change'));"
-                 "tip.style.display = 'none'")
+                 "tip.style.display = 'none'; showTopHead()")
     # The lens: the embedding and one row per layer, the last position's top token first.
     rows = browser.eval("[...document.querySelectorAll('#lens-top tr')].map((r) => r.textContent)")
     assert len(rows) == 1 + L + 1 and rows[1].startswith("embedding") and rows[-1].startswith(f"after layer {L - 1}")
