@@ -139,7 +139,7 @@ void run(const InspectArgs& a) {
   for (int id : ids) tokens.push_back({id, prompt.piece(id)});
   std::vector<inspect::LayerInput> layers;
   for (const LayerTrace& t : trace.layers) {
-    layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view()});
+    layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view(), t.q.view(), t.k.view()});
   }
   const std::int64_t S = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
   const View last = View::contiguous(trace.logits.ptr<float>() + (S - 1) * V, DType::f32, {V});

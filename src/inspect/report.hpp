@@ -43,6 +43,9 @@ struct Token {
 
 struct LayerInput {
   View scores, pattern, head_delta, block_delta;
+  // Optional (null data: none), for the query·key anatomy: q [H, S, D] and k [Hkv, S, D] after
+  // rotary, so that scores[h, i, j] = q[h, i] · k[h / (H / Hkv), j] / √D.
+  View q, k;
 };
 
 // What a head does, in numbers a reader can scan.
@@ -112,6 +115,8 @@ struct LensRow {
   std::vector<NextToken> positions;  // the most likely at positions lens_pos0 … S − 1
 };
 inline constexpr int kLensTop = 10;
+// Queries whose q vectors the report keeps for the anatomy view (keys: all S).
+inline constexpr std::int64_t kAnatomyQueries = 4;
 // Positions read through the lens besides the last: the last kLensPositions, and fewer when
 // (L + 1) · positions · V · C would exceed kLensBudget multiply-adds (a big vocabulary).
 inline constexpr std::int64_t kLensPositions = 64;
@@ -128,6 +133,11 @@ struct Report {
   std::vector<std::vector<double>> block_delta_norm;  // [L][S] |Σ_h Δe_h| per token
   std::vector<NextToken> next_tokens;              // the 10 most likely, most likely first
   nlohmann::json params;                           // the `qkv params` scorekeeping, as given
+  // Query·key anatomy (when the layers gave q and k): the queries qk_q0 … S − 1 (the last
+  // kAnatomyQueries) of every head and every key; empty otherwise.
+  std::int64_t qk_q0 = 0, qk_D = 0, qk_Hkv = 0;
+  std::vector<std::vector<float>> q_last;          // [L][H · (S − qk_q0) · D]
+  std::vector<std::vector<float>> k_all;           // [L][Hkv · S · D]
   std::optional<Attribution> attribution;          // add_attribution() fills these two
   std::int64_t lens_pos0 = 0;
   std::vector<LensRow> lens;                       // [L + 1], empty without add_attribution()

@@ -45,7 +45,7 @@ def replay(tm, tokens):
     x = p["tok_embeddings.weight"][torch.tensor(tokens)]
     if c["pos"] == "learned":
         x = x + p["pos_embeddings.weight"][:S]
-    embed, resid, deltas = x.clone(), [], []
+    embed, resid, deltas, qk = x.clone(), [], [], []
     allowed = torch.arange(S)[None, :] <= torch.arange(S)[:, None]
     for l in range(c["n_layers"]):
         pre = f"layers.{l}."
@@ -55,6 +55,7 @@ def replay(tm, tokens):
         v = tm._lin(h, pre + "attention.wv").view(S, Hkv, D)
         if c["pos"] == "rotary":
             q, k = tm._rope(q, 0), tm._rope(k, 0)
+        qk.append((q.clone(), k.clone()))  # after rotary: [S, H, D], [S, Hkv, D]
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
         scores = torch.einsum("shd,thd->hst", q, k) / math.sqrt(D)
@@ -69,7 +70,7 @@ def replay(tm, tokens):
             h = F.gelu(tm._lin(h, pre + "feed_forward.w1"), approximate="tanh")
         x = x + tm._lin(h, pre + "feed_forward.w2")
         resid.append(x.clone())
-    return embed, resid, deltas, F.linear(tm._norm(x, "norm"), tm.wcls)
+    return embed, resid, deltas, qk, F.linear(tm._norm(x, "norm"), tm.wcls)
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +84,9 @@ def both(tmp_path_factory):
     cfg, params = load_llama2c(model)
     tm = TorchModel(cfg, params)
     ids = [t["id"] for t in doc["tokens"]]
-    embed, resid, deltas, logits = replay(tm, ids)
+    embed, resid, deltas, qk, logits = replay(tm, ids)
     assert torch.equal(logits, tm.forward(ids)), "the replay is not the twin's forward"
-    return doc, cfg, tm, embed, resid, deltas, logits
+    return doc, cfg, tm, embed, resid, deltas, qk, logits
 
 
 def close(a, b):
@@ -93,7 +94,7 @@ def close(a, b):
 
 
 def test_attribution_matches_the_twin(both):
-    doc, cfg, tm, embed, resid, deltas, logits = both
+    doc, cfg, tm, embed, resid, deltas, qk, logits = both
     A = doc["attribution"]
     L, H = cfg["n_layers"], cfg["n_heads"]
     xL = resid[-1][-1].double()
@@ -132,7 +133,7 @@ def test_attribution_matches_the_twin(both):
 
 
 def test_lens_matches_the_twin(both):
-    doc, cfg, tm, embed, resid, deltas, logits = both
+    doc, cfg, tm, embed, resid, deltas, qk, logits = both
     Z = doc["lens"]
     S = len(doc["tokens"])
     assert Z["pos0"] == 0 and len(Z["rows"]) == cfg["n_layers"] + 1
@@ -150,3 +151,20 @@ def test_lens_matches_the_twin(both):
     # The last row is the model's own prediction.
     assert [t["id"] for t in Z["rows"][-1]["top"]] == [t["id"] for t in doc["next_tokens"]]
     print(f"lens: max |p qkv − p twin| = {worst:.3g} (allowed 1e-5)")
+
+
+def test_query_key_vectors_match_the_twin(both):
+    """The anatomy's q (last queries) and k (every key), after rotary, are the twin's."""
+    doc, cfg, tm, embed, resid, deltas, qk, logits = both
+    q0, S = doc["qk_q0"], len(doc["tokens"])
+    assert q0 == max(0, S - 4)
+    worst = 0.0
+    for l, (q, k) in enumerate(qk):
+        got_q = torch.tensor(doc["layers"][l]["q"], dtype=torch.float64)  # [H, S − q0, D]
+        got_k = torch.tensor(doc["layers"][l]["k"], dtype=torch.float64)  # [Hkv, S, D]
+        want_q, want_k = q[q0:].transpose(0, 1).double(), k.transpose(0, 1).double()
+        for got, want in ((got_q, want_q), (got_k, want_k)):
+            err = float(((got - want).abs() / (1 + want.abs())).max())
+            worst = max(worst, err)
+            assert err <= TOL, (l, err)
+    print(f"q, k: max |qkv − twin| / (1 + |twin|) = {worst:.3g} (allowed {TOL})")

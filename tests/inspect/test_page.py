@@ -107,7 +107,8 @@ def test_fixture_page(browser, tmp_path):
     no_network(browser)
     # No model tail in the fixture: no attribution or lens, and their sections are hidden.
     assert "attribution" not in doc and "lens" not in doc
-    assert browser.eval("[$('attr-section').style.display, $('lens-section').style.display]") == ["none", "none"]
+    assert browser.eval("[$('attr-section').style.display, $('lens-section').style.display, $('qk-wrap').style.display]"
+                        ) == ["none", "none", "none"]
     # Seeds orientation: row = key, column = query. Query 11 attends key 9 (window of 4 in layer 1).
     q, k = 11, 9
     browser.eval("select(1, 2, false)")
@@ -226,7 +227,31 @@ def test_real_model_page(browser, tmp_path):
     close = shot[:-4] + "-head.png"
     browser.screenshot(close)
     attr, lens = check_attribution_and_lens(browser, doc, shot)
-    print(f"screenshots: {shot}, {close}, {attr}, {lens}")
+    anatomy = check_anatomy(browser, doc, shot)
+    print(f"screenshots: {shot}, {close}, {attr}, {lens}, {anatomy}")
+
+
+def check_anatomy(browser, doc, shot):
+    """Clicking a cell of the last query shows D products whose scaled sum is the cell's score."""
+    S, D = len(doc["tokens"]), doc["model"]["head_dim"]
+    l, h, q, k = 1, 3, S - 1, S - 2
+    browser.eval(f"select({l}, {h}, false); zoom = 22; layoutDetail()")
+    hover_cell(browser, k, q)  # seeds orientation: row = key, column = query
+    x, y = browser.eval(f"""(() => {{ const b = dcv.getBoundingClientRect();
+        return [b.left + LW + ({q} + 0.5) * zoom - wrap.scrollLeft, b.top + TH + ({k} + 0.5) * zoom - wrap.scrollTop]; }})()""")
+    browser.call("Input.dispatchMouseEvent", session=True, type="mousePressed", x=x, y=y, button="left", clickCount=1)
+    browser.call("Input.dispatchMouseEvent", session=True, type="mouseReleased", x=x, y=y, button="left", clickCount=1)
+    assert browser.eval("document.querySelectorAll('#qk-dims tr').length") == 1 + D + 2
+    score = float(browser.eval("document.getElementById('qk-score').textContent"))
+    want = doc["layers"][l]["heads"][h]["scores"][q][k]
+    assert abs(score - want) <= 1e-5 * (1 + abs(want)), (score, want)  # 6 digits shown
+    sel = browser.eval("document.getElementById('qk-sel').textContent")
+    assert f"{doc['layers'][l]['heads'][h]['pattern'][q][k]:.4f}" in sel, sel
+    browser.eval("tip.style.display = 'none'; window.scrollTo(0, document.getElementById('qk-wrap')"
+                 ".getBoundingClientRect().top + window.scrollY - 8)")
+    path = shot[:-4] + "-anatomy.png"
+    browser.screenshot(path)
+    return path
 
 
 def check_attribution_and_lens(browser, doc, shot):

@@ -50,7 +50,7 @@ struct Tiny {
     return {{View::contiguous(scores.data(), DType::f32, {2, 3, 3}),
              View::contiguous(pattern.data(), DType::f32, {2, 3, 3}),
              View::contiguous(head_delta.data(), DType::f32, {2, 3, 2}),
-             View::contiguous(block_delta.data(), DType::f32, {3, 2})}};
+             View::contiguous(block_delta.data(), DType::f32, {3, 2}), {}, {}}};
   }
   qi::Report report() {
     qi::ModelInfo m{"tiny", 1, 2, 1, 1, 2, 12, 8};
@@ -285,7 +285,9 @@ void check_sum_rule(const qkv::Config& cfg, std::uint64_t seed) {
   model.forward_trace(ids, tr);
   const std::int64_t S = 9, C = cfg.dim, V = cfg.vocab_size;
   std::vector<qi::LayerInput> layers;
-  for (const auto& t : tr.layers) layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view()});
+  for (const auto& t : tr.layers) {
+    layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view(), t.q.view(), t.k.view()});
+  }
   std::vector<qi::Token> tokens;
   for (int id : ids) tokens.push_back({id, "t" + std::to_string(id)});
   const auto text = [](std::int32_t id) { return "t" + std::to_string(id); };
@@ -352,11 +354,31 @@ void check_sum_rule(const qkv::Config& cfg, std::uint64_t seed) {
     EXPECT_GE(a.up[i][0].value + 1e-12, a.tokens[0].heads[i]);
     EXPECT_LE(a.down[i][0].value - 1e-12, a.tokens[0].heads[i]);
   }
+  // Query·key anatomy: the last kAnatomyQueries queries' q · k / √D is the traced score (both f32
+  // vectors, dot in f64 here and in the trace: equal to f32 rounding of the score, 1e-6 relative).
+  ASSERT_EQ(r.q_last.size(), static_cast<std::size_t>(cfg.n_layers));
+  const std::int64_t D = cfg.head_dim(), nq = S - r.qk_q0, group = cfg.n_heads / cfg.n_kv_heads;
+  EXPECT_EQ(nq, qi::kAnatomyQueries);
+  for (std::int64_t l = 0; l < cfg.n_layers; ++l)
+    for (std::int64_t h = 0; h < cfg.n_heads; ++h)
+      for (std::int64_t i = r.qk_q0; i < S; ++i)
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (std::int64_t e = 0; e < D; ++e) {
+            dot += double{r.q_last[l][(h * nq + i - r.qk_q0) * D + e]} * r.k_all[l][((h / group) * S + j) * D + e];
+          }
+          const double score = dot / std::sqrt(static_cast<double>(D));
+          EXPECT_NEAR(score, r.score(l, h, i, j), 1e-6 * (1 + std::abs(score)));
+        }
   // The JSON carries both, with the head vectors [L][H][C] in the nested encoding only.
   const auto j = nlohmann::json::parse(qi::to_json(r, qi::Encoding::kJson));
   EXPECT_EQ(j["attribution"]["tokens"][0]["heads"].size(), static_cast<std::size_t>(cfg.n_layers));
   EXPECT_EQ(j["attribution"]["head_vectors"][0][0].size(), static_cast<std::size_t>(C));
   EXPECT_EQ(j["lens"]["rows"].size(), static_cast<std::size_t>(cfg.n_layers + 1));
+  EXPECT_EQ(j["qk_q0"], r.qk_q0);
+  EXPECT_EQ(j["layers"][0]["q"][0].size(), static_cast<std::size_t>(nq));
+  EXPECT_EQ(j["layers"][0]["k"].size(), static_cast<std::size_t>(cfg.n_kv_heads));
+  EXPECT_EQ(j["layers"][0]["k"][0][0].size(), static_cast<std::size_t>(D));
   EXPECT_FALSE(nlohmann::json::parse(qi::to_json(r, qi::Encoding::kPage))["attribution"].contains("head_vectors"));
 }
 
