@@ -217,9 +217,13 @@ struct LayerTrace {
   Buffer pattern;      // f32 [H, S, S]: softmax of each row of scores (row i: query i over keys)
   Buffer head_delta;   // f32 [H, S, C]: each head's proposed change Δe_h = W_O[:, head h] · (P·V)_h
   Buffer block_delta;  // f32 [S, C]: Σ_h Δe_h (the attention block's update before its bias b_O)
+  Buffer resid;        // f32 [S, C]: the residual stream x after the whole layer (attention and MLP)
+  Buffer q;            // f32 [H, S, D]: queries after rotary (scores = scale · q_i · k_j)
+  Buffer k;            // f32 [Hkv, S, D]: keys after rotary (query head h reads kv head h / (H / Hkv))
 };
 struct Trace {
   std::vector<LayerTrace> layers;
+  Buffer embed;        // f32 [S, C]: the residual stream before layer 0 (token + learned positions)
   Buffer logits;       // f32 [S, V]
 };
 

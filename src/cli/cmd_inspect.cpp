@@ -141,14 +141,22 @@ void run(InspectArgs a) {
   for (int id : ids) tokens.push_back({id, prompt.piece(id)});
   std::vector<inspect::LayerInput> layers;
   for (const LayerTrace& t : trace.layers) {
-    layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view()});
+    layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view(), t.q.view(), t.k.view()});
   }
   const std::int64_t S = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
   const View last = View::contiguous(trace.logits.ptr<float>() + (S - 1) * V, DType::f32, {V});
   const inspect::ModelInfo info{fs::path(a.model).filename().string(), c.n_layers, c.n_heads, c.n_kv_heads,
                                 c.head_dim(), c.dim, c.vocab_size, c.seq_len};
-  const inspect::Report report = inspect::make_report(info, a.prompt, std::move(tokens), layers, last, prompt.piece,
-                                                      params_of(c, model.weights().num_params()));
+  inspect::Report report = inspect::make_report(info, a.prompt, std::move(tokens), layers, last, prompt.piece,
+                                                params_of(c, model.weights().num_params()));
+  const Weights& w = model.weights();
+  inspect::ModelTail tail{c.norm, c.norm_eps, w.normf_w, w.normf_b, w.wcls, trace.embed.ptr<float>(), {}, {}, {}};
+  for (std::size_t l = 0; l < trace.layers.size(); ++l) {
+    tail.resid.push_back(trace.layers[l].resid.ptr<float>());
+    tail.head_delta.push_back(trace.layers[l].head_delta.ptr<float>());
+    tail.out_bias.push_back(w.layers[l].bo);
+  }
+  inspect::add_attribution(report, tail, prompt.piece);
   std::cout << (a.format == "json" ? inspect::write_json(report, a.out) : inspect::write_page(report, a.out)) << "\n";
 }
 

@@ -138,6 +138,28 @@ Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token
       if (s.previous_token >= kHeadKindShare) s.kind = "previous-token";
       else if (s.first_token >= kHeadKindShare) s.kind = "first-token";
     }
+    if (layers[0].q.data) {  // q [H, S, D], k [Hkv, S, D]: the last kAnatomyQueries queries, every key
+      if (l == 0) {
+        r.qk_D = in.q.rank == 3 ? in.q.dim(2) : -1;
+        r.qk_Hkv = in.k.rank == 3 ? in.k.dim(0) : -1;
+        r.qk_q0 = std::max<std::int64_t>(0, S - kAnatomyQueries);
+        if (r.qk_D < 1 || r.qk_Hkv < 1 || H % r.qk_Hkv != 0) {
+          fail(kFn, "layers[0].q, k: expected [H, S, D] and [Hkv, S, D] with H % Hkv = 0 (got " + in.q.shape_str() +
+                        ", " + in.k.shape_str() + ")");
+        }
+      }
+      expect_shape(in.q, {H, S, r.qk_D}, ln + "q");
+      expect_shape(in.k, {r.qk_Hkv, S, r.qk_D}, ln + "k");
+      std::vector<float> qs, ks;
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = r.qk_q0; i < S; ++i)
+          for (std::int64_t x = 0; x < r.qk_D; ++x) qs.push_back(static_cast<float>(in.q.load(in.q.offset(h, i, x))));
+      for (std::int64_t g = 0; g < r.qk_Hkv; ++g)
+        for (std::int64_t j = 0; j < S; ++j)
+          for (std::int64_t x = 0; x < r.qk_D; ++x) ks.push_back(static_cast<float>(in.k.load(in.k.offset(g, j, x))));
+      r.q_last.push_back(std::move(qs));
+      r.k_all.push_back(std::move(ks));
+    }
     std::vector<double> bn(static_cast<std::size_t>(S));
     for (std::int64_t q = 0; q < S; ++q) bn[static_cast<std::size_t>(q)] = row_norm(in.block_delta, q, 0);
     r.scores.push_back(std::move(sc));
@@ -275,6 +297,58 @@ void put_matrix(std::string& out, const std::vector<float>& m, std::int64_t h, s
   out += ']';
 }
 
+json tokens_json(const std::vector<NextToken>& ts) {
+  json a = json::array();
+  for (const NextToken& t : ts) a.push_back({{"id", t.id}, {"text", t.text}, {"prob", t.prob}, {"logit", t.logit}});
+  return a;
+}
+
+// [L·H] layer-major → [L][H] nested arrays.
+template <class T, class F>
+json by_head(const Report& r, const std::vector<T>& v, F&& f) {
+  json out = json::array();
+  for (std::int64_t l = 0; l < r.L; ++l) {
+    json row = json::array();
+    for (std::int64_t h = 0; h < r.H; ++h) row.push_back(f(v[static_cast<std::size_t>(l * r.H + h)]));
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+json attribution_json(const Report& r, Encoding enc) {
+  const Attribution& a = *r.attribution;
+  json toks = json::array();
+  for (const TokenAttribution& t : a.tokens) {
+    toks.push_back({{"id", t.id},        {"text", t.text},
+                    {"logit", t.logit},  {"sum", t.sum},
+                    {"embed", t.embed},  {"norm_bias", t.norm_bias},
+                    {"attn_bias", t.attn_bias}, {"mlp", t.mlp},
+                    {"heads", by_head(r, t.heads, [](double x) { return x; })}});
+  }
+  const auto pushed = [](const std::vector<ScoredToken>& v) {
+    json o = json::array();
+    for (const ScoredToken& t : v) o.push_back({{"id", t.id}, {"text", t.text}, {"value", t.value}});
+    return o;
+  };
+  json out = {{"sigma", a.sigma}, {"tokens", toks}, {"up", by_head(r, a.up, pushed)}, {"down", by_head(r, a.down, pushed)}};
+  if (enc == Encoding::kJson) {  // [L][H][C]; the page has no W_U to dot them with, so it goes without
+    const auto C = static_cast<std::size_t>(r.model.d_model);
+    std::vector<std::vector<float>> rows;
+    for (std::size_t i = 0; i + C <= a.head_vectors.size(); i += C) {
+      rows.emplace_back(a.head_vectors.begin() + static_cast<std::ptrdiff_t>(i),
+                        a.head_vectors.begin() + static_cast<std::ptrdiff_t>(i + C));
+    }
+    out["head_vectors"] = by_head(r, rows, [](const std::vector<float>& v) { return json(v); });
+  }
+  return out;
+}
+
+json lens_json(const Report& r) {
+  json rows = json::array();
+  for (const LensRow& lr : r.lens) rows.push_back({{"top", tokens_json(lr.top)}, {"positions", tokens_json(lr.positions)}});
+  return {{"pos0", r.lens_pos0}, {"rows", rows}};
+}
+
 }  // namespace
 
 std::string to_json(const Report& r, Encoding enc) {
@@ -298,6 +372,9 @@ std::string to_json(const Report& r, Encoding enc) {
   out += ",\"tokens\":" + dump(tokens);
   out += ",\"params\":" + dump(r.params);
   out += ",\"next_tokens\":" + dump(next);
+  if (!r.q_last.empty()) out += ",\"qk_q0\":" + std::to_string(r.qk_q0);
+  if (r.attribution) out += ",\"attribution\":" + dump(attribution_json(r, enc));
+  if (!r.lens.empty()) out += ",\"lens\":" + dump(lens_json(r));
   KeySpans ks;
   if (enc == Encoding::kPage) {
     ks = key_spans(r);
@@ -308,6 +385,22 @@ std::string to_json(const Report& r, Encoding enc) {
     const auto li = static_cast<std::size_t>(l);
     out += l ? ",{" : "{";
     out += "\"block_delta_norm\":" + dump(r.block_delta_norm[li]);
+    if (!r.q_last.empty()) {  // q [H][S − qk_q0][D], k [Hkv][S][D]
+      const auto nest = [&](const std::vector<float>& v, std::int64_t n0, std::int64_t n1) {
+        json a = json::array();
+        for (std::int64_t i = 0; i < n0; ++i) {
+          json b = json::array();
+          for (std::int64_t j = 0; j < n1; ++j) {
+            const auto at = static_cast<std::ptrdiff_t>((i * n1 + j) * r.qk_D);
+            b.push_back(std::vector<float>(v.begin() + at, v.begin() + at + r.qk_D));
+          }
+          a.push_back(std::move(b));
+        }
+        return a;
+      };
+      out += ",\"q\":" + dump(nest(r.q_last[li], r.H, r.S - r.qk_q0));
+      out += ",\"k\":" + dump(nest(r.k_all[li], r.qk_Hkv, r.S));
+    }
     if (enc == Encoding::kPage) {
       out += ",\"pattern_f32\":\"" + packed_b64(r.pattern[li], r, ks) + '"';
       out += ",\"scores_f32\":\"" + packed_b64(r.scores[li], r, ks) + '"';

@@ -19,11 +19,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "qkv/params.hpp"  // NormKind
 #include "qkv/types.hpp"
 
 namespace qkv::inspect {
@@ -41,6 +43,9 @@ struct Token {
 
 struct LayerInput {
   View scores, pattern, head_delta, block_delta;
+  // Optional (null data: none), for the query·key anatomy: q [H, S, D] and k [Hkv, S, D] after
+  // rotary, so that scores[h, i, j] = q[h, i] · k[h / (H / Hkv), j] / √D.
+  View q, k;
 };
 
 // What a head does, in numbers a reader can scan.
@@ -66,6 +71,57 @@ struct NextToken {
   double prob = 0, logit = 0;
 };
 
+// ---- Direct logit attribution and the logit lens (attribution.cpp) -----------------------------
+// The model ends with logits = W_U · (N(x_L) + b_N), x_L [C] the last position's residual and N
+// the final norm: RMSNorm g ⊙ x / σ, σ = √(mean(x²) + eps), or LayerNorm g ⊙ (x − mean x) / σ,
+// σ = √(var(x) + eps), with bias b_N. Holding σ at its value for the full x_L makes N linear, and
+// x_L is a sum of parts (embedding, every head's Δe_h, every layer's attention bias b_O and MLP
+// output), so each part's contribution to token t's logit is W_U[t] · N(part); with W_U[t] · b_N
+// they sum to the logit exactly.
+
+// One part's push on one token, and a head's strongest pushes.
+struct ScoredToken {
+  std::int32_t id = 0;
+  std::string text;
+  double value = 0;  // the contribution to that token's logit
+};
+
+struct TokenAttribution {
+  std::int32_t id = 0;
+  std::string text;
+  double logit = 0;                // the model's logit (from last_logits)
+  std::vector<double> heads;       // [L·H] W_U[t] · N(Δe_h) at the last position, layer-major
+  double embed = 0;                // the embedding (token + learned position)
+  std::vector<double> attn_bias;   // [L] b_O (0 without biases)
+  std::vector<double> mlp;         // [L] the MLP's output (with its bias b2)
+  double norm_bias = 0;            // W_U[t] · b_N (0 for RMSNorm)
+  double sum = 0;                  // all of the above: the logit, up to rounding
+};
+
+struct Attribution {
+  double sigma = 0;                       // the final norm's σ at the last position
+  std::vector<TokenAttribution> tokens;   // one per next_tokens entry, same order (first: predicted)
+  // [L·H]: the kTopPushed tokens whose logit N(Δe_h) raises most / lowers most (any token).
+  std::vector<std::vector<ScoredToken>> up, down;
+  std::vector<float> head_vectors;        // [L·H, C] N(Δe_h) at the last position (dot W_U[t] = push on t)
+};
+inline constexpr int kTopPushed = 5;
+
+// The logit lens: the final norm (its real, non-linear σ) and W_U applied to the residual after
+// every layer. Row 0 is the embedding, row l + 1 the residual after layer l (the last row gives
+// the model's own logits).
+struct LensRow {
+  std::vector<NextToken> top;        // the kLensTop most likely at the last position
+  std::vector<NextToken> positions;  // the most likely at positions lens_pos0 … S − 1
+};
+inline constexpr int kLensTop = 10;
+// Queries whose q vectors the report keeps for the anatomy view (keys: all S).
+inline constexpr std::int64_t kAnatomyQueries = 4;
+// Positions read through the lens besides the last: the last kLensPositions, and fewer when
+// (L + 1) · positions · V · C would exceed kLensBudget multiply-adds (a big vocabulary).
+inline constexpr std::int64_t kLensPositions = 64;
+inline constexpr double kLensBudget = 2e9;
+
 struct Report {
   ModelInfo model;
   std::string prompt;
@@ -77,6 +133,14 @@ struct Report {
   std::vector<std::vector<double>> block_delta_norm;  // [L][S] |Σ_h Δe_h| per token
   std::vector<NextToken> next_tokens;              // the 10 most likely, most likely first
   nlohmann::json params;                           // the `qkv params` scorekeeping, as given
+  // Query·key anatomy (when the layers gave q and k): the queries qk_q0 … S − 1 (the last
+  // kAnatomyQueries) of every head and every key; empty otherwise.
+  std::int64_t qk_q0 = 0, qk_D = 0, qk_Hkv = 0;
+  std::vector<std::vector<float>> q_last;          // [L][H · (S − qk_q0) · D]
+  std::vector<std::vector<float>> k_all;           // [L][Hkv · S · D]
+  std::optional<Attribution> attribution;          // add_attribution() fills these two
+  std::int64_t lens_pos0 = 0;
+  std::vector<LensRow> lens;                       // [L + 1], empty without add_attribution()
 
   float score(std::int64_t l, std::int64_t h, std::int64_t q, std::int64_t k) const {
     return scores[static_cast<std::size_t>(l)][static_cast<std::size_t>((h * S + q) * S + k)];
@@ -93,6 +157,22 @@ Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token
                    const std::vector<LayerInput>& layers, const View& last_logits,
                    const std::function<std::string(std::int32_t)>& token_text,
                    nlohmann::json params);
+
+// What add_attribution reads: plain f32 arrays, contiguous, shapes as written (C = d_model).
+struct ModelTail {
+  NormKind norm = NormKind::rmsnorm;
+  double eps = 1e-5;
+  const float* norm_w = nullptr;               // [C] g
+  const float* norm_b = nullptr;               // [C] b_N, or null (RMSNorm, LayerNorm without bias)
+  const float* unembed = nullptr;              // [V, C] W_U
+  const float* embed = nullptr;                // [S, C] residual before layer 0
+  std::vector<const float*> resid;             // L × [S, C] residual after layer l
+  std::vector<const float*> head_delta;        // L × [H, S, C] Δe_h
+  std::vector<const float*> out_bias;          // L × [C] b_O, or null
+};
+// Fills r.attribution (for every token of r.next_tokens) and r.lens from a report made by
+// make_report; throws std::invalid_argument if a pointer is null or the sizes disagree.
+void add_attribution(Report& r, const ModelTail& m, const std::function<std::string(std::int32_t)>& token_text);
 
 // A softmax row of S ≤ 4096 f32 weights computed in f32 sums to 1 within S·2^-24 ≈ 2.4e-4;
 // a row further off than 1e-3 is not a distribution and is refused.

@@ -373,6 +373,15 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
           for (std::int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
           out = static_cast<float>(scale * dot);
         }
+    // The vectors the scores are made of, after rotary: q [H, S, D], k [Hkv, S, D].
+    trace->q = Buffer(DType::f32, {H, S, D});
+    trace->k = Buffer(DType::f32, {Hkv, S, D});
+    for (std::int64_t s = 0; s < S; ++s) {
+      for (std::int64_t h = 0; h < H; ++h)
+        std::memcpy(trace->q.ptr<float>() + (h * S + s) * D, q + (s * H + h) * D, sizeof(float) * static_cast<std::size_t>(D));
+      for (std::int64_t g = 0; g < Hkv; ++g)
+        std::memcpy(trace->k.ptr<float>() + (g * S + s) * D, kc + (g * cap + s) * D, sizeof(float) * static_cast<std::size_t>(D));
+    }
     // Δe_h = W_O[:, h·D:(h+1)·D] · att_h for every position: head_delta [H, S, C].
     trace->head_delta = Buffer(DType::f32, {H, S, C});
     trace->block_delta = Buffer(DType::f32, {S, C});
@@ -680,17 +689,27 @@ void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
   const Config& c = w_.config;
   const auto S = static_cast<std::int64_t>(tokens.size());
   // What the trace keeps: per layer scores and pattern [H, S, S], head_delta [H, S, C] and
-  // block_delta [S, C]; then logits [S, V].
+  // block_delta [S, C], resid [S, C], q [H, S, D], k [Hkv, S, D]; then embed [S, C] and logits [S, V].
   check_memory(fn, "trace of " + std::to_string(S) + " tokens",
-               c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 1, S, c.dim}, 4)) +
-                   bytes_of({S, c.vocab_size}, 4));
+               c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 2, S, c.dim}, 4) +
+                             bytes_of({c.n_heads + c.n_kv_heads, S, c.head_dim()}, 4)) +
+                   bytes_of({S, c.dim}, 4) + bytes_of({S, c.vocab_size}, 4));
   const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity());
   KvCache cache(c, S);
   reserve(S);
   trace.layers.clear();
   trace.layers.resize(static_cast<std::size_t>(c.n_layers));
   blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, 0);
-  for (int l = 0; l < c.n_layers; ++l) block(l, S, 0, cache, &trace.layers[static_cast<std::size_t>(l)]);
+  const auto copy_x = [&](Buffer& to) {
+    to = Buffer(DType::f32, {S, c.dim});
+    std::memcpy(to.data(), x_.data(), sizeof(float) * static_cast<std::size_t>(S * c.dim));
+  };
+  copy_x(trace.embed);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerTrace& lt = trace.layers[static_cast<std::size_t>(l)];
+    block(l, S, 0, cache, &lt);
+    copy_x(lt.resid);
+  }
   trace.logits = Buffer(DType::f32, {S, c.vocab_size});
   norm(c, xb_.ptr<float>(), x_.ptr<float>(), w_.normf_w, w_.normf_b, S);
   project(xb_.ptr<float>(), w_.wcls, wcls_bf16_, nullptr, trace.logits.ptr<float>(), S, c.dim, c.vocab_size);

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     layers.push_back({qkv::View::contiguous(sc[l].data(), qkv::DType::f32, {H, S, S}),
                       qkv::View::contiguous(pa[l].data(), qkv::DType::f32, {H, S, S}),
                       qkv::View::contiguous(hd[l].data(), qkv::DType::f32, {H, S, d}),
-                      qkv::View::contiguous(bd[l].data(), qkv::DType::f32, {S, d})});
+                      qkv::View::contiguous(bd[l].data(), qkv::DType::f32, {S, d}), {}, {}});
   }
   std::vector<float> logits(V);
   for (auto& v : logits) v = static_cast<float>(nd(g));

@@ -105,6 +105,10 @@ def test_fixture_page(browser, tmp_path):
     browser.open(page)
     verify(checks_of(browser), doc)
     no_network(browser)
+    # No model tail in the fixture: no attribution or lens, and their sections are hidden.
+    assert "attribution" not in doc and "lens" not in doc
+    assert browser.eval("[$('attr-section').style.display, $('lens-section').style.display, $('qk-wrap').style.display]"
+                        ) == ["none", "none", "none"]
     # Seeds orientation: row = key, column = query. Query 11 attends key 9 (window of 4 in layer 1).
     q, k = 11, 9
     browser.eval("select(1, 2, false)")
@@ -222,7 +226,89 @@ def test_real_model_page(browser, tmp_path):
                     for i in (0, 1)])
     close = shot[:-4] + "-head.png"
     browser.screenshot(close)
-    print(f"screenshots: {shot}, {close}")
+    attr, lens = check_attribution_and_lens(browser, doc, shot)
+    anatomy = check_anatomy(browser, doc, shot)
+    print(f"screenshots: {shot}, {close}, {attr}, {lens}, {anatomy}")
+
+
+def check_anatomy(browser, doc, shot):
+    """Clicking a cell of the last query shows D products whose scaled sum is the cell's score."""
+    S, D = len(doc["tokens"]), doc["model"]["head_dim"]
+    l, h, q, k = 1, 3, S - 1, S - 2
+    browser.eval(f"select({l}, {h}, false); zoom = 22; layoutDetail()")
+    hover_cell(browser, k, q)  # seeds orientation: row = key, column = query
+    x, y = browser.eval(f"""(() => {{ const b = dcv.getBoundingClientRect();
+        return [b.left + LW + ({q} + 0.5) * zoom - wrap.scrollLeft, b.top + TH + ({k} + 0.5) * zoom - wrap.scrollTop]; }})()""")
+    browser.call("Input.dispatchMouseEvent", session=True, type="mousePressed", x=x, y=y, button="left", clickCount=1)
+    browser.call("Input.dispatchMouseEvent", session=True, type="mouseReleased", x=x, y=y, button="left", clickCount=1)
+    assert browser.eval("document.querySelectorAll('#qk-dims tr').length") == 1 + D + 2
+    score = float(browser.eval("document.getElementById('qk-score').textContent"))
+    want = doc["layers"][l]["heads"][h]["scores"][q][k]
+    assert abs(score - want) <= 1e-5 * (1 + abs(want)), (score, want)  # 6 digits shown
+    sel = browser.eval("document.getElementById('qk-sel').textContent")
+    assert f"{doc['layers'][l]['heads'][h]['pattern'][q][k]:.4f}" in sel, sel
+    browser.eval("tip.style.display = 'none'; window.scrollTo(0, document.getElementById('qk-wrap')"
+                 ".getBoundingClientRect().top + window.scrollY - 8)")
+    path = shot[:-4] + "-anatomy.png"
+    browser.screenshot(path)
+    return path
+
+
+def check_attribution_and_lens(browser, doc, shot):
+    """The attribution map shows every head's push on the chosen token as the JSON has it (hover
+    and click), the token can be changed, and the lens tables hold one row per layer + embedding.
+    Saves a screenshot of each view beside `shot`."""
+    A, Z = doc["attribution"], doc["lens"]
+    L, H = len(doc["layers"]), len(doc["layers"][0]["heads"])
+    assert browser.eval("document.querySelectorAll('#attr-map td.v').length") == L * H
+
+    def cell_center(l, h):
+        return browser.eval(f"""(() => {{ const td = document.querySelector('#attr-map td.v[data-l="{l}"][data-h="{h}"]');
+            td.scrollIntoView({{block: 'center'}}); const b = td.getBoundingClientRect();
+            return [b.left + b.width / 2, b.top + b.height / 2]; }})()""")
+
+    def hover(l, h):
+        browser.mouse(*cell_center(l, h))
+        tip = browser.eval("tip.style.display === 'block' ? tip.textContent : ''")
+        return float(re.search(r"push on “.*” (\S+)", tip).group(1)), tip
+
+    # The predicted token: the cell of layer L−1, head 0 (tooltip: 6 significant digits).
+    v, tip = hover(L - 1, 0)
+    want = A["tokens"][0]["heads"][L - 1][0]
+    assert f"layer {L - 1} head 0" in tip and abs(v - want) <= 1e-5 * max(1e-3, abs(want)), (tip, want)
+    # The sum shown equals the JSON's, which equals the model's logit (4 decimals shown).
+    shown = float(browser.eval("document.getElementById('attr-sum').textContent"))
+    assert abs(shown - A["tokens"][0]["sum"]) <= 5e-5 and abs(shown - doc["next_tokens"][0]["logit"]) <= 1e-4
+    # Clicking a head lists its strongest pushes as the JSON has them.
+    x, y = cell_center(2, 5)
+    browser.call("Input.dispatchMouseEvent", session=True, type="mousePressed", x=x, y=y, button="left", clickCount=1)
+    browser.call("Input.dispatchMouseEvent", session=True, type="mouseReleased", x=x, y=y, button="left", clickCount=1)
+    detail = browser.eval("document.getElementById('attr-detail').textContent")
+    assert detail.startswith("Layer 2, head 5:"), detail
+    for t in A["up"][2][5] + A["down"][2][5]:
+        assert f"{t['value']:+.3f}" in detail, (t, detail)
+    # Another of the ten likeliest tokens: the map redraws with its pushes.
+    browser.eval("const s = document.getElementById('attr-token'); s.value = '3'; s.dispatchEvent(new Event('change'))")
+    v, tip = hover(1, 2)
+    want = A["tokens"][3]["heads"][1][2]
+    assert abs(v - want) <= 1e-5 * max(1e-3, abs(want)), (tip, want)
+    browser.eval("const s2 = document.getElementById('attr-token'); s2.value = '0'; s2.dispatchEvent(new Event('change'));"
+                 "tip.style.display = 'none'; showTopHead()")
+    # The lens: the embedding and one row per layer, the last position's top token first.
+    rows = browser.eval("[...document.querySelectorAll('#lens-top tr')].map((r) => r.textContent)")
+    assert len(rows) == 1 + L + 1 and rows[1].startswith("embedding") and rows[-1].startswith(f"after layer {L - 1}")
+    for r, row in enumerate(Z["rows"]):
+        top = row["top"][0]
+        assert f"{top['prob']:.2f}" in rows[r + 1], (rows[r + 1], top)
+    n_pos = len(doc["tokens"]) - Z["pos0"]
+    assert browser.eval("document.querySelectorAll('#lens-pos tr')[1].cells.length") == 1 + n_pos
+    browser.eval("window.scrollTo(0, document.getElementById('attr-section').getBoundingClientRect().top + window.scrollY - 8)")
+    attr = shot[:-4] + "-attribution.png"
+    browser.screenshot(attr)
+    browser.eval("window.scrollTo(0, document.getElementById('lens-section').getBoundingClientRect().top + window.scrollY - 8)")
+    lens = shot[:-4] + "-lens.png"
+    browser.screenshot(lens)
+    return attr, lens
 
 
 def test_real_model_512_tokens(browser, tmp_path):
@@ -261,5 +347,10 @@ def test_trained_model_page(browser, tmp_path):
     # The weights counted tensor by tensor equal the file's own count (read here with safetensors).
     from safetensors.numpy import load_file
     assert doc["params"]["in_file"] == sum(t.size for t in load_file(str(run / "model.safetensors")).values())
+    # LayerNorm without bias, learned positions: the attribution's parts still sum to each logit
+    # (f64 sum of the f32 residual's parts vs the model's f32 logit of size ~1: f32 rounding).
+    for t in doc["attribution"]["tokens"]:
+        assert abs(t["sum"] - t["logit"]) <= 1e-5 * (1 + abs(t["logit"])), t
+    assert len(doc["lens"]["rows"]) == 3
     browser.open(out / "index.html")
     verify(checks_of(browser), doc)

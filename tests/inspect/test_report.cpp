@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 
 #include "inspect/page.hpp"
 #include "inspect/png.hpp"
+#include "qkv/model.hpp"
 
 namespace {
 
@@ -48,7 +50,7 @@ struct Tiny {
     return {{View::contiguous(scores.data(), DType::f32, {2, 3, 3}),
              View::contiguous(pattern.data(), DType::f32, {2, 3, 3}),
              View::contiguous(head_delta.data(), DType::f32, {2, 3, 2}),
-             View::contiguous(block_delta.data(), DType::f32, {3, 2})}};
+             View::contiguous(block_delta.data(), DType::f32, {3, 2}), {}, {}}};
   }
   qi::Report report() {
     qi::ModelInfo m{"tiny", 1, 2, 1, 1, 2, 12, 8};
@@ -260,6 +262,138 @@ TEST(InspectPng, LayerPictureShowsDotsAndMasks) {
   // Row k = 0, column q = 2 has weight 0 but is allowed: paper.
   EXPECT_EQ(px(x0 + 2 * 24 + 12, y0 + 0 * 24 + 12), (std::vector<int>{255, 255, 255}));
   EXPECT_THROW(qi::render_layer(r, 1), std::invalid_argument);
+}
+
+// ---- Direct logit attribution and the lens on a real forward pass ---------------------------------
+// A small random model of each family (GPT-2: LayerNorm with biases, learned positions, GELU;
+// Llama: RMSNorm, rotary, SwiGLU, GQA), traced over 9 tokens. The parts' contributions must sum
+// to the model's own f32 logit, and the lens's last row must give the model's own top tokens.
+// Tolerance: the model's logit is an f32 dot of C terms after an f32 norm, so it may be off from
+// the exact value by about C·2^-24·Σ_c |W_U[t, c]·y_c| (y the normed vector); we allow twice that.
+void check_sum_rule(const qkv::Config& cfg, std::uint64_t seed) {
+  qkv::Weights w = qkv::Weights::random(cfg, seed, 0.3f);
+  // Non-zero biases so that b_O and the final norm's bias take part (random() leaves them 0).
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 0.2f);
+  for (auto& l : w.layers)
+    for (float* b : {l.bo, l.b2})
+      if (b) for (std::int64_t c = 0; c < cfg.dim; ++c) b[c] = nd(g);
+  if (w.normf_b) for (std::int64_t c = 0; c < cfg.dim; ++c) w.normf_b[c] = nd(g);
+  qkv::Model model(w);
+  const std::vector<int> ids{1, 5, 9, 2, 7, 7, 3, 11, 4};
+  qkv::Trace tr;
+  model.forward_trace(ids, tr);
+  const std::int64_t S = 9, C = cfg.dim, V = cfg.vocab_size;
+  std::vector<qi::LayerInput> layers;
+  for (const auto& t : tr.layers) {
+    layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view(), t.q.view(), t.k.view()});
+  }
+  std::vector<qi::Token> tokens;
+  for (int id : ids) tokens.push_back({id, "t" + std::to_string(id)});
+  const auto text = [](std::int32_t id) { return "t" + std::to_string(id); };
+  qi::Report r = qi::make_report({"random", cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim(), C, V, cfg.seq_len},
+                                 "p", tokens, layers,
+                                 View::contiguous(tr.logits.ptr<float>() + (S - 1) * V, DType::f32, {V}), text, {});
+  qi::ModelTail tail{cfg.norm, cfg.norm_eps, w.normf_w, w.normf_b, w.wcls, tr.embed.ptr<float>(), {}, {}, {}};
+  for (std::size_t l = 0; l < tr.layers.size(); ++l) {
+    tail.resid.push_back(tr.layers[l].resid.ptr<float>());
+    tail.head_delta.push_back(tr.layers[l].head_delta.ptr<float>());
+    tail.out_bias.push_back(w.layers[l].bo);
+  }
+  qi::add_attribution(r, tail, text);
+  ASSERT_TRUE(r.attribution.has_value());
+  const qi::Attribution& a = *r.attribution;
+  ASSERT_EQ(a.tokens.size(), 10u);
+
+  // y = the final norm's output at the last position, in f64, for the tolerance's scale.
+  const float* x = tr.layers.back().resid.ptr<float>() + (S - 1) * C;
+  double mean = 0, ss = 0;
+  if (cfg.norm == qkv::NormKind::layernorm) {
+    for (std::int64_t c = 0; c < C; ++c) mean += x[c];
+    mean /= static_cast<double>(C);
+  }
+  for (std::int64_t c = 0; c < C; ++c) ss += (x[c] - mean) * (x[c] - mean);
+  const double sigma = std::sqrt(ss / static_cast<double>(C) + cfg.norm_eps);
+  EXPECT_NEAR(a.sigma, sigma, 1e-12 * sigma);
+  double worst = 0;
+  for (const qi::TokenAttribution& t : a.tokens) {
+    double scale = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double y = w.normf_w[c] * (x[c] - mean) / sigma + (w.normf_b ? w.normf_b[c] : 0.0);
+      scale += std::abs(w.wcls[t.id * C + c] * y);
+    }
+    const double tol = 2 * static_cast<double>(C) * std::ldexp(1.0, -24) * scale;
+    ASSERT_EQ(t.heads.size(), static_cast<std::size_t>(cfg.n_layers * cfg.n_heads));
+    EXPECT_NEAR(t.sum, t.logit, tol) << "token " << t.id;
+    worst = std::max(worst, std::abs(t.sum - t.logit) / scale);
+    if (cfg.bias) {
+      EXPECT_NE(t.norm_bias, 0.0);
+      EXPECT_NE(t.attn_bias[0], 0.0);
+    }
+  }
+  std::printf("%s: max |Σ parts − logit| / Σ|W_U·y| = %.3g (allowed 2·C·2^-24 = %.3g)\n",
+              cfg.norm == qkv::NormKind::layernorm ? "LayerNorm" : "RMSNorm", worst,
+              2 * static_cast<double>(C) * std::ldexp(1.0, -24));
+  // The lens: embedding + one row per layer; its last row at the last position is the model's top 10.
+  ASSERT_EQ(r.lens.size(), static_cast<std::size_t>(cfg.n_layers + 1));
+  EXPECT_EQ(r.lens_pos0, 0);
+  const qi::LensRow& out = r.lens.back();
+  ASSERT_EQ(out.top.size(), 10u);
+  ASSERT_EQ(out.positions.size(), static_cast<std::size_t>(S));
+  for (std::size_t i = 0; i < 10; ++i) {
+    EXPECT_NEAR(out.top[i].logit, r.next_tokens[i].logit, 1e-4 * (1 + std::abs(r.next_tokens[i].logit)));
+    EXPECT_NEAR(out.top[i].prob, r.next_tokens[i].prob, 1e-5);
+  }
+  EXPECT_EQ(out.positions.back().id, r.next_tokens[0].id);
+  // Heads' top pushes are sorted and consistent with the per-token numbers: the push of the head
+  // with the largest push on the predicted token is ≥ that push for its own top token.
+  for (std::size_t i = 0; i < a.up.size(); ++i) {
+    ASSERT_EQ(a.up[i].size(), static_cast<std::size_t>(qi::kTopPushed));
+    EXPECT_GE(a.up[i][0].value, a.up[i][1].value);
+    EXPECT_LE(a.down[i][0].value, a.down[i][1].value);
+    EXPECT_GE(a.up[i][0].value + 1e-12, a.tokens[0].heads[i]);
+    EXPECT_LE(a.down[i][0].value - 1e-12, a.tokens[0].heads[i]);
+  }
+  // Query·key anatomy: the last kAnatomyQueries queries' q · k / √D is the traced score (both f32
+  // vectors, dot in f64 here and in the trace: equal to f32 rounding of the score, 1e-6 relative).
+  ASSERT_EQ(r.q_last.size(), static_cast<std::size_t>(cfg.n_layers));
+  const std::int64_t D = cfg.head_dim(), nq = S - r.qk_q0, group = cfg.n_heads / cfg.n_kv_heads;
+  EXPECT_EQ(nq, qi::kAnatomyQueries);
+  for (std::int64_t l = 0; l < cfg.n_layers; ++l)
+    for (std::int64_t h = 0; h < cfg.n_heads; ++h)
+      for (std::int64_t i = r.qk_q0; i < S; ++i)
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (std::int64_t e = 0; e < D; ++e) {
+            dot += double{r.q_last[l][(h * nq + i - r.qk_q0) * D + e]} * r.k_all[l][((h / group) * S + j) * D + e];
+          }
+          const double score = dot / std::sqrt(static_cast<double>(D));
+          EXPECT_NEAR(score, r.score(l, h, i, j), 1e-6 * (1 + std::abs(score)));
+        }
+  // The JSON carries both, with the head vectors [L][H][C] in the nested encoding only.
+  const auto j = nlohmann::json::parse(qi::to_json(r, qi::Encoding::kJson));
+  EXPECT_EQ(j["attribution"]["tokens"][0]["heads"].size(), static_cast<std::size_t>(cfg.n_layers));
+  EXPECT_EQ(j["attribution"]["head_vectors"][0][0].size(), static_cast<std::size_t>(C));
+  EXPECT_EQ(j["lens"]["rows"].size(), static_cast<std::size_t>(cfg.n_layers + 1));
+  EXPECT_EQ(j["qk_q0"], r.qk_q0);
+  EXPECT_EQ(j["layers"][0]["q"][0].size(), static_cast<std::size_t>(nq));
+  EXPECT_EQ(j["layers"][0]["k"].size(), static_cast<std::size_t>(cfg.n_kv_heads));
+  EXPECT_EQ(j["layers"][0]["k"][0][0].size(), static_cast<std::size_t>(D));
+  EXPECT_FALSE(nlohmann::json::parse(qi::to_json(r, qi::Encoding::kPage))["attribution"].contains("head_vectors"));
+}
+
+TEST(InspectAttribution, PartsSumToTheLogitGpt2Style) {
+  qkv::Config c;
+  c.dim = 24; c.hidden_dim = 96; c.n_layers = 2; c.n_heads = 3; c.n_kv_heads = 3; c.vocab_size = 40; c.seq_len = 16;
+  c.pos = qkv::PosEncoding::learned; c.norm = qkv::NormKind::layernorm; c.mlp = qkv::MlpKind::gelu;
+  c.tied_embeddings = false; c.bias = true;
+  check_sum_rule(c, 7);
+}
+
+TEST(InspectAttribution, PartsSumToTheLogitLlamaStyle) {
+  qkv::Config c;
+  c.dim = 32; c.hidden_dim = 64; c.n_layers = 3; c.n_heads = 4; c.n_kv_heads = 2; c.vocab_size = 50; c.seq_len = 16;
+  check_sum_rule(c, 11);
 }
 
 }  // namespace
