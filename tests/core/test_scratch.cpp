@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/scratch.hpp"
+#include "support/fork_testing.hpp"
 
 namespace {
 
@@ -87,6 +88,24 @@ TEST(Scratch, ConcurrentLeasesNeverOverlap) {
     });
   for (auto& th : ts) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
+}
+
+// fork() while another thread leases and returns blocks: the pool's mutex is held across fork()
+// (pthread_atfork), so a child never inherits it locked by a thread it does not have. The busy
+// thread spends most of its time inside that mutex; the child leases, fills and returns a block.
+TEST(Scratch, ForkedChildLeasesWhileAnotherThreadDoes) {
+  auto busy = [](long k) {
+    Lease ls[8];
+    for (int i = 0; i < 8; ++i) ls[i] = lease(static_cast<std::size_t>(64 + 4096 * ((k + i) % 9)));
+    for (const Lease& l : ls) qkv::scratch_return(l.p, l.size);
+  };
+  auto child = [] {
+    const Lease a = lease(5000);
+    std::memset(a.p, 7, a.size);
+    qkv::scratch_return(a.p, a.size);
+    return a.size >= 5000;
+  };
+  EXPECT_EQ(qkv::testing::fork_while_busy(busy, child, 60), "");
 }
 
 }  // namespace
