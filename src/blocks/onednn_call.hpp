@@ -6,10 +6,9 @@
 // no thread left to unlock it, and its first GEMM waits forever.
 //
 // So every call qkv makes into oneDNN, building a primitive or running one (linear.cpp's sgemm,
-// gemm_bf16.cpp's matmuls and reorders), is made inside a OneDnnCall: a pthread_atfork handler
-// stops new calls from starting, waits for the running ones to return (at most one GEMM's time),
-// and lets calls start again after fork() in both processes. Calls never wait for one another
-// otherwise: entering and leaving cost one atomic add each. Nested OneDnnCalls on one thread count
+// gemm_bf16.cpp's matmuls and reorders), is made inside a OneDnnCall, a region of a ForkGate
+// (core/fork_gate.hpp): before fork() new calls are held back and the running ones finish (at most
+// one GEMM's time), after it calls go on in both processes. Nested OneDnnCalls on one thread count
 // once. gemm_bf16.cpp's primitive-cache mutex is taken only inside one, so it is never held at a
 // fork either.
 #pragma once
