@@ -164,6 +164,8 @@ lines = {
     "help_command.txt": ["help", "completion"],
     # Regression: a flag's value that is not one ("stoll" escaped CLI11's usage errors).
     "regress_flag_value.txt": ["params", "--preset", "gpt2", "--no-bias=input.txt"],
+    # Regression: a number out of range given to a negated flag ("stoll" as std::out_of_range).
+    "regress_negated_flag_range.txt": ["params", "--preset", "gpt2", "--no-bias=99999999999999999999"],
 }
 for name, words in lines.items():
     put("cli", name, "\n".join(words))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what is missing, builds with warnings as
 # errors (preset ci) and runs every test, then builds again under AddressSanitizer + UBSan (preset
-# asan) and runs every test there too. Later parts of the project append their suites below.
+# asan) and runs every test there too, and the threading tests under ThreadSanitizer (preset tsan).
+# Later parts of the project append their suites below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,9 @@ echo "== build and test: preset asan (AddressSanitizer + UndefinedBehaviorSaniti
 cmake --preset asan
 cmake --build --preset asan -j2
 ctest --preset asan -j2
+
+echo "== ThreadSanitizer: the thread pool, the scratch pool, concurrent callers (scripts/tsan.sh, docs/threads.md)"
+bash scripts/tsan.sh
 
 echo "== Python package: pip install . (the wheel: module, qkv command), then pytest"
 # The same CMake project through scikit-build-core; build-python/ keeps the build between runs.

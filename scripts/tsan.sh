@@ -6,6 +6,9 @@
 # Any report fails the run (halt_on_error). qkv's parallelism is its own thread pool on std::thread
 # and std::atomic (src/core/parallel.cpp), which TSan sees whole: no suppressions.
 #
+# scripts/test.sh (CI) runs it. The stress tests run fewer rounds under TSan (tests/support/sanitizers.hpp).
+# Measured figures: docs/threads.md.
+#
 # Parallel.ForkedChildComputes is left out here: TSan does not support a child that starts threads
 # after a multi-threaded parent forked (it stops such a child); the ordinary build runs it.
 #

@@ -18,6 +18,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <pthread.h>
+
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -25,6 +27,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/fork_gate.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/memory.hpp"
 #include "qkv/mha.hpp"
@@ -297,11 +300,26 @@ F32Array to_numpy(qkv::Buffer&& b) {
 // the model runs) take turns through `mu`, held for a whole forward / trace / generate / reset
 // (taken after the GIL is released, and let go before it is taken back, so neither lock waits on
 // the other). Without it two threads generating on one model wrote each other's buffers.
+//
+// fork(): a thread running a model holds its `mu` and has its buffers and cache half written; a
+// child forked then inherited both, and its first call on that model hung. So every model call
+// also passes model_gate(), a ForkGate (src/core/fork_gate.hpp): fork() waits until the models
+// being run have returned (a generate() of a few hundred tokens: well under a second for small
+// models, longer for large ones). Its fork handlers are registered when the first model is made,
+// after the library's own (OneDnnCall's gate, the scratch pool), so that they run first: a model
+// call passes those while it finishes. Test: python/tests/test_fork.py.
+qkv::ForkGate& model_gate() {
+  static qkv::ForkGate gate;
+  [[maybe_unused]] static const int registered = pthread_atfork(
+      [] { model_gate().before_fork(); }, [] { model_gate().after_fork(); }, [] { model_gate().after_fork(); });
+  return gate;
+}
+
 struct PyModel {
   qkv::Model model;
   qkv::KvCache cache;
   std::mutex mu;
-  PyModel(qkv::Weights w, qkv::ModelOptions o) : model(std::move(w), o), cache(model.new_cache()) {}
+  PyModel(qkv::Weights w, qkv::ModelOptions o) : model(std::move(w), o), cache(model.new_cache()) { model_gate(); }
 };
 
 std::vector<int> to_tokens(const char* fn, const std::vector<std::int64_t>& t) {
@@ -324,6 +342,7 @@ F32Array model_forward(PyModel& self, const std::vector<std::int64_t>& tokens, b
   qkv::Buffer logits(qkv::DType::f32, all_logits ? std::vector<std::int64_t>{rows, V} : std::vector<std::int64_t>{V});
   {
     nb::gil_scoped_release unlocked;
+    const qkv::ForkGate::Pass no_fork_meanwhile(model_gate());
     const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     self.model.forward(std::span<const int>(t), self.cache, logits.ptr<float>(), all_logits);
   }
@@ -336,6 +355,7 @@ std::tuple<nb::list, F32Array> model_trace(PyModel& self, const std::vector<std:
   qkv::Trace tr;
   {
     nb::gil_scoped_release unlocked;
+    const qkv::ForkGate::Pass no_fork_meanwhile(model_gate());
     const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     self.model.forward_trace(t, tr);
   }
@@ -366,6 +386,7 @@ std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate
   qkv::GenerateStats st;
   {
     nb::gil_scoped_release unlocked;
+    const qkv::ForkGate::Pass no_fork_meanwhile(model_gate());
     const std::lock_guard<std::mutex> one_at_a_time(self.mu);
     st = qkv::generate(self.model, tok, prompt, o, [&text](std::string_view piece) { text += piece; });
   }
@@ -488,12 +509,14 @@ NB_MODULE(_qkv, m) {
       .def_prop_ro("position",
                    [](PyModel& self) {
                      nb::gil_scoped_release unlocked;
+                     const qkv::ForkGate::Pass no_fork_meanwhile(model_gate());
                      const std::lock_guard<std::mutex> one_at_a_time(self.mu);
                      return self.cache.len;
                    })
       .def("reset",
            [](PyModel& self) {
              nb::gil_scoped_release unlocked;
+             const qkv::ForkGate::Pass no_fork_meanwhile(model_gate());
              const std::lock_guard<std::mutex> one_at_a_time(self.mu);
              self.cache.clear();
            })

@@ -22,6 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = ROOT / "data/models/stories260K/stories260K.bin"
 TOKENIZER = ROOT / "data/models/stories260K/tok512.bin"
 TIMEOUT = 120  # seconds; the work below takes well under one on two busy cores
+CHILD_TIMEOUT = 20  # seconds for one child's 40-token generation (milliseconds of work)
 
 
 def inputs(seed):
@@ -81,3 +82,43 @@ def test_torch_dataloader_workers_call_qkv():
     assert len(got) == 6
     for g, want in zip(got, expected):
         np.testing.assert_array_equal(g, want)
+
+
+def test_fork_while_another_thread_runs_the_same_model():
+    # A thread generates on a model in a loop while this one forks; each child generates on that
+    # same model. Before fork() waited for running models (python/src/bindings.cpp, model_gate),
+    # the child inherited the model's lock held by a thread it does not have: 10 children of 10
+    # hung. Oracle: the same greedy generation made before the thread started.
+    import os
+    import signal
+    import threading
+
+    model = qkv.Model.load(MODEL)
+    tok = qkv.Tokenizer.load(TOKENIZER, model.config["vocab_size"])
+    want = model.generate(tok, "Once upon a time", steps=40, temperature=0)
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            model.generate(tok, "The little dog", steps=200, temperature=0)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    failures = []
+    try:
+        for i in range(10):
+            pid = os.fork()
+            if pid == 0:  # the child: one generation under an alarm, then out without cleanup
+                signal.alarm(CHILD_TIMEOUT)
+                os._exit(0 if model.generate(tok, "Once upon a time", steps=40, temperature=0) == want else 1)
+            _, status = os.waitpid(pid, 0)
+            if os.WIFSIGNALED(status):
+                failures.append(f"child {i} killed by signal {os.WTERMSIG(status)} (SIGALRM: it hung)")
+            elif os.WEXITSTATUS(status) != 0:
+                failures.append(f"child {i} generated another text")
+            if failures:
+                break
+    finally:
+        stop.set()
+        t.join()
+    assert failures == []

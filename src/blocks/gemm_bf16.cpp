@@ -7,6 +7,9 @@
 //   bias → (sum: y += …, beta = 1) → eltwise (GELU, tanh or erf form) → rounding to bf16 (bf16 y).
 // Primitives are compiled (JIT) once per shape and epilogue and kept: a model uses a handful of
 // shapes per prompt length.
+// Threads and fork(): every function below that reaches oneDNN does so inside a OneDnnCall
+// (onednn_call.hpp), so a fork() never happens while this file's primitive list, its mutex, or
+// oneDNN's own caches are being changed by another thread.
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -16,6 +19,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "blocks/dense.hpp"
+#include "blocks/onednn_call.hpp"
 
 namespace qkv::blocks {
 namespace {
@@ -52,6 +56,7 @@ dnnl::memory::desc packed_desc(i64 in, i64 out) {
 // The primitive for one shape and epilogue, compiled on first use, or an empty one where a packed
 // W's layout is not the one this primitive asks for (the caller then takes the plain W). Kept in
 // a short list (a model needs ≈ 5 entries per prompt length); past 64 entries it starts again.
+// Called inside a OneDnnCall.
 dnnl::matmul primitive(const Key& key, const dnnl::memory::desc* packed) {
   static std::mutex mu;
   static std::vector<Cached> cache;
@@ -91,6 +96,7 @@ PackedBf16::PackedBf16(const std::uint16_t* W, i64 in, i64 out) {
     fail("qkv::blocks::PackedBf16", "W, in, out: need a matrix, got " + std::string(W ? "" : "null W, ") +
                                         "in = " + std::to_string(in) + ", out = " + std::to_string(out));
   try {
+    const OneDnnCall call;
     auto impl = std::make_shared<Impl>();
     impl->in = in;
     impl->out = out;
@@ -124,6 +130,7 @@ void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* 
                  ", got in = " + std::to_string(in) + ", out = " + std::to_string(out));
   const bool y_bf16 = y_dtype == DType::bf16;
   try {
+    const OneDnnCall call;
     const Key key{M, in, out, b != nullptr, beta != 0.0f, act, y_bf16, pk != nullptr};
     dnnl::matmul prim = primitive(key, pk ? &pk->desc : nullptr);
     if (!prim) {  // this primitive wants W in another layout than the packed one: the plain W

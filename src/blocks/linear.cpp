@@ -4,6 +4,8 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include "blocks/onednn_call.hpp"
+
 namespace qkv::blocks {
 namespace {
 
@@ -11,6 +13,7 @@ namespace {
 void sgemm(char ta, char tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, std::int64_t lda,
            const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
+  const OneDnnCall call;  // fork() safety: onednn_call.hpp
   [[maybe_unused]] const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
   assert(st == dnnl_success);
 }

@@ -210,7 +210,8 @@ void add_attend(CLI::App& app) {
   cmd->add_option("--heads", args->heads, "attention heads")->check(at_least(1))->capture_default_str();
   cmd->add_option("--d-head", args->d_head, "query/key/value size of each head")->check(at_least(1))->capture_default_str();
   cmd->add_option("--seed", args->seed, "seed of the random embeddings and weights")->capture_default_str();
-  cmd->add_flag("--causal,!--no-causal", args->causal, "mask later tokens (as GPT does); default on");
+  add_flag_pair(cmd, "--causal", "--no-causal", [args](bool on) { args->causal = on; },
+                "mask later tokens (as GPT does); default on");
   cmd->add_flag("--full", args->full,
                 "print the whole grid; without it a text of more than 64 words shows the first 64 (a grid of T "
                 "words is about 9·T² characters)");

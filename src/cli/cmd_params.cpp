@@ -229,14 +229,10 @@ void add_params(CLI::App& app) {
   cmd->add_option("--mlp", args->mlp, "MLP kind")->check(CLI::IsMember({"gelu", "swiglu"}));
   cmd->add_option("--norm", args->norm, "norm kind")->check(CLI::IsMember({"layernorm", "rmsnorm"}));
   cmd->add_option("--positions", args->positions, "position encoding")->check(CLI::IsMember({"learned", "rotary"}));
-  cmd->add_flag_function(
-      "--bias,!--no-bias", [args](std::int64_t n) { args->bias = n > 0 ? 1 : 0; },
-      "biases on the projections, the MLP and LayerNorm (nanoGPT's bias flag)")
-      ->check(flag_value());
-  cmd->add_flag_function(
-      "--tied,!--untied", [args](std::int64_t n) { args->tied = n > 0 ? 1 : 0; },
-      "unembedding tied to the token embedding")
-      ->check(flag_value());
+  add_flag_pair(cmd, "--bias", "--no-bias", [args](bool on) { args->bias = on ? 1 : 0; },
+                "biases on the projections, the MLP and LayerNorm (nanoGPT's bias flag)");
+  add_flag_pair(cmd, "--tied", "--untied", [args](bool on) { args->tied = on ? 1 : 0; },
+                "unembedding tied to the token embedding");
   cmd->add_flag("--json", args->json, "print the counts as one JSON document");
   cmd->callback([args] {
     const ModelShape s = shape_from(*args);

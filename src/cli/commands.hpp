@@ -5,7 +5,9 @@
 // src/cli/CMakeLists.txt picks up every cmd_*.cpp by itself.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -66,6 +68,20 @@ inline CLI::Validator flag_value() {
         return {};
       },
       "");
+}
+
+// A flag and its negation as two options, NAME and NEGATION ("--bias", "--no-bias"), each taking an
+// optional flag value checked by flag_value(); set(on) runs as each one is parsed, so the last one
+// given wins. Not CLI11's "--bias,!--no-bias": CLI11 2.1.2 converts a value given to the negated
+// name with std::stoll while parsing, before any validator, and catches only invalid_argument, so
+// `qkv params --no-bias=99999999999999999999` escaped as std::out_of_range ("qkv: error: stoll",
+// exit 1; found by fuzz/fuzz_cli.cpp, docs/fuzzing.md finding 5).
+inline void add_flag_pair(CLI::App* cmd, const std::string& name, const std::string& negation,
+                          std::function<void(bool)> set, const std::string& help) {
+  cmd->add_flag_function(name, [set](std::int64_t n) { set(n > 0); }, help)->check(flag_value())->trigger_on_parse();
+  cmd->add_flag_function(negation, [set](std::int64_t n) { set(n <= 0); }, "the opposite of " + name)
+      ->check(flag_value())
+      ->trigger_on_parse();
 }
 
 #define QKV_CLI_DECLARE(name) void add_##name(CLI::App& app);

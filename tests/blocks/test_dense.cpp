@@ -13,6 +13,7 @@
 #include "blocks/layers.hpp"
 #include "kernels/cpu/simd_common.hpp"
 #include "qkv/attention.hpp"
+#include "support/fork_testing.hpp"
 
 namespace {
 
@@ -381,6 +382,52 @@ TEST(Dense, GeluMatchesTanhFormOnEveryIsa) {
     qkv::blocks::gelu_fast(&out, &nan, 1, 1, isa);
     EXPECT_TRUE(std::isnan(out)) << qkv::isa_name(isa) << ": NaN in, NaN out";
   }
+}
+
+// fork() while another thread is building and running bf16 GEMMs (issue #16, item 2): each new
+// shape compiles a oneDNN primitive under gemm_bf16.cpp's cache mutex, and each PackedBf16 makes a
+// reorder primitive; a child forked meanwhile must still run one of its own (blocks/onednn_call.hpp).
+// The busy thread's shapes never repeat (M, in, out from k), so it spends most of its time inside
+// that mutex: before OneDnnCall the child hung within the first 20 forks in each of three runs.
+// The child's GEMM is checked against the f64 twin with GemmBf16MatchesReference's bound.
+TEST(Dense, ForkedChildRunsBf16GemmWhileAnotherThreadBuildsOne) {
+  constexpr std::int64_t kMaxM = 20, kMaxIn = 72, kMaxOut = 72;
+  const auto xs = randn(kMaxM * kMaxIn, 61), Ws = randn(kMaxOut * kMaxIn, 62);
+  std::vector<std::uint16_t> Wsb(Ws.size());
+  qkv::blocks::f32_to_bf16(Wsb.data(), Ws.data(), static_cast<std::int64_t>(Ws.size()));
+  std::vector<float> ys(kMaxM * kMaxOut);
+  auto busy = [&](long k) {
+    const std::int64_t M = 5 + k % 16, in = 8 + (k / 16) % 64, out = 8 + (k / 1024) % 64;
+    if (k % 2) {
+      qkv::blocks::gemm_bf16(xs.data(), Wsb.data(), nullptr, ys.data(), M, in, out, 0.0f, 1, qkv::cpu_isa());
+    } else {
+      std::vector<std::uint16_t> xb(static_cast<std::size_t>(M * in));
+      qkv::blocks::f32_to_bf16(xb.data(), xs.data(), M * in);
+      const qkv::blocks::PackedBf16 packed(Wsb.data(), in, out);
+      qkv::blocks::gemm_bf16_in(xb.data(), Wsb.data(), nullptr, ys.data(), qkv::DType::f32, M, in, out, 0.0f,
+                                qkv::blocks::GemmAct::none, &packed);
+    }
+  };
+  auto child = [] {
+    const std::int64_t M = 6, in = 7, out = 3;
+    const auto x = randn(M * in, 63), W = randn(out * in, 64);
+    std::vector<std::uint16_t> Wb(W.size()), xb(x.size());
+    qkv::blocks::f32_to_bf16(Wb.data(), W.data(), out * in);
+    qkv::blocks::f32_to_bf16(xb.data(), x.data(), M * in);
+    std::vector<float> xr(x.size()), y(M * out), r(M * out);
+    for (std::size_t i = 0; i < x.size(); ++i) xr[i] = qkv::bf16_to_f32(xb[i]);
+    qkv::blocks::gemm_bf16(x.data(), Wb.data(), nullptr, y.data(), M, in, out, 0.0f, 2, qkv::cpu_isa());
+    qkv::blocks::gemv_reference(xr.data(), nullptr, Wb.data(), nullptr, r.data(), M, in, out, 0.0f);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t o = 0; o < out; ++o) {
+        double mag = 0;
+        for (std::int64_t i = 0; i < in; ++i) mag += std::abs(double(xr[m * in + i]) * qkv::bf16_to_f32(Wb[o * in + i]));
+        if (!(std::abs(double(y[m * out + o]) - r[m * out + o]) <= (in + 2) * std::ldexp(1.0, -24) * mag)) return false;
+      }
+    return true;
+  };
+  ASSERT_TRUE(child()) << "the call the children make, in the parent";
+  EXPECT_EQ(qkv::testing::fork_while_busy(busy, child, 60), "");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "blocks/linear.hpp"
+#include "support/fork_testing.hpp"
 
 namespace {
 
@@ -74,6 +75,30 @@ TEST(Linear, BackwardMatchesClosedForm) {
   }
   std::printf("max gradient error = %.3g\n", err);
   EXPECT_LT(err, 1e-4);  // sums of ≤ 11 products of N(0,1) in f32: error ~1e-6
+}
+
+// fork() while another thread runs oneDNN's sgemm: oneDNN 2.6 takes a process-wide mutex in every
+// sgemm call (blocks/onednn_call.hpp), and a child forked while another thread held it hung in its
+// own first sgemm. The busy thread's GEMMs are tiny, so that a good share of its time is spent
+// inside that mutex: without OneDnnCall a child hung within the first 25 forks in each of three
+// runs. Same tolerance as ForwardMatchesReference.
+TEST(Linear, ForkedChildRunsSgemmWhileAnotherThreadDoes) {
+  const auto xs = randn(4 * 8, 11), Ws = randn(8 * 8, 12);
+  std::vector<float> ys(4 * 8);
+  auto busy = [&](long k) {
+    qkv::blocks::linear_forward(xs.data(), Ws.data(), nullptr, ys.data(), 1 + k % 4, 1 + (k / 4) % 8, 1 + (k / 32) % 8);
+  };
+  auto child = [] {
+    const std::int64_t N = 7, in = 67, out = 13;
+    const auto x = randn(N * in, 1), W = randn(out * in, 2), b = randn(out, 3);
+    std::vector<float> y(N * out), r(N * out);
+    qkv::blocks::linear_forward(x.data(), W.data(), b.data(), y.data(), N, in, out);
+    qkv::blocks::linear_forward_reference(x.data(), W.data(), b.data(), r.data(), N, in, out);
+    for (std::size_t i = 0; i < y.size(); ++i)
+      if (!(std::abs(double(y[i]) - r[i]) < 1e-4)) return false;
+    return true;
+  };
+  EXPECT_EQ(qkv::testing::fork_while_busy(busy, child, 200), "");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "qkv/attention.hpp"
 #include "qkv/model.hpp"
+#include "support/sanitizers.hpp"
 
 namespace {
 
@@ -74,7 +75,7 @@ std::vector<float> model_round(const qkv::Weights& w) {
 TEST(ConcurrentCallers, AttentionBackwardAndModelsGiveTheirAloneResults) {
   const qkv::Weights w = qkv::load_llama2c(kModel);
   const std::vector<float> att_alone = attention_round(5), model_alone = model_round(w);
-  constexpr int kEach = 3, kRounds = 4;  // 3 attention callers and 3 model callers
+  constexpr int kEach = 3, kRounds = qkv::testing::tsan_rounds(4);  // 3 attention callers and 3 model callers
   std::vector<int> differ(2 * kEach, 0);
   std::vector<std::thread> callers;
   for (int c = 0; c < 2 * kEach; ++c)

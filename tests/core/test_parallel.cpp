@@ -13,6 +13,7 @@
 
 #include "core/parallel.hpp"
 #include "core/spin_barrier.hpp"
+#include "support/sanitizers.hpp"
 
 namespace {
 
@@ -59,7 +60,7 @@ TEST(Parallel, ThreadIndexInRangeAndUniquePerCall) {
 
 TEST(Parallel, TeamMeetsAtBarriers) {
   // Each round r: every member writes slot[t] = r·100 + t, meets, checks every slot, meets.
-  constexpr int kThreads = 3, kRounds = 200;
+  constexpr int kThreads = 3, kRounds = qkv::testing::tsan_rounds(200);
   std::vector<std::atomic<int>> slot(kThreads);
   std::atomic<int> wrong{0}, members{0};
   qkv::SpinBarrier meet;
@@ -103,7 +104,7 @@ TEST(Parallel, NestedCallsRunOnTheCallingThread) {
 }
 
 TEST(Parallel, ExceptionReachesTheCallerAndThePoolStillWorks) {
-  for (int round = 0; round < 20; ++round) {
+  for (int round = 0; round < qkv::testing::tsan_rounds(20); ++round) {
     EXPECT_THROW(qkv::parallel_for(1000, 2,
                                    [&](std::int64_t i) {
                                      if (i == 37 + round) throw std::runtime_error("item failed");
@@ -126,19 +127,19 @@ TEST(Parallel, ScopedThreadsSetsMaxThreadsForThisThreadOnly) {
 }
 
 TEST(Parallel, ConcurrentCallersEachGetTheirOwnPool) {
-  constexpr int kCallers = 6;
+  constexpr int kCallers = 6, kRounds = qkv::testing::tsan_rounds(50);
   std::vector<std::int64_t> got(kCallers);
   std::vector<std::thread> th;
   for (int c = 0; c < kCallers; ++c)
     th.emplace_back([&, c] {
       std::int64_t s = 0;
-      for (int r = 0; r < 50; ++r) s += parallel_sum(2000 + c, 2);
+      for (int r = 0; r < kRounds; ++r) s += parallel_sum(2000 + c, 2);
       got[static_cast<std::size_t>(c)] = s;
     });
   for (auto& t : th) t.join();
   for (int c = 0; c < kCallers; ++c) {
     const std::int64_t n = 2000 + c;
-    EXPECT_EQ(got[static_cast<std::size_t>(c)], 50 * n * (n - 1) / 2) << "caller " << c;
+    EXPECT_EQ(got[static_cast<std::size_t>(c)], kRounds * n * (n - 1) / 2) << "caller " << c;
   }
 }
 
