@@ -140,8 +140,9 @@ Weights load_weights(const std::string& path, const std::string& config_path = "
 void save_safetensors(const Weights& w, const std::string& path);
 
 // ---------------------------------------------------------------------------------------------
-// Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores), or the
-// tokenizer.json `qkv train` writes (characters or byte-level BPE, src/train/tokenizer.hpp).
+// Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores), the
+// tokenizer.json `qkv train` writes (characters or byte-level BPE, src/train/tokenizer.hpp), or
+// BERT's WordPiece (a Hugging Face tokenizer.json or a vocab.txt, for encoders).
 // ---------------------------------------------------------------------------------------------
 namespace train {
 class TextTokenizer;
@@ -152,18 +153,32 @@ class Tokenizer {
   // llama2.c's special ids (bos_id() and eos_id() of a llama2.c tokenizer).
   static constexpr int bos = 1;
   static constexpr int eos = 2;
-  enum class Format : std::uint8_t { llama2c, qkv_json };
+  enum class Format : std::uint8_t { llama2c, qkv_json, wordpiece };
 
   // Reads `path` for a vocabulary of `vocab_size` tokens. The format is told by the content: a
   // file whose first non-blank byte is '{' is qkv train's tokenizer.json, anything else a
   // llama2.c binary; every length is checked against the file, and an error says which format
   // the file was read as.
   static Tokenizer load(const std::string& path, std::int64_t vocab_size);
+  // BERT's WordPiece, as Hugging Face tokenizers' BertNormalizer + BertPreTokenizer + WordPiece
+  // compute it, from `path`: a tokenizer.json (told by its leading '{'; model "WordPiece",
+  // normalizer "BertNormalizer", pre_tokenizer "BertPreTokenizer", [CLS]/[SEP] from its post
+  // processor; added tokens are matched in the raw text first) or a vocab.txt (one token per line,
+  // id = line; lower-casing, accent stripping and CJK splitting from tokenizer_config.json beside
+  // it when there is one, else BERT-uncased's settings; [PAD] [UNK] [CLS] [SEP] [MASK] are matched
+  // in the raw text). Settings qkv does not implement are errors naming the key.
+  static Tokenizer load_wordpiece(const std::string& path);
 
   // llama2.c: [BOS] [dummy " " if text is non-empty] per-UTF-8-character tokens (or their
   // byte-fallback tokens <0xXX> = 3 + byte), then repeatedly the adjacent pair whose concatenation
   // is a token with the highest score is merged. [EOS] if asked.
   // qkv_json: the trained tokenizer's encoding; it has no BOS or EOS, so add_bos/add_eos do nothing.
+  // wordpiece: text split at added tokens, each other part cleaned (control characters removed,
+  // whitespace → ' '), CJK characters spaced, accents stripped (NFD, then marks Mn removed) and
+  // lower-cased as configured, split at whitespace and punctuation, each word → the longest
+  // vocabulary prefix, then "##"-pieces, greedily ([UNK] for the whole word if a piece is missing,
+  // or if it has more than 100 characters); [CLS] first (add_bos) and [SEP] last (add_eos).
+  // Invalid UTF-8 is an error naming the byte offset.
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
   // The text of `token` following `prev`. llama2.c: a token after BOS drops its leading space;
   // byte tokens <0xXX> become the byte itself. qkv_json: the token's bytes.
@@ -174,20 +189,24 @@ class Tokenizer {
   static bool printable(std::string_view piece);
 
   Format format() const { return format_; }
-  // The begin/end-of-text ids, or -1 where the tokenizer has none (qkv_json).
-  int bos_id() const { return format_ == Format::llama2c ? bos : -1; }
-  int eos_id() const { return format_ == Format::llama2c ? eos : -1; }
+  // The begin/end-of-text ids ([CLS] and [SEP] for wordpiece), or -1 where the tokenizer has none (qkv_json).
+  int bos_id() const { return bos_id_; }
+  int eos_id() const { return eos_id_; }
   std::int64_t vocab_size() const { return static_cast<std::int64_t>(vocab_.size()); }
   const std::string& piece(int id) const { return vocab_[static_cast<std::size_t>(id)]; }
   float score(int id) const { return scores_[static_cast<std::size_t>(id)]; }
 
  private:
   Format format_ = Format::llama2c;
+  int bos_id_ = bos, eos_id_ = eos;
   std::vector<std::string> vocab_;
   std::vector<float> scores_;  // llama2c only (qkv_json: zeros)
   std::vector<int> sorted_;  // token ids ordered by piece, for lookups (first id wins on duplicates)
   int max_token_length_ = 0;
   std::shared_ptr<const train::TextTokenizer> text_;  // qkv_json: the trained tokenizer that encodes
+  struct WordPiece;  // wordpiece: settings, vocabulary and added tokens (tokenizer.cpp)
+  std::shared_ptr<const WordPiece> wp_;
+  std::vector<int> encode_wordpiece(std::string_view text, bool add_bos, bool add_eos) const;
   int lookup(std::string_view s) const;
   static Tokenizer load_llama2c(const std::string& path, const std::string& bytes, std::int64_t vocab_size);
   static Tokenizer load_qkv_json(const std::string& path, const std::string& bytes, std::int64_t vocab_size);
