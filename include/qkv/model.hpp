@@ -48,6 +48,11 @@ struct Config {
   bool bias = false;            // biases on every projection (and LayerNorm), GPT-2 style
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  // Encoders (BERT; qkv::Encoder in qkv/encoder.hpp runs them, qkv::Model refuses them):
+  bool causal = true;               // false: every position attends to every position of its text
+  bool post_norm = false;           // true: x = norm1(x + attn(x)), x = norm2(x + MLP(x)) and the
+                                    // embedding is normed first; no final norm (BERT)
+  std::int64_t type_vocab_size = 0; // > 0: token-type embeddings [type_vocab_size, C] added to the input
 
   std::int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
   // Throws (naming `function`) if any field is out of range or inconsistent.
@@ -62,7 +67,11 @@ struct Config {
 // missing keys are errors naming the source and the key: every key is required except rope_theta,
 // which only a rotary model needs (no architecture is ever guessed). config_from_json also reads a
 // Hugging Face config.json (one with "model_type": "gpt2" or "llama"); settings qkv does not implement (rope
-// scaling, biases in Llama, another activation) are errors naming the key.
+// scaling, biases in Llama, another activation) are errors naming the key. "causal", "post_norm" and
+// "type_vocab_size" (encoders) may be left out, meaning true, false and 0 (a decoder), and
+// config_to_json writes them only when they differ from those. A Hugging Face config.json with
+// "model_type": "bert" is an encoder (bidirectional, learned positions, token types, post-LayerNorm,
+// GELU, biases).
 Config config_from_json(std::string_view json, std::string_view source = "config");
 Config load_config(const std::string& path);
 std::string config_to_json(const Config& c, bool indent = true);
@@ -103,14 +112,18 @@ struct Weights {
   Config config;
   float* wte = nullptr;     // [V, C]
   float* wpe = nullptr;     // [P, C]  (learned positions only)
+  float* wtt = nullptr;     // [type_vocab_size, C]  (token types only)
+  float* norme_w = nullptr; // [C]   (post_norm only: the embedding's norm)
+  float* norme_b = nullptr; // [C]
   std::vector<LayerWeights> layers;
-  float* normf_w = nullptr; // [C]
+  float* normf_w = nullptr; // [C]   (not with post_norm)
   float* normf_b = nullptr; // [C]   (LayerNorm with bias only)
   float* wcls = nullptr;    // [V, C]  (== wte when tied)
   std::shared_ptr<void> storage;
 
   // Every distinct parameter, in a fixed order, named as in safetensors files:
-  //   tok_embeddings.weight, pos_embeddings.weight, layers.{l}.attention_norm.{weight,bias},
+  //   tok_embeddings.weight, pos_embeddings.weight, type_embeddings.weight,
+  //   embedding_norm.{weight,bias}, layers.{l}.attention_norm.{weight,bias},
   //   layers.{l}.attention.{wq,wk,wv,wo}.{weight,bias}, layers.{l}.ffn_norm.{weight,bias},
   //   layers.{l}.feed_forward.{w1,w2,w3}.{weight,bias}, norm.{weight,bias}, output.weight (untied).
   std::vector<NamedTensor> tensors() const;
@@ -181,7 +194,7 @@ class Tokenizer {
   // Invalid UTF-8 is an error naming the byte offset.
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
   // The text of `token` following `prev`. llama2.c: a token after BOS drops its leading space;
-  // byte tokens <0xXX> become the byte itself. qkv_json: the token's bytes.
+  // byte tokens <0xXX> become the byte itself. qkv_json, wordpiece: the token's bytes.
   std::string_view decode(int prev, int token) const;
   // Whether generate prints a piece: every piece but an empty one, one starting with NUL, or a
   // lone control byte other than whitespace. A lone byte ≥ 0x80 (part of a UTF-8 character split
