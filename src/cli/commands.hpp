@@ -18,7 +18,8 @@
   X(attend)                 \
   X(train)                  \
   X(inspect)                \
-  X(generate)
+  X(generate)               \
+  X(embed)
 
 namespace qkv::cli {
 
