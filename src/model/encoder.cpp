@@ -21,6 +21,7 @@
 #include "blocks/dense.hpp"
 #include "blocks/layers.hpp"
 #include "blocks/linear.hpp"
+#include "blocks/training_layers.hpp"
 #include "core/parallel.hpp"
 #include "model/input_file.hpp"
 #include "qkv/attention.hpp"
@@ -182,11 +183,19 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
     project(att, L.wo, E.wo_b, L.bo, h, T, C, C, 1.0f);
     layer_norm(x, h, L.norm1_w, L.norm1_b, T, C, c.norm_eps);
     project(x, L.w1, E.w1_b, L.b1, ff, T, C, Hd, 0.0f);
-    constexpr std::int64_t kChunk = 1 << 14;  // elements per GELU task
+    // GELU in chunks of 16 Ki elements (64 KiB, in L2). The erf form is the training layers'
+    // vectorised one (|error| ≤ 0.75e-7·|x|, training_layers.cpp): it writes gelu into `g` and its
+    // slope over its input, so the chunk is computed into g and copied back.
+    constexpr std::int64_t kChunk = 1 << 14;
     parallel_for((T * Hd + kChunk - 1) / kChunk, threads, [&](std::int64_t k) {
       const std::int64_t i0 = k * kChunk, n = std::min(kChunk, T * Hd - i0);
-      if (c.mlp == MlpKind::gelu_exact) blocks::gelu_exact_forward(ff + i0, ff + i0, n);
-      else blocks::gelu_fast(ff + i0, ff + i0, n, 1, active_isa());
+      if (c.mlp == MlpKind::gelu_exact) {
+        thread_local std::vector<float> g(kChunk);
+        blocks::typed::gelu_forward<float>(g.data(), ff + i0, ff + i0, n);
+        std::copy_n(g.data(), n, ff + i0);
+      } else {
+        blocks::gelu_fast(ff + i0, ff + i0, n, 1, active_isa());
+      }
     });
     std::copy_n(x, T * C, h);
     project(ff, L.w2, E.w2_b, L.b2, h, T, Hd, C, 1.0f);
