@@ -8,9 +8,8 @@ The encoder is the C++ one of include/qkv/encoder.hpp: WordPiece tokens ([CLS] â
 folder's max_seq_length), texts packed without padding and sorted by length into batches, pooled as
 the folder's Pooling module says (mean, CLS or max) and L2-normalised when it has Normalize.
 """
-from typing import Any, Dict, List, Sequence
-
 import json
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
@@ -38,15 +37,28 @@ class Encoder:
 
     @property
     def config(self) -> Dict[str, Any]:
+        """The model's qkv Config as a dict (causal False, post_norm True for BERT)."""
         return dict(self._config)
 
     @property
     def dim(self) -> int:
+        """The embedding width."""
         return int(self._e.dim)
 
     @property
     def max_seq_length(self) -> int:
+        """Tokens per text at most, [CLS] and [SEP] included (sentence_bert_config.json)."""
         return int(self._e.max_seq_length)
+
+    @property
+    def pooling(self) -> str:
+        """'mean', 'cls' or 'max', as the folder's Pooling module says."""
+        return str(self._e.pooling)
+
+    @property
+    def normalize(self) -> bool:
+        """Whether embeddings are L2-normalised (the folder has a Normalize module)."""
+        return bool(self._e.normalize)
 
     def tokenize(self, text: str) -> List[int]:
         """[CLS] WordPiece ids [SEP] of text, cut to max_seq_length tokens."""

@@ -13,6 +13,7 @@ cosine is far below what moves a ranking. bf16: cosine ≥ 0.999 — every GEMM'
 rounded to bf16 (relative error ≤ 2^-9 each), 24 GEMMs deep; measured worst 0.99996 on this corpus,
 so 1 − cosine has a 25× margin.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -59,7 +60,7 @@ def hf_embed(hf, texts):
 
 def test_folder_settings(encoder):
     assert encoder.dim == 384 and encoder.max_seq_length == 256
-    assert encoder._e.pooling == "mean" and encoder._e.normalize
+    assert encoder.pooling == "mean" and encoder.normalize
     c = encoder.config
     assert (c["causal"], c["post_norm"], c["type_vocab_size"], c["mlp"]) == (False, True, 2, "gelu_exact")
 
@@ -184,7 +185,6 @@ def test_cli_embed_npy_and_jsonl_equal_python(tmp_path, encoder):
         r = subprocess.run([qkv_cli(), "embed", "--model", MODEL, "--input", "-", "--out", str(jsonl)], stdin=f,
                            capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    import json
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
     np.testing.assert_allclose(np.array(rows, dtype=np.float32), e, atol=2e-6)  # %.9g round-trips float32
     assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]
