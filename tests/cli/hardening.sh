@@ -176,7 +176,7 @@ file_kinds)
 # 14. Unknown commands and options are named; qkv help [command] prints help.
 unknown_command)
   run 2 "$qkv" frobnicate
-  has err "^qkv: error: unknown command 'frobnicate'; the commands are: params, attend, train, inspect, generate, help"
+  has err "^qkv: error: unknown command 'frobnicate'; the commands are: params, attend, train, inspect, generate, embed, help"
   run 2 "$qkv" --threads 2 frobnicate --x
   has err "unknown command 'frobnicate'"
   run 2 "$qkv" --frobnicate
