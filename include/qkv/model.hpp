@@ -48,6 +48,11 @@ struct Config {
   bool bias = false;            // biases on every projection (and LayerNorm), GPT-2 style
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  // Encoders (BERT; qkv::Encoder in qkv/encoder.hpp runs them, qkv::Model refuses them):
+  bool causal = true;               // false: every position attends to every position of its text
+  bool post_norm = false;           // true: x = norm1(x + attn(x)), x = norm2(x + MLP(x)) and the
+                                    // embedding is normed first; no final norm (BERT)
+  std::int64_t type_vocab_size = 0; // > 0: token-type embeddings [type_vocab_size, C] added to the input
 
   std::int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
   // Throws (naming `function`) if any field is out of range or inconsistent.
@@ -62,7 +67,11 @@ struct Config {
 // missing keys are errors naming the source and the key: every key is required except rope_theta,
 // which only a rotary model needs (no architecture is ever guessed). config_from_json also reads a
 // Hugging Face config.json (one with "model_type": "gpt2" or "llama"); settings qkv does not implement (rope
-// scaling, biases in Llama, another activation) are errors naming the key.
+// scaling, biases in Llama, another activation) are errors naming the key. "causal", "post_norm" and
+// "type_vocab_size" (encoders) may be left out, meaning true, false and 0 (a decoder), and
+// config_to_json writes them only when they differ from those. A Hugging Face config.json with
+// "model_type": "bert" is an encoder (bidirectional, learned positions, token types, post-LayerNorm,
+// GELU, biases).
 Config config_from_json(std::string_view json, std::string_view source = "config");
 Config load_config(const std::string& path);
 std::string config_to_json(const Config& c, bool indent = true);
@@ -103,14 +112,18 @@ struct Weights {
   Config config;
   float* wte = nullptr;     // [V, C]
   float* wpe = nullptr;     // [P, C]  (learned positions only)
+  float* wtt = nullptr;     // [type_vocab_size, C]  (token types only)
+  float* norme_w = nullptr; // [C]   (post_norm only: the embedding's norm)
+  float* norme_b = nullptr; // [C]
   std::vector<LayerWeights> layers;
-  float* normf_w = nullptr; // [C]
+  float* normf_w = nullptr; // [C]   (not with post_norm)
   float* normf_b = nullptr; // [C]   (LayerNorm with bias only)
   float* wcls = nullptr;    // [V, C]  (== wte when tied)
   std::shared_ptr<void> storage;
 
   // Every distinct parameter, in a fixed order, named as in safetensors files:
-  //   tok_embeddings.weight, pos_embeddings.weight, layers.{l}.attention_norm.{weight,bias},
+  //   tok_embeddings.weight, pos_embeddings.weight, type_embeddings.weight,
+  //   embedding_norm.{weight,bias}, layers.{l}.attention_norm.{weight,bias},
   //   layers.{l}.attention.{wq,wk,wv,wo}.{weight,bias}, layers.{l}.ffn_norm.{weight,bias},
   //   layers.{l}.feed_forward.{w1,w2,w3}.{weight,bias}, norm.{weight,bias}, output.weight (untied).
   std::vector<NamedTensor> tensors() const;
@@ -140,8 +153,9 @@ Weights load_weights(const std::string& path, const std::string& config_path = "
 void save_safetensors(const Weights& w, const std::string& path);
 
 // ---------------------------------------------------------------------------------------------
-// Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores), or the
-// tokenizer.json `qkv train` writes (characters or byte-level BPE, src/train/tokenizer.hpp).
+// Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores), the
+// tokenizer.json `qkv train` writes (characters or byte-level BPE, src/train/tokenizer.hpp), or
+// BERT's WordPiece (a Hugging Face tokenizer.json or a vocab.txt, for encoders).
 // ---------------------------------------------------------------------------------------------
 namespace train {
 class TextTokenizer;
@@ -152,21 +166,35 @@ class Tokenizer {
   // llama2.c's special ids (bos_id() and eos_id() of a llama2.c tokenizer).
   static constexpr int bos = 1;
   static constexpr int eos = 2;
-  enum class Format : std::uint8_t { llama2c, qkv_json };
+  enum class Format : std::uint8_t { llama2c, qkv_json, wordpiece };
 
   // Reads `path` for a vocabulary of `vocab_size` tokens. The format is told by the content: a
   // file whose first non-blank byte is '{' is qkv train's tokenizer.json, anything else a
   // llama2.c binary; every length is checked against the file, and an error says which format
   // the file was read as.
   static Tokenizer load(const std::string& path, std::int64_t vocab_size);
+  // BERT's WordPiece, as Hugging Face tokenizers' BertNormalizer + BertPreTokenizer + WordPiece
+  // compute it, from `path`: a tokenizer.json (told by its leading '{'; model "WordPiece",
+  // normalizer "BertNormalizer", pre_tokenizer "BertPreTokenizer", [CLS]/[SEP] from its post
+  // processor; added tokens are matched in the raw text first) or a vocab.txt (one token per line,
+  // id = line; lower-casing, accent stripping and CJK splitting from tokenizer_config.json beside
+  // it when there is one, else BERT-uncased's settings; [PAD] [UNK] [CLS] [SEP] [MASK] are matched
+  // in the raw text). Settings qkv does not implement are errors naming the key.
+  static Tokenizer load_wordpiece(const std::string& path);
 
   // llama2.c: [BOS] [dummy " " if text is non-empty] per-UTF-8-character tokens (or their
   // byte-fallback tokens <0xXX> = 3 + byte), then repeatedly the adjacent pair whose concatenation
   // is a token with the highest score is merged. [EOS] if asked.
   // qkv_json: the trained tokenizer's encoding; it has no BOS or EOS, so add_bos/add_eos do nothing.
+  // wordpiece: text split at added tokens, each other part cleaned (control characters removed,
+  // whitespace → ' '), CJK characters spaced, accents stripped (NFD, then marks Mn removed) and
+  // lower-cased as configured, split at whitespace and punctuation, each word → the longest
+  // vocabulary prefix, then "##"-pieces, greedily ([UNK] for the whole word if a piece is missing,
+  // or if it has more than 100 characters); [CLS] first (add_bos) and [SEP] last (add_eos).
+  // Invalid UTF-8 is an error naming the byte offset.
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
   // The text of `token` following `prev`. llama2.c: a token after BOS drops its leading space;
-  // byte tokens <0xXX> become the byte itself. qkv_json: the token's bytes.
+  // byte tokens <0xXX> become the byte itself. qkv_json, wordpiece: the token's bytes.
   std::string_view decode(int prev, int token) const;
   // Whether generate prints a piece: every piece but an empty one, one starting with NUL, or a
   // lone control byte other than whitespace. A lone byte ≥ 0x80 (part of a UTF-8 character split
@@ -174,20 +202,24 @@ class Tokenizer {
   static bool printable(std::string_view piece);
 
   Format format() const { return format_; }
-  // The begin/end-of-text ids, or -1 where the tokenizer has none (qkv_json).
-  int bos_id() const { return format_ == Format::llama2c ? bos : -1; }
-  int eos_id() const { return format_ == Format::llama2c ? eos : -1; }
+  // The begin/end-of-text ids ([CLS] and [SEP] for wordpiece), or -1 where the tokenizer has none (qkv_json).
+  int bos_id() const { return bos_id_; }
+  int eos_id() const { return eos_id_; }
   std::int64_t vocab_size() const { return static_cast<std::int64_t>(vocab_.size()); }
   const std::string& piece(int id) const { return vocab_[static_cast<std::size_t>(id)]; }
   float score(int id) const { return scores_[static_cast<std::size_t>(id)]; }
 
  private:
   Format format_ = Format::llama2c;
+  int bos_id_ = bos, eos_id_ = eos;
   std::vector<std::string> vocab_;
   std::vector<float> scores_;  // llama2c only (qkv_json: zeros)
   std::vector<int> sorted_;  // token ids ordered by piece, for lookups (first id wins on duplicates)
   int max_token_length_ = 0;
   std::shared_ptr<const train::TextTokenizer> text_;  // qkv_json: the trained tokenizer that encodes
+  struct WordPiece;  // wordpiece: settings, vocabulary and added tokens (tokenizer.cpp)
+  std::shared_ptr<const WordPiece> wp_;
+  std::vector<int> encode_wordpiece(std::string_view text, bool add_bos, bool add_eos) const;
   int lookup(std::string_view s) const;
   static Tokenizer load_llama2c(const std::string& path, const std::string& bytes, std::int64_t vocab_size);
   static Tokenizer load_qkv_json(const std::string& path, const std::string& bytes, std::int64_t vocab_size);

@@ -30,11 +30,12 @@ from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
 from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, KernelInfo, alibi_slopes, attention,
                          attention_backward, dropout_mask, scaled_dot_product_attention)
 from .mha import MhaResult, MultiHeadAttention
+from .encoder import Encoder
 from .model import Generation, LayerTrace, Model, ModelTrace, Tokenizer
 
 __all__ = [
-    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "Generation", "KernelInfo", "LayerTrace", "MhaResult",
-    "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes", "attention",
+    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "Encoder", "Generation", "KernelInfo", "LayerTrace",
+    "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes", "attention",
     "attention_backward", "cpu_isa", "dropout_mask", "num_threads",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]

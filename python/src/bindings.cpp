@@ -29,6 +29,7 @@
 
 #include "core/fork_gate.hpp"
 #include "qkv/attention.hpp"
+#include "qkv/encoder.hpp"
 #include "qkv/memory.hpp"
 #include "qkv/mha.hpp"
 #include "qkv/model.hpp"
@@ -349,6 +350,25 @@ F32Array model_forward(PyModel& self, const std::vector<std::int64_t>& tokens, b
   return to_numpy(std::move(logits));
 }
 
+// A sentence encoder (qkv/encoder.hpp); its work buffers are one state, so calls take turns (`mu`).
+struct PyEncoder {
+  qkv::Encoder enc;
+  std::mutex mu;
+  explicit PyEncoder(qkv::Encoder e) : enc(std::move(e)) {}
+};
+
+F32Array encoder_embed(PyEncoder& self, const std::vector<std::string>& texts, std::int64_t batch) {
+  const auto N = static_cast<std::int64_t>(texts.size());
+  qkv::check_memory("qkv.Encoder.embed", "embeddings", qkv::bytes_of({N, self.enc.dim()}, 4));
+  qkv::Buffer out(qkv::DType::f32, {N, self.enc.dim()});
+  {
+    nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_at_a_time(self.mu);
+    self.enc.embed(texts, out.ptr<float>(), batch);
+  }
+  return to_numpy(std::move(out));
+}
+
 // forward_trace as Python data: ([{scores, pattern, head_delta, block_delta} per layer], logits).
 std::tuple<nb::list, F32Array> model_trace(PyModel& self, const std::vector<std::int64_t>& tokens) {
   const std::vector<int> t = to_tokens("qkv.Model.trace", tokens);
@@ -525,6 +545,30 @@ NB_MODULE(_qkv, m) {
       .def("trace", &model_trace, "tokens"_a, "The whole sequence from position 0, every layer recorded.")
       .def("generate", &model_generate, "tokenizer"_a, "prompt"_a, "steps"_a, "temperature"_a, "top_p"_a,
            "top_k"_a, "seed"_a, "llama2.c's generation: (text bytes, prompt tokens, generated, prefill s, decode s).");
+
+  nb::class_<PyEncoder>(m, "Encoder", "A BERT-family sentence encoder (use qkv.Encoder).")
+      .def("__init__",
+           [](PyEncoder* self, const std::string& dir, const std::string& dtype, int num_threads) {
+             qkv::EncoderOptions o;
+             if (dtype == "bf16") o.dtype = qkv::DType::bf16;
+             else if (dtype != "f32")
+               throw nb::value_error(("[qkv.Encoder.load] dtype: must be 'f32' or 'bf16', got '" + dtype + "'").c_str());
+             o.num_threads = num_threads;
+             nb::gil_scoped_release unlocked;
+             new (self) PyEncoder(qkv::Encoder::load(dir, o));
+           },
+           "dir"_a, "dtype"_a, "num_threads"_a, "Loads a sentence-transformers folder.")
+      .def("embed", &encoder_embed, "texts"_a, "batch"_a, "Embeddings [N, dim] float32, row i = texts[i].")
+      .def("tokenize", [](const PyEncoder& self, const std::string& text) { return self.enc.tokenize(text); },
+           "text"_a, "[CLS] WordPiece ids [SEP], cut to max_seq_length.")
+      .def("config_json", [](const PyEncoder& self) { return qkv::config_to_json(self.enc.config(), false); })
+      .def_prop_ro("dim", [](const PyEncoder& self) { return self.enc.dim(); })
+      .def_prop_ro("max_seq_length", [](const PyEncoder& self) { return self.enc.max_seq_length(); })
+      .def_prop_ro("pooling", [](const PyEncoder& self) {
+        return std::string(self.enc.pooling() == qkv::Pooling::mean ? "mean"
+                           : self.enc.pooling() == qkv::Pooling::cls ? "cls" : "max");
+      })
+      .def_prop_ro("normalize", [](const PyEncoder& self) { return self.enc.normalize(); });
 
   m.def("set_num_threads", &qkv::set_num_threads, "n"_a,
         "Threads the kernels use when a call does not say (default: QKV_NUM_THREADS, else all cores).");

@@ -21,7 +21,8 @@
   X(train)                  \
   X(inspect)                \
   X(generate)               \
-  X(completion)
+  X(completion)             \
+  X(embed)
 
 namespace qkv::cli {
 

@@ -45,6 +45,8 @@ void Config::validate(std::string_view fn) const {
     fail(fn, "pos: rotary embedding needs an even head_dim, got " + std::to_string(head_dim()));
   if (!(norm_eps > 0.0f) || !std::isfinite(norm_eps))
     fail(fn, "norm_eps: must be a positive finite number, got " + std::to_string(norm_eps));
+  if (type_vocab_size < 0 || type_vocab_size > (1 << 16))
+    fail(fn, "type_vocab_size: must be in [0, 65536], got " + std::to_string(type_vocab_size));
   if (!(rope_theta > 1.0f) || !std::isfinite(rope_theta))
     fail(fn, "rope_theta: must be a finite number > 1, got " + std::to_string(rope_theta));
 }
@@ -134,6 +136,9 @@ Config config_from_json(std::string_view text, std::string_view source) {
     else if (k == "bias") get_bool("bias", &c.bias);
     else if (k == "norm_eps") get_float("norm_eps", &c.norm_eps);
     else if (k == "rope_theta") get_float("rope_theta", &c.rope_theta);
+    else if (k == "causal") get_bool("causal", &c.causal);
+    else if (k == "post_norm") get_bool("post_norm", &c.post_norm);
+    else if (k == "type_vocab_size") get_int("type_vocab_size", &c.type_vocab_size);
     else fail(fn, where + ": unknown key \"" + k + "\"");
   }
   if (c.pos == PosEncoding::rotary && !j.contains("rope_theta"))
@@ -164,6 +169,10 @@ std::string config_to_json(const Config& c, bool indent) {
   j["bias"] = c.bias;
   j["norm_eps"] = c.norm_eps;
   j["rope_theta"] = c.rope_theta;
+  // Encoder keys only where they differ from a decoder's, so a decoder's JSON stays as it was.
+  if (!c.causal) j["causal"] = false;
+  if (c.post_norm) j["post_norm"] = true;
+  if (c.type_vocab_size > 0) j["type_vocab_size"] = c.type_vocab_size;
   return indent ? j.dump(2) : j.dump();
 }
 

@@ -114,6 +114,36 @@ Config llama_config(const nlohmann::json& j, const std::string& where) {
   return c;
 }
 
+// BERT (BertModel): post-LayerNorm blocks, bidirectional attention, learned absolute positions and
+// token types, GELU (erf) MLP, biases everywhere; the embedding is LayerNormed.
+Config bert_config(const nlohmann::json& j, const std::string& where) {
+  Config c;
+  c.dim = get_int(j, "hidden_size", where);
+  c.hidden_dim = get_int(j, "intermediate_size", where);
+  c.n_heads = get_int(j, "num_attention_heads", where);
+  c.n_kv_heads = c.n_heads;
+  c.n_layers = get_int(j, "num_hidden_layers", where);
+  c.vocab_size = get_int(j, "vocab_size", where);
+  c.seq_len = get_int(j, "max_position_embeddings", where);
+  c.type_vocab_size = get_int_or(j, "type_vocab_size", 2, where);
+  c.pos = PosEncoding::learned;
+  c.norm = NormKind::layernorm;
+  c.bias = true;
+  c.causal = false;
+  c.post_norm = true;
+  c.tied_embeddings = true;  // an encoder has no classifier; wcls = wte is never read
+  c.norm_eps = get_float_or(j, "layer_norm_eps", 1e-12f, where);
+  const std::string act = get_string_or(j, "hidden_act", "gelu", where);
+  if (act == "gelu") c.mlp = MlpKind::gelu_exact;
+  else if (act == "gelu_new" || act == "gelu_pytorch_tanh") c.mlp = MlpKind::gelu;
+  else require(false, where, "hidden_act", j, "gelu, gelu_new or gelu_pytorch_tanh");
+  require(get_string_or(j, "position_embedding_type", "absolute", where) == "absolute", where,
+          "position_embedding_type", j, "absolute learned positions");
+  require(!get_bool_or(j, "is_decoder", false, where), where, "is_decoder", j, "BERT as an encoder");
+  require(!get_bool_or(j, "add_cross_attention", false, where), where, "add_cross_attention", j, "BERT as an encoder");
+  return c;
+}
+
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -124,7 +154,8 @@ Config hf_config(const nlohmann::json& j, const std::string& where) {
   const std::string type = get_string_or(j, "model_type", "", where);
   if (type == "gpt2") return gpt2_config(j, where);
   if (type == "llama") return llama_config(j, where);
-  fail(kFn, where + ": Hugging Face \"model_type\" \"" + type + "\" is not supported (qkv reads gpt2 and llama)");
+  if (type == "bert") return bert_config(j, where);
+  fail(kFn, where + ": Hugging Face \"model_type\" \"" + type + "\" is not supported (qkv reads gpt2, llama and bert)");
 }
 
 FileLayout detect_layout(const std::function<bool(const std::string&)>& has_tensor) {
@@ -132,9 +163,39 @@ FileLayout detect_layout(const std::function<bool(const std::string&)>& has_tens
   if (has_tensor("transformer.wte.weight")) return {Layout::hf_gpt2, "transformer."};
   if (has_tensor("wte.weight")) return {Layout::hf_gpt2, ""};
   if (has_tensor("model.embed_tokens.weight")) return {Layout::hf_llama, "model."};
+  if (has_tensor("embeddings.word_embeddings.weight")) return {Layout::hf_bert, ""};
+  if (has_tensor("bert.embeddings.word_embeddings.weight")) return {Layout::hf_bert, "bert."};
   // Nothing recognised: report the missing tensors under qkv's own names.
   return {Layout::qkv, ""};
 }
+
+namespace {
+
+// BERT stores [out, in] like qkv: every tensor is copied. The post-norm block's norms are the
+// LayerNorms after the attention (attention.output.LayerNorm → attention_norm) and after the MLP
+// (output.LayerNorm → ffn_norm).
+Source bert_source(const std::string& P, const std::string& name, const std::vector<std::int64_t>& shape) {
+  using Op = Source::Op;
+  const std::string e = P + "embeddings.";
+  if (name == "tok_embeddings.weight") return {e + "word_embeddings.weight", shape, Op::copy, 0};
+  if (name == "pos_embeddings.weight") return {e + "position_embeddings.weight", shape, Op::copy, 0};
+  if (name == "type_embeddings.weight") return {e + "token_type_embeddings.weight", shape, Op::copy, 0};
+  if (name == "embedding_norm.weight") return {e + "LayerNorm.weight", shape, Op::copy, 0};
+  if (name == "embedding_norm.bias") return {e + "LayerNorm.bias", shape, Op::copy, 0};
+  if (name.rfind("layers.", 0) != 0) return {name, shape, Op::copy, 0};
+  const std::size_t dot = name.find('.', 7);
+  const std::string h = P + "encoder.layer." + name.substr(7, dot - 7) + ".", rest = name.substr(dot + 1);
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"attention.wq.", "attention.self.query."},   {"attention.wk.", "attention.self.key."},
+      {"attention.wv.", "attention.self.value."},   {"attention.wo.", "attention.output.dense."},
+      {"attention_norm.", "attention.output.LayerNorm."}, {"feed_forward.w1.", "intermediate.dense."},
+      {"feed_forward.w2.", "output.dense."},        {"ffn_norm.", "output.LayerNorm."}};
+  for (const auto& [qkv_name, hf] : kNames)
+    if (rest.rfind(qkv_name, 0) == 0) return {h + hf + rest.substr(std::string(qkv_name).size()), shape, Op::copy, 0};
+  return {name, shape, Op::copy, 0};
+}
+
+}  // namespace
 
 Source source_of(const FileLayout& f, const Config& c, const std::string& name,
                  const std::vector<std::int64_t>& shape) {
@@ -143,6 +204,7 @@ Source source_of(const FileLayout& f, const Config& c, const std::string& name,
   const std::int64_t C = c.dim;
   const std::string& P = f.prefix;
   const auto transposed = [&](std::string t) { return Source{std::move(t), {shape[1], shape[0]}, Op::transpose, 0}; };
+  if (f.layout == Layout::hf_bert) return bert_source(P, name, shape);
   if (name == "tok_embeddings.weight") return {P + (f.layout == Layout::hf_gpt2 ? "wte.weight" : "embed_tokens.weight"),
                                                shape, Op::copy, 0};
   if (name == "pos_embeddings.weight") return {P + "wpe.weight", shape, Op::copy, 0};
@@ -190,6 +252,8 @@ Source source_of(const FileLayout& f, const Config& c, const std::string& name,
 bool ignorable(const FileLayout& f, const Config& c, const std::string& tensor) {
   if (f.layout == Layout::qkv) return false;
   if (c.tied_embeddings && tensor == "lm_head.weight") return true;
+  if (f.layout == Layout::hf_bert)
+    return tensor == f.prefix + "embeddings.position_ids" || tensor.rfind(f.prefix + "pooler.", 0) == 0;
   if (f.layout == Layout::hf_gpt2)
     return tensor.rfind(f.prefix + "h.", 0) == 0 && (ends_with(tensor, ".attn.bias") || ends_with(tensor, ".attn.masked_bias"));
   return tensor.rfind(f.prefix + "layers.", 0) == 0 && ends_with(tensor, ".self_attn.rotary_emb.inv_freq");

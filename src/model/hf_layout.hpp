@@ -23,16 +23,16 @@
 
 namespace qkv::detail {
 
-// Reads a Hugging Face config.json (its "model_type" is "gpt2" or "llama") as a qkv Config.
+// Reads a Hugging Face config.json (its "model_type" is "gpt2", "llama" or "bert") as a qkv Config.
 // Keys that change the arithmetic but that qkv does not implement (rope scaling, attention biases
 // in Llama, cross-attention, per-layer attention scaling, another activation) are errors naming
 // the key; keys that do not (dropout, token ids, dtype) are ignored.
 Config hf_config(const nlohmann::json& j, const std::string& where);
 
-enum class Layout { qkv, hf_gpt2, hf_llama };
+enum class Layout { qkv, hf_gpt2, hf_llama, hf_bert };
 
 // The naming scheme of a safetensors file, told by the token embedding's name; `prefix` is what
-// precedes the HF names ("transformer." or "" for GPT-2, "model." for Llama).
+// precedes the HF names ("transformer." or "" for GPT-2, "model." for Llama, "bert." or "" for BERT).
 struct FileLayout {
   Layout layout = Layout::qkv;
   std::string prefix;
@@ -55,8 +55,9 @@ struct Source {
 Source source_of(const FileLayout& f, const Config& c, const std::string& name, const std::vector<std::int64_t>& shape);
 
 // Stored tensors that hold no parameter of the model and are skipped: GPT-2's attention-mask
-// buffers (h.N.attn.bias, h.N.attn.masked_bias), Llama's rotary_emb.inv_freq, and lm_head.weight
-// when the embeddings are tied.
+// buffers (h.N.attn.bias, h.N.attn.masked_bias), Llama's rotary_emb.inv_freq, lm_head.weight
+// when the embeddings are tied, BERT's embeddings.position_ids and pooler (the classification
+// head's dense layer, which sentence embeddings do not use).
 bool ignorable(const FileLayout& f, const Config& c, const std::string& tensor);
 
 // dst (qkv's `shape`) ← src (the stored tensor, already f32, `s.shape`) as `s.op` says.

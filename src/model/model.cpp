@@ -62,6 +62,8 @@ KvCache Model::new_cache(std::int64_t capacity) const {
 
 Model::Model(Weights w, ModelOptions options) : w_(std::move(w)), opt_(options) {
   w_.config.validate("qkv::Model");
+  if (!w_.config.causal || w_.config.post_norm)
+    fail("qkv::Model", "w: an encoder's config (causal false or post_norm true): qkv::Encoder runs it");
   if (!w_.wte || !w_.wcls || !w_.normf_w || static_cast<std::int64_t>(w_.layers.size()) != w_.config.n_layers)
     fail("qkv::Model", "w: weights are incomplete for their config (use a loader or Weights::allocate)");
   if (opt_.weights != DType::f32 && opt_.weights != DType::bf16)

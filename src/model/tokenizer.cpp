@@ -6,6 +6,7 @@
 // Every length is checked against the bytes that remain and against max_token_length, and the
 // file must end exactly after the last token. Tokenizer::load also reads qkv train's
 // tokenizer.json (told apart by content), encoding with src/train/tokenizer.hpp.
+// Tokenizer::load_wordpiece reads BERT's WordPiece (at the end of this file).
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -16,7 +17,13 @@
 #include <iterator>
 #include <string>
 
+#include <filesystem>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
 #include "model/input_file.hpp"
+#include "model/unicode.hpp"
 #include "qkv/model.hpp"
 #include "train/tokenizer.hpp"
 
@@ -49,6 +56,7 @@ Tokenizer Tokenizer::load_qkv_json(const std::string& path, const std::string& b
                  std::to_string(vocab_size) + ": the tokenizer belongs to another model");
   Tokenizer t;
   t.format_ = Format::qkv_json;
+  t.bos_id_ = t.eos_id_ = -1;
   for (std::int64_t i = 0; i < vocab_size; ++i) t.vocab_.push_back(tt.token_text(static_cast<std::int32_t>(i)));
   t.scores_.assign(static_cast<std::size_t>(vocab_size), 0.0f);
   t.text_ = std::make_shared<const train::TextTokenizer>(std::move(tt));
@@ -111,6 +119,7 @@ int Tokenizer::lookup(std::string_view s) const {
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos) const {
+  if (format_ == Format::wordpiece) return encode_wordpiece(text, add_bos, add_eos);
   if (format_ == Format::qkv_json) {
     const std::vector<std::int32_t> ids = text_->encode(text);
     return {ids.begin(), ids.end()};
@@ -201,7 +210,7 @@ std::string_view Tokenizer::decode(int prev, int token) const {
     fail("qkv::Tokenizer::decode", "token: must be in [0, " + std::to_string(vocab_size()) + "), got " +
                                        std::to_string(token));
   std::string_view p = piece(token);
-  if (format_ == Format::qkv_json) return p;
+  if (format_ != Format::llama2c) return p;  // qkv_json, wordpiece: the piece as stored
   if (prev == bos && !p.empty() && p[0] == ' ') p.remove_prefix(1);
   // "<0xXX>" (llama2.c reads it with sscanf("<0x%02hhX>"): one or two hex digits after "<0x").
   if (p.size() >= 4 && p.substr(0, 3) == "<0x" && hex_digit(p[3]) >= 0) {
@@ -221,6 +230,360 @@ bool Tokenizer::printable(std::string_view piece) {
     return c >= 0x20 ? c != 0x7F : std::isspace(c) != 0;
   }
   return true;
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// BERT's WordPiece, as Hugging Face tokenizers runs it (normalizers/bert.rs, pre_tokenizers/bert.rs,
+// models/wordpiece): the text is split at added tokens ([CLS], [SEP], ... written in the text);
+// every other part is normalised code point by code point, split into words, and each word into
+// vocabulary pieces. The Unicode properties come from unicode_tables.cpp (tools/make_unicode_tables.py).
+// ---------------------------------------------------------------------------------------------
+struct Tokenizer::WordPiece {
+  bool clean_text = true, chinese = true, strip_accents = true, lowercase = true;
+  std::int64_t max_chars = 100;  // words with more code points are [UNK]
+  std::string prefix = "##";     // marks a piece that continues a word
+  std::unordered_map<std::string, int> ids;
+  int unk = -1;
+  std::vector<std::pair<std::string, int>> added;  // matched in the raw text, longest first
+};
+
+namespace {
+
+namespace uc = detail::unicode;
+const char* const kWp = "qkv::Tokenizer::load_wordpiece";
+
+template <class T>
+const T* find_code(std::span<const T> table, char32_t c) {
+  auto it = std::upper_bound(table.begin(), table.end(), c, [](char32_t v, const T& e) {
+    if constexpr (requires { e.lo; }) return v < e.lo;
+    else return v < e.cp;
+  });
+  if (it == table.begin()) return nullptr;
+  --it;
+  if constexpr (requires { it->hi; }) return c <= it->hi ? &*it : nullptr;
+  else return it->cp == c ? &*it : nullptr;
+}
+
+bool is_other(char32_t c) { return find_code(uc::kTables.other, c) != nullptr; }
+bool is_mark_nonspacing(char32_t c) { return find_code(uc::kTables.nonspacing_mark, c) != nullptr; }
+int combining_class(char32_t c) {
+  const auto* e = find_code(uc::kTables.combining_class, c);
+  return e ? e->ccc : 0;
+}
+// Rust's char::is_whitespace (the White_Space property), which both BERT stages use.
+bool is_whitespace(char32_t c) {
+  return (c >= 0x9 && c <= 0xD) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+// ASCII punctuation (which includes $ + < = > ^ ` | ~, symbols in Unicode) or Unicode P*.
+bool is_punctuation(char32_t c) {
+  if (c < 0x80) return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
+  return find_code(uc::kTables.punctuation, c) != nullptr;
+}
+// The CJK Unified Ideograph blocks BERT spaces out (Hangul, kana and CJK punctuation are not in them).
+bool is_chinese(char32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+void append_map(std::span<const uc::CodeMap> table, const char32_t* pool, char32_t c, std::u32string& out) {
+  if (const auto* e = find_code(table, c)) out.append(pool + e->offset, e->length);
+  else out.push_back(c);
+}
+
+// NFD: each code point's full canonical decomposition (Hangul syllables by the Unicode algorithm:
+// L V [T] jamo), then every run of marks with a non-zero combining class sorted stably by class.
+std::u32string nfd(const std::u32string& s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (char32_t c : s) {
+    if (c >= 0xAC00 && c <= 0xD7A3) {
+      const char32_t i = c - 0xAC00;
+      out.push_back(0x1100 + i / 588);
+      out.push_back(0x1161 + (i % 588) / 28);
+      if (i % 28) out.push_back(0x11A7 + i % 28);
+    } else {
+      append_map(uc::kTables.decomposition, uc::kTables.decomposition_pool, c, out);
+    }
+  }
+  for (std::size_t i = 0; i < out.size();) {
+    std::size_t j = i;
+    while (j < out.size() && combining_class(out[j]) != 0) ++j;
+    if (j - i > 1)
+      std::stable_sort(out.begin() + static_cast<std::ptrdiff_t>(i), out.begin() + static_cast<std::ptrdiff_t>(j),
+                       [](char32_t a, char32_t b) { return combining_class(a) < combining_class(b); });
+    i = j + 1;
+  }
+  return out;
+}
+
+// UTF-8 → code points; an invalid sequence (bad lead or continuation byte, overlong form,
+// surrogate, > U+10FFFF, truncated) is an error naming its byte offset in `text`.
+std::u32string utf8_decode(std::string_view text, std::size_t base) {
+  std::u32string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    const int n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+    char32_t c = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
+    bool ok = n > 0 && i + static_cast<std::size_t>(n) <= text.size();
+    for (int k = 1; ok && k < n; ++k) {
+      const auto cb = static_cast<unsigned char>(text[i + static_cast<std::size_t>(k)]);
+      ok = (cb & 0xC0) == 0x80;
+      c = (c << 6) | (cb & 0x3F);
+    }
+    ok = ok && c <= 0x10FFFF && !(c >= 0xD800 && c <= 0xDFFF) &&
+         !(n == 2 && c < 0x80) && !(n == 3 && c < 0x800) && !(n == 4 && c < 0x10000);
+    if (!ok)
+      fail("qkv::Tokenizer::encode", "text: invalid UTF-8 at byte " + std::to_string(base + i));
+    out.push_back(c);
+    i += static_cast<std::size_t>(n);
+  }
+  return out;
+}
+
+void utf8_append(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+}
+
+int vocab_id(const std::unordered_map<std::string, int>& ids, const std::string& token, const std::string& where) {
+  auto it = ids.find(token);
+  if (it == ids.end()) fail(kWp, where + ": the vocabulary has no token \"" + token + "\"");
+  return it->second;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::load_wordpiece(const std::string& path) {
+  const std::string bytes = detail::read_input_file(path, kWp, "path", std::size_t{1} << 30);
+  auto wp = std::make_shared<WordPiece>();
+  Tokenizer t;
+  t.format_ = Format::wordpiece;
+  const auto first = bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && bytes[first] == '{') {
+    const std::string where = "file '" + path + "' (read as a Hugging Face tokenizer.json: it starts with '{')";
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(bytes, nullptr, true, false);
+    } catch (const nlohmann::json::exception& e) {
+      fail(kWp, where + ": not valid JSON (" + e.what() + ")");
+    }
+    try {
+      const auto& model = j.at("model");
+      if (model.at("type") != "WordPiece")
+        fail(kWp, where + ": \"model\".\"type\" is " + model.at("type").dump() + "; qkv reads WordPiece");
+      wp->prefix = model.value("continuing_subword_prefix", std::string("##"));
+      wp->max_chars = model.value("max_input_chars_per_word", std::int64_t{100});
+      for (const auto& [token, id] : model.at("vocab").items()) wp->ids.emplace(token, id.get<int>());
+      wp->unk = vocab_id(wp->ids, model.at("unk_token").get<std::string>(), where);
+      const auto& norm = j.at("normalizer");
+      if (!norm.is_object() || norm.at("type") != "BertNormalizer")
+        fail(kWp, where + ": \"normalizer\" is " + norm.dump() + "; qkv implements BertNormalizer");
+      wp->clean_text = norm.at("clean_text").get<bool>();
+      wp->chinese = norm.at("handle_chinese_chars").get<bool>();
+      wp->lowercase = norm.at("lowercase").get<bool>();
+      wp->strip_accents = norm.at("strip_accents").is_null() ? wp->lowercase : norm.at("strip_accents").get<bool>();
+      const auto& pre = j.at("pre_tokenizer");
+      if (!pre.is_object() || pre.at("type") != "BertPreTokenizer")
+        fail(kWp, where + ": \"pre_tokenizer\" is " + pre.dump() + "; qkv implements BertPreTokenizer");
+      // [CLS] and [SEP]: BertProcessing names them; TemplateProcessing's single template must be
+      // [special, $A, special].
+      const auto& post = j.at("post_processor");
+      std::string cls = "[CLS]", sep = "[SEP]";
+      if (post.is_object() && post.at("type") == "BertProcessing") {
+        cls = post.at("cls").at(0).get<std::string>();
+        sep = post.at("sep").at(0).get<std::string>();
+      } else if (post.is_object() && post.at("type") == "TemplateProcessing" && post.at("single").size() == 3 &&
+                 post.at("single")[0].contains("SpecialToken") && post.at("single")[1].contains("Sequence") &&
+                 post.at("single")[2].contains("SpecialToken")) {
+        cls = post.at("single")[0].at("SpecialToken").at("id").get<std::string>();
+        sep = post.at("single")[2].at("SpecialToken").at("id").get<std::string>();
+      } else {
+        fail(kWp, where + ": \"post_processor\" is " + post.dump() +
+                      "; qkv implements BertProcessing and TemplateProcessing [CLS] $A [SEP]");
+      }
+      t.bos_id_ = vocab_id(wp->ids, cls, where);
+      t.eos_id_ = vocab_id(wp->ids, sep, where);
+      for (const auto& a : j.at("added_tokens")) {
+        if (a.at("normalized").get<bool>() || a.at("lstrip").get<bool>() || a.at("rstrip").get<bool>() ||
+            a.at("single_word").get<bool>())
+          fail(kWp, where + ": added token " + a.dump() +
+                        ": qkv matches added tokens as written (normalized, lstrip, rstrip, single_word false)");
+        wp->added.emplace_back(a.at("content").get<std::string>(), a.at("id").get<int>());
+      }
+    } catch (const nlohmann::json::exception& e) {
+      fail(kWp, where + ": " + e.what());
+    }
+  } else {
+    // vocab.txt: token i on line i. Settings from tokenizer_config.json beside it (BertTokenizer's
+    // do_lower_case, strip_accents, tokenize_chinese_chars), BERT-uncased's when it is absent.
+    const std::string where = "file '" + path + "' (read as a vocab.txt: one token per line)";
+    std::size_t at = 0;
+    for (int id = 0; at < bytes.size(); ++id) {
+      std::size_t end = bytes.find('\n', at);
+      if (end == std::string::npos) end = bytes.size();
+      std::string token = bytes.substr(at, end - at);
+      if (!token.empty() && token.back() == '\r') token.pop_back();
+      wp->ids.emplace(std::move(token), id);
+      at = end + 1;
+    }
+    const std::string cfg = (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
+    if (std::filesystem::exists(cfg)) {
+      const std::string cwhere = "file '" + cfg + "'";
+      try {
+        const auto j = nlohmann::json::parse(detail::read_input_file(cfg, kWp, "tokenizer_config.json", 1 << 20));
+        wp->lowercase = j.value("do_lower_case", true);
+        wp->strip_accents = !j.contains("strip_accents") || j.at("strip_accents").is_null()
+                                ? wp->lowercase
+                                : j.at("strip_accents").get<bool>();
+        wp->chinese = j.value("tokenize_chinese_chars", true);
+        if (!j.value("do_basic_tokenize", true))
+          fail(kWp, cwhere + ": \"do_basic_tokenize\" false is not supported (qkv runs BERT's basic tokenisation)");
+      } catch (const nlohmann::json::exception& e) {
+        fail(kWp, cwhere + ": " + e.what());
+      }
+    }
+    wp->unk = vocab_id(wp->ids, "[UNK]", where);
+    t.bos_id_ = vocab_id(wp->ids, "[CLS]", where);
+    t.eos_id_ = vocab_id(wp->ids, "[SEP]", where);
+    for (const char* s : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"})
+      if (auto it = wp->ids.find(s); it != wp->ids.end()) wp->added.emplace_back(s, it->second);
+  }
+  // Ids must be 0 … V − 1, each once: the vocabulary is then a list.
+  std::vector<std::string> vocab(wp->ids.size());
+  std::vector<bool> seen(wp->ids.size());
+  for (const auto& [token, id] : wp->ids) {
+    if (id < 0 || static_cast<std::size_t>(id) >= vocab.size() || seen[static_cast<std::size_t>(id)])
+      fail(kWp, "file '" + path + "': token \"" + token + "\" has id " + std::to_string(id) +
+                    ", but the ids of a vocabulary of " + std::to_string(vocab.size()) +
+                    " tokens must be 0 … V − 1, each once");
+    seen[static_cast<std::size_t>(id)] = true;
+    vocab[static_cast<std::size_t>(id)] = token;
+  }
+  for (const auto& [content, id] : wp->added)
+    if (content.empty() || id < 0 || static_cast<std::size_t>(id) >= vocab.size())
+      fail(kWp, "file '" + path + "': added token \"" + content + "\" (id " + std::to_string(id) +
+                    ") is empty or outside the vocabulary");
+  // Leftmost-longest matching: at each position the longest added token wins.
+  std::stable_sort(wp->added.begin(), wp->added.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  t.vocab_ = std::move(vocab);
+  t.scores_.assign(t.vocab_.size(), 0.0f);
+  t.wp_ = std::move(wp);
+  return t;
+}
+
+std::vector<int> Tokenizer::encode_wordpiece(std::string_view text, bool add_bos, bool add_eos) const {
+  const WordPiece& wp = *wp_;
+  std::vector<int> out;
+  if (add_bos) out.push_back(bos_id_);
+  std::string word;  // one word's bytes, then its candidate pieces
+  // A word (code points) → pieces: the longest vocabulary prefix, then the longest "##" piece from
+  // where it ended, and so on; a word with a missing piece, or too long, is one [UNK].
+  auto wordpiece = [&](std::span<const char32_t> w) {
+    if (static_cast<std::int64_t>(w.size()) > wp.max_chars) {
+      out.push_back(wp.unk);
+      return;
+    }
+    const std::size_t first = out.size();
+    for (std::size_t start = 0; start < w.size();) {
+      int id = -1;
+      std::size_t end = w.size();
+      for (; end > start; --end) {
+        word = start > 0 ? wp.prefix : std::string();
+        for (std::size_t k = start; k < end; ++k) utf8_append(word, w[k]);
+        if (auto it = wp.ids.find(word); it != wp.ids.end()) {
+          id = it->second;
+          break;
+        }
+      }
+      if (id < 0) {
+        out.resize(first);
+        out.push_back(wp.unk);
+        return;
+      }
+      out.push_back(id);
+      start = end;
+    }
+  };
+  // One part of the text between added tokens: normalise, then split into words.
+  auto part = [&](std::string_view raw, std::size_t base) {
+    const std::u32string in = utf8_decode(raw, base);
+    std::u32string s;
+    s.reserve(in.size());
+    for (char32_t c : in) {
+      if (wp.clean_text) {
+        if (c == 0 || c == 0xFFFD || (c != '\t' && c != '\n' && c != '\r' && is_other(c))) continue;
+        if (is_whitespace(c)) c = ' ';
+      }
+      if (wp.chinese && is_chinese(c)) {
+        s += U' ';
+        s += c;
+        s += U' ';
+      } else {
+        s += c;
+      }
+    }
+    if (wp.strip_accents) {
+      std::u32string d = nfd(s);
+      s.clear();
+      for (char32_t c : d)
+        if (!is_mark_nonspacing(c)) s += c;
+    }
+    if (wp.lowercase) {
+      std::u32string l;
+      l.reserve(s.size());
+      for (char32_t c : s) append_map(uc::kTables.lowercase, uc::kTables.lowercase_pool, c, l);
+      s = std::move(l);
+    }
+    std::size_t w0 = 0;  // start of the current word
+    auto flush = [&](std::size_t end) {
+      if (end > w0) wordpiece(std::span<const char32_t>(s.data() + w0, end - w0));
+    };
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (is_whitespace(s[i])) {
+        flush(i);
+        w0 = i + 1;
+      } else if (is_punctuation(s[i])) {
+        flush(i);
+        wordpiece(std::span<const char32_t>(s.data() + i, 1));
+        w0 = i + 1;
+      }
+    }
+    flush(s.size());
+  };
+  std::size_t from = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto hit = std::find_if(wp.added.begin(), wp.added.end(),
+                                  [&](const auto& a) { return text.substr(i, a.first.size()) == a.first; });
+    if (hit == wp.added.end()) {
+      ++i;
+      continue;
+    }
+    part(text.substr(from, i - from), from);
+    out.push_back(hit->second);
+    i += hit->first.size();
+    from = i;
+  }
+  part(text.substr(from), from);
+  if (add_eos) out.push_back(eos_id_);
+  return out;
 }
 
 }  // namespace qkv

@@ -22,6 +22,11 @@ void for_each_param(Weights& w,
   const bool ln = c.norm == NormKind::layernorm;
   f("tok_embeddings.weight", {c.vocab_size, C}, w.wte);
   if (c.pos == PosEncoding::learned) f("pos_embeddings.weight", {c.seq_len, C}, w.wpe);
+  if (c.type_vocab_size > 0) f("type_embeddings.weight", {c.type_vocab_size, C}, w.wtt);
+  if (c.post_norm) {
+    f("embedding_norm.weight", {C}, w.norme_w);
+    if (ln && c.bias) f("embedding_norm.bias", {C}, w.norme_b);
+  }
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     LayerWeights& L = w.layers[static_cast<std::size_t>(l)];
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -43,8 +48,10 @@ void for_each_param(Weights& w,
     if (c.bias) f(p + "feed_forward.w2.bias", {C}, L.b2);
     if (c.mlp == MlpKind::swiglu) f(p + "feed_forward.w3.weight", {Hd, C}, L.w3);
   }
-  f("norm.weight", {C}, w.normf_w);
-  if (ln && c.bias) f("norm.bias", {C}, w.normf_b);
+  if (!c.post_norm) {
+    f("norm.weight", {C}, w.normf_w);
+    if (ln && c.bias) f("norm.bias", {C}, w.normf_b);
+  }
   if (!c.tied_embeddings) f("output.weight", {c.vocab_size, C}, w.wcls);
 }
 

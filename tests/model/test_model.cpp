@@ -345,8 +345,8 @@ TEST(Model, HuggingFaceCheckpoints) {
           "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "rms_norm_eps": 1e-6})", "llama.json");
   EXPECT_TRUE(!l.bias && !l.tied_embeddings && l.pos == qkv::PosEncoding::rotary && l.norm == qkv::NormKind::rmsnorm &&
               l.mlp == qkv::MlpKind::swiglu && l.n_kv_heads == 1 && l.rope_theta == 500000.0f && l.norm_eps == 1e-6f);
-  expect_error([] { qkv::config_from_json(R"({"model_type": "bert", "hidden_size": 8})", "bert.json"); },
-               {"bert.json", "\"bert\" is not supported"});
+  expect_error([] { qkv::config_from_json(R"({"model_type": "t5", "d_model": 8})", "t5.json"); },
+               {"t5.json", "\"t5\" is not supported", "gpt2, llama and bert"});
   expect_error([] { qkv::config_from_json(R"({"model_type": "gpt2", "n_embd": 8})", "g.json"); }, {"g.json", "n_head"});
 
   // GPT-2: Conv1D weights [in, out], W_Q | W_K | W_V fused in c_attn [C, 3C].

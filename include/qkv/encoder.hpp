@@ -1,0 +1,93 @@
+// qkv/encoder.hpp — sentence embeddings with a BERT-family encoder (a sentence-transformers folder).
+//
+// The model is qkv's one Config with the encoder's settings (causal = false, post_norm = true,
+// type_vocab_size > 0; config_from_json reads a Hugging Face "bert" config.json that way):
+//
+//   x = norm_e(wte[t] + wpe[position in its text] + wtt[0])        x [T, C]
+//   for each layer:  x = norm1(x + W_O · attention(W_Q·x, W_K·x, W_V·x))   (bidirectional, per text)
+//                    x = norm2(x + W2 · gelu(W1 · x + b1) + b2)
+//   embedding of text b = pool(x rows of text b)     mean, CLS (its first row) or max; then L2-normalised
+//                                                    when the folder's modules say Normalize
+//
+// Texts are packed, never padded: a batch of B texts of lengths S_b is one [T = Σ S_b, C] matrix,
+// every projection is one GEMM over the T rows, and attention runs on cu_seqlens [B + 1]
+// (qkv::attention_varlen). Each text is [CLS] tokens [SEP], cut to max_seq_length tokens.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qkv/model.hpp"
+
+namespace qkv {
+
+enum class Pooling : std::uint8_t { mean, cls, max };
+
+// dtype f32: every GEMM in f32 (oneDNN's sgemm). dtype bf16: the projection matrices rounded once
+// to bf16 and each GEMM's input rows rounded to bf16 (oneDNN's bf16 matmul, f32 accumulation):
+// norms, attention, GELU, pooling and the residual stream stay f32. num_threads 0: the library
+// default (set_num_threads / QKV_NUM_THREADS).
+struct EncoderOptions {
+  DType dtype = DType::f32;
+  int num_threads = 0;
+};
+
+class Encoder {
+ public:
+  // A sentence-transformers folder: modules.json (a Transformer module, then Pooling, then
+  // optionally Normalize), the Transformer's config.json (model_type "bert"), model.safetensors,
+  // tokenizer.json (or vocab.txt) and sentence_bert_config.json (max_seq_length), the Pooling
+  // module's config.json (one of mean, CLS, max). A missing file, an unsupported module, pooling
+  // mode or model type is an error naming it.
+  static Encoder load(const std::string& dir, const EncoderOptions& options = {});
+  Encoder(Weights w, Tokenizer tok, Pooling pooling, bool normalize, std::int64_t max_seq_length,
+          const EncoderOptions& options = {});
+
+  const Config& config() const { return w_.config; }
+  const Tokenizer& tokenizer() const { return tok_; }
+  Pooling pooling() const { return pooling_; }
+  bool normalize() const { return normalize_; }
+  std::int64_t max_seq_length() const { return max_len_; }
+  std::int64_t dim() const { return w_.config.dim; }
+
+  // [CLS] text's tokens [SEP], the text's tokens cut to max_seq_length − 2 (as transformers'
+  // truncation=True, max_length=max_seq_length does for one text).
+  std::vector<int> tokenize(std::string_view text) const;
+
+  // out [N, C]: row i = the embedding of texts[i]. Texts are sorted by token count (longest first)
+  // and run `batch` at a time, so each packed batch holds texts of similar lengths; rows go back
+  // to input order. progress(done, N) is called after each batch when given.
+  void embed(std::span<const std::string> texts, float* out, std::int64_t batch = 32,
+             const std::function<void(std::int64_t, std::int64_t)>& progress = {});
+
+  // The encoder on one packed batch: tokens [T], cu_seqlens [B + 1] (0 = cu[0] ≤ … ≤ cu[B] = T,
+  // each text at most seq_len tokens) → hidden [T, C], the last layer's output.
+  void forward(std::span<const int> tokens, std::span<const std::int32_t> cu_seqlens, float* hidden);
+
+ private:
+  Weights w_;
+  Tokenizer tok_;
+  Pooling pooling_;
+  bool normalize_;
+  std::int64_t max_len_;
+  EncoderOptions opt_;
+  // Per layer: [W_Q; W_K; W_V] as one [3·C, C] matrix with its bias [3·C] (one GEMM for the three),
+  // in f32, and in bf16 when dtype = bf16 (with W_O, W1, W2 in bf16 too).
+  struct Layer {
+    Buffer wqkv, bqkv;
+    Buffer wqkv_b, wo_b, w1_b, w2_b;
+  };
+  std::vector<Layer> layers_;
+  // Work buffers for up to rows_ tokens: x, h [T, C]; qkv [T, 3·C]; att [T, C]; ff [T, Hd].
+  Buffer x_, h_, qkv_, att_, ff_;
+  std::int64_t rows_ = 0;
+  void reserve(std::int64_t T);
+  void project(const float* x, const float* W, const Buffer& Wb, const float* b, float* y, std::int64_t T,
+               std::int64_t in, std::int64_t out, float beta) const;
+};
+
+}  // namespace qkv

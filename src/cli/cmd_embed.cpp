@@ -1,0 +1,159 @@
+// qkv embed — sentence embeddings of a text file, one per line, with a sentence-transformers model.
+//
+//   qkv embed --model DIR --input lines.txt --out e.npy       (float32 [N, dim], row i = line i)
+//   qkv embed --model DIR --input - --out e.jsonl < lines.txt  (one JSON array per line)
+//   qkv embed ... --batch 32 --threads 2 --dtype bf16
+//
+// An empty line is embedded as the empty text (as sentence-transformers does); a line that is not
+// valid UTF-8 is an error naming its number. Progress (texts done, sentences/s) goes to stderr.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "qkv/encoder.hpp"
+
+namespace qkv::cli {
+namespace {
+
+constexpr const char* kFn = "qkv embed";
+
+struct EmbedArgs {
+  std::string model, input, out;
+  std::int64_t batch = 32;
+  int threads = 0;
+  std::string dtype = "f32";
+};
+
+// The lines of `path` ("-": stdin); a final line without '\n' counts, a '\r' before '\n' is dropped.
+std::vector<std::string> read_lines(const std::string& path) {
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    check_input(kFn, "--input", path);
+    text = detail::read_input_file(path, kFn, "--input");
+  }
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+    at = end + 1;
+  }
+  return lines;
+}
+
+// e [N, C] to `path` (.npy: NumPy format 1.0, little-endian float32, C order; .jsonl: one array per
+// line, each value with 9 significant digits, which round-trips a float32), written to a
+// temporary name and renamed.
+void write_embeddings(const std::string& path, const float* e, std::int64_t N, std::int64_t C) {
+  const bool npy = path.ends_with(".npy"), jsonl = path.ends_with(".jsonl");
+  if (!npy && !jsonl) fail(kFn, "--out '" + path + "': must end in .npy or .jsonl");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail(kFn, "--out '" + tmp + "': cannot open for writing: " + std::strerror(errno));
+    if (npy) {
+      std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(N) + ", " +
+                           std::to_string(C) + "), }";
+      header.append(64 - (10 + header.size() + 1) % 64, ' ');  // magic + len + header + '\n' to a multiple of 64
+      header += '\n';
+      const auto len = static_cast<std::uint16_t>(header.size());
+      f.write("\x93NUMPY\x01\x00", 8);
+      const char lb[2] = {static_cast<char>(len & 0xFF), static_cast<char>(len >> 8)};
+      f.write(lb, 2);
+      f.write(header.data(), static_cast<std::streamsize>(header.size()));
+      f.write(reinterpret_cast<const char*>(e), static_cast<std::streamsize>(N * C * 4));
+    } else {
+      char num[32];
+      for (std::int64_t i = 0; i < N; ++i) {
+        f << '[';
+        for (std::int64_t k = 0; k < C; ++k) {
+          std::snprintf(num, sizeof num, "%.9g", static_cast<double>(e[i * C + k]));
+          f << (k ? "," : "") << num;
+        }
+        f << "]\n";
+      }
+    }
+    f.flush();
+    if (!f) {
+      std::remove(tmp.c_str());
+      fail(kFn, "--out '" + tmp + "': write failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    fail(kFn, "--out '" + path + "': cannot rename the temporary file into place: " + std::strerror(err));
+  }
+}
+
+void run(const EmbedArgs& a) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  check_input(kFn, "--model", a.model, /*allow_folder=*/true);
+  EncoderOptions o;
+  o.dtype = a.dtype == "bf16" ? DType::bf16 : DType::f32;
+  o.num_threads = a.threads;
+  Encoder enc = Encoder::load(a.model, o);
+  const std::vector<std::string> lines = read_lines(a.input);
+  // Each line is tokenized once here to name a bad line by its number (embed tokenizes again: a
+  // few milliseconds for thousands of lines).
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    try {
+      (void)enc.tokenize(lines[i]);
+    } catch (const std::invalid_argument& e) {
+      fail(kFn, "--input '" + a.input + "' line " + std::to_string(i + 1) + ": " + e.what());
+    }
+  }
+  const auto N = static_cast<std::int64_t>(lines.size());
+  std::vector<float> e(static_cast<std::size_t>(N * enc.dim()));
+  const bool tty = ::isatty(2) != 0;
+  const auto t1 = clock::now();
+  auto rate = [&](std::int64_t done) {
+    const double s = std::chrono::duration<double>(clock::now() - t1).count();
+    return s > 0 ? static_cast<double>(done) / s : 0.0;
+  };
+  enc.embed(lines, e.data(), a.batch, [&](std::int64_t done, std::int64_t total) {
+    if (tty) std::fprintf(stderr, "\rembedding: %lld/%lld texts, %.1f sentences/s", static_cast<long long>(done),
+                          static_cast<long long>(total), rate(done));
+  });
+  if (tty && N > 0) std::fputc('\n', stderr);
+  const double embed_s = std::chrono::duration<double>(clock::now() - t1).count();
+  write_embeddings(a.out, e.data(), N, enc.dim());
+  const double all_s = std::chrono::duration<double>(clock::now() - t0).count();
+  std::fprintf(stderr, "embedded %lld texts (dim %lld, %s) in %.2f s: %.1f sentences/s; %.1f sentences/s with load and I/O\n",
+               static_cast<long long>(N), static_cast<long long>(enc.dim()), a.dtype.c_str(), embed_s,
+               embed_s > 0 ? static_cast<double>(N) / embed_s : 0.0, all_s > 0 ? static_cast<double>(N) / all_s : 0.0);
+}
+
+}  // namespace
+
+void add_embed(CLI::App& app) {
+  auto a = std::make_shared<EmbedArgs>();
+  CLI::App* sub = app.add_subcommand("embed", "sentence embeddings of each line of a file (a BERT-family encoder)");
+  sub->add_option("--model", a->model, "a sentence-transformers folder (modules.json, config.json, model.safetensors, ...)")
+      ->required();
+  sub->add_option("--input", a->input, "text file, one text per line ('-': stdin)")->required();
+  sub->add_option("--out", a->out, "output: .npy (float32 [N, dim], row i = line i) or .jsonl")->required();
+  sub->add_option("--batch", a->batch, "texts per packed batch (sorted by length)")->capture_default_str()->check(at_least(1));
+  sub->add_option("--threads", a->threads, "threads (0: the default, QKV_NUM_THREADS or all cores)")
+      ->capture_default_str()
+      ->check(at_least(0));
+  sub->add_option("--dtype", a->dtype, "f32 (exact) or bf16 (projections on bf16 inputs and weights, f32 sums)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  sub->callback([a] { run(*a); });
+}
+
+}  // namespace qkv::cli

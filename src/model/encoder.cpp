@@ -1,0 +1,364 @@
+// The encoder's forward on packed texts, its pooling, and the sentence-transformers folder loader
+// (qkv/encoder.hpp). Dimension letters: T tokens of the batch, B texts, C = dim, H heads,
+// D = C / H, Hd = hidden_dim.
+//
+//   x = norm_e(wte[t] + wpe[pos] + wtt[0])                       x [T, C]
+//   for each layer l:
+//     qkv = x · [W_Q; W_K; W_V]ᵀ + b                             qkv [T, 3C]  (q | k | v per row)
+//     att = attention_varlen(q, k, v, cu_seqlens)                att [T, C]   (bidirectional)
+//     h = x + att · W_Oᵀ + b_O;  x = norm1(h)                    h [T, C]
+//     ff = gelu(x · W1ᵀ + b1)                                     ff [T, Hd]
+//     h = x + ff · W2ᵀ + b2;  x = norm2(h)
+#include "qkv/encoder.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "blocks/dense.hpp"
+#include "blocks/layers.hpp"
+#include "blocks/linear.hpp"
+#include "blocks/training_layers.hpp"
+#include "core/parallel.hpp"
+#include "model/input_file.hpp"
+#include "qkv/attention.hpp"
+#include "qkv/memory.hpp"
+
+namespace qkv {
+
+Encoder::Encoder(Weights w, Tokenizer tok, Pooling pooling, bool normalize, std::int64_t max_seq_length,
+                 const EncoderOptions& options)
+    : w_(std::move(w)), tok_(std::move(tok)), pooling_(pooling), normalize_(normalize), max_len_(max_seq_length),
+      opt_(options) {
+  const char* fn = "qkv::Encoder";
+  const Config& c = w_.config;
+  c.validate(fn);
+  if (c.causal || !c.post_norm || c.norm != NormKind::layernorm || !c.bias || c.pos != PosEncoding::learned ||
+      c.mlp == MlpKind::swiglu || c.n_kv_heads != c.n_heads)
+    fail(fn, "w.config: not a BERT-style encoder (needs causal false, post_norm true, layernorm, bias, learned "
+             "positions, a GELU MLP, n_kv_heads = n_heads), got " + config_to_json(c, false));
+  if (!w_.wte || !w_.wpe || !w_.norme_w || static_cast<std::int64_t>(w_.layers.size()) != c.n_layers)
+    fail(fn, "w: weights are incomplete for their config (use a loader or Weights::allocate)");
+  if (tok_.format() != Tokenizer::Format::wordpiece || tok_.vocab_size() > c.vocab_size)
+    fail(fn, "tok: a WordPiece tokenizer of at most vocab_size = " + std::to_string(c.vocab_size) +
+                 " tokens is needed, got " + std::to_string(tok_.vocab_size()) + " tokens");
+  if (max_len_ < 2 || max_len_ > c.seq_len)
+    fail(fn, "max_seq_length: must be in [2, seq_len = " + std::to_string(c.seq_len) + "], got " +
+                 std::to_string(max_len_));
+  if (opt_.dtype != DType::f32 && opt_.dtype != DType::bf16)
+    fail(fn, std::string("options.dtype: must be f32 or bf16, got ") + dtype_name(opt_.dtype));
+  if (opt_.num_threads < 0)
+    fail(fn, "options.num_threads: must be ≥ 0 (0: the library default), got " + std::to_string(opt_.num_threads));
+  const std::int64_t C = c.dim, Hd = c.hidden_dim;
+  for (const LayerWeights& L : w_.layers) {
+    Layer e;
+    e.wqkv = Buffer(DType::f32, {3 * C, C});
+    e.bqkv = Buffer(DType::f32, {3 * C});
+    float* W = e.wqkv.ptr<float>();
+    float* b = e.bqkv.ptr<float>();
+    std::copy_n(L.wq, C * C, W);
+    std::copy_n(L.wk, C * C, W + C * C);
+    std::copy_n(L.wv, C * C, W + 2 * C * C);
+    std::copy_n(L.bq, C, b);
+    std::copy_n(L.bk, C, b + C);
+    std::copy_n(L.bv, C, b + 2 * C);
+    if (opt_.dtype == DType::bf16) {
+      auto round = [](const float* src, std::int64_t rows, std::int64_t cols) {
+        Buffer out(DType::bf16, {rows, cols});
+        blocks::f32_to_bf16(out.ptr<std::uint16_t>(), src, rows * cols);
+        return out;
+      };
+      e.wqkv_b = round(W, 3 * C, C);
+      e.wo_b = round(L.wo, C, C);
+      e.w1_b = round(L.w1, Hd, C);
+      e.w2_b = round(L.w2, C, Hd);
+    }
+    layers_.push_back(std::move(e));
+  }
+}
+
+std::vector<int> Encoder::tokenize(std::string_view text) const {
+  std::vector<int> ids = tok_.encode(text, false, false);
+  if (static_cast<std::int64_t>(ids.size()) > max_len_ - 2) ids.resize(static_cast<std::size_t>(max_len_ - 2));
+  ids.insert(ids.begin(), tok_.bos_id());
+  ids.push_back(tok_.eos_id());
+  return ids;
+}
+
+void Encoder::reserve(std::int64_t T) {
+  if (T <= rows_) return;
+  const Config& c = w_.config;
+  check_memory("qkv::Encoder::forward", "work buffers for " + std::to_string(T) + " tokens",
+               bytes_of({T, 6 * c.dim + c.hidden_dim}, 4));
+  x_ = Buffer(DType::f32, {T, c.dim});
+  h_ = Buffer(DType::f32, {T, c.dim});
+  att_ = Buffer(DType::f32, {T, c.dim});
+  qkv_ = Buffer(DType::f32, {T, 3 * c.dim});
+  ff_ = Buffer(DType::f32, {T, c.hidden_dim});
+  rows_ = T;
+}
+
+// y [T, out] = beta·y + x [T, in] · Wᵀ + b: oneDNN's sgemm on the f32 W, or its bf16 matmul on the
+// bf16 copy Wb (x rounded to bf16 row by row) when dtype = bf16.
+void Encoder::project(const float* x, const float* W, const Buffer& Wb, const float* b, float* y, std::int64_t T,
+                      std::int64_t in, std::int64_t out, float beta) const {
+  const int threads = max_threads();
+  if (opt_.dtype == DType::bf16) {
+    blocks::gemm_bf16(x, Wb.ptr<std::uint16_t>(), b, y, T, in, out, beta, threads, active_isa());
+    return;
+  }
+  // The bias goes into y first, rows shared over the threads, then sgemm adds x·Wᵀ to it.
+  parallel_for(T, threads, [&](std::int64_t s) {
+    float* row = y + s * out;
+    for (std::int64_t o = 0; o < out; ++o) row[o] = (beta == 0.0f ? 0.0f : row[o]) + b[o];
+  });
+  blocks::linear_forward(x, W, nullptr, y, T, in, out, 1.0f);
+}
+
+namespace {
+
+// out [N, C] = layernorm(x [N, C]), 16 rows per task over the threads (rows are independent).
+void layer_norm(float* out, const float* x, const float* w, const float* b, std::int64_t N, std::int64_t C, float eps) {
+  constexpr std::int64_t kRows = 16;
+  parallel_for((N + kRows - 1) / kRows, max_threads(), [&](std::int64_t k) {
+    const std::int64_t r0 = k * kRows, n = std::min(kRows, N - r0);
+    blocks::layernorm_forward(out + r0 * C, nullptr, nullptr, x + r0 * C, w, b, n, C, eps);
+  });
+}
+
+}  // namespace
+
+void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden) {
+  const char* fn = "qkv::Encoder::forward";
+  const Config& c = w_.config;
+  const auto T = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t B = static_cast<std::int64_t>(cu.size()) - 1, C = c.dim, Hd = c.hidden_dim;
+  const std::int64_t H = c.n_heads, D = c.head_dim();
+  if (B < 1 || cu[0] != 0 || cu[static_cast<std::size_t>(B)] != T)
+    fail(fn, "cu_seqlens: must hold B + 1 ≥ 2 offsets from 0 to T = " + std::to_string(T));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t len = cu[static_cast<std::size_t>(b + 1)] - cu[static_cast<std::size_t>(b)];
+    if (len < 0 || len > c.seq_len)
+      fail(fn, "cu_seqlens: text " + std::to_string(b) + " has " + std::to_string(len) +
+                   " tokens, must be in [0, seq_len = " + std::to_string(c.seq_len) + "]");
+  }
+  for (std::int64_t i = 0; i < T; ++i)
+    if (tokens[static_cast<std::size_t>(i)] < 0 || tokens[static_cast<std::size_t>(i)] >= c.vocab_size)
+      fail(fn, "tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[static_cast<std::size_t>(i)]) +
+                   " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  if (!hidden) fail(fn, "hidden: null output pointer");
+  if (T == 0) return;
+  const ScopedThreads scope(opt_.num_threads > 0 ? opt_.num_threads : max_threads());
+  const int threads = max_threads();
+  reserve(T);
+  float *x = x_.ptr<float>(), *h = h_.ptr<float>(), *qkv = qkv_.ptr<float>(), *att = att_.ptr<float>();
+  float* ff = ff_.ptr<float>();
+
+  // Embedding: each text's positions start at 0; every token has type 0 (one text per input).
+  parallel_for(B, threads, [&](std::int64_t b) {
+    const std::int64_t t0 = cu[static_cast<std::size_t>(b)], n = cu[static_cast<std::size_t>(b + 1)] - t0;
+    blocks::embedding_forward(h + t0 * C, tokens.data() + t0, w_.wte, w_.wpe, n, C, 0);
+    if (w_.wtt)
+      for (std::int64_t i = 0; i < n; ++i) blocks::residual_forward(h + (t0 + i) * C, h + (t0 + i) * C, w_.wtt, C);
+  });
+  layer_norm(x, h, w_.norme_w, w_.norme_b, T, C, c.norm_eps);
+
+  // q, k, v are the column blocks of qkv [T, 3C]; attention reads them as [T, H, D] views.
+  const View cu_view = View::strided(const_cast<std::int32_t*>(cu.data()), DType::i32, {B + 1}, {1});
+  AttentionOptions ao;
+  ao.num_threads = threads;
+  ao.causal = false;
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+    const Layer& E = layers_[static_cast<std::size_t>(l)];
+    project(x, E.wqkv.ptr<float>(), E.wqkv_b, E.bqkv.ptr<float>(), qkv, T, C, 3 * C, 0.0f);
+    attention_varlen(View::strided(qkv, DType::f32, {T, H, D}, {3 * C, D, 1}),
+                     View::strided(qkv + C, DType::f32, {T, H, D}, {3 * C, D, 1}),
+                     View::strided(qkv + 2 * C, DType::f32, {T, H, D}, {3 * C, D, 1}),
+                     View::strided(att, DType::f32, {T, H, D}, {C, D, 1}), cu_view, cu_view, ao);
+    std::copy_n(x, T * C, h);  // the residual, to which the projection adds
+    project(att, L.wo, E.wo_b, L.bo, h, T, C, C, 1.0f);
+    layer_norm(x, h, L.norm1_w, L.norm1_b, T, C, c.norm_eps);
+    project(x, L.w1, E.w1_b, L.b1, ff, T, C, Hd, 0.0f);
+    // GELU in chunks of 16 Ki elements (64 KiB, in L2). The erf form is the training layers'
+    // vectorised one (|error| ≤ 0.75e-7·|x|, training_layers.cpp): it writes gelu into `g` and its
+    // slope over its input, so the chunk is computed into g and copied back.
+    constexpr std::int64_t kChunk = 1 << 14;
+    parallel_for((T * Hd + kChunk - 1) / kChunk, threads, [&](std::int64_t k) {
+      const std::int64_t i0 = k * kChunk, n = std::min(kChunk, T * Hd - i0);
+      if (c.mlp == MlpKind::gelu_exact) {
+        thread_local std::vector<float> g(kChunk);
+        blocks::typed::gelu_forward<float>(g.data(), ff + i0, ff + i0, n);
+        std::copy_n(g.data(), n, ff + i0);
+      } else {
+        blocks::gelu_fast(ff + i0, ff + i0, n, 1, active_isa());
+      }
+    });
+    std::copy_n(x, T * C, h);
+    project(ff, L.w2, E.w2_b, L.b2, h, T, Hd, C, 1.0f);
+    layer_norm(l + 1 == c.n_layers ? hidden : x, h, L.norm2_w, L.norm2_b, T, C, c.norm_eps);
+  }
+}
+
+void Encoder::embed(std::span<const std::string> texts, float* out, std::int64_t batch,
+                    const std::function<void(std::int64_t, std::int64_t)>& progress) {
+  const char* fn = "qkv::Encoder::embed";
+  if (batch < 1) fail(fn, "batch: must be ≥ 1, got " + std::to_string(batch));
+  const auto N = static_cast<std::int64_t>(texts.size());
+  if (N > 0 && !out) fail(fn, "out: null output pointer");
+  const std::int64_t C = dim();
+  std::vector<std::vector<int>> ids(static_cast<std::size_t>(N));
+  for (std::int64_t i = 0; i < N; ++i) {
+    try {
+      ids[static_cast<std::size_t>(i)] = tokenize(texts[static_cast<std::size_t>(i)]);
+    } catch (const std::invalid_argument& e) {
+      fail(fn, "texts[" + std::to_string(i) + "]: " + e.what());
+    }
+  }
+  // Longest first: each batch packs texts of similar lengths, and the largest batch comes first,
+  // so the work buffers are sized once.
+  std::vector<std::int64_t> order(static_cast<std::size_t>(N));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return ids[static_cast<std::size_t>(a)].size() > ids[static_cast<std::size_t>(b)].size();
+  });
+  std::vector<int> tokens;
+  std::vector<std::int32_t> cu;
+  Buffer hidden;
+  for (std::int64_t b0 = 0; b0 < N; b0 += batch) {
+    const std::int64_t nb = std::min(batch, N - b0);
+    tokens.clear();
+    cu.assign(1, 0);
+    for (std::int64_t j = 0; j < nb; ++j) {
+      const auto& t = ids[static_cast<std::size_t>(order[static_cast<std::size_t>(b0 + j)])];
+      tokens.insert(tokens.end(), t.begin(), t.end());
+      cu.push_back(static_cast<std::int32_t>(tokens.size()));
+    }
+    const auto T = static_cast<std::int64_t>(tokens.size());
+    if (hidden.numel() < T * C) hidden = Buffer(DType::f32, {T, C});
+    forward(tokens, cu, hidden.ptr<float>());
+    // Pooling over each text's rows (every token is real: nothing is padded), into its input row.
+    const float* hs = hidden.ptr<float>();
+    parallel_for(nb, opt_.num_threads > 0 ? opt_.num_threads : max_threads(), [&](std::int64_t j) {
+      float* e = out + order[static_cast<std::size_t>(b0 + j)] * C;
+      const std::int64_t t0 = cu[static_cast<std::size_t>(j)], n = cu[static_cast<std::size_t>(j + 1)] - t0;
+      const float* rows = hs + t0 * C;
+      if (pooling_ == Pooling::cls) {
+        std::copy_n(rows, C, e);
+      } else if (pooling_ == Pooling::max) {
+        std::copy_n(rows, C, e);
+        for (std::int64_t i = 1; i < n; ++i)
+          for (std::int64_t k = 0; k < C; ++k) e[k] = std::max(e[k], rows[i * C + k]);
+      } else {
+        // The mean in f64, then rounded once.
+        std::vector<double> sum(static_cast<std::size_t>(C), 0.0);
+        for (std::int64_t i = 0; i < n; ++i)
+          for (std::int64_t k = 0; k < C; ++k) sum[static_cast<std::size_t>(k)] += rows[i * C + k];
+        for (std::int64_t k = 0; k < C; ++k) e[k] = static_cast<float>(sum[static_cast<std::size_t>(k)] / static_cast<double>(n));
+      }
+      if (normalize_) {
+        // torch.nn.functional.normalize: e / max(‖e‖, 1e-12).
+        double ss = 0.0;
+        for (std::int64_t k = 0; k < C; ++k) ss += static_cast<double>(e[k]) * e[k];
+        const double inv = 1.0 / std::max(std::sqrt(ss), 1e-12);
+        for (std::int64_t k = 0; k < C; ++k) e[k] = static_cast<float>(e[k] * inv);
+      }
+    });
+    if (progress) progress(b0 + nb, N);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sentence-transformers folder.
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+const char* const kLoad = "qkv::Encoder::load";
+
+nlohmann::json read_json(const std::filesystem::path& p, const std::string& what) {
+  if (!std::filesystem::exists(p)) fail(kLoad, "dir: the folder has no " + what + " ('" + p.string() + "')");
+  const std::string text = detail::read_input_file(p.string(), kLoad, what, std::size_t{1} << 24);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(kLoad, "file '" + p.string() + "': not valid JSON (" + e.what() + ")");
+  }
+}
+
+}  // namespace
+
+Encoder Encoder::load(const std::string& dir, const EncoderOptions& options) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir)) fail(kLoad, "dir '" + dir + "': not a folder");
+  const fs::path root(dir);
+  const nlohmann::json modules = read_json(root / "modules.json", "modules.json");
+  std::string transformer, pooling_dir;
+  bool normalize = false;
+  try {
+    for (const auto& m : modules) {
+      const std::string type = m.at("type").get<std::string>(), path = m.at("path").get<std::string>();
+      if (type == "sentence_transformers.models.Transformer" && transformer.empty() && pooling_dir.empty())
+        transformer = path.empty() ? "." : path;
+      else if (type == "sentence_transformers.models.Pooling" && !transformer.empty() && pooling_dir.empty())
+        pooling_dir = path;
+      else if (type == "sentence_transformers.models.Normalize" && !pooling_dir.empty() && !normalize)
+        normalize = true;
+      else
+        fail(kLoad, "file '" + (root / "modules.json").string() + "': module " + m.dump() +
+                        " is not supported (qkv runs Transformer, Pooling, then optionally Normalize)");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(kLoad, "file '" + (root / "modules.json").string() + "': " + e.what());
+  }
+  if (transformer.empty() || pooling_dir.empty())
+    fail(kLoad, "file '" + (root / "modules.json").string() + "': needs a Transformer module and a Pooling module");
+  const fs::path tdir = root / transformer;
+
+  const nlohmann::json pcfg = read_json(root / pooling_dir / "config.json", pooling_dir + "/config.json");
+  Pooling pooling = Pooling::mean;
+  int modes = 0;
+  for (const auto& [key, value] : pcfg.items()) {
+    if (key.rfind("pooling_mode_", 0) != 0 || !value.is_boolean() || !value.get<bool>()) continue;
+    if (key == "pooling_mode_mean_tokens") pooling = Pooling::mean;
+    else if (key == "pooling_mode_cls_token") pooling = Pooling::cls;
+    else if (key == "pooling_mode_max_tokens") pooling = Pooling::max;
+    else fail(kLoad, "file '" + (root / pooling_dir / "config.json").string() + "': \"" + key +
+                         "\" is not supported (qkv pools by mean, CLS or max)");
+    ++modes;
+  }
+  if (modes != 1)
+    fail(kLoad, "file '" + (root / pooling_dir / "config.json").string() + "': exactly one pooling mode must be "
+                    "true, got " + std::to_string(modes));
+
+  const nlohmann::json sbert = read_json(tdir / "sentence_bert_config.json", "sentence_bert_config.json");
+  std::int64_t max_len = 0;
+  try {
+    max_len = sbert.at("max_seq_length").get<std::int64_t>();
+    if (sbert.value("do_lower_case", false))
+      fail(kLoad, "file '" + (tdir / "sentence_bert_config.json").string() +
+                      "': \"do_lower_case\" true is not supported (the tokenizer's own settings lower-case)");
+  } catch (const nlohmann::json::exception& e) {
+    fail(kLoad, "file '" + (tdir / "sentence_bert_config.json").string() + "': " + e.what());
+  }
+  for (const char* f : {"config.json", "model.safetensors"})
+    if (!fs::exists(tdir / f)) fail(kLoad, "dir: the folder has no " + std::string(f) + " ('" + (tdir / f).string() + "')");
+  const Config config = load_config((tdir / "config.json").string());
+  if (config.causal || !config.post_norm)
+    fail(kLoad, "file '" + (tdir / "config.json").string() + "': not an encoder (qkv embeds with model_type \"bert\")");
+  fs::path tok_path = tdir / "tokenizer.json";
+  if (!fs::exists(tok_path)) tok_path = tdir / "vocab.txt";
+  if (!fs::exists(tok_path))
+    fail(kLoad, "dir: the folder has no tokenizer.json or vocab.txt ('" + tdir.string() + "')");
+  Tokenizer tok = Tokenizer::load_wordpiece(tok_path.string());
+  Weights w = load_safetensors((tdir / "model.safetensors").string(), config);
+  if (pcfg.contains("word_embedding_dimension") && pcfg.at("word_embedding_dimension") != config.dim)
+    fail(kLoad, "file '" + (root / pooling_dir / "config.json").string() + "': word_embedding_dimension " +
+                    pcfg.at("word_embedding_dimension").dump() + " differs from the model's hidden_size " +
+                    std::to_string(config.dim));
+  return Encoder(std::move(w), std::move(tok), pooling, normalize, std::min(max_len, config.seq_len), options);
+}
+
+}  // namespace qkv
