@@ -30,11 +30,12 @@ from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
 from .functional import (AttentionGrads, AttentionResult, KernelInfo, attention, attention_backward, dropout_mask,
                          scaled_dot_product_attention)
 from .mha import MhaResult, MultiHeadAttention
-from .model import Generation, LayerTrace, Model, ModelTrace, Tokenizer
+from .model import BatchGeneration, Generation, LayerTrace, Model, ModelTrace, Tokenizer
 
 __all__ = [
-    "AttentionGrads", "AttentionResult", "Generation", "KernelInfo", "LayerTrace", "MhaResult", "Model", "ModelTrace",
-    "MultiHeadAttention", "Tokenizer", "active_isa", "attention", "attention_backward", "cpu_isa", "dropout_mask", "num_threads",
+    "AttentionGrads", "AttentionResult", "BatchGeneration", "Generation", "KernelInfo", "LayerTrace", "MhaResult",
+    "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "attention", "attention_backward", "cpu_isa",
+    "dropout_mask", "num_threads",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
 from ._qkv import __version__  # noqa: E402  (CMakeLists.txt's project VERSION, through the module)
