@@ -82,6 +82,7 @@ void gemv_rows(const GemvArgs& a, i64 o0, i64 o1) {
 // m0, each summed exactly as gemv_row<M = 1> sums it (U = 4 vectors a step, the same tail, the
 // same reduction), so a row's result does not depend on how many sequences share the step. The
 // weight row is read once for the MB rows; the caller loops over groups of MB with the row in L1.
+// The loops are unrolled by pragma: GCC otherwise keeps acc[MB][U] on the stack at MB = 4.
 template <class S, class Rows, int MB>
 void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
   using V = typename S::V;
@@ -89,24 +90,32 @@ void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
   const i64 in = a.in, row = o * in;
   const float* x = a.x + m0 * in;
   V acc[MB][U];
+  #pragma GCC unroll 16
   for (int m = 0; m < MB; ++m)
+    #pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[m][u] = S::zero();
   i64 i = 0;
   for (; i + U * S::L <= in; i += U * S::L)
+    #pragma GCC unroll 16
     for (int u = 0; u < U; ++u) {
       const V w = Rows::load(a.W, row + i + u * S::L);
+      #pragma GCC unroll 16
       for (int m = 0; m < MB; ++m) acc[m][u] = S::fmadd(w, S::loadu(x + m * in + i + u * S::L), acc[m][u]);
     }
   for (; i + S::L <= in; i += S::L) {
     const V w = Rows::load(a.W, row + i);
+    #pragma GCC unroll 16
     for (int m = 0; m < MB; ++m) acc[m][0] = S::fmadd(w, S::loadu(x + m * in + i), acc[m][0]);
   }
   if (i < in) {
     const int n = static_cast<int>(in - i);
     const V w = Rows::load_n(a.W, row + i, n);
+    #pragma GCC unroll 16
     for (int m = 0; m < MB; ++m) acc[m][0] = S::fmadd(w, S::load_n(x + m * in + i, n), acc[m][0]);
   }
+  #pragma GCC unroll 16
   for (int m = 0; m < MB; ++m) {
+    #pragma GCC unroll 16
     for (int u = 1; u < U; ++u) acc[m][0] = S::add(acc[m][0], acc[m][u]);
     float* y = a.y + (m0 + m) * a.ldy + o;
     *y = (a.beta == 0.0f ? 0.0f : *y) + S::hsum(acc[m][0]) + (a.b ? a.b[o] : 0.0f);
