@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import statistics
 import struct
@@ -155,18 +156,30 @@ def write_gguf(path: Path, shape, t, pieces, dtype: str) -> None:
     w.close()
 
 
-def run_qkv(qkv: str, model: Path, tok: Path, threads: int, steps: int, extra=()) -> float:
+# CPU seconds (user + system) of every process run through `timed` since the start: on a machine
+# shared with other work the wall-clock tok/s moves with the load, the CPU a run costs much less.
+CPU: dict[tuple, list] = {}
+
+
+def timed(key: tuple, cmd: list, env: dict) -> subprocess.CompletedProcess:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault(key, []).append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+    return p
+
+
+def run_qkv(qkv: str, model: Path, tok: Path, threads: int, steps: int, extra=(), key=()) -> float:
     env = dict(os.environ, QKV_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
-    p = subprocess.run([qkv, "generate", "--model", str(model), "--tokenizer", str(tok), "-t", "0", "-n", str(steps),
-                        *(extra or ["-i", PROMPT])], env=env, capture_output=True, text=True, check=True)
+    p = timed(key, [qkv, "generate", "--model", str(model), "--tokenizer", str(tok), "-t", "0", "-n", str(steps),
+                    *(extra or ["-i", PROMPT])], env)
     m = re.search(r"decode ([0-9.]+) tok/s", p.stderr)
     return float(m.group(1))
 
 
-def run_llama2c(exe: Path, model: Path, tok: Path, threads: int, steps: int) -> float:
+def run_llama2c(exe: Path, model: Path, tok: Path, threads: int, steps: int, key=()) -> float:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    p = subprocess.run([str(exe), str(model), "-z", str(tok), "-t", "0", "-n", str(steps), "-i", PROMPT], env=env,
-                       capture_output=True, text=True, check=True)
+    p = timed(key, [str(exe), str(model), "-z", str(tok), "-t", "0", "-n", str(steps), "-i", PROMPT], env)
     return float(re.search(r"achieved tok/s: ([0-9.]+)", p.stderr + p.stdout).group(1))
 
 
@@ -260,9 +273,10 @@ def main() -> int:
         for name, (binp, tokp, ggp) in models.items():
             steps = STEPS[name]
             for T in threads:
-                results.setdefault((name, T, "qkv"), []).append(run_qkv(a.qkv, binp, tokp, T, steps))
+                results.setdefault((name, T, "qkv"), []).append(run_qkv(a.qkv, binp, tokp, T, steps, key=(name, T, "qkv")))
                 if llama2c:
-                    results.setdefault((name, T, "llama2.c"), []).append(run_llama2c(llama2c, binp, tokp, T, steps))
+                    results.setdefault((name, T, "llama2.c"), []).append(
+                        run_llama2c(llama2c, binp, tokp, T, steps, key=(name, T, "llama2.c")))
                 if ggp:
                     results.setdefault((name, T, "llama.cpp"), []).append(run_llama_cpp(sys.executable, ggp, T, steps)[0])
                 if a.batch:
@@ -285,6 +299,9 @@ def main() -> int:
             rb = results.get((name, T, f"qkv B={a.batch}"))
             row += f" {statistics.median(rb):.0f} | {statistics.median(rb) / q:.2f}× |" if rb else " – | – |"
             print(row)
+    print("\nCPU seconds per run (whole process: load, prefill, decode; medians):")
+    for key in sorted(CPU):
+        print(f"  {key[0]} {key[1]} thread(s) {key[2]}: {statistics.median(CPU[key]):.3f} s")
     for name in models:
         if len(threads) > 1:
             one, two = (statistics.median(results[(name, T, "qkv")]) for T in threads[:2])
