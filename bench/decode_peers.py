@@ -169,7 +169,7 @@ def timed(key: tuple, cmd: list, env: dict) -> subprocess.CompletedProcess:
     return p
 
 
-def run_qkv(qkv: str, model: Path, tok: Path, threads: int, steps: int, extra=(), key=()) -> float:
+def run_qkv(qkv: str, model: Path, tok: Path, threads: int, steps: int, extra=(), key=("qkv",)) -> float:
     env = dict(os.environ, QKV_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     p = timed(key, [qkv, "generate", "--model", str(model), "--tokenizer", str(tok), "-t", "0", "-n", str(steps),
                     *(extra or ["-i", PROMPT])], env)
@@ -177,7 +177,7 @@ def run_qkv(qkv: str, model: Path, tok: Path, threads: int, steps: int, extra=()
     return float(m.group(1))
 
 
-def run_llama2c(exe: Path, model: Path, tok: Path, threads: int, steps: int, key=()) -> float:
+def run_llama2c(exe: Path, model: Path, tok: Path, threads: int, steps: int, key=("llama2.c",)) -> float:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     p = timed(key, [str(exe), str(model), "-z", str(tok), "-t", "0", "-n", str(steps), "-i", PROMPT], env)
     return float(re.search(r"achieved tok/s: ([0-9.]+)", p.stderr + p.stdout).group(1))
@@ -281,7 +281,7 @@ def main() -> int:
                     results.setdefault((name, T, "llama.cpp"), []).append(run_llama_cpp(sys.executable, ggp, T, steps)[0])
                 if a.batch:
                     results.setdefault((name, T, f"qkv B={a.batch}"), []).append(
-                        run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file)]))
+                        run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file)], key=(name, T, f"qkv B={a.batch}")))
         loads.append(load())
 
     print(f"load (1-min) over the rounds: {', '.join(loads)}; {a.rounds} interleaved rounds, medians, tok/s\n")
@@ -301,7 +301,7 @@ def main() -> int:
             print(row)
     print("\nCPU seconds per run (whole process: load, prefill, decode; medians):")
     for key in sorted(CPU):
-        print(f"  {key[0]} {key[1]} thread(s) {key[2]}: {statistics.median(CPU[key]):.3f} s")
+        print(f"  {' '.join(map(str, key))}: {statistics.median(CPU[key]):.3f} s")
     for name in models:
         if len(threads) > 1:
             one, two = (statistics.median(results[(name, T, "qkv")]) for T in threads[:2])
