@@ -137,6 +137,8 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
 //   s_j = q·k_j · scale · log2 e,  p_j = 2^(s_j − max s),  out = Σ p_j v_j / Σ p_j.
 // Two passes over the keys (scores, then P·V) instead of flash's online softmax: one query has no
 // tiles to reuse, and D may be smaller than a vector (D = 8 in stories260K: one masked load a row).
+inline i64 imin(i64 x, i64 y) { return x < y ? x : y; }
+
 template <class S>
 void attend_one_impl(const AttendArgs& a) {
   using V = typename S::V;
@@ -172,15 +174,20 @@ void attend_one_impl(const AttendArgs& a) {
       vsum = S::add(vsum, S::load_n(sc + j, n));
     }
     const float inv = 1.0f / S::hsum(vsum);
+    // P·V, up to 4 vectors of columns at a time (one pass over the keys for D ≤ 4L), the last
+    // vector of a row masked when D is not a multiple of L.
     float* o = a.out + r * D;
-    for (i64 d = 0; d < D; d += L) {
-      const int n = static_cast<int>(D - d < L ? D - d : L);
-      V acc = S::zero();
-      if (n == L)
-        for (i64 jj = 0; jj < Skv; ++jj) acc = S::fmadd(S::set1(sc[jj]), S::loadu(a.v + jj * D + d), acc);
-      else
-        for (i64 jj = 0; jj < Skv; ++jj) acc = S::fmadd(S::set1(sc[jj]), S::load_n(a.v + jj * D + d, n), acc);
-      S::store_n(o + d, S::mul(acc, S::set1(inv)), n);
+    for (i64 d0 = 0; d0 < D; d0 += 4 * L) {
+      const int nv = static_cast<int>((imin(D - d0, 4 * L) + L - 1) / L);
+      const int tail = static_cast<int>(imin(D - d0, 4 * L) - (nv - 1) * L);  // lanes of the last vector
+      V acc[4] = {S::zero(), S::zero(), S::zero(), S::zero()};
+      for (i64 jj = 0; jj < Skv; ++jj) {
+        const V p = S::set1(sc[jj]);
+        const float* vr = a.v + jj * D + d0;
+        for (int c = 0; c + 1 < nv; ++c) acc[c] = S::fmadd(p, S::loadu(vr + c * L), acc[c]);
+        acc[nv - 1] = S::fmadd(p, S::load_n(vr + (nv - 1) * L, tail), acc[nv - 1]);
+      }
+      for (int c = 0; c < nv; ++c) S::store_n(o + d0 + c * L, S::mul(acc[c], S::set1(inv)), c + 1 < nv ? L : tail);
     }
   }
 }

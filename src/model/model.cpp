@@ -599,9 +599,12 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
     if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, B, C, c.norm_eps);
     else blocks::layernorm_forward(out, nullptr, nullptr, x, w, bias, B, C, c.norm_eps);
   };
-  // Rows per chunk for a matrix with `in` columns: ≈ 64 KiB of weights, at least 8 rows.
+  // Rows per chunk of n rows with `in` columns: ≈ 64 KiB of weights, at least 8 rows; all n on one
+  // thread (nothing to rebalance: each matrix is read as one stream, W1 and W3 one after the other).
   const i64 wbytes = bf16 ? 2 : 4;
-  auto rows_per_chunk = [&](i64 in) { return std::max<i64>(8, (i64{64} << 10) / (in * wbytes)); };
+  auto rows_per_chunk = [&](i64 in, i64 n) {
+    return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes));
+  };
   // The work of a step, [0, n), is cut into T contiguous segments, one per thread, each with its
   // counter: thread t takes the chunks of segment t in order (one linear stream, as a static split
   // would), then helps with the other segments' remaining chunks.
@@ -678,12 +681,12 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
         }
       });
       meet.wait();
-      share(t, s0 + 1, C, rows_per_chunk(HD), [&](i64 r0, i64 r1) {
+      share(t, s0 + 1, C, rows_per_chunk(HD, C), [&](i64 r0, i64 r1) {
         gemv(L.wo, Lb.wo, L.bo, x, C, att, HD, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O
       });
       meet.wait();
       norm_rows(xb, L.norm2_w, L.norm2_b);
-      share(t, s0 + 2, Hd, rows_per_chunk(C), [&](i64 r0, i64 r1) {
+      share(t, s0 + 2, Hd, rows_per_chunk(C, Hd), [&](i64 r0, i64 r1) {
         gemv(L.w1, Lb.w1, L.b1, hb, Hd, xb, C, 0.0f, r0, r1);
         if (c.mlp == MlpKind::swiglu) gemv(L.w3, Lb.w3, nullptr, hb2, Hd, xb, C, 0.0f, r0, r1);
         for (i64 b = 0; b < B; ++b) {
@@ -694,13 +697,13 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
         }
       });
       meet.wait();
-      share(t, s0 + 3, C, rows_per_chunk(Hd), [&](i64 r0, i64 r1) {
+      share(t, s0 + 3, C, rows_per_chunk(Hd, C), [&](i64 r0, i64 r1) {
         gemv(L.w2, Lb.w2, L.b2, x, C, hb, Hd, 1.0f, r0, r1);  // residual: x += hb·W2ᵀ + b2
       });
       meet.wait();
     }
     norm_rows(xb, w_.normf_w, w_.normf_b);
-    share(t, steps - 1, V, rows_per_chunk(C), [&](i64 r0, i64 r1) {
+    share(t, steps - 1, V, rows_per_chunk(C, V), [&](i64 r0, i64 r1) {
       gemv(w_.wcls, wcls_bf16_, nullptr, logits, V, xb, C, 0.0f, r0, r1);
     });
   });
