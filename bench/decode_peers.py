@@ -185,14 +185,13 @@ def run_llama2c(exe: Path, model: Path, tok: Path, threads: int, steps: int, key
 
 LLAMA_CPP_CHILD = r"""
 import sys, time, ctypes, llama_cpp as L
-path, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, threads, steps, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 L.llama_backend_init()
 mp = L.llama_model_default_params()
 model = L.llama_load_model_from_file(path.encode(), mp)
 cp = L.llama_context_default_params()
 cp.n_ctx = max(steps, 512) + 8; cp.n_batch = 512; cp.n_threads = threads; cp.n_threads_batch = threads
 ctx = L.llama_new_context_with_model(model, cp)
-vocab = L.llama_n_vocab(model)
 batch = L.llama_batch_init(512, 0, 1)
 def feed(tokens, pos0):
     batch.n_tokens = len(tokens)
@@ -206,15 +205,18 @@ t0 = time.perf_counter()
 for pos in range(len(prompt), steps):
     feed([(pos * 37) % (vocab - 3) + 3], pos)
 dt = time.perf_counter() - t0
-L.llama_kv_cache_clear(ctx) if hasattr(L, "llama_kv_cache_clear") else None
+if hasattr(L, "llama_memory_clear"):
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
+else:
+    L.llama_kv_cache_clear(ctx)
 pre = [(i * 37) % (vocab - 3) + 3 for i in range(512)]
 t1 = time.perf_counter(); feed(pre, 0) if cp.n_ctx >= 512 else None; dp = time.perf_counter() - t1
 print(f"{(steps - len(prompt)) / dt:.1f} {512 / dp:.1f}")
 """
 
 
-def run_llama_cpp(python: str, gguf_path: Path, threads: int, steps: int) -> tuple[float, float]:
-    p = subprocess.run([python, "-c", LLAMA_CPP_CHILD, str(gguf_path), str(threads), str(steps)],
+def run_llama_cpp(python: str, gguf_path: Path, threads: int, steps: int, vocab: int) -> tuple[float, float]:
+    p = subprocess.run([python, "-c", LLAMA_CPP_CHILD, str(gguf_path), str(threads), str(steps), str(vocab)],
                        capture_output=True, text=True, check=True)
     dec, pre = p.stdout.split()
     return float(dec), float(pre)
@@ -278,7 +280,8 @@ def main() -> int:
                     results.setdefault((name, T, "llama2.c"), []).append(
                         run_llama2c(llama2c, binp, tokp, T, steps, key=(name, T, "llama2.c")))
                 if ggp:
-                    results.setdefault((name, T, "llama.cpp"), []).append(run_llama_cpp(sys.executable, ggp, T, steps)[0])
+                    results.setdefault((name, T, "llama.cpp"), []).append(run_llama_cpp(sys.executable, ggp, T, steps,
+                                                                                         SHAPES[name][5])[0])
                 if a.batch:
                     results.setdefault((name, T, f"qkv B={a.batch}"), []).append(
                         run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file)], key=(name, T, f"qkv B={a.batch}")))
