@@ -8,7 +8,7 @@ Models (greedy, prompt "Once upon a time", 256 positions; 64 for random-110M):
   random-6.1M      random llama, stories15M's layers: dim 288, hidden 768, 6 layers, 6 heads, vocab 512
   random-110M      random llama, stories110M's shape: dim 768, hidden 2048, 12 layers, 12 heads, vocab 32000
 Random weights are N(0, 0.02²) from a fixed seed, written once as a llama2.c checkpoint (header of 7 int32,
-then the f32 tensors in run.c's order) and, for llama.cpp, as GGUF (f32 and f16) with the `gguf` package. A
+then the f32 tensors in run.c's order) and, for llama.cpp, as GGUF (f32; write_gguf also writes f16) with the `gguf` package. A
 tokenizer of the model's vocabulary is written in llama2.c's format (the 512 pieces of tok512.bin, then filler
 pieces), and the same pieces go into the GGUF.
 
