@@ -16,6 +16,7 @@
 // Every matrix is stored [out, in] row-major (torch.nn.Linear's layout, y = x · Wᵀ).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -266,8 +267,8 @@ struct Trace {
 // weights stay held (the embedding and norms still use them).
 // num_threads = 0 uses the library default (set_num_threads / QKV_NUM_THREADS) for calls large
 // enough to share and one thread below ~100 MFLOP a call (stories260K); n > 0 uses n threads for
-// every call. With more than one thread a one-token call (decoding) runs in a single parallel
-// region (Model::decode_step); the logits are the same bit for bit.
+// every call. A one-token call (decoding) runs in a single parallel
+// region (Model::decode, which forward_batch also runs); the logits are the same bit for bit.
 //
 // gemm_inputs = f32 (the default) or bf16, for calls of more than 4 rows (prefill), which run
 // GEMMs: f32 multiplies the activations as they are (bf16 weights are widened to f32 exactly);
@@ -303,6 +304,12 @@ class Model {
   // Without all_logits the last layer goes past its attention for the last position only.
   void forward(std::span<const int> tokens, KvCache& cache, float* logits, bool all_logits = false);
 
+  // One token for each of B sequences, each with its own cache (B distinct caches of one dtype),
+  // at its own position caches[b]->len (appended, len += 1): logits [B, V]. The step reads every
+  // weight once for all B sequences. Sequence b's logits are the same bits as forward() of its token
+  // alone gives (a one-token forward runs this path with B = 1).
+  void forward_batch(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits);
+
   // The whole sequence from position 0, recording every layer (see LayerTrace).
   void forward_trace(const std::vector<int>& tokens, Trace& trace);
 
@@ -313,7 +320,7 @@ class Model {
   // gemm_inputs = bf16 only: qkv [S, (H + 2·Hkv)·D] (the fused projection's output), xbb
   // [S, max(C, H·D)] and hbb [S, Hd] bf16 (GEMM inputs); with a bf16 cache qkv's first half holds
   // the bf16 [S, (H + 2·Hkv)·D] instead. qb, ob [S, H·D] bf16: q and the attention's output when the
-  // cache is bf16 and the path has f32 q (block(), decode_step).
+  // cache is bf16 and the path has f32 q (block(), decode).
   Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, qkv_, xbb_, hbb_, qb_, ob_;
   std::int64_t rows_ = 0;
   ModelOptions opt_;
@@ -358,9 +365,15 @@ class Model {
   // that are the last n of cache.len + S positions, the output rows [n, H·D] at out.
   AttentionViews attention_views(int l, std::int64_t S, std::int64_t n, const KvCache& cache, void* q,
                                  std::int64_t ld_q, void* out) const;
-  // One token (S = 1) on `threads` > 1 threads in one parallel region (see model.cpp); x_ holds its
-  // embedding; writes logits [V] and leaves cache.len to the caller.
-  void decode_step(KvCache& cache, float* logits, int threads);
+  // One token for each of B = tokens.size() sequences on `threads` threads in one parallel region
+  // (model.cpp): logits [B, V]; each cache's len += 1. decode_scratch_: per-thread norm rows and
+  // attention scores; decode_counters_: the work counters of one step (kept: no allocation a token).
+  void decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int threads);
+  Buffer decode_scratch_;
+  std::unique_ptr<std::atomic<std::int64_t>[]> decode_counters_;
+  std::size_t decode_counters_n_ = 0;
+  // Throws (naming fn) unless cache is an f32 or bf16 cache for this config with room for S more.
+  void check_cache(const char* fn, const KvCache& cache, std::int64_t S) const;
   void check_tokens(const char* fn, std::span<const int> tokens, std::int64_t start) const;
 };
 
@@ -420,5 +433,14 @@ struct GenerateStats {
 // overflow float): the text so far has been emitted, nothing after it.
 GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prompt, const GenerateOptions& opt,
                        const std::function<void(std::string_view)>& emit);
+
+// Several prompts advanced in lockstep: each prompt is prefilled alone, then every sequence still
+// going gets its next token from one Model::forward_batch step (the weights read once for all of
+// them). Sequence i's text is exactly what generate(prompts[i]) emits with the same options (each
+// sequence has its own sampler with opt's seed; its logits are the same bits as one at a time), in
+// the order of `prompts`. stats (if not null): prompt tokens, sampled tokens and times, summed over
+// the sequences (decode_seconds: the lockstep phase's wall time).
+std::vector<std::string> generate_batch(Model& model, const Tokenizer& tok, std::span<const std::string> prompts,
+                                        const GenerateOptions& opt, GenerateStats* stats = nullptr);
 
 }  // namespace qkv

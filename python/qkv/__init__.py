@@ -31,12 +31,12 @@ from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, K
                          attention_backward, dropout_mask, scaled_dot_product_attention)
 from .mha import MhaResult, MultiHeadAttention
 from .encoder import Encoder
-from .model import Generation, LayerTrace, Model, ModelTrace, Tokenizer
+from .model import BatchGeneration, Generation, LayerTrace, Model, ModelTrace, Tokenizer
 
 __all__ = [
-    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "Encoder", "Generation", "KernelInfo", "LayerTrace",
-    "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes", "attention",
-    "attention_backward", "cpu_isa", "dropout_mask", "num_threads",
+    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "BatchGeneration", "Encoder", "Generation", "KernelInfo",
+    "LayerTrace", "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes",
+    "attention", "attention_backward", "cpu_isa", "dropout_mask", "num_threads",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
 from ._qkv import __version__  # noqa: E402  (CMakeLists.txt's project VERSION, through the module)

@@ -119,6 +119,16 @@ class Tokenizer:
         return self._t.decode(int(prev), int(token))
 
 
+class BatchGeneration(NamedTuple):
+    """What :meth:`Model.generate_batch` returns with ``return_stats=True`` (counts and times summed
+    over the prompts; ``decode_seconds`` is the wall time of the lockstep steps)."""
+    texts: List[str]
+    prompt_tokens: int
+    generated: int
+    prefill_seconds: float
+    decode_seconds: float
+
+
 class Model:
     """A decoder-only transformer with its own KV cache (see the module docstring).
 
@@ -206,3 +216,33 @@ class Model:
         if return_stats:
             return Generation(text, n_prompt, n_gen, t_pre, t_dec)
         return text
+
+    def generate_batch(self, tokenizer: Tokenizer, prompts: Sequence[str], steps: int = 256,
+                       temperature: float = 1.0, top_p: float = 0.9, top_k: int = 0, seed: int = 1,
+                       return_stats: bool = False):
+        """:meth:`generate` for several prompts at once: each is prefilled alone, then every
+        sequence still going gets its next token from one shared step that reads the weights once
+        for all of them. Returns the texts in the order of ``prompts`` (or a
+        :class:`BatchGeneration`); text i equals ``generate(tokenizer, prompts[i], ...)`` with the
+        same arguments (each sequence samples with its own generator seeded by ``seed``). The
+        arguments follow :meth:`generate`'s rules."""
+        fn = "qkv.Model.generate_batch"
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"[{fn}] tokenizer: must be a qkv.Tokenizer, got {type(tokenizer).__name__}")
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise TypeError(f"[{fn}] prompts: must be a list of str, got {type(prompts).__name__}")
+        if len(prompts) == 0:
+            raise ValueError(f"[{fn}] prompts: must not be empty")
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise TypeError(f"[{fn}] prompts[{i}]: must be str, got {type(p).__name__}")
+        steps, top_k, seed = (_integer(fn, n, x) for n, x in (("steps", steps), ("top_k", top_k), ("seed", seed)))
+        temperature, top_p = (_real(fn, n, x) for n, x in (("temperature", temperature), ("top_p", top_p)))
+        if seed < 1:
+            raise ValueError(f"[{fn}] seed: must be ≥ 1 (xorshift's state 0 never changes), got {seed}")
+        raws, n_prompt, n_gen, t_pre, t_dec = self._m.generate_batch(tokenizer._t, list(prompts), steps, temperature,
+                                                                     top_p, top_k, seed)
+        texts = [r.decode("utf-8", errors="replace") for r in raws]
+        if return_stats:
+            return BatchGeneration(texts, n_prompt, n_gen, t_pre, t_dec)
+        return texts

@@ -414,6 +414,29 @@ std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate
           st.decode_seconds};
 }
 
+// generate_batch: the prompts advanced in lockstep; each text as bytes, in order.
+std::tuple<std::vector<nb::bytes>, std::int64_t, std::int64_t, double, double> model_generate_batch(
+    PyModel& self, const qkv::Tokenizer& tok, const std::vector<std::string>& prompts, std::int64_t steps,
+    float temperature, float top_p, int top_k, std::uint64_t seed) {
+  qkv::GenerateOptions o;
+  o.steps = steps;
+  o.sampling.temperature = temperature;
+  o.sampling.top_p = top_p;
+  o.sampling.top_k = top_k;
+  o.sampling.seed = seed;
+  qkv::validate_generate_options(o, "qkv.Model.generate_batch");
+  std::vector<std::string> texts;
+  qkv::GenerateStats st;
+  {
+    nb::gil_scoped_release unlocked;
+    const std::lock_guard<std::mutex> one_at_a_time(self.mu);
+    texts = qkv::generate_batch(self.model, tok, prompts, o, &st);
+  }
+  std::vector<nb::bytes> out;
+  for (const std::string& t : texts) out.emplace_back(t.data(), t.size());
+  return {out, st.prompt_tokens, st.generated, st.prefill_seconds, st.decode_seconds};
+}
+
 }  // namespace
 
 NB_MODULE(_qkv, m) {
@@ -543,6 +566,9 @@ NB_MODULE(_qkv, m) {
       .def("forward", &model_forward, "tokens"_a, "all_logits"_a,
            "Runs tokens after the cached positions; logits [V] for the last, or [S, V].")
       .def("trace", &model_trace, "tokens"_a, "The whole sequence from position 0, every layer recorded.")
+      .def("generate_batch", &model_generate_batch, "tokenizer"_a, "prompts"_a, "steps"_a, "temperature"_a,
+           "top_p"_a, "top_k"_a, "seed"_a,
+           "generate_batch: ([text bytes], prompt tokens, generated, prefill s, decode s), summed over the prompts.")
       .def("generate", &model_generate, "tokenizer"_a, "prompt"_a, "steps"_a, "temperature"_a, "top_p"_a,
            "top_k"_a, "seed"_a, "llama2.c's generation: (text bytes, prompt tokens, generated, prefill s, decode s).");
 

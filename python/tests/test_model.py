@@ -78,6 +78,24 @@ def test_generate_with_prompt_and_stats(model, tok):
     assert a == model.generate(tok, "Lily", steps=60, temperature=1.0, top_p=0.9, seed=7)
 
 
+def test_generate_batch_equals_one_at_a_time(model, tok):
+    # Prompts of different lengths (one empty) advanced in lockstep: each text is exactly the one
+    # generate() gives alone (the batched step computes every sequence's logits with the same bits),
+    # greedy and sampled (each sequence has its own generator with the same seed).
+    prompts = ["Once upon a time", "", "Lily and Tom went to the park and saw a big", "The dog"]
+    for kw in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 5}):
+        alone = [model.generate(tok, p, steps=120, **kw) for p in prompts]
+        g = model.generate_batch(tok, prompts, steps=120, return_stats=True, **kw)
+        assert g.texts == alone
+        assert g.prompt_tokens == sum(len(tok.encode(p)) for p in prompts)
+    with pytest.raises(ValueError, match=r"\[qkv.Model.generate_batch\] prompts: must not be empty"):
+        model.generate_batch(tok, [])
+    with pytest.raises(TypeError, match=r"prompts\[1\]: must be str"):
+        model.generate_batch(tok, ["a", 3])
+    with pytest.raises(ValueError, match=r"\[qkv.Model.generate_batch\] temperature"):
+        model.generate_batch(tok, ["a"], temperature=-1)
+
+
 def test_logits_match_pytorch(model, tok):
     torch, tm = torch_model()
     ids = tok.encode(TEXT)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,43 @@ void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, 
       float* yo = y + m * out + o;
       *yo = static_cast<float>((beta == 0.0f ? 0.0 : static_cast<double>(*yo)) + s);
     }
+}
+
+void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y, i64 ldy,
+                     i64 M, i64 in, float beta, Isa isa, i64 o0, i64 o1) {
+  const detail::BatchGemvArgs a{x, W ? static_cast<const void*>(W) : Wb, b, y, ldy, M, in, beta};
+  if (isa >= Isa::avx512) return Wb ? detail::gemv_batch_bf16_avx512(a, o0, o1) : detail::gemv_batch_f32_avx512(a, o0, o1);
+  if (isa == Isa::avx2) return Wb ? detail::gemv_batch_bf16_avx2(a, o0, o1) : detail::gemv_batch_f32_avx2(a, o0, o1);
+  for (i64 m = 0; m < M; ++m)
+    for (i64 o = o0; o < o1; ++o) {
+      float s = 0.0f;
+      for (i64 i = 0; i < in; ++i)
+        s += x[m * in + i] * (Wb ? kernels::cpu::bf16_bits_to_f32(Wb[o * in + i]) : W[o * in + i]);
+      float* yo = y + m * ldy + o;
+      *yo = (beta == 0.0f ? 0.0f : *yo) + s + (b ? b[o] : 0.0f);
+    }
+}
+
+void attend_one(const float* q, const float* k, const float* v, float* out, float* scores, i64 nh, i64 D, i64 Skv,
+                float scale, Isa isa) {
+  const detail::AttendArgs a{q, k, v, out, scores, nh, D, Skv, scale};
+  if (isa >= Isa::avx512) return detail::attend_one_avx512(a);
+  if (isa == Isa::avx2) return detail::attend_one_avx2(a);
+  for (i64 r = 0; r < nh; ++r) {
+    float mx = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+    for (i64 j = 0; j < Skv; ++j) {
+      float s = 0.0f;
+      for (i64 d = 0; d < D; ++d) s += q[r * D + d] * k[j * D + d];
+      scores[j] = s * scale;
+      mx = std::max(mx, scores[j]);
+    }
+    for (i64 j = 0; j < Skv; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
+    for (i64 d = 0; d < D; ++d) {
+      float acc = 0.0f;
+      for (i64 j = 0; j < Skv; ++j) acc += scores[j] * v[j * D + d];
+      out[r * D + d] = acc / sum;
+    }
+  }
 }
 
 void gelu_fast(float* out, const float* x, i64 n, int threads, Isa isa) {

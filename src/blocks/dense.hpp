@@ -61,6 +61,24 @@ inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int 
   return {n * part / parts, n * (part + 1) / parts};
 }
 
+// The decode step's GEMV (Model's one-token steps, one or many sequences), on the calling thread:
+//   y [m·ldy + o] = beta·y + x [m, :] · W [o, :] + b [o]      m ∈ [0, M) (any M ≥ 1), o ∈ [o0, o1)
+// W [·, in] f32 (Wb null) or bf16 bits (W null, widened exactly); beta ∈ {0, 1}. Each (m, o) is
+// summed in one fixed order, whatever M and [o0, o1) are: a sequence's result does not depend on
+// the batch it is in or on the thread that computed its rows. Each row of W is read once for all M
+// (in groups of 4 rows of x on AVX-512, 2 on AVX2). Twin: gemv_reference.
+void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y,
+                     std::int64_t ldy, std::int64_t M, std::int64_t in, float beta, Isa isa, std::int64_t o0,
+                     std::int64_t o1);
+
+// One query position per head against the keys and values of one kv head (f32), on the calling thread:
+//   q, out [nh, D]; k, v [Skv, D] (contiguous rows); scores [Skv] scratch
+//   out_r = softmax(scale · q_r · kᵀ) · v   for each of the nh query heads sharing that kv head.
+// Two passes over the keys (scores with exp2, then P·V): no tiles, no per-call scratch, D of any
+// size (stories260K's 8). Twin: qkv::attention (tests/blocks/test_dense.cpp).
+void attend_one(const float* q, const float* k, const float* v, float* out, float* scores, std::int64_t nh,
+                std::int64_t D, std::int64_t Skv, float scale, Isa isa);
+
 // f64 accumulation of the same sum; W as f32 (Wbf16 null) or as bf16 bits (W null).
 void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y,
                     std::int64_t M, std::int64_t in, std::int64_t out, float beta);

@@ -78,6 +78,120 @@ void gemv_rows(const GemvArgs& a, i64 o0, i64 o1) {
   }
 }
 
+// The decode step's GEMV (gemv_batch_rows in dense.hpp): output row o for the MB rows of x from
+// m0, each summed exactly as gemv_row<M = 1> sums it (U = 4 vectors a step, the same tail, the
+// same reduction), so a row's result does not depend on how many sequences share the step. The
+// weight row is read once for the MB rows; the caller loops over groups of MB with the row in L1.
+// The loops are unrolled by pragma: GCC otherwise keeps acc[MB][U] on the stack at MB = 4.
+template <class S, class Rows, int MB>
+void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
+  using V = typename S::V;
+  constexpr int U = 4;
+  const i64 in = a.in, row = o * in;
+  const float* x = a.x + m0 * in;
+  V acc[MB][U];
+  #pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m)
+    #pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) acc[m][u] = S::zero();
+  i64 i = 0;
+  for (; i + U * S::L <= in; i += U * S::L)
+    #pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) {
+      const V w = Rows::load(a.W, row + i + u * S::L);
+      #pragma GCC unroll 16
+      for (int m = 0; m < MB; ++m) acc[m][u] = S::fmadd(w, S::loadu(x + m * in + i + u * S::L), acc[m][u]);
+    }
+  for (; i + S::L <= in; i += S::L) {
+    const V w = Rows::load(a.W, row + i);
+    #pragma GCC unroll 16
+    for (int m = 0; m < MB; ++m) acc[m][0] = S::fmadd(w, S::loadu(x + m * in + i), acc[m][0]);
+  }
+  if (i < in) {
+    const int n = static_cast<int>(in - i);
+    const V w = Rows::load_n(a.W, row + i, n);
+    #pragma GCC unroll 16
+    for (int m = 0; m < MB; ++m) acc[m][0] = S::fmadd(w, S::load_n(x + m * in + i, n), acc[m][0]);
+  }
+  #pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m) {
+    #pragma GCC unroll 16
+    for (int u = 1; u < U; ++u) acc[m][0] = S::add(acc[m][0], acc[m][u]);
+    float* y = a.y + (m0 + m) * a.ldy + o;
+    *y = (a.beta == 0.0f ? 0.0f : *y) + S::hsum(acc[m][0]) + (a.b ? a.b[o] : 0.0f);
+  }
+}
+
+// Rows [o0, o1) for all M rows of x, MB at a time (MB · 4 accumulators must fit the registers:
+// 4 on AVX-512's 32, 2 on AVX2's 16).
+template <class S, class Rows, int MB>
+void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
+  for (i64 o = o0; o < o1; ++o) {
+    i64 m = 0;
+    for (; m + MB <= a.M; m += MB) gemv_batch_row<S, Rows, MB>(a, o, m);
+    for (; m < a.M; ++m) gemv_batch_row<S, Rows, 1>(a, o, m);
+  }
+}
+
+// One query per head (nh heads sharing one kv head) against Skv cached keys and values, f32:
+//   s_j = q·k_j · scale · log2 e,  p_j = 2^(s_j − max s),  out = Σ p_j v_j / Σ p_j.
+// Two passes over the keys (scores, then P·V) instead of flash's online softmax: one query has no
+// tiles to reuse, and D may be smaller than a vector (D = 8 in stories260K: one masked load a row).
+inline i64 imin(i64 x, i64 y) { return x < y ? x : y; }
+
+template <class S>
+void attend_one_impl(const AttendArgs& a) {
+  using V = typename S::V;
+  constexpr int L = S::L;
+  const i64 D = a.D, Skv = a.Skv;
+  const float sl2 = a.scale * 1.4426950408889634f;
+  float* sc = a.scores;
+  for (i64 r = 0; r < a.nh; ++r) {
+    const float* q = a.q + r * D;
+    float mx = -__builtin_inff();
+    for (i64 j = 0; j < Skv; ++j) {
+      const float* k = a.k + j * D;
+      V acc = S::zero();
+      i64 d = 0;
+      for (; d + L <= D; d += L) acc = S::fmadd(S::loadu(q + d), S::loadu(k + d), acc);
+      if (d < D) acc = S::fmadd(S::load_n(q + d, static_cast<int>(D - d)), S::load_n(k + d, static_cast<int>(D - d)), acc);
+      const float s = S::hsum(acc) * sl2;
+      sc[j] = s;
+      mx = s > mx ? s : mx;
+    }
+    const V vmx = S::set1(mx);
+    V vsum = S::zero();
+    i64 j = 0;
+    for (; j + L <= Skv; j += L) {
+      const V p = S::exp2(S::sub(S::loadu(sc + j), vmx));
+      S::storeu(sc + j, p);
+      vsum = S::add(vsum, p);
+    }
+    if (j < Skv) {
+      const int n = static_cast<int>(Skv - j);
+      const V p = S::exp2(S::sub(S::load_n(sc + j, n), vmx));
+      S::store_n(sc + j, p, n);
+      vsum = S::add(vsum, S::load_n(sc + j, n));
+    }
+    const float inv = 1.0f / S::hsum(vsum);
+    // P·V, up to 4 vectors of columns at a time (one pass over the keys for D ≤ 4L), the last
+    // vector of a row masked when D is not a multiple of L.
+    float* o = a.out + r * D;
+    for (i64 d0 = 0; d0 < D; d0 += 4 * L) {
+      const int nv = static_cast<int>((imin(D - d0, 4 * L) + L - 1) / L);
+      const int tail = static_cast<int>(imin(D - d0, 4 * L) - (nv - 1) * L);  // lanes of the last vector
+      V acc[4] = {S::zero(), S::zero(), S::zero(), S::zero()};
+      for (i64 jj = 0; jj < Skv; ++jj) {
+        const V p = S::set1(sc[jj]);
+        const float* vr = a.v + jj * D + d0;
+        for (int c = 0; c + 1 < nv; ++c) acc[c] = S::fmadd(p, S::loadu(vr + c * L), acc[c]);
+        acc[nv - 1] = S::fmadd(p, S::load_n(vr + (nv - 1) * L, tail), acc[nv - 1]);
+      }
+      for (int c = 0; c < nv; ++c) S::store_n(o + d0 + c * L, S::mul(acc[c], S::set1(inv)), c + 1 < nv ? L : tail);
+    }
+  }
+}
+
 // gelu(x) = x / (1 + 2^(−2u·log2 e)), u = x(k + k·0.044715·x²), k = √(2/π). The exponent is
 // clamped to ≤ 126 so 2^ stays finite (x < −9: gelu(x) < 1e-18·|x|, returned as ≈ −x·2^-126).
 template <class S>

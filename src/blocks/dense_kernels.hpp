@@ -27,6 +27,34 @@ void gemv_bf16_avx512bf16(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
 // rounded to nearest even (kernels::cpu::f32_to_bf16_bits, vectorised).
 void split_bf16_avx512bf16(const float* x, std::uint16_t* xs, std::int64_t M, std::int64_t in);
 
+// The decode step's GEMV (dense.hpp, gemv_batch_rows): rows [o0, o1) of W for every one of the
+// M rows of x, y [m·ldy + o]; bf16 weights are widened (exact), whatever the ISA.
+struct BatchGemvArgs {
+  const float* x;  // [M, in]
+  const void* W;   // [·, in] f32 or bf16 bits
+  const float* b;  // [·] or null
+  float* y;        // rows of ldy floats
+  std::int64_t ldy, M, in;
+  float beta;
+};
+void gemv_batch_f32_avx2(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);
+void gemv_batch_f32_avx512(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);
+void gemv_batch_bf16_avx2(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);
+void gemv_batch_bf16_avx512(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);
+
+// One query per head against an f32 cache (dense.hpp, attend_one).
+struct AttendArgs {
+  const float* q;    // [nh, D]
+  const float* k;    // [Skv, D] rows of one kv head
+  const float* v;    // [Skv, D]
+  float* out;        // [nh, D]
+  float* scores;     // [Skv] scratch
+  std::int64_t nh, D, Skv;
+  float scale;
+};
+void attend_one_avx2(const AttendArgs& a);
+void attend_one_avx512(const AttendArgs& a);
+
 void to_bf16_avx512(std::uint16_t* dst, const float* src, std::int64_t n);  // f32_to_bf16, vectorised
 
 void gelu_avx2(float* out, const float* x, std::int64_t n);

@@ -4,6 +4,8 @@
 //   qkv generate --model M.safetensors --config M.json --tokenizer T.bin --temperature 0
 //   qkv generate --model runs/shakespeare/model.safetensors --prompt "ROMEO:"   (what qkv train wrote:
 //                                        model.json and tokenizer.json beside it are found)
+//   qkv generate --batch-file prompts.txt   (one prompt a line, advanced together: one output a line,
+//                                        in order, each what --prompt would print for that line)
 //   qkv generate --weights bf16 ...     (projection matrices held and read as bf16: ModelOptions)
 //   qkv generate --weights bf16 --gemm-inputs bf16 ...   (also the prefill's GEMM inputs, attention
 //                                        and KV cache in bf16: the fastest prefill, as torch's bf16)
@@ -14,11 +16,14 @@
 // stdout carries the text alone (the prompt, then the continuation, then one newline, exactly as
 // llama2.c prints them), or with --json the JSON document alone; speeds go to stderr. --steps
 // counts every position including BOS and the prompt's tokens.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "cli/commands.hpp"
 #include "cli/io.hpp"
@@ -42,6 +47,7 @@ struct GenerateArgs {
   std::string weights = "f32";
   std::string gemm_inputs = "f32";
   bool json = false;
+  std::string batch_file;  // one prompt a line, run by generate_batch
 };
 
 // --tokenizer when not given: what `qkv train` writes beside its model (tokenizer.json), or a
@@ -76,6 +82,32 @@ void run(GenerateArgs a) {
   opt.sampling.seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed)
                                   : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   if (opt.sampling.seed == 0) fail(kFn, "--seed: must be non-zero");
+  if (!a.batch_file.empty()) {
+    check_input(kFn, "--batch-file", a.batch_file);
+    std::ifstream in(a.batch_file, std::ios::binary);
+    std::vector<std::string> prompts;
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      prompts.push_back(line);
+    }
+    if (prompts.empty()) fail(kFn, "--batch-file " + a.batch_file + ": no prompts (one a line)");
+    GenerateStats st;
+    const std::vector<std::string> texts = generate_batch(model, tok, prompts, opt, &st);
+    for (const std::string& t : texts) {
+      std::fwrite(t.data(), 1, t.size(), stdout);
+      std::fputc('\n', stdout);
+    }
+    std::fflush(stdout);
+    // Decoding steps: every sampled token but each sequence's first (from its prefill).
+    const std::int64_t decoded = std::max<std::int64_t>(0, st.generated - static_cast<std::int64_t>(prompts.size()));
+    std::fprintf(stderr, "%zu prompts, %lld tokens, prefill %.1f tok/s; generated %lld tokens, decode %.1f tok/s; seed %llu\n",
+                 prompts.size(), static_cast<long long>(st.prompt_tokens),
+                 st.prefill_seconds > 0 ? static_cast<double>(st.prompt_tokens) / st.prefill_seconds : 0.0,
+                 static_cast<long long>(st.generated),
+                 st.decode_seconds > 0 ? static_cast<double>(decoded) / st.decode_seconds : 0.0,
+                 static_cast<unsigned long long>(opt.sampling.seed));
+    return;
+  }
   bool emitted = false;
   std::string text;  // with --json: the text, printed in the document instead of streamed
   GenerateStats st;
@@ -143,8 +175,11 @@ void add_generate(CLI::App& app) {
                   "tokenizer.json or tokenizer.bin beside --model, else stories260K's tok512.bin");
   sub->add_option("--config", a->config,
                   "config JSON for .safetensors (default: beside the file, then config.json in its folder)");
-  sub->add_option("--prompt,-i", a->prompt,
-                  "the text to continue; - reads it from stdin (default: empty, the story starts from BOS)");
+  auto* prompt = sub->add_option("--prompt,-i", a->prompt,
+                                 "the text to continue; - reads it from stdin (default: empty, the story starts from BOS)");
+  auto* batch = sub->add_option("--batch-file", a->batch_file,
+                                 "one prompt a line, generated together (each step reads the weights once for all); "
+                                 "prints one output a line, in order");
   sub->add_option("--steps,-n", a->steps, "positions in all, counting BOS and the prompt (0: the whole context)")
       ->capture_default_str()
       ->check(at_least(0));
@@ -163,8 +198,10 @@ void add_generate(CLI::App& app) {
                   "keeps the KV cache and attention in bf16; fastest prefill, logits within bf16 rounding)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
-  sub->add_flag("--json", a->json,
-                "print one JSON document instead of the text: text, tokens, pieces, timings and the settings used");
+  auto* json = sub->add_flag("--json", a->json,
+                             "print one JSON document instead of the text: text, tokens, pieces, timings and the settings used");
+  batch->excludes(prompt);
+  batch->excludes(json);
   sub->callback([a] { run(*a); });
 }
 

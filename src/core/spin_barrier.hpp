@@ -1,7 +1,7 @@
 // Internal: a barrier for all the threads of the current run_team team (parallel.hpp), for
 // regions that meet often.
 //
-// Decoding one token meets ~60 times (every 20–200 µs of work), and a futex wake-up costs
+// Decoding one token meets four times a layer (every 20–200 µs of work), and a futex wake-up costs
 // 10–50 µs on this VM: a fifth of a bf16 decoding step if every meeting slept. Here a waiting
 // thread spins on a generation counter (a WaitWord) for kSpinPauses pause rounds (longer than the
 // imbalance of two halves of a GEMV), then sleeps on a futex, so a thread whose partner was

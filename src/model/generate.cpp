@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <span>
 #include <string>
 
 #include "qkv/model.hpp"
@@ -135,80 +136,187 @@ int Sampler::sample(float* logits) {
   return cand_[last].second;
 }
 
+namespace {
+
+// One sequence of llama2.c's generation loop, as a state machine so that several can share each
+// decoding step (generate_batch). Position pos holds `token`; its successor is the prompt's next
+// token or a sample. llama2.c prints the successor's piece at each of the `steps` positions and
+// stops at BOS or EOS.
+struct Sequence {
+  std::vector<int> tokens;  // the prompt (with BOS when the tokenizer has one)
+  std::int64_t n = 0, pos = 0;
+  int token = 0;
+  KvCache cache;
+  Sampler sampler;
+  bool fresh = false;  // logits hold the prediction for `token` at `pos`
+  bool done = false;
+  GenerateStats st;
+  Sequence(const Sampler& s) : sampler(s) {}
+};
+
+class Generator {
+ public:
+  Generator(Model& model, const Tokenizer& tok, const GenerateOptions& opt, const char* fn)
+      : model_(model), tok_(tok), c_(model.config()), fn_(fn) {
+    validate_generate_options(opt, fn);
+    if (tok.vocab_size() != c_.vocab_size)
+      fail(fn, "tok: vocabulary of " + std::to_string(tok.vocab_size()) + " tokens, but the model's is " +
+                   std::to_string(c_.vocab_size));
+    opt_ = opt;
+    steps_ = (opt.steps <= 0 || opt.steps > c_.seq_len) ? c_.seq_len : opt.steps;
+  }
+
+  // Encodes the prompt, prefills it (when generation goes past it), emits what precedes the first
+  // decoding step.
+  void start(Sequence& s, std::string_view prompt, std::span<float> logits,
+             const std::function<void(std::string_view)>& emit) {
+    s.tokens = tok_.encode(prompt, true, false);
+    // Without BOS the first token is the prompt's own (emitted below), or "\n" for an empty prompt.
+    const bool has_bos = tok_.bos_id() >= 0;
+    if (!has_bos && s.tokens.empty()) {
+      s.tokens = tok_.encode("\n", false, false);
+      if (s.tokens.size() != 1)
+        fail(fn_, "prompt: empty, and the tokenizer has neither BOS nor a \"\\n\" token to start from; give a prompt");
+    }
+    s.n = static_cast<std::int64_t>(s.tokens.size());
+    if (s.n > c_.seq_len)
+      fail(fn_, "prompt: " + std::to_string(s.n) + " tokens (with BOS) do not fit the model's context of " +
+                    std::to_string(c_.seq_len) + " positions");
+    s.st.prompt_tokens = s.n;
+    s.st.tokens = s.tokens;
+    s.st.pieces.assign(s.tokens.size(), std::string());
+    s.cache = model_.new_cache(std::max<std::int64_t>(steps_, 1));
+    // The prompt is needed in the cache only if generation goes past it.
+    if (steps_ >= s.n) {
+      const auto t0 = clock::now();
+      model_.forward(s.tokens, s.cache, logits.data());
+      s.st.prefill_seconds = seconds(t0);
+      s.fresh = true;
+    }
+    s.token = s.tokens[0];
+    if (!has_bos && !prompt.empty()) {
+      s.st.pieces[0] = tok_.decode(-1, s.token);
+      emit(s.st.pieces[0]);
+    }
+  }
+
+  // Advances s until it needs the logits of a new token (s.done false: forward s.token next) or ends.
+  void advance(Sequence& s, std::span<float> logits, const std::function<void(std::string_view)>& emit) {
+    while (s.pos < steps_) {
+      int next;
+      if (s.pos < s.n - 1) {
+        next = s.tokens[static_cast<std::size_t>(s.pos + 1)];
+      } else {
+        if (s.pos >= s.n && !s.fresh) return;
+        s.fresh = false;
+        check_logits(logits, s.pos);
+        next = s.sampler.sample(logits.data());
+        ++s.st.generated;
+        s.st.tokens.push_back(next);
+        s.st.pieces.emplace_back();
+      }
+      if (next == tok_.bos_id() || next == tok_.eos_id()) break;
+      const std::string_view piece = tok_.decode(s.token, next);
+      if (Tokenizer::printable(piece)) {
+        s.st.pieces[static_cast<std::size_t>(s.pos + 1)] = piece;
+        emit(piece);
+      }
+      s.token = next;
+      ++s.pos;
+    }
+    s.done = true;
+  }
+
+  using clock = std::chrono::steady_clock;
+  static double seconds(clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); }
+  const GenerateOptions& options() const { return opt_; }
+
+ private:
+  // Logits of position `pos` (the prediction of its successor) with a NaN or inf: stop, naming it.
+  void check_logits(std::span<const float> logits, std::int64_t pos) const {
+    if (const std::int64_t bad = first_non_finite(logits.data(), c_.vocab_size); bad >= 0)
+      fail(fn_, "the logits at position " + std::to_string(pos) + " are not finite (token " + std::to_string(bad) +
+                    ": " + std::to_string(logits[static_cast<std::size_t>(bad)]) +
+                    "): the model's weights or activations overflow float; generation stopped there");
+  }
+  Model& model_;
+  const Tokenizer& tok_;
+  const Config& c_;
+  const char* fn_;
+  GenerateOptions opt_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace
+
 GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prompt, const GenerateOptions& opt,
                        const std::function<void(std::string_view)>& emit) {
-  const char* fn = "qkv::generate";
-  validate_generate_options(opt, fn);
-  const Config& c = model.config();
-  if (tok.vocab_size() != c.vocab_size)
-    fail(fn, "tok: vocabulary of " + std::to_string(tok.vocab_size()) + " tokens, but the model's is " +
-                 std::to_string(c.vocab_size));
-  Sampler sampler(c.vocab_size, opt.sampling);
-  const std::int64_t steps = (opt.steps <= 0 || opt.steps > c.seq_len) ? c.seq_len : opt.steps;
-  std::vector<int> tokens = tok.encode(prompt, true, false);
-  // Without BOS the first token is the prompt's own (emitted below), or "\n" for an empty prompt.
-  const bool has_bos = tok.bos_id() >= 0;
-  if (!has_bos && tokens.empty()) {
-    tokens = tok.encode("\n", false, false);
-    if (tokens.size() != 1)
-      fail(fn, "prompt: empty, and the tokenizer has neither BOS nor a \"\\n\" token to start from; give a prompt");
+  Generator g(model, tok, opt, "qkv::generate");
+  const auto V = static_cast<std::size_t>(model.config().vocab_size);
+  std::vector<float> logits(V);
+  Sequence s(Sampler(static_cast<std::int64_t>(V), opt.sampling));
+  g.start(s, prompt, logits, emit);
+  const auto t1 = Generator::clock::now();
+  for (g.advance(s, logits, emit); !s.done; g.advance(s, logits, emit)) {
+    model.forward(std::span<const int>(&s.token, 1), s.cache, logits.data());
+    s.fresh = true;
   }
-  const auto n = static_cast<std::int64_t>(tokens.size());
-  if (n > c.seq_len)
-    fail(fn, "prompt: " + std::to_string(n) + " tokens (with BOS) do not fit the model's context of " +
-                 std::to_string(c.seq_len) + " positions");
+  s.st.decode_seconds = Generator::seconds(t1);
+  return s.st;
+}
 
-  GenerateStats st;
-  st.prompt_tokens = n;
-  st.tokens = tokens;
-  st.pieces.assign(tokens.size(), std::string());
-  KvCache cache = model.new_cache();
-  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
-  using clock = std::chrono::steady_clock;
-  auto seconds = [](clock::time_point a) { return std::chrono::duration<double>(clock::now() - a).count(); };
-  // The prompt is needed in the cache only if generation goes past it.
-  // Logits of position `pos` (the prediction of its successor) with a NaN or inf: stop, naming it.
-  auto check_logits = [&](std::int64_t pos) {
-    if (const std::int64_t bad = first_non_finite(logits.data(), c.vocab_size); bad >= 0)
-      fail(fn, "the logits at position " + std::to_string(pos) + " are not finite (token " + std::to_string(bad) +
-                   ": " + std::to_string(logits[static_cast<std::size_t>(bad)]) +
-                   "): the model's weights or activations overflow float; generation stopped there");
-  };
-  if (steps >= n) {
-    const auto t0 = clock::now();
-    model.forward(tokens, cache, logits.data());
-    st.prefill_seconds = seconds(t0);
+std::vector<std::string> generate_batch(Model& model, const Tokenizer& tok, std::span<const std::string> prompts,
+                                        const GenerateOptions& opt, GenerateStats* stats) {
+  const char* fn = "qkv::generate_batch";
+  if (prompts.empty()) fail(fn, "prompts: must not be empty");
+  Generator g(model, tok, opt, fn);
+  const auto B = prompts.size();
+  const auto V = static_cast<std::size_t>(model.config().vocab_size);
+  std::vector<float> logits(B * V);
+  std::vector<std::string> texts(B);
+  std::vector<Sequence> seqs;
+  seqs.reserve(B);
+  auto emit_to = [&](std::size_t i) { return [&texts, i](std::string_view piece) { texts[i] += piece; }; };
+  GenerateStats total;
+  for (std::size_t i = 0; i < B; ++i) {
+    seqs.emplace_back(Sampler(static_cast<std::int64_t>(V), opt.sampling));
+    g.start(seqs[i], prompts[i], std::span<float>(logits.data() + i * V, V), emit_to(i));
+    total.prompt_tokens += seqs[i].n;
+    total.prefill_seconds += seqs[i].st.prefill_seconds;
   }
-  // Position pos holds `token`; its successor is the prompt's next token or a sample. llama2.c
-  // prints the successor's piece at each of the `steps` positions and stops at BOS.
-  int token = tokens[0];
-  if (!has_bos && !prompt.empty()) {
-    st.pieces[0] = tok.decode(-1, token);
-    emit(st.pieces[0]);
-  }
-  const auto t1 = clock::now();
-  for (std::int64_t pos = 0; pos < steps; ++pos) {
-    int next;
-    if (pos < n - 1) {
-      next = tokens[static_cast<std::size_t>(pos + 1)];
-    } else {
-      if (pos >= n) model.forward(std::span<const int>(&token, 1), cache, logits.data());
-      check_logits(pos);
-      next = sampler.sample(logits.data());
-      ++st.generated;
-      st.tokens.push_back(next);
-      st.pieces.emplace_back();
+  // Lockstep: every sequence still going gets one token of the batched step; its logits row is
+  // then its own prediction, as forward() of that token alone would give it (the same bits).
+  const auto t1 = Generator::clock::now();
+  std::vector<int> step_tokens;
+  std::vector<KvCache*> step_caches;
+  std::vector<std::size_t> step_seqs;
+  std::vector<float> step_logits;
+  for (std::size_t i = 0; i < B; ++i) g.advance(seqs[i], std::span<float>(logits.data() + i * V, V), emit_to(i));
+  for (;;) {
+    step_tokens.clear();
+    step_caches.clear();
+    step_seqs.clear();
+    for (std::size_t i = 0; i < B; ++i)
+      if (!seqs[i].done) {
+        step_tokens.push_back(seqs[i].token);
+        step_caches.push_back(&seqs[i].cache);
+        step_seqs.push_back(i);
+      }
+    if (step_seqs.empty()) break;
+    step_logits.resize(step_seqs.size() * V);
+    model.forward_batch(step_tokens, step_caches, step_logits.data());
+    for (std::size_t j = 0; j < step_seqs.size(); ++j) {
+      const std::size_t i = step_seqs[j];
+      std::span<float> row(logits.data() + i * V, V);
+      std::copy_n(step_logits.data() + j * V, V, row.data());
+      seqs[i].fresh = true;
+      g.advance(seqs[i], row, emit_to(i));
     }
-    if (next == tok.bos_id() || next == tok.eos_id()) break;
-    const std::string_view piece = tok.decode(token, next);
-    if (Tokenizer::printable(piece)) {
-      st.pieces[static_cast<std::size_t>(pos + 1)] = piece;
-      emit(piece);
-    }
-    token = next;
   }
-  st.decode_seconds = seconds(t1);
-  return st;
+  total.decode_seconds = Generator::seconds(t1);
+  for (const Sequence& s : seqs) total.generated += s.st.generated;
+  if (stats) *stats = total;
+  return texts;
 }
 
 }  // namespace qkv

@@ -491,8 +491,7 @@ void Model::block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cac
   blocks::gemm_bf16_in(hbb, Lb.w2, L.b2, xo, DType::f32, n, Hd, C, 1.0f, GemmAct::none, &P.w2);
 }
 
-void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, bool all_logits) {
-  const char* fn = "qkv::Model::forward";
+void Model::check_cache(const char* fn, const KvCache& cache, std::int64_t S) const {
   const Config& c = w_.config;
   if (cache.k.numel() == 0 || cache.k.shape()[0] != c.n_layers || cache.k.shape()[1] != c.n_kv_heads ||
       cache.k.shape()[3] != c.head_dim())
@@ -502,20 +501,49 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
     fail(fn, std::string("cache: k and v must be f32 or bf16 of one dtype and shape, got k ") +
                  dtype_name(cache.k.dtype()) + " " + cache.k.view().shape_str() + ", v " + dtype_name(cache.v.dtype()) + " " +
                  cache.v.view().shape_str());
-  if (cache.len + static_cast<std::int64_t>(tokens.size()) > cache.capacity)
-    fail(fn, "cache: " + std::to_string(cache.len) + " positions held + " + std::to_string(tokens.size()) +
+  if (cache.len + S > cache.capacity)
+    fail(fn, "cache: " + std::to_string(cache.len) + " positions held + " + std::to_string(S) +
                  " new exceed its capacity " + std::to_string(cache.capacity));
+}
+
+void Model::forward_batch(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits) {
+  const char* fn = "qkv::Model::forward_batch";
+  const auto B = static_cast<std::int64_t>(tokens.size());
+  if (B == 0) fail(fn, "tokens: must not be empty");
+  if (caches.size() != tokens.size())
+    fail(fn, "caches: one per token, got " + std::to_string(caches.size()) + " caches for " + std::to_string(B) +
+                 " tokens");
+  for (std::size_t b = 0; b < caches.size(); ++b) {
+    const std::string at = "caches[" + std::to_string(b) + "]";
+    if (!caches[b]) fail(fn, at + ": null");
+    check_cache((std::string(fn) + ", " + at).c_str(), *caches[b], 1);
+    if (caches[b]->k.dtype() != caches[0]->k.dtype())
+      fail(fn, at + ": every cache must have one dtype, got " + dtype_name(caches[b]->k.dtype()) + " and " +
+                   dtype_name(caches[0]->k.dtype()));
+    for (std::size_t a = 0; a < b; ++a)
+      if (caches[a] == caches[b]) fail(fn, at + ": the same cache as caches[" + std::to_string(a) + "]");
+    check_tokens(fn, tokens.subspan(b, 1), caches[b]->len);
+  }
+  if (!logits) fail(fn, "logits: null output pointer");
+  const CallThreads threads(opt_.num_threads, 2.0 * static_cast<double>(B) * static_cast<double>(params_));
+  decode(tokens, caches, logits, threads.n);
+}
+
+void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, bool all_logits) {
+  const char* fn = "qkv::Model::forward";
+  const Config& c = w_.config;
+  check_cache(fn, cache, static_cast<std::int64_t>(tokens.size()));
   check_tokens(fn, tokens, cache.len);
   if (!logits) fail(fn, "logits: null output pointer");
   const auto S = static_cast<std::int64_t>(tokens.size());
   const CallThreads threads(opt_.num_threads, 2.0 * static_cast<double>(S) * static_cast<double>(params_));
   reserve(S);
-  blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, cache.len);
-  if (S == 1 && threads.n > 1) {
-    decode_step(cache, logits, threads.n);
-    cache.len += 1;
+  if (S == 1) {
+    KvCache* one = &cache;
+    decode(tokens, std::span<KvCache* const>(&one, 1), logits, threads.n);
     return;
   }
+  blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, cache.len);
   // Only the rows whose logits are wanted go on past the last layer's attention (every layer's
   // keys and values are kept for all rows), and through the final norm and the classifier.
   const std::int64_t first = all_logits ? 0 : S - 1, n = S - first;
@@ -530,53 +558,67 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
   project(xf, w_.wcls, wcls_bf16_, nullptr, logits, n, c.dim, c.vocab_size);
 }
 
-// Decoding one token reads every weight once, in ~80 GEMVs of 20–200 µs each. block() makes a
-// parallel call per projection, and each start and join may wake a sleeping thread (10–50 µs
-// each here). This path runs the whole token in one team (run_team), the threads meeting at a
-// SpinBarrier between steps (each step writes what the next one reads):
-//   t0: norm1(x) → xb                                                   | meet
-//   all: rows of Q, K, V (the fused GEMV)                              | meet
-//   all: KV heads, each with its query heads: rotary, append k, v to the cache, attention
-//        on one thread                                                   | meet
-//   all: rows of x += att·W_Oᵀ + b_O                                     | meet
-//   t0: norm2(x) → xb                                                   | meet
-//   all: rows of hb = xb·W1ᵀ (+ W3), then the activation on those rows  | meet
-//   all: rows of x += hb·W2ᵀ + b2                                        | meet
-// then t0: final norm | meet | all: rows of the logits. Rows and heads are handed out in chunks
-// from counters (see `share`), so a thread that wakes late or is preempted on a busy machine leaves
-// its share to the others instead of holding everyone at the next meeting. A chunk of rows holds
-// ≈ 64 KiB of weights: long enough to stream at full speed (each chunk is read front to back),
-// short enough to rebalance. Every row goes through the same kernel as in block() (dense.hpp),
-// and each head through the same attention kernel, so the logits equal the per-projection path's
-// bit for bit, whichever thread computed what (tests/model/test_model.cpp).
-void Model::decode_step(KvCache& cache, float* logits, int T) {
+// Decoding: one token for each of B sequences (B = 1: Model::forward of one token), each with its
+// own cache and position. A step reads every weight once for all B sequences (gemv_batch_rows: each
+// weight row once, for the B rows of activations) in one team of threads (run_team) that meets at a
+// SpinBarrier four times a layer, between stages whose outputs the next stage reads:
+//   A  every thread: xb_t = norm1(x) (its own copy: C·B values, cheaper than a meeting); then
+//      per KV head (handed out from a counter): its rows of W_Q, W_K, W_V → q, k, v of its G query
+//      heads, then for each sequence rotary at its position, k, v appended to its cache, and the
+//      G heads' attention (attend_one; a bf16 cache: qkv::attention's bf16 kernel)        | meet
+//   B  rows of x += att·W_Oᵀ + b_O                                                        | meet
+//   C  every thread: xb_t = norm2(x); rows of hb = xb·W1ᵀ (+ W3) and the activation on them | meet
+//   D  rows of x += hb·W2ᵀ + b2                                                            | meet
+// then every thread: xb_t = norm_f(x); rows of the logits. Rows are handed out in chunks of ≈ 64 KiB
+// of weights from counters (see `share`), so a thread that wakes late or is preempted on a busy
+// machine leaves its share to the others. Every row's sum and every head's attention is computed
+// by the same code whichever thread and whatever B, so the logits are the same bits on any number
+// of threads and in any batch (tests/model/test_model.cpp). With one thread the team is the caller
+// alone and the barriers return at once: no thread is woken for a step too small to share.
+void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int T) {
   using i64 = std::int64_t;
   const Config& c = w_.config;
-  const i64 C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
-  const i64 G = H / Hkv, pos0 = cache.len, Skv = pos0 + 1, cap = cache.capacity;
+  const i64 B = static_cast<i64>(tokens.size());
+  const i64 C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim, V = c.vocab_size;
+  const i64 G = H / Hkv, HD = H * D, KD = Hkv * D;
   const Isa isa = active_isa();
-  const bool bf16 = !layers_bf16_.empty(), bf16_kv = cache.k.dtype() == DType::bf16;
-  float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>();
-  float *v = v_.ptr<float>(), *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
-  // y [1, Σ out] = beta·y + xin · Wᵀ + b on rows [r0, r1) of the outputs' list, f32 or bf16 weights.
-  auto gemv = [&](std::initializer_list<blocks::GemvOut> outs, const float* xin, i64 in, float beta, i64 r0, i64 r1) {
-    const std::span<const blocks::GemvOut> o(outs.begin(), outs.size());
-    if (bf16) blocks::gemv_bf16_multi_rows(xin, o, 1, in, beta, isa, r0, r1);
-    else blocks::gemv_f32_multi_rows(xin, o, 1, in, beta, isa, r0, r1);
+  const bool bf16 = !layers_bf16_.empty(), bf16_kv = caches[0]->k.dtype() == DType::bf16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  reserve(B);
+  // Per thread: xb_t [B, C] (its norm output) and scores [P] (attend_one's scratch).
+  const i64 per_thread = B * C + c.seq_len;
+  if (decode_scratch_.numel() < T * per_thread) decode_scratch_ = Buffer(DType::f32, {T * per_thread});
+  const int steps = 4 * static_cast<int>(c.n_layers) + 1;
+  const auto n_counters = static_cast<std::size_t>(steps) * static_cast<std::size_t>(T);
+  if (decode_counters_n_ < n_counters) {
+    decode_counters_ = std::make_unique<std::atomic<i64>[]>(n_counters);
+    decode_counters_n_ = n_counters;
+  }
+  std::atomic<i64>* next = decode_counters_.get();
+  for (std::size_t i = 0; i < n_counters; ++i) next[i].store(0, std::memory_order_relaxed);
+  for (i64 b = 0; b < B; ++b)
+    blocks::embedding_forward(x_.ptr<float>() + b * C, &tokens[static_cast<std::size_t>(b)], w_.wte, w_.wpe, 1, C,
+                              caches[static_cast<std::size_t>(b)]->len);
+  float *x = x_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>(), *v = v_.ptr<float>();
+  float *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
+  // y [b·ldy + o] (+)= xin [b, :] · W[o, :] + bias[o], rows [r0, r1) of W, f32 or bf16 weights.
+  auto gemv = [&](const float* W, const std::uint16_t* Wb, const float* bias, float* y, i64 ldy, const float* xin,
+                  i64 in, float beta, i64 r0, i64 r1) {
+    blocks::gemv_batch_rows(xin, bf16 ? nullptr : W, bf16 ? Wb : nullptr, bias, y, ldy, B, in, beta, isa, r0, r1);
   };
-  auto layer_norm = [&](float* out, const float* w, const float* b) {
-    if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, 1, C, c.norm_eps);
-    else blocks::layernorm_forward(out, nullptr, nullptr, x, w, b, 1, C, c.norm_eps);
+  auto norm_rows = [&](float* out, const float* w, const float* bias) {
+    if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, B, C, c.norm_eps);
+    else blocks::layernorm_forward(out, nullptr, nullptr, x, w, bias, B, C, c.norm_eps);
   };
-  // Rows per chunk for a matrix with `in` columns: ≈ 64 KiB of weights, at least 8 rows.
+  // Rows per chunk of n rows with `in` columns: ≈ 64 KiB of weights, at least 8 rows; all n on one
+  // thread (nothing to rebalance: each matrix is read as one stream, W1 and W3 one after the other).
   const i64 wbytes = bf16 ? 2 : 4;
-  auto rows_per_chunk = [&](i64 in) { return std::max<i64>(8, (i64{64} << 10) / (in * wbytes)); };
+  auto rows_per_chunk = [&](i64 in, i64 n) {
+    return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes));
+  };
   // The work of a step, [0, n), is cut into T contiguous segments, one per thread, each with its
   // counter: thread t takes the chunks of segment t in order (one linear stream, as a static split
-  // would), then helps with the other segments' remaining chunks. 5 steps per layer + the classifier.
-  const int steps = 5 * c.n_layers + 1;
-  std::vector<std::atomic<i64>> next(static_cast<std::size_t>(steps) * static_cast<std::size_t>(T));
-  for (auto& n : next) n.store(0, std::memory_order_relaxed);
+  // would), then helps with the other segments' remaining chunks.
   auto share = [&](int t, int step, i64 n, i64 chunk, auto&& fn) {
     for (int j = 0; j < T; ++j) {
       const int seg = (t + j) % T;
@@ -589,100 +631,95 @@ void Model::decode_step(KvCache& cache, float* logits, int T) {
       }
     }
   };
-  const i64 heads_per_chunk = std::max<i64>(1, Hkv / (2 * T));  // ~2 chunks per thread: few attention calls
   SpinBarrier meet;
   std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
   std::mutex error_mu;
   run_team(T, [&](int t) {
+    float* xb = decode_scratch_.ptr<float>() + t * per_thread;
+    float* scores = xb + B * C;
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
       const LayerBf16 Lb = bf16 ? layers_bf16_[static_cast<std::size_t>(l)] : LayerBf16{};
-      auto W = [&](const float* f, const std::uint16_t* b) -> const void* { return bf16 ? static_cast<const void*>(b) : f; };
-      const int s0 = 5 * l;
-      if (t == 0) layer_norm(xb, L.norm1_w, L.norm1_b);
-      meet.wait();
-      share(t, s0, (H + 2 * Hkv) * D, rows_per_chunk(C), [&](i64 r0, i64 r1) {
-        gemv({{W(L.wq, Lb.wq), L.bq, q, H * D}, {W(L.wk, Lb.wk), L.bk, k, Hkv * D}, {W(L.wv, Lb.wv), L.bv, v, Hkv * D}},
-             xb, C, 0.0f, r0, r1);
-      });
-      meet.wait();
-      share(t, s0 + 1, Hkv, heads_per_chunk, [&](i64 kv0, i64 kv1) {
-        const i64 h0 = kv0 * G, nh = (kv1 - kv0) * G, nkv = kv1 - kv0;
-        if (c.pos == PosEncoding::rotary) {
-          blocks::rope_forward(q + h0 * D, 1, nh, D, pos0, c.rope_theta);
-          blocks::rope_forward(k + kv0 * D, 1, nkv, D, pos0, c.rope_theta);
-        }
-        // Append k, v (rounded for a bf16 cache, and then q too: the bf16 decode kernel takes
-        // bf16 q, K, V and writes bf16 rows, widened back into att).
-        const i64 at = (l * Hkv + kv0) * cap * D;
-        for (i64 h = 0; h < nkv; ++h) {
-          const i64 dst = at + (h * cap + pos0) * D;
-          if (bf16_kv) {
-            blocks::f32_to_bf16(cache.k.ptr<std::uint16_t>() + dst, k + (kv0 + h) * D, D, isa);
-            blocks::f32_to_bf16(cache.v.ptr<std::uint16_t>() + dst, v + (kv0 + h) * D, D, isa);
-          } else {
-            std::memcpy(cache.k.ptr<float>() + dst, k + (kv0 + h) * D, sizeof(float) * D);
-            std::memcpy(cache.v.ptr<float>() + dst, v + (kv0 + h) * D, sizeof(float) * D);
+      const int s0 = 4 * l;
+      norm_rows(xb, L.norm1_w, L.norm1_b);
+      share(t, s0, Hkv, 1, [&](i64 hk, i64) {
+        const i64 h0 = hk * G;
+        gemv(L.wq ? L.wq + h0 * D * C : nullptr, Lb.wq ? Lb.wq + h0 * D * C : nullptr, L.bq ? L.bq + h0 * D : nullptr,
+             q + h0 * D, HD, xb, C, 0.0f, 0, G * D);
+        gemv(L.wk ? L.wk + hk * D * C : nullptr, Lb.wk ? Lb.wk + hk * D * C : nullptr, L.bk ? L.bk + hk * D : nullptr,
+             k + hk * D, KD, xb, C, 0.0f, 0, D);
+        gemv(L.wv ? L.wv + hk * D * C : nullptr, Lb.wv ? Lb.wv + hk * D * C : nullptr, L.bv ? L.bv + hk * D : nullptr,
+             v + hk * D, KD, xb, C, 0.0f, 0, D);
+        for (i64 b = 0; b < B; ++b) {
+          KvCache& cache = *caches[static_cast<std::size_t>(b)];
+          const i64 pos = cache.len, cap = cache.capacity;
+          float *qh = q + b * HD + h0 * D, *kh = k + b * KD + hk * D, *vh = v + b * KD + hk * D;
+          if (c.pos == PosEncoding::rotary) {
+            blocks::rope_forward(qh, 1, G, D, pos, c.rope_theta);
+            blocks::rope_forward(kh, 1, 1, D, pos, c.rope_theta);
+          }
+          const i64 at = (l * Hkv + hk) * cap * D;  // this kv head's rows in the cache
+          float* oh = att + b * HD + h0 * D;
+          if (!bf16_kv) {
+            float *kc = cache.k.ptr<float>() + at, *vc = cache.v.ptr<float>() + at;
+            std::memcpy(kc + pos * D, kh, sizeof(float) * static_cast<std::size_t>(D));
+            std::memcpy(vc + pos * D, vh, sizeof(float) * static_cast<std::size_t>(D));
+            blocks::attend_one(qh, kc, vc, oh, scores, G, D, pos + 1, scale, isa);
+            continue;
+          }
+          // A bf16 cache: k, v rounded into it; the bf16 decode kernel takes bf16 q, K, V and
+          // writes bf16 rows, widened back into att.
+          blocks::f32_to_bf16(cache.k.ptr<std::uint16_t>() + at + pos * D, kh, D, isa);
+          blocks::f32_to_bf16(cache.v.ptr<std::uint16_t>() + at + pos * D, vh, D, isa);
+          std::uint16_t *qb = qb_.ptr<std::uint16_t>() + b * HD + h0 * D, *ob = ob_.ptr<std::uint16_t>() + b * HD + h0 * D;
+          blocks::f32_to_bf16(qb, qh, G * D, isa);
+          AttentionOptions opt;
+          opt.num_threads = 1;
+          opt.causal = true;
+          opt.align = Align::bottom_right;
+          try {
+            attention(View::strided(qb, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}),
+                      View::strided(cache.k.ptr<std::uint16_t>() + at, DType::bf16, {1, 1, pos + 1, D},
+                                    {cap * D, cap * D, D, 1}),
+                      View::strided(cache.v.ptr<std::uint16_t>() + at, DType::bf16, {1, 1, pos + 1, D},
+                                    {cap * D, cap * D, D, 1}),
+                      View::strided(ob, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}), opt);
+            blocks::bf16_to_f32(oh, ob, G * D, 1);
+          } catch (...) {
+            const std::lock_guard<std::mutex> lock(error_mu);
+            error = std::current_exception();
           }
         }
-        const DType dt = bf16_kv ? DType::bf16 : DType::f32;
-        const i64 es = bf16_kv ? 2 : 4;
-        void* qh = q + h0 * D;
-        void* oh = att + h0 * D;
-        if (bf16_kv) {
-          blocks::f32_to_bf16(qb_.ptr<std::uint16_t>() + h0 * D, q + h0 * D, nh * D, isa);
-          qh = qb_.ptr<std::uint16_t>() + h0 * D;
-          oh = ob_.ptr<std::uint16_t>() + h0 * D;
-        }
-        AttentionOptions opt;
-        opt.num_threads = 1;
-        opt.causal = true;
-        opt.align = Align::bottom_right;
-        try {
-          attention(View::strided(qh, dt, {1, nh, 1, D}, {H * D, D, H * D, 1}),
-                    View::strided(static_cast<char*>(cache.k.data()) + at * es, dt, {1, nkv, Skv, D},
-                                  {Hkv * cap * D, cap * D, D, 1}),
-                    View::strided(static_cast<char*>(cache.v.data()) + at * es, dt, {1, nkv, Skv, D},
-                                  {Hkv * cap * D, cap * D, D, 1}),
-                    View::strided(oh, dt, {1, nh, 1, D}, {H * D, D, H * D, 1}), opt);
-          if (bf16_kv) blocks::bf16_to_f32(att + h0 * D, ob_.ptr<std::uint16_t>() + h0 * D, nh * D, 1);
-        } catch (...) {
-          const std::lock_guard<std::mutex> lock(error_mu);
-          error = std::current_exception();
+      });
+      meet.wait();
+      share(t, s0 + 1, C, rows_per_chunk(HD, C), [&](i64 r0, i64 r1) {
+        gemv(L.wo, Lb.wo, L.bo, x, C, att, HD, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O
+      });
+      meet.wait();
+      norm_rows(xb, L.norm2_w, L.norm2_b);
+      share(t, s0 + 2, Hd, rows_per_chunk(C, Hd), [&](i64 r0, i64 r1) {
+        gemv(L.w1, Lb.w1, L.b1, hb, Hd, xb, C, 0.0f, r0, r1);
+        if (c.mlp == MlpKind::swiglu) gemv(L.w3, Lb.w3, nullptr, hb2, Hd, xb, C, 0.0f, r0, r1);
+        for (i64 b = 0; b < B; ++b) {
+          float* h = hb + b * Hd + r0;
+          if (c.mlp == MlpKind::swiglu) blocks::swiglu_forward(h, h, hb2 + b * Hd + r0, r1 - r0);
+          else if (c.mlp == MlpKind::gelu_exact) blocks::gelu_exact_forward(h, h, r1 - r0);
+          else blocks::gelu_fast(h, h, r1 - r0, 1, isa);
         }
       });
       meet.wait();
-      share(t, s0 + 2, C, rows_per_chunk(H * D), [&](i64 r0, i64 r1) {
-        gemv({{W(L.wo, Lb.wo), L.bo, x, C}}, att, H * D, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O
-      });
-      meet.wait();
-      if (t == 0) layer_norm(xb, L.norm2_w, L.norm2_b);
-      meet.wait();
-      share(t, s0 + 3, Hd, rows_per_chunk(C), [&](i64 r0, i64 r1) {
-        gemv({{W(L.w1, Lb.w1), L.b1, hb, Hd}}, xb, C, 0.0f, r0, r1);
-        if (c.mlp == MlpKind::swiglu) {
-          gemv({{W(L.w3, Lb.w3), nullptr, hb2, Hd}}, xb, C, 0.0f, r0, r1);
-          blocks::swiglu_forward(hb + r0, hb + r0, hb2 + r0, r1 - r0);
-        } else if (c.mlp == MlpKind::gelu_exact) {
-          blocks::gelu_exact_forward(hb + r0, hb + r0, r1 - r0);
-        } else {
-          blocks::gelu_fast(hb + r0, hb + r0, r1 - r0, 1, isa);
-        }
-      });
-      meet.wait();
-      share(t, s0 + 4, C, rows_per_chunk(Hd), [&](i64 r0, i64 r1) {
-        gemv({{W(L.w2, Lb.w2), L.b2, x, C}}, hb, Hd, 1.0f, r0, r1);  // residual: x += hb·W2ᵀ + b2
+      share(t, s0 + 3, C, rows_per_chunk(Hd, C), [&](i64 r0, i64 r1) {
+        gemv(L.w2, Lb.w2, L.b2, x, C, hb, Hd, 1.0f, r0, r1);  // residual: x += hb·W2ᵀ + b2
       });
       meet.wait();
     }
-    if (t == 0) layer_norm(xb, w_.normf_w, w_.normf_b);
-    meet.wait();
-    share(t, steps - 1, c.vocab_size, rows_per_chunk(C), [&](i64 r0, i64 r1) {
-      gemv({{bf16 ? static_cast<const void*>(wcls_bf16_) : w_.wcls, nullptr, logits, c.vocab_size}}, xb, C, 0.0f, r0,
-           r1);
+    norm_rows(xb, w_.normf_w, w_.normf_b);
+    share(t, steps - 1, V, rows_per_chunk(C, V), [&](i64 r0, i64 r1) {
+      gemv(w_.wcls, wcls_bf16_, nullptr, logits, V, xb, C, 0.0f, r0, r1);
     });
   });
   if (error) std::rethrow_exception(error);
+  for (KvCache* cache : caches) cache->len += 1;
 }
 
 void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {

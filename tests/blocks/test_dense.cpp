@@ -430,4 +430,83 @@ TEST(Dense, ForkedChildRunsBf16GemmWhileAnotherThreadBuildsOne) {
   EXPECT_EQ(qkv::testing::fork_while_busy(busy, child, 60), "");
 }
 
+// The decode step's batched GEMV (gemv_batch_rows): against the f64 twin within the bound of
+// GemvMatchesReferenceOnEveryIsa (γ_in · Σ|x·w|, bf16 weights widened exactly, so no extra term),
+// and bit for bit equal, row by row, to the same call with M = 1 and to calls over other row
+// ranges: a sequence's result must not depend on its batch or on the thread's share of the rows.
+TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
+  for (Isa isa : isas())
+    for (bool bf16 : {false, true}) {
+      double worst = 0;
+      for (std::int64_t M : {1, 2, 3, 5, 8})
+        for (std::int64_t in : {7, 16, 64, 100, 300})
+          for (float beta : {0.0f, 1.0f}) {
+            const std::int64_t out = 13, ldy = out + 3;
+            const auto x = randn(static_cast<std::size_t>(M * in), 1);
+            const auto W = randn(static_cast<std::size_t>(out * in), 2);
+            const auto b = randn(static_cast<std::size_t>(out), 3);
+            std::vector<std::uint16_t> Wb(W.size());
+            qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
+            std::vector<float> Wr(W.size());  // the weights the kernel multiplies by
+            for (std::size_t i = 0; i < W.size(); ++i) Wr[i] = bf16 ? qkv::kernels::cpu::bf16_bits_to_f32(Wb[i]) : W[i];
+            const auto y0 = randn(static_cast<std::size_t>(M * ldy), 4);
+            std::vector<float> y = y0, y1 = y0;
+            const float* Wf = bf16 ? nullptr : W.data();
+            const std::uint16_t* Wh = bf16 ? Wb.data() : nullptr;
+            qkv::blocks::gemv_batch_rows(x.data(), Wf, Wh, b.data(), y.data(), ldy, M, in, beta, isa, 0, out);
+            for (std::int64_t m = 0; m < M; ++m)  // one row of x at a time, the rows of W in two ranges
+              for (auto [o0, o1] : {std::pair<std::int64_t, std::int64_t>{0, 5}, {5, out}})
+                qkv::blocks::gemv_batch_rows(x.data() + m * in, Wf, Wh, b.data(), y1.data() + m * ldy, ldy, 1, in, beta,
+                                             isa, o0, o1);
+            EXPECT_EQ(std::memcmp(y.data(), y1.data(), 4 * y.size()), 0)
+                << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " M " << M << " in " << in;
+            for (std::int64_t m = 0; m < M; ++m)
+              for (std::int64_t o = 0; o < out; ++o) {
+                double ref = b[o] + (beta == 0.0f ? 0.0 : y0[m * ldy + o]), mag = std::abs(ref);
+                for (std::int64_t i = 0; i < in; ++i) {
+                  ref += double(x[m * in + i]) * Wr[o * in + i];
+                  mag += std::abs(double(x[m * in + i]) * Wr[o * in + i]);
+                }
+                const double bound = (in + 2) * std::ldexp(1.0, -24) * mag + 1e-30;
+                worst = std::max(worst, std::abs(y[m * ldy + o] - ref) / bound);
+              }
+            for (std::int64_t m = 0; m < M; ++m)  // the gap between rows of y is untouched
+              for (std::int64_t o = out; o < ldy; ++o) EXPECT_EQ(y[m * ldy + o], y0[m * ldy + o]);
+          }
+      std::printf("%-12s %s weights: max |err| / bound = %.3f\n", qkv::isa_name(isa), bf16 ? "bf16" : "f32 ", worst);
+      EXPECT_LE(worst, 1.0) << qkv::isa_name(isa);
+    }
+}
+
+// attend_one (one query per head, the decode step's attention on an f32 cache) against the
+// library's reference attention in f64 (qkv::attention with Kernel::reference), for D below, at and
+// above each vector length and key counts 1, a tail and several vectors, G = 1 and 3 heads per kv
+// head. Tolerance 1e-5 absolute on outputs of magnitude ≤ ~3 (unit normal inputs): f32 scores, the
+// exp2 polynomial (relative error ≤ 2.4e-7) and an f32 weighted sum of ≤ 300 rows, measured ≤ ~1e-6.
+TEST(Dense, AttendOneMatchesReferenceAttention) {
+  for (Isa isa : isas()) {
+    double worst = 0;
+    for (std::int64_t D : {1, 8, 17, 48, 64})
+      for (std::int64_t Skv : {1, 37, 300})
+        for (std::int64_t G : {1, 3}) {
+          const auto q = randn(static_cast<std::size_t>(G * D), 5);
+          const auto k = randn(static_cast<std::size_t>(Skv * D), 6);
+          const auto v = randn(static_cast<std::size_t>(Skv * D), 7);
+          std::vector<float> out(static_cast<std::size_t>(G * D)), ref(out.size()), scores(static_cast<std::size_t>(Skv));
+          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+          qkv::blocks::attend_one(q.data(), k.data(), v.data(), out.data(), scores.data(), G, D, Skv, scale, isa);
+          qkv::AttentionOptions opt;
+          opt.kernel = qkv::Kernel::reference;
+          opt.scale = scale;
+          qkv::attention(qkv::View::contiguous(const_cast<float*>(q.data()), qkv::DType::f32, {1, G, 1, D}),
+                         qkv::View::contiguous(const_cast<float*>(k.data()), qkv::DType::f32, {1, 1, Skv, D}),
+                         qkv::View::contiguous(const_cast<float*>(v.data()), qkv::DType::f32, {1, 1, Skv, D}),
+                         qkv::View::contiguous(ref.data(), qkv::DType::f32, {1, G, 1, D}), opt);
+          for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, double(std::abs(out[i] - ref[i])));
+        }
+    std::printf("%-12s attend_one: max |out − reference| = %.3g\n", qkv::isa_name(isa), worst);
+    EXPECT_LT(worst, 1e-5) << qkv::isa_name(isa);
+  }
+}
+
 }  // namespace

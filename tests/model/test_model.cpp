@@ -140,9 +140,9 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
                {"qkv::Model::forward", "cache", "f32", "bf16"});
 }
 
-// On several threads a one-token call runs in one parallel region (Model::decode_step) instead of
-// block()'s region per projection. Every row goes through the same GEMV kernel and every head
-// through the same attention kernel, so the logits must equal the one-thread path's bit for bit
+// A one-token call runs in one parallel region (Model::decode) on any number of threads. Every row
+// goes through the same GEMV kernel and every head through the same attention kernel whichever
+// thread computes it, so the logits must equal the one-thread path's bit for bit
 // (tolerance 0): stories260K (RMSNorm, rotary, GQA 8/4, SwiGLU), the tiny GPT-2 (LayerNorm,
 // learned positions, GELU, biases) and the tiny GQA model (4/2 heads, no positions), with f32 and
 // bf16 weights, each with an f32 and a bf16 KV cache, on 2 and 3 threads (3 splits 4 KV heads
@@ -184,6 +184,80 @@ TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
       }
     }
   EXPECT_THROW(qkv::Model(qkv::load_llama2c(kModel), qkv::ModelOptions{qkv::DType::f32, -1}), std::invalid_argument);
+}
+
+// Model::forward_batch: sequences with prompts of different lengths (prefilled alone), then one
+// token each per batched step, against each sequence decoded alone with forward(): the logits must
+// be the same bits (tolerance 0: each row of every matrix and each head's attention is computed by
+// the same code for one sequence or eight). Models and modes as DecodeStepOnThreadsEqualsOneThread,
+// on 1 and 2 threads; a sequence that stops early leaves the batch (B shrinks from 5 to 3).
+TEST(Model, ForwardBatchEqualsOneSequenceAtATime) {
+  const std::string golden = std::string(QKV_SOURCE_DIR) + "/tests/golden/model/";
+  const std::pair<const char*, qkv::Weights> models[] = {
+      {"stories260K", qkv::load_llama2c(kModel)},
+      {"tiny_gpt2", qkv::load_weights(golden + "tiny_gpt2.safetensors")},
+      {"tiny_gqa_bf16", qkv::load_weights(golden + "tiny_gqa_bf16.safetensors")}};
+  const std::int64_t prompt_len[] = {1, 3, 7, 2, 5}, steps[] = {12, 12, 6, 12, 9};
+  for (const auto& [name, w] : models)
+    for (qkv::DType dt : {qkv::DType::f32, qkv::DType::bf16})
+      for (qkv::DType kv : {qkv::DType::f32, qkv::DType::bf16})
+        for (int threads : {1, 2}) {
+          const auto& c = w.config;
+          const int V = static_cast<int>(c.vocab_size);
+          auto token = [&](std::size_t seq, std::int64_t i) { return 1 + static_cast<int>((seq * 101 + i * 37) % (V - 1)); };
+          qkv::Model m(w, qkv::ModelOptions{dt, threads});
+          std::vector<float> alone, batched, step(static_cast<std::size_t>(V));
+          for (std::size_t b = 0; b < 5; ++b) {  // each sequence alone: prefill, then steps[b] tokens
+            qkv::KvCache cache(c, 0, kv);
+            std::vector<int> prompt;
+            for (std::int64_t i = 0; i < prompt_len[b]; ++i) prompt.push_back(token(b, i));
+            m.forward(prompt, cache, step.data());
+            for (std::int64_t i = 0; i < steps[b]; ++i) {
+              const int t = token(b, prompt_len[b] + i);
+              m.forward(std::span<const int>(&t, 1), cache, step.data());
+              alone.insert(alone.end(), step.begin(), step.end());
+            }
+          }
+          std::vector<qkv::KvCache> caches;
+          for (std::size_t b = 0; b < 5; ++b) {
+            caches.emplace_back(c, 0, kv);
+            std::vector<int> prompt;
+            for (std::int64_t i = 0; i < prompt_len[b]; ++i) prompt.push_back(token(b, i));
+            m.forward(prompt, caches[b], step.data());
+          }
+          std::vector<std::vector<float>> per_seq(5);
+          for (std::int64_t i = 0; i < 12; ++i) {
+            std::vector<int> toks;
+            std::vector<qkv::KvCache*> cs;
+            std::vector<std::size_t> who;
+            for (std::size_t b = 0; b < 5; ++b)
+              if (i < steps[b]) toks.push_back(token(b, prompt_len[b] + i)), cs.push_back(&caches[b]), who.push_back(b);
+            std::vector<float> logits(toks.size() * static_cast<std::size_t>(V));
+            m.forward_batch(toks, cs, logits.data());
+            for (std::size_t j = 0; j < who.size(); ++j)
+              per_seq[who[j]].insert(per_seq[who[j]].end(), logits.begin() + static_cast<std::ptrdiff_t>(j * V),
+                                     logits.begin() + static_cast<std::ptrdiff_t>((j + 1) * V));
+          }
+          for (auto& p : per_seq) batched.insert(batched.end(), p.begin(), p.end());
+          ASSERT_EQ(batched.size(), alone.size());
+          double err = 0;
+          for (std::size_t i = 0; i < alone.size(); ++i) err = std::max(err, std::abs(double(batched[i]) - alone[i]));
+          std::printf("%-13s %s weights, %s cache, %d threads: max |batched − alone| = %.3g\n", name,
+                      qkv::dtype_name(dt), qkv::dtype_name(kv), threads, err);
+          EXPECT_EQ(err, 0.0) << name;
+          for (std::size_t b = 0; b < 5; ++b) EXPECT_EQ(caches[b].len, prompt_len[b] + steps[b]);
+        }
+  // Refusals: name the argument.
+  qkv::Model m(qkv::load_llama2c(kModel));
+  qkv::KvCache a(m.config()), b(m.config(), 4);
+  b.len = 4;
+  std::vector<float> logits(2 * 512);
+  const std::vector<int> two = {5, 6};
+  expect_error([&] { m.forward_batch(two, std::vector<qkv::KvCache*>{&a}, logits.data()); }, {"forward_batch", "one per token"});
+  expect_error([&] { m.forward_batch(two, std::vector<qkv::KvCache*>{&a, &a}, logits.data()); }, {"caches[1]", "same cache"});
+  expect_error([&] { m.forward_batch(two, std::vector<qkv::KvCache*>{&a, &b}, logits.data()); }, {"caches[1]", "capacity 4"});
+  expect_error([&] { m.forward_batch(two, std::vector<qkv::KvCache*>{&a, nullptr}, logits.data()); }, {"caches[1]", "null"});
+  expect_error([&] { m.forward_batch({}, {}, logits.data()); }, {"tokens", "empty"});
 }
 
 // A forward called from inside a parallel call of qkv's pool (core/parallel.hpp): the model's team

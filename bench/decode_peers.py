@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Decode speed of `qkv generate` beside llama2.c's run.c and llama.cpp (issue #18), end to end.
+
+    python3 bench/decode_peers.py --qkv build-ci/qkv --llama2c ../shared/peers/llama2c [--rounds 5]
+
+Models (greedy, prompt "Once upon a time", 256 positions; 64 for random-110M):
+  stories260K      the shipped checkpoint (data/models/stories260K)
+  random-6.1M      random llama, stories15M's layers: dim 288, hidden 768, 6 layers, 6 heads, vocab 512
+  random-110M      random llama, stories110M's shape: dim 768, hidden 2048, 12 layers, 12 heads, vocab 32000
+Random weights are N(0, 0.02²) from a fixed seed, written once as a llama2.c checkpoint (header of 7 int32,
+then the f32 tensors in run.c's order) and, for llama.cpp, as GGUF (f32; write_gguf also writes f16) with the `gguf` package. A
+tokenizer of the model's vocabulary is written in llama2.c's format (the 512 pieces of tok512.bin, then filler
+pieces), and the same pieces go into the GGUF.
+
+Peers:
+  llama2.c   run.c compiled here with `gcc -Ofast -march=native -fopenmp` (its fastest build), run with
+             OMP_NUM_THREADS=T; its own "achieved tok/s" is read (it counts every position after the first).
+  llama.cpp  through llama-cpp-python (optional: skipped with a message when it is not installed); tokens are
+             fed one at a time through llama_decode (low-level API), timed around the calls: the Python call
+             overhead (a few µs) is included, which matters only for stories260K-sized models.
+  qkv        `qkv generate -t 0`, QKV_NUM_THREADS=T; the decode tok/s it prints on stderr (sampled tokens after
+             the first / decode time), and --batch-file with 8 prompts for the batched rows.
+
+Runs are interleaved (qkv, llama2.c, llama.cpp, qkv, …) for `--rounds` rounds; medians are printed, with
+`uptime`'s load before and after. Output: a Markdown table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+STORIES = ROOT / "data" / "models" / "stories260K"
+PROMPT = "Once upon a time"
+
+# Positions per run (greedy, prompt included): 256, 64 for the 110M shape (0.44 GB of f32 weights a token).
+STEPS = {"stories260K": 256, "random-6.1M": 256, "random-110M": 64}
+# name: (dim, hidden, layers, heads, kv_heads, vocab, seq_len)
+SHAPES = {
+    "random-6.1M": (288, 768, 6, 6, 6, 512, 256),
+    "random-110M": (768, 2048, 12, 12, 12, 32000, 1024),
+}
+
+
+def load() -> str:
+    return open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
+
+
+def read_tok512() -> list[tuple[float, bytes]]:
+    data = (STORIES / "tok512.bin").read_bytes()
+    off, out = 4, []
+    while off < len(data):
+        score, n = struct.unpack_from("<fi", data, off)
+        off += 8
+        out.append((score, data[off:off + n]))
+        off += n
+    return out
+
+
+def write_tokenizer(path: Path, vocab: int) -> list[tuple[float, bytes]]:
+    pieces = read_tok512()[:vocab]
+    for i in range(len(pieces), vocab):
+        pieces.append((-1e6 - i, f"tok{i}".encode()))
+    with open(path, "wb") as f:
+        f.write(struct.pack("<i", max(len(p) for _, p in pieces)))
+        for score, p in pieces:
+            f.write(struct.pack("<fi", score, len(p)) + p)
+    return pieces
+
+
+def random_tensors(shape, seed=1234):
+    dim, hidden, layers, heads, kv, vocab, seq = shape
+    head = dim // heads
+    rng = np.random.default_rng(seed)
+    r = lambda *s: (rng.standard_normal(s, dtype=np.float32) * 0.02).astype(np.float32)  # noqa: E731
+    return {
+        "tok": r(vocab, dim),
+        "att_norm": np.ones((layers, dim), np.float32),
+        "wq": r(layers, dim, dim), "wk": r(layers, kv * head, dim), "wv": r(layers, kv * head, dim),
+        "wo": r(layers, dim, dim),
+        "ffn_norm": np.ones((layers, dim), np.float32),
+        "w1": r(layers, hidden, dim), "w2": r(layers, dim, hidden), "w3": r(layers, hidden, dim),
+        "norm": np.ones(dim, np.float32),
+    }
+
+
+def write_llama2c(path: Path, shape, t) -> None:
+    dim, hidden, layers, heads, kv, vocab, seq = shape
+    head = dim // heads
+    with open(path, "wb") as f:
+        f.write(struct.pack("<7i", dim, hidden, layers, heads, kv, vocab, seq))  # vocab > 0: shared classifier
+        for k in ("tok", "att_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3", "norm"):
+            f.write(t[k].tobytes())
+        # run.c skips freq_cis_real / freq_cis_imag (seq_len · head_size / 2 floats each).
+        f.write(np.zeros(seq * head, np.float32).tobytes())
+
+
+def write_gguf(path: Path, shape, t, pieces, dtype: str) -> None:
+    import gguf  # noqa: PLC0415
+
+    dim, hidden, layers, heads, kv, vocab, seq = shape
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(seq)
+    w.add_embedding_length(dim)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(hidden)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(dim // heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(0 if dtype == "f32" else 1)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([p for _, p in pieces])
+    w.add_token_scores([s for s, _ in pieces])
+    types = [2, 3, 3] + [1] * (vocab - 3)  # unknown, control (BOS, EOS), normal
+    for i, (_, p) in enumerate(pieces):
+        if re.fullmatch(rb"<0x[0-9A-F]{2}>", p):
+            types[i] = 6  # byte
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    mat = (lambda a: a.astype(np.float16)) if dtype == "f16" else (lambda a: a)
+    # llama.cpp's q/k rows are in Hugging Face's rotate-half order: convert.py permutes llama2.c's
+    # interleaved rows this way (the same weights, the same model).
+    def permute(wt, n_head):
+        return wt.reshape(n_head, 2, wt.shape[0] // n_head // 2, wt.shape[1]).swapaxes(1, 2).reshape(wt.shape)
+
+    w.add_tensor("token_embd.weight", mat(t["tok"]))
+    for l in range(layers):
+        w.add_tensor(f"blk.{l}.attn_norm.weight", t["att_norm"][l])
+        w.add_tensor(f"blk.{l}.attn_q.weight", mat(permute(t["wq"][l], heads)))
+        w.add_tensor(f"blk.{l}.attn_k.weight", mat(permute(t["wk"][l], kv)))
+        w.add_tensor(f"blk.{l}.attn_v.weight", mat(t["wv"][l]))
+        w.add_tensor(f"blk.{l}.attn_output.weight", mat(t["wo"][l]))
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", t["ffn_norm"][l])
+        w.add_tensor(f"blk.{l}.ffn_gate.weight", mat(t["w1"][l]))
+        w.add_tensor(f"blk.{l}.ffn_down.weight", mat(t["w2"][l]))
+        w.add_tensor(f"blk.{l}.ffn_up.weight", mat(t["w3"][l]))
+    w.add_tensor("output_norm.weight", t["norm"])
+    w.add_tensor("output.weight", mat(t["tok"]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# CPU seconds (user + system) of every process run through `timed` since the start: on a machine
+# shared with other work the wall-clock tok/s moves with the load, the CPU a run costs much less.
+CPU: dict[tuple, list] = {}
+
+
+def timed(key: tuple, cmd: list, env: dict) -> subprocess.CompletedProcess:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault(key, []).append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+    return p
+
+
+def run_qkv(qkv: str, model: Path, tok: Path, threads: int, steps: int, extra=(), key=("qkv",)) -> float:
+    env = dict(os.environ, QKV_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+    p = timed(key, [qkv, "generate", "--model", str(model), "--tokenizer", str(tok), "-t", "0", "-n", str(steps),
+                    *(extra or ["-i", PROMPT])], env)
+    m = re.search(r"decode ([0-9.]+) tok/s", p.stderr)
+    return float(m.group(1))
+
+
+def run_llama2c(exe: Path, model: Path, tok: Path, threads: int, steps: int, key=("llama2.c",)) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    p = timed(key, [str(exe), str(model), "-z", str(tok), "-t", "0", "-n", str(steps), "-i", PROMPT], env)
+    return float(re.search(r"achieved tok/s: ([0-9.]+)", p.stderr + p.stdout).group(1))
+
+
+LLAMA_CPP_CHILD = r"""
+import sys, time, ctypes, llama_cpp as L
+path, threads, steps, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+L.llama_backend_init()
+mp = L.llama_model_default_params()
+model = L.llama_load_model_from_file(path.encode(), mp)
+cp = L.llama_context_default_params()
+cp.n_ctx = max(steps, 512) + 8; cp.n_batch = 512; cp.n_threads = threads; cp.n_threads_batch = threads
+ctx = L.llama_new_context_with_model(model, cp)
+batch = L.llama_batch_init(512, 0, 1)
+def feed(tokens, pos0):
+    batch.n_tokens = len(tokens)
+    for i, t in enumerate(tokens):
+        batch.token[i] = t; batch.pos[i] = pos0 + i; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = 0
+        batch.logits[i] = i == len(tokens) - 1
+    assert L.llama_decode(ctx, batch) == 0
+prompt = [1, 403, 407, 261, 378]
+feed(prompt, 0)
+t0 = time.perf_counter()
+for pos in range(len(prompt), steps):
+    feed([(pos * 37) % (vocab - 3) + 3], pos)
+dt = time.perf_counter() - t0
+if hasattr(L, "llama_memory_clear"):
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
+else:
+    L.llama_kv_cache_clear(ctx)
+pre = [(i * 37) % (vocab - 3) + 3 for i in range(512)]
+t1 = time.perf_counter(); feed(pre, 0) if cp.n_ctx >= 512 else None; dp = time.perf_counter() - t1
+print(f"{(steps - len(prompt)) / dt:.1f} {512 / dp:.1f}")
+"""
+
+
+def run_llama_cpp(python: str, gguf_path: Path, threads: int, steps: int, vocab: int) -> tuple[float, float]:
+    p = subprocess.run([python, "-c", LLAMA_CPP_CHILD, str(gguf_path), str(threads), str(steps), str(vocab)],
+                       capture_output=True, text=True, check=True)
+    dec, pre = p.stdout.split()
+    return float(dec), float(pre)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--qkv", default=str(ROOT / "build-ci" / "qkv"))
+    ap.add_argument("--llama2c", default=str(ROOT.parent / "shared" / "peers" / "llama2c"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--models", default="stories260K,random-6.1M,random-110M")
+    ap.add_argument("--batch", type=int, default=8, help="prompts in the --batch-file rows (0: none)")
+    ap.add_argument("--work", default="", help="folder for the generated models (default: a temporary one)")
+    a = ap.parse_args()
+
+    work = Path(a.work or tempfile.mkdtemp(prefix="qkv_decode_peers_"))
+    work.mkdir(parents=True, exist_ok=True)
+    run_c = Path(a.llama2c) / "run.c"
+    llama2c = None
+    if run_c.exists() and shutil.which("gcc"):
+        llama2c = work / "run"
+        subprocess.run(["gcc", "-Ofast", "-march=native", "-fopenmp", str(run_c), "-lm", "-o", str(llama2c)],
+                       check=True)
+    else:
+        print(f"llama2.c: skipped ({run_c} not found or no gcc)", file=sys.stderr)
+    try:
+        import gguf  # noqa: F401, PLC0415
+        import llama_cpp  # noqa: F401, PLC0415
+        have_llama_cpp = True
+    except ImportError as e:
+        print(f"llama.cpp: skipped (pip install llama-cpp-python gguf; {e})", file=sys.stderr)
+        have_llama_cpp = False
+
+    models = {}
+    for name in a.models.split(","):
+        if name == "stories260K":
+            models[name] = (STORIES / "stories260K.bin", STORIES / "tok512.bin", None)
+            continue
+        shape = SHAPES[name]
+        binp, tokp, ggp = work / f"{name}.bin", work / f"{name}.tok.bin", work / f"{name}.f32.gguf"
+        if not binp.exists() or (have_llama_cpp and not ggp.exists()):
+            t = random_tensors(shape)
+            write_llama2c(binp, shape, t)
+            pieces = write_tokenizer(tokp, shape[5])
+            if have_llama_cpp:
+                write_gguf(ggp, shape, t, pieces, "f32")
+        models[name] = (binp, tokp, ggp if have_llama_cpp else None)
+
+    threads = [int(x) for x in a.threads.split(",")]
+    results: dict[tuple, list] = {}
+    batch_file = work / "prompts.txt"
+    batch_file.write_text("".join(f"{PROMPT}{' there was' * (i % 3)}\n" for i in range(max(a.batch, 1))))
+    loads = [load()]
+    for _ in range(a.rounds):
+        for name, (binp, tokp, ggp) in models.items():
+            steps = STEPS[name]
+            for T in threads:
+                results.setdefault((name, T, "qkv"), []).append(run_qkv(a.qkv, binp, tokp, T, steps, key=(name, T, "qkv")))
+                if llama2c:
+                    results.setdefault((name, T, "llama2.c"), []).append(
+                        run_llama2c(llama2c, binp, tokp, T, steps, key=(name, T, "llama2.c")))
+                if ggp:
+                    results.setdefault((name, T, "llama.cpp"), []).append(run_llama_cpp(sys.executable, ggp, T, steps,
+                                                                                         SHAPES[name][5])[0])
+                if a.batch:
+                    results.setdefault((name, T, f"qkv B={a.batch}"), []).append(
+                        run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file)], key=(name, T, f"qkv B={a.batch}")))
+        loads.append(load())
+
+    print(f"load (1-min) over the rounds: {', '.join(loads)}; {a.rounds} interleaved rounds, medians, tok/s\n")
+    peers = ["llama2.c", "llama.cpp"]
+    print("| model | threads | qkv | " + " | ".join(f"{p} | qkv / {p}" for p in peers) +
+          f" | qkv B={a.batch} (all sequences) | B={a.batch} / B=1 |")
+    print("|---|---|---|" + "---|---|" * len(peers) + "---|---|")
+    for name in models:
+        for T in threads:
+            q = statistics.median(results[(name, T, "qkv")])
+            row = f"| {name} | {T} | {q:.0f} |"
+            for p in peers:
+                r = results.get((name, T, p))
+                row += f" {statistics.median(r):.0f} | {q / statistics.median(r):.2f}× |" if r else " – | – |"
+            rb = results.get((name, T, f"qkv B={a.batch}"))
+            row += f" {statistics.median(rb):.0f} | {statistics.median(rb) / q:.2f}× |" if rb else " – | – |"
+            print(row)
+    print("\nCPU seconds per run (whole process: load, prefill, decode; medians):")
+    for key in sorted(CPU):
+        print(f"  {' '.join(map(str, key))}: {statistics.median(CPU[key]):.3f} s")
+    for name in models:
+        if len(threads) > 1:
+            one, two = (statistics.median(results[(name, T, "qkv")]) for T in threads[:2])
+            print(f"\nqkv {name}: {threads[1]} threads / {threads[0]} = {two / one:.2f}×", end="")
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
