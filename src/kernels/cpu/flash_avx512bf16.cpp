@@ -1,10 +1,11 @@
 // The flash forward (and the decode scores) for bf16 tensors on CPUs with AVX-512 BF16: Q·Kᵀ and P·V run on
 // vdpbf16ps (_mm512_dpbf16_ps), which multiplies pairs of bf16 and accumulates in f32 —
 // 32 products per instruction instead of 16. Softmax, masking and the online rescaling are the
-// f32 code of flash_impl.hpp; P is rounded to bf16 for P·V (as a bf16 matmul would).
+// f32 code of flash_tile.hpp; P is rounded to bf16 for P·V (as a bf16 matmul would).
 // Compiled with -mavx512bf16 on top of the AVX-512 flags (CMakeLists.txt).
 #include "kernels/cpu/simd_avx512.hpp"  // first: see simd_avx512.hpp on GCC 12
-#include "kernels/cpu/flash_impl.hpp"
+#include "kernels/cpu/flash_decode_impl.hpp"
+#include "kernels/cpu/flash_forward_impl.hpp"
 
 namespace qkv::kernels::cpu {
 namespace {
@@ -293,7 +294,7 @@ struct DecodeOpsBf16 {
     for (i64 c0 = (j_lo - t0) / 16 * 16; t0 + c0 < j_hi; c0 += 16) {
       const i64 j0 = t0 + c0;
       // The V rows of these 16 keys into L2, read next by pv(), which in turn prefetches the
-      // next tile's K rows (see pf_row in flash_impl.hpp); prefetching the next 16 keys' K and V
+      // next tile's K rows (see pf_row in flash_tile.hpp); prefetching the next 16 keys' K and V
       // rows here instead streamed 20–25 % slower.
       if (a.sv[3] == 1)
         for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(v + j * a.sv[2], 2 * a.Dv);
