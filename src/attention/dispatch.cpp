@@ -127,3 +127,17 @@ KernelInfo run_backward(const char* fn, const kernels::AttnBwdParams& p, Kernel 
 }
 
 }  // namespace qkv::detail
+
+namespace qkv {
+
+const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::automatic: return "automatic";
+    case Kernel::reference: return "reference";
+    case Kernel::flash: return "flash";
+    case Kernel::flash_decode: return "flash_decode";
+  }
+  return "?";
+}
+
+}  // namespace qkv
