@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/params.hpp"
+#include "qkv/runtime.hpp"
 
 namespace qkv::kernels::bwd {
 
