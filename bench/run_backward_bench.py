@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """One command for the attention backward benchmarks: qkv (bench_backward, Google Benchmark) and
 PyTorch's scaled_dot_product_attention forward + backward on the same CPU threads, in the same run;
-writes bench/results/backward.{json,md} and rewrites the generated section of BENCHMARKS.md.
+writes bench/results/backward.{json,md} (every row), the plot bench/results/backward_gflops.png, and
+BENCHMARKS.md's summary (one line per group of rows).
 
     python3 bench/run_backward_bench.py [--build build] [--reps 2] [--rounds 2] [--quick]
+    python3 bench/run_backward_bench.py --from-json bench/results/backward.json   # re-render, time nothing
 
 Measured in this run: the machine's fp32 FMA peak (bench_backward --peak). FLOP model
 (FlashAttention's convention): forward 4·B·H·S²·D, backward 2.5× that, halved for causal.
@@ -21,8 +23,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "bench", "results")
+from report import OUT, ROOT, gbench_median, machine, peer_env, ratio_summary, save_plot, span, update_doc, write_atomic
 NAME = re.compile(r"(fwdbwd|bwd)/qkv/(\w+)/B(\d+)/H(\d+)/Hkv(\d+)/S(\d+)/D(\d+)/(causal|full)/T(\d+)")
 
 TORCH_WORKER = r"""
@@ -76,35 +77,31 @@ def main():
     ap.add_argument("--rounds", type=int, choices=(1, 2), default=2,
                     help="2: qkv, torch, torch, qkv per row, each side the faster of its two round medians")
     ap.add_argument("--quick", action="store_true", help="S ≤ 2048 only (a smoke run, not for the table)")
+    ap.add_argument("--from-json", metavar="FILE",
+                    help="time nothing: re-render backward.md, the plot and BENCHMARKS.md's summary from a saved run")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    if args.from_json:
+        render(json.load(open(args.from_json)))
+        return
     exe = os.path.join(args.build, "bench", "bench_backward")
     started = time.time()
     names = subprocess.run([exe, "--benchmark_list_tests"], check=True, capture_output=True, text=True).stdout.split()
     if args.quick:
         names = [n for n in names if re.search(r"/S(1024|2048)/", n)]
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    ctx = json.loads(subprocess.run([exe, "--peak", "--benchmark_format=json", f"--benchmark_filter=^{re.escape(names[0])}$",
-                                     "--benchmark_min_time=0.01s"], check=True, capture_output=True, text=True,
-                                    env=env).stdout)["context"]
+    env = peer_env()
+    ctx = machine(exe, [], names[0], env)
     torch_proc = subprocess.Popen([sys.executable, "-c", TORCH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, env=env)
     torch_version = json.loads(torch_proc.stdout.readline())["torch"]
 
     def qkv_row(name):
-        run = subprocess.run([exe, "--benchmark_format=json", f"--benchmark_filter=^{re.escape(name)}$",
-                              f"--benchmark_repetitions={args.reps}", "--benchmark_report_aggregates_only=true",
-                              "--benchmark_min_time=0.2s"], check=True, capture_output=True, text=True, env=env)
-        want = "aggregate" if args.reps > 1 else "iteration"
-        for b in json.loads(run.stdout)["benchmarks"]:
-            if b.get("run_type") != want or (want == "aggregate" and b.get("aggregate_name") != "median"):
-                continue
-            c = parse(b["run_name"].replace("/real_time", ""))
-            c["time_s"] = b["real_time"] / 1e3  # unit: ms
-            c["cpu_s"] = b["cpu_time"] / 1e3  # the main thread's CPU time: all of it when T = 1
-            c["label"] = b.get("label", "")
-            return c
-        raise RuntimeError(f"run_backward_bench: bench_backward gave no median for {name}")
+        b = gbench_median(exe, [], name, args.reps, env)
+        c = parse(b["run_name"].replace("/real_time", ""))
+        c["time_s"] = b["real_time"] / 1e3  # unit: ms
+        c["cpu_s"] = b["cpu_time"] / 1e3  # the main thread's CPU time: all of it when T = 1
+        c["label"] = b.get("label", "")
+        return c
 
     def torch_row(c):
         torch_proc.stdin.write(json.dumps(dict(c, reps=args.reps)) + "\n")
@@ -131,13 +128,16 @@ def main():
     result = dict(peak_gflops=float(ctx["fma_peak_gflops_2t"]), peak_gflops_1t=float(ctx["fma_peak_gflops_1t"]),
                   torch=torch_version, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wall_s=time.time() - started, cases=cases)
-    tmp = os.path.join(OUT, "backward.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, os.path.join(OUT, "backward.json"))
-    table = write_table(result)
-    update_doc(table)
-    print(table)
+    write_atomic(os.path.join(OUT, "backward.json"), json.dumps(result, indent=1))
+    print(render(result))
+
+
+def render(r):
+    """Every row to backward.md, the plot, and the summary into BENCHMARKS.md; returns the full table."""
+    table = write_table(r)
+    plot(r)
+    update_doc("backward-table", "run_backward_bench.py", summary_table(r))
+    return table
 
 
 def write_table(r):
@@ -173,26 +173,69 @@ def write_table(r):
         lines.append(f"qkv / torch speed ratio over the grid: median {statistics.median(ratios):.2f}×, "
                      f"min {min(ratios):.2f}×, max {max(ratios):.2f}×.")
     table = "\n".join(lines) + "\n"
-    tmp = os.path.join(OUT, "backward.md.tmp")
-    with open(tmp, "w") as f:
-        f.write(table)
-    os.replace(tmp, os.path.join(OUT, "backward.md"))
+    write_atomic(os.path.join(OUT, "backward.md"), table)
     return table
 
 
-def update_doc(table):
-    """Replaces the generated block of BENCHMARKS.md (between the two markers) with the new table."""
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    begin, end = "<!-- backward-table:begin (bench/run_backward_bench.py) -->", "<!-- backward-table:end -->"
-    text = open(path).read() if os.path.exists(path) else ""
-    if begin not in text:
-        return
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(head + begin + "\n" + table + end + tail)
-    os.replace(tmp, path)
+def summary_table(r):
+    """BENCHMARKS.md's view of a run: one line per group of rows (what is timed, dtype, head dim, heads, threads),
+    full and causal side by side, each with its range of % of the measured fp32 FMA peak and its speed ratio to
+    torch (median and range over the group's sequence lengths). Every row is in bench/results/backward.md."""
+    def group(c):
+        heads = f"H={c['H']}" + (f"/Hkv={c['Hkv']}" if c["Hkv"] != c["H"] else "")
+        return f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} {c['dtype']} D={c['D']} {heads}, {c['T']} thread" + \
+            ("s" if c["T"] > 1 else "")
+
+    def cell(rows):
+        if not rows:
+            return "— | —"
+        pct = [100 * c["flop"] / c["time_s"] / 1e9 / (r["peak_gflops"] if c["T"] == 2 else r["peak_gflops_1t"])
+               for c in rows]
+        return f"{span(pct, '{:.0f}')} % | {ratio_summary([c['torch_s'] / c['time_s'] for c in rows if c['torch_s']])}"
+
+    lines = [f"{r['date']}, PyTorch {r['torch']}; measured in the same run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s "
+             f"on 2 threads ({r['peak_gflops_1t']:.0f} on 1). B = 1. Ratios: median (min–max) of torch time / qkv time over "
+             "the group's rows; > 1 means qkv is faster.", "",
+             "| group | S | full: % of peak | full: qkv / torch | causal: % of peak | causal: qkv / torch |",
+             "|---|---|---|---|---|---|"]
+    groups = {}
+    for c in r["cases"]:
+        groups.setdefault(group(c), []).append(c)
+    for name, rows in groups.items():
+        lines.append(f"| {name} | {span([c['S'] for c in rows], '{}')} | {cell([c for c in rows if not c['causal']])} | "
+                     f"{cell([c for c in rows if c['causal']])} |")
+    ratios = [c["torch_s"] / c["time_s"] for c in r["cases"] if c["torch_s"]]
+    if ratios:
+        lines += ["", f"Over all {len(ratios)} rows: qkv / torch {ratio_summary(ratios)}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(r):
+    """GFLOP/s against S, f32, D = 128, H = 8, 2 threads: one panel for fwd+bwd, one for bwd; qkv and torch,
+    full and causal, with the measured peak."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, panels = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, kind in zip(panels, ("fwdbwd", "bwd")):
+        for causal, style in ((False, "-"), (True, "--")):
+            sel = sorted((c for c in r["cases"] if c["kind"] == kind and c["dtype"] == "f32" and c["D"] == 128
+                          and c["H"] == c["Hkv"] == 8 and c["T"] == 2 and c["causal"] == causal), key=lambda c: c["S"])
+            tag = "causal" if causal else "full"
+            ax.plot([c["S"] for c in sel], [c["flop"] / c["time_s"] / 1e9 for c in sel], "o" + style, color="C0",
+                    label=f"qkv {tag}")
+            pts = [(c["S"], c["flop"] / c["torch_s"] / 1e9) for c in sel if c["torch_s"]]
+            ax.plot([a for a, _ in pts], [b for _, b in pts], "s" + style, color="C1", label=f"torch SDPA {tag}")
+        ax.axhline(r["peak_gflops"], color="gray", lw=0.8, ls=":", label="measured fp32 FMA peak")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{'forward + backward' if kind == 'fwdbwd' else 'backward'}, f32, B=1, H=8, D=128, 2 threads")
+        ax.set_xlabel("sequence length S")
+        ax.grid(alpha=0.3)
+    panels[0].set_ylabel("GFLOP/s (fwd 4·B·H·S²·D, bwd 2.5×; causal halved)")
+    panels[0].legend(fontsize=8)
+    fig.tight_layout()
+    save_plot(fig, "backward_gflops.png")
 
 
 if __name__ == "__main__":

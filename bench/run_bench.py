@@ -31,8 +31,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "bench", "results")
+from report import OUT, ROOT, gbench_median, machine, peer_env, ratio_summary, save_plot, span, update_doc, write_atomic
 NAME = re.compile(r"(fwd|dec)/(\w+)/(\w+)/B(\d+)/H(\d+)/Hkv(\d+)/S(?:kv)?(\d+)/D(\d+)(?:/(causal|full))?/T(\d+)")
 
 TORCH_WORKER = r"""
@@ -92,29 +91,14 @@ def peer_key(c):
     return f"{c['kind']}/{c['dtype']}/B{c['B']}/H{c['H']}/Hkv{c['Hkv']}/Sq{c['Sq']}/Skv{c['Skv']}/D{c['D']}/{int(c['causal'])}"
 
 
-def machine(exe, grid, name, env):
-    """This machine's fp32 FMA peak, read bandwidth and STREAM triad (bench_attention --peak, with
-    one short row to run: Google Benchmark writes its context only when some row runs)."""
-    run = subprocess.run([exe, *grid, "--peak", "--benchmark_format=json", f"--benchmark_filter=^{re.escape(name)}$",
-                          "--benchmark_min_time=0.01s"], check=True, capture_output=True, text=True, env=env)
-    return json.loads(run.stdout)["context"]
-
-
 def qkv_row(exe, grid, name, reps, env):
     """One row of the grid timed by bench_attention: the median of `reps` repeats."""
-    run = subprocess.run([exe, *grid, "--benchmark_format=json", f"--benchmark_filter=^{re.escape(name)}$",
-                          f"--benchmark_repetitions={reps}", "--benchmark_report_aggregates_only=true",
-                          "--benchmark_min_time=0.2s"], check=True, capture_output=True, text=True, env=env)
-    want = "aggregate" if reps > 1 else "iteration"  # Google Benchmark aggregates only for reps > 1
-    for b in json.loads(run.stdout)["benchmarks"]:
-        if b.get("run_type") != want or (want == "aggregate" and b.get("aggregate_name") != "median"):
-            continue
-        c = parse(b["run_name"].replace("/real_time", ""))
-        c["time_s"] = b["real_time"] / 1e3  # unit: ms
-        c["label"] = b.get("label", "")
-        c["pct_probe"], c["probe_gbs"] = b.get("pct_probe"), b.get("probe_GBs")  # decode rows only
-        return c
-    raise RuntimeError(f"run_bench: bench_attention gave no median for {name}")
+    b = gbench_median(exe, grid, name, reps, env)
+    c = parse(b["run_name"].replace("/real_time", ""))
+    c["time_s"] = b["real_time"] / 1e3  # unit: ms
+    c["label"] = b.get("label", "")
+    c["pct_probe"], c["probe_gbs"] = b.get("pct_probe"), b.get("probe_GBs")  # decode rows only
+    return c
 
 
 def main():
@@ -137,7 +121,7 @@ def main():
         result = json.load(open(args.from_json))
         write_table(result)
         plot(result)
-        update_doc(summary_table(result))
+        update_doc("forward-table", "run_bench.py", summary_table(result))
         return
     exe = os.path.join(args.build, "bench", "bench_attention")
     started = time.time()
@@ -149,10 +133,7 @@ def main():
                            text=True).stdout.split()
     if args.quick:
         names = [n for n in names if re.search(r"/(S|Skv)(256|512|1024|2048)/", n)]
-    # Both sides run with OMP_WAIT_POLICY=PASSIVE: on a shared machine, threads spinning at
-    # OpenMP barriers cost small calls several times their work (measured: 41.9 ms active vs
-    # 10.9 ms passive for S = 256, D = 64 while others compiled).
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    env = peer_env()
     ctx = machine(exe, grid, names[0], env)
     torch_proc = subprocess.Popen([sys.executable, "-c", TORCH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True, env=env)
@@ -213,7 +194,7 @@ def main():
     write_atomic(os.path.join(OUT, "forward.json"), json.dumps(result, indent=1))
     table = write_table(result)
     plot(result)
-    update_doc(summary_table(result))
+    update_doc("forward-table", "run_bench.py", summary_table(result))
     print(table)
 
 
@@ -288,13 +269,8 @@ def summary_table(r):
     """BENCHMARKS.md's view of a run: one line per group of the grid (dtype, head dim, mask; decode by dtype and
     heads), each with its range of % of the measured limit and its speed ratios to the peers. Every row of the
     run is in bench/results/forward.md."""
-    def rng(xs, fmt):
-        lo, hi = min(xs), max(xs)
-        return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else fmt.format(lo) + "–" + fmt.format(hi)
-
     def ratios(rows, key):
-        x = [c[key] / c["time_s"] for c in rows if c.get(key)]
-        return f"{statistics.median(x):.2f}× ({min(x):.2f}–{max(x):.2f})" if x else "—"
+        return ratio_summary([c[key] / c["time_s"] for c in rows if c.get(key)])
 
     lines = [f"{r['date']}, PyTorch {r['torch']}, ggml-py {r.get('ggml') or '(not installed)'}; measured in the same run: "
              f"fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads ({r['peak_gflops_1t']:.0f} on 1), read probe "
@@ -318,7 +294,7 @@ def summary_table(r):
             continue
         limit = r["peak_gflops"] * (2 if rows[0]["dtype"] == "bf16" else 1)  # vdpbf16ps: 2× the FLOPs per instruction
         pct = [100 * c["flop"] / c["time_s"] / 1e9 / limit for c in rows]
-        lines.append(f"| {name} | {len(rows)} | {rng([c['Skv'] for c in rows], '{}')} | {rng(pct, '{:.0f}')} % of "
+        lines.append(f"| {name} | {len(rows)} | {span([c['Skv'] for c in rows], '{}')} | {span(pct, '{:.0f}')} % of "
                      f"{'bf16 dot-product (2× fp32)' if rows[0]['dtype'] == 'bf16' else 'fp32 FMA'} peak | "
                      f"{ratios(rows, 'torch_s')} | {ratios(rows, 'ggml_s')} |")
     dec = [c for c in r["cases"] if c["kind"] == "dec" and c["kernel"] == "qkv"]
@@ -327,21 +303,14 @@ def summary_table(r):
             rows = [c for c in dec if c["dtype"] == dtype and (c["Hkv"] != c["H"]) == gqa]
             if rows:
                 lines.append(f"| decode {dtype} {'GQA H=16/Hkv=4' if gqa else 'H=16'}, D=128, Sq=1 | {len(rows)} | "
-                             f"Skv {rng([c['Skv'] for c in rows], '{}')} | "
-                             f"{rng([c['pct_probe'] for c in rows if c['Skv'] >= 16384], '{:.0f}')} % of the read probe "
+                             f"Skv {span([c['Skv'] for c in rows], '{}')} | "
+                             f"{span([c['pct_probe'] for c in rows if c['Skv'] >= 16384], '{:.0f}')} % of the read probe "
                              f"(Skv ≥ 16384, K/V beyond the cache) | {ratios(rows, 'torch_s')} | {ratios(rows, 'ggml_s')} |")
     m = r.get("memory")
     if m:
         lines += ["", f"Memory: S = {m['S']}, B = H = 1, D = {m['D']}: {m['extra_peak_MB']:.1f} MB of peak RSS beyond "
                   f"the {m['inputs_MB']:.0f} MB of q, k, v and out."]
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path, text):
-    """Writes text to path through a temporary name, so that a failed run leaves the old file whole."""
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 def plot(r):
@@ -356,8 +325,7 @@ def plot(r):
         row[0].set_ylabel("GFLOP/s (4·B·H·S²·D, halved for causal)")
     panels[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(OUT, "forward_gflops.png.tmp"), dpi=110, format="png")
-    os.replace(os.path.join(OUT, "forward_gflops.png.tmp"), os.path.join(OUT, "forward_gflops.png"))
+    save_plot(fig, "forward_gflops.png")
 
 
 def plot_panel(ax, r, dtype, D):
@@ -381,21 +349,6 @@ def plot_panel(ax, r, dtype, D):
     ax.set_title(f"{dtype} forward, B=1, H=16, D={D}, 2 threads")
     ax.set_xlabel("sequence length S")
     ax.grid(alpha=0.3)
-
-
-def update_doc(table):
-    """Replaces the generated block of BENCHMARKS.md (between the two markers) with the new table."""
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    begin, end = "<!-- forward-table:begin (bench/run_bench.py) -->", "<!-- forward-table:end -->"
-    text = open(path).read() if os.path.exists(path) else ""
-    if begin not in text:
-        return
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(head + begin + "\n" + table + end + tail)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

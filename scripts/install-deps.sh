@@ -3,7 +3,8 @@
 # Idempotent: packages already present are skipped. Needs root (apt-get) and the package registries.
 set -euo pipefail
 
-apt_pkgs=(cmake ninja-build g++ clang libgtest-dev libgmock-dev libbenchmark-dev libomp-dev
+apt_pkgs=(cmake ninja-build g++ libgtest-dev libbenchmark-dev
+          clang libomp-dev  # the fuzz harnesses (clang's libFuzzer; its find_package(OpenMP) needs libomp)
           libdnnl-dev libcli11-dev nlohmann-json3-dev
           zlib1g-dev chromium pkg-config)  # qkv inspect: PNG deflate; the page's browser test; the C++ package test
 missing=()

@@ -54,6 +54,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _plan as P
 from . import functional as F
 
 __all__ = ["shard", "unshard", "ring_attention", "last_timings"]
@@ -394,7 +395,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     r, P = _check_group(_FN, group)
     desc = None
     try:
-        sc = F._scale(_FN, scale)
+        sc = P.check_scale(_FN, scale)
     except TypeError as e:
         sc, local = None, str(e)
     else:

@@ -6,14 +6,15 @@ on the CPU; ``attention`` and ``attention_backward`` expose the whole qkv API in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _arrays as A
+from . import _plan as P
 from . import _qkv
+from ._plan import dropout_mask
 
 # Anything the package accepts as an array: numpy.ndarray, torch.Tensor, or a DLPack producer.
 Array = Any
@@ -57,52 +58,6 @@ class AttentionGradsSinks(NamedTuple):
     kernel: KernelInfo
 
 
-def _window(fn: str, name: str, w: Optional[int]) -> int:
-    if w is None:
-        return -1
-    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-        raise ValueError(f"[{fn}] {name}: must be None (unbounded) or an int >= 0, got {w!r}")
-    return w
-
-
-def _scale(fn: str, scale: Optional[float]) -> Optional[float]:
-    if scale is None:
-        return None
-    try:
-        return float(scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"[{fn}] scale: must be None or a float, got {type(scale).__name__}") from None
-
-
-def _dropout_p(fn: str, p: Any) -> float:
-    if isinstance(p, bool):
-        raise TypeError(f"[{fn}] dropout_p: must be a float in [0, 1), got {p!r}")
-    try:
-        p = float(p)
-    except (TypeError, ValueError):
-        raise TypeError(f"[{fn}] dropout_p: must be a float in [0, 1), got {type(p).__name__}") from None
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"[{fn}] dropout_p: must be in [0, 1), got {p!r}")
-    return p
-
-
-def _u64(fn: str, name: str, x: Any) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= int(x) < 2**64:
-        raise ValueError(f"[{fn}] {name}: must be an int in [0, 2**64), got {x!r}")
-    return int(x)
-
-
-def _dropout(fn: str, dropout_p: Any, seed: Any, offset: Any) -> Tuple[float, int, int]:
-    """(p, seed, offset) for the native call; seed is required when p > 0 (the backward needs it)."""
-    p = _dropout_p(fn, dropout_p)
-    if p == 0.0:
-        return 0.0, 0, 0
-    if seed is None:
-        raise ValueError(f"[{fn}] seed: required with dropout_p = {p} (an int in [0, 2**64); attention_backward "
-                         f"regenerates the mask from the same seed and offset)")
-    return p, _u64(fn, "seed", seed), _u64(fn, "offset", offset)
-
-
 def _draw_seed(kind_is_torch: bool) -> int:
     """A dropout seed in [0, 2**63) from torch's default generator (torch inputs: torch.manual_seed
     makes the runs reproducible) or NumPy's global one (np.random.seed)."""
@@ -113,24 +68,6 @@ def _draw_seed(kind_is_torch: bool) -> int:
     return int(np.random.randint(0, 2**63 - 1, dtype=np.int64))
 
 
-def dropout_mask(shape: Sequence[int], dropout_p: float, seed: int, offset: int = 0) -> np.ndarray:
-    """The keep mask of attention dropout: bool [B, H, Sq, Skv], True where p_ij is kept.
-
-    It is the mask :func:`attention` (and every qkv entry point) applies with this ``dropout_p``,
-    ``seed`` and ``offset``: element (b, h, i, j) depends on (seed, offset, b, h, i, j) alone, so
-    the mask of a smaller call is a corner of a larger one; in packed (varlen) calls b is the
-    sequence index and i, j positions within the sequence. For checking qkv's dropout or
-    reproducing it in other code (e.g. ``torch.where(mask, p / (1 - dropout_p), 0) @ v``)."""
-    fn = "qkv.dropout_mask"
-    shape = tuple(int(d) for d in shape)
-    if len(shape) != 4 or min(shape) < 0:
-        raise ValueError(f"[{fn}] shape: expected [B, H, Sq, Skv] of sizes >= 0, got {list(shape)}")
-    p = _dropout_p(fn, dropout_p)
-    mask = np.empty(shape, dtype=np.bool_)
-    if mask.size:
-        _qkv.dropout_mask(mask, p, _u64(fn, "seed", seed), _u64(fn, "offset", offset))
-    return mask
-
 def alibi_slopes(H: int) -> np.ndarray:
     """The ALiBi paper's slopes for H heads, float64 [H], as BLOOM and MPT build them: 2^(-8 (h+1) / H)
     for H a power of two; otherwise those of the largest power of two n < H, then every other
@@ -138,62 +75,6 @@ def alibi_slopes(H: int) -> np.ndarray:
     if isinstance(H, bool) or not isinstance(H, int) or H < 1:
         raise ValueError(f"[qkv.alibi_slopes] H: must be an int >= 1, got {H!r}")
     return np.asarray(_qkv.alibi_standard_slopes(H), dtype=np.float64)
-
-
-class _Variants(NamedTuple):
-    """The score variants of one call, ready for the native layer (None: not used)."""
-
-    softcap: Optional[float]
-    alibi_slopes: Optional[Array]   # float [H]
-    sinks: Optional[Array]          # float [H]
-
-
-def _head_vector(fn: str, name: str, x: Any, H: int):
-    """A float [H] array (numpy or torch, or a sequence of numbers) for the native layer."""
-    if isinstance(x, (list, tuple)):
-        x = np.asarray(x, dtype=np.float64)
-    kind, a = A.kind_of(x, name, fn)
-    a = kind.prepare(a)
-    d = kind.dtype_name(a)
-    if d not in A.FLOAT_DTYPES:
-        raise TypeError(f"[{fn}] {name}: dtype must be float32, bfloat16 or float64, got {d}")
-    if tuple(A.shape_of(a)) != (H,):
-        raise ValueError(f"[{fn}] {name}: expected shape [H] = [{H}], got {list(A.shape_of(a))}")
-    return kind.native(a)
-
-
-def _variants(fn: str, H: int, softcap: Optional[float], alibi_slopes: Any, sinks: Any) -> _Variants:
-    """softcap: None or a float > 0; alibi_slopes: None, True (the standard slopes for H heads) or
-    a float [H] array; sinks: None or a float [H] array of sink logits."""
-    cap = None
-    if softcap is not None:
-        if isinstance(softcap, bool):
-            raise TypeError(f"[{fn}] softcap: must be None or a float > 0, got {softcap!r}")
-        try:
-            cap = float(softcap)
-        except (TypeError, ValueError):
-            raise TypeError(f"[{fn}] softcap: must be None or a float > 0, got {type(softcap).__name__}") from None
-        if not math.isfinite(cap) or cap <= 0:
-            raise ValueError(f"[{fn}] softcap: must be a finite float > 0, got {softcap!r}")
-    slopes = None
-    if alibi_slopes is True:
-        slopes = np.asarray(_qkv.alibi_standard_slopes(H), dtype=np.float64)
-    elif alibi_slopes is not None and alibi_slopes is not False:
-        slopes = _head_vector(fn, "alibi_slopes", alibi_slopes, H)
-    return _Variants(cap, slopes, None if sinks is None else _head_vector(fn, "sinks", sinks, H))
-
-
-
-def _mask(fn: str, kind, mask: Array, name: str):
-    mk, m = A.kind_of(mask, name, fn)
-    if mk is not kind:
-        raise TypeError(f"[{fn}] {name}: must be of the same kind as the inputs ({kind.name}), got {mk.name}")
-    m = mk.prepare(m)
-    d = mk.dtype_name(m)
-    if d != "bool" and d not in A.FLOAT_DTYPES:
-        raise TypeError(f"[{fn}] {name}: dtype must be bool (True = may attend) or float32/bfloat16/float64 "
-                        f"(added to the scores), got {d} (shape {list(A.shape_of(m))})")
-    return m
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,54 +100,21 @@ class _SdpaPlan(NamedTuple):
 def _plan_sdpa(fn: str, query, key, value, attn_mask, is_causal, scale, enable_gqa) -> _SdpaPlan:
     kind, (q, k, v) = A.common_kind(fn, [("query", query), ("key", key), ("value", value)])
     A.check_float(fn, [("query", q), ("key", k), ("value", v)], kind)
-    qs, ks, vs = A.shape_of(q), A.shape_of(k), A.shape_of(v)
-    shapes = f"query {list(qs)}, key {list(ks)}, value {list(vs)}"
-    if min(len(qs), len(ks), len(vs)) < 2:
-        raise ValueError(f"[{fn}] query, key and value must have rank >= 2 (..., L, E), got {shapes}")
-    L, E = qs[-2:]
-    S, Ev = ks[-2], vs[-1]
-    if ks[-1] != E:
-        raise ValueError(f"[{fn}] key: last dimension must equal query's E = {E}, got {shapes}")
-    if vs[-2] != S:
-        raise ValueError(f"[{fn}] value: dimension -2 must equal key's S = {S}, got {shapes}")
-    if attn_mask is not None and is_causal:
-        raise ValueError(f"[{fn}] attn_mask and is_causal=True together are ambiguous (as in torch); "
-                         f"fold the causal rule into the mask")
-
-    if enable_gqa:
-        if min(len(qs), len(ks), len(vs)) < 3:
-            raise ValueError(f"[{fn}] enable_gqa needs a head dimension (-3) on query, key and value, got {shapes}")
-        H, Hk, Hv = qs[-3], ks[-3], vs[-3]
-        if Hk == 0 or Hv == 0 or H % Hk or H % Hv:
-            raise ValueError(f"[{fn}] enable_gqa: query heads ({H}) must be a multiple of key heads ({Hk}) "
-                             f"and value heads ({Hv}), got {shapes}")
-        lead = A.broadcast_shapes(fn, [("query", qs[:-3]), ("key", ks[:-3]), ("value", vs[:-3])])
-        if Hk != Hv:
-            # qkv pairs key head j with value head j; with different head counts, give both H heads
-            # the way torch does (repeat_interleave along dim -3).
-            k = _repeat_heads(kind, k, H // Hk)
-            v = _repeat_heads(kind, v, H // Hv)
-            Hk = Hv = H
-        out_batch = lead + (H,)
-    else:
-        out_batch = A.broadcast_shapes(fn, [("query", qs[:-2]), ("key", ks[:-2]), ("value", vs[:-2])])
-        lead, H = (out_batch[:-1], out_batch[-1]) if out_batch else ((), 1)
-        Hk = H
-    q_full, k_full, v_full = lead + (H, L, E), lead + (Hk, S, E), lead + (Hk, S, Ev)
-    q4 = A.to_rank4(kind, q, lead, (H, L, E))
-    k4 = A.to_rank4(kind, k, lead, (Hk, S, E))
-    v4 = A.to_rank4(kind, v, lead, (Hk, S, Ev))
+    sh = P.sdpa_shapes(fn, A.shape_of(q), A.shape_of(k), A.shape_of(v), attn_mask is not None, is_causal, enable_gqa)
+    k, v = _repeat_heads(kind, k, sh.repeat_k), _repeat_heads(kind, v, sh.repeat_v)
+    lead, H, Hk, L, S = sh.lead, sh.H, sh.Hkv, sh.L, sh.S
+    q_full, k_full, v_full = lead + (H, L, sh.E), lead + (Hk, S, sh.E), lead + (Hk, S, sh.Ev)
+    q4 = A.to_rank4(kind, q, lead, (H, L, sh.E))
+    k4 = A.to_rank4(kind, k, lead, (Hk, S, sh.E))
+    v4 = A.to_rank4(kind, v, lead, (Hk, S, sh.Ev))
 
     mask4 = None
     if attn_mask is not None:
-        m = _mask(fn, kind, attn_mask, "attn_mask")
-        ms, target = A.shape_of(m), out_batch + (L, S)
-        if not A.broadcasts_to(ms, target):
-            raise ValueError(f"[{fn}] attn_mask: shape {list(ms)} does not broadcast to the scores' shape "
-                             f"{list(target)} ({shapes})")
+        m = P.check_mask(fn, kind, attn_mask, "attn_mask")
+        P.check_mask_shape(fn, A.shape_of(m), sh)
         mask4 = A.to_rank4(kind, m, lead, (H, L, S))
-    return _SdpaPlan(kind, q4, k4, v4, mask4, out_batch + (L, Ev), k_full, v_full, q_full,
-                     bool(is_causal), _scale(fn, scale))
+    return _SdpaPlan(kind, q4, k4, v4, mask4, sh.out_batch + (L, sh.Ev), k_full, v_full, q_full,
+                     bool(is_causal), P.check_scale(fn, scale))
 
 
 def _repeat_heads(kind, x, r: int):
@@ -280,18 +128,6 @@ def _repeat_heads(kind, x, r: int):
     return kind.strided(rep, s[:-3] + (s[-3] * r,) + s[-2:], A.contiguous_strides(s[:-3] + (s[-3] * r,) + s[-2:]))
 
 
-
-
-def _reserve(fn: str, what: str, like: Any, *arrays: Tuple[Sequence[int], Optional[str]]) -> None:
-    """Raises MemoryError (naming fn, what, the bytes asked and available) unless result arrays of
-    these (shape, dtype) fit in the memory available now (dtype None: like's). Without it NumPy
-    and torch grant any size on Linux, and the process is killed when the kernel writes it."""
-    total = 0
-    for shape, dtype in arrays:
-        size = np.dtype(dtype).itemsize if dtype is not None else (
-            like.element_size() if hasattr(like, "element_size") else like.dtype.itemsize)
-        total += math.prod(int(d) for d in shape) * size
-    _qkv.check_memory(fn, what, min(total, 2**64 - 1))
 
 
 def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None,
@@ -346,10 +182,10 @@ def scaled_dot_product_attention(query: Array, key: Array, value: Array, attn_ma
         w = [A.float16_to(x, "float32") if A.is_float16(x) else x for x in (query, key, value, attn_mask)]
         return A.float16_to(scaled_dot_product_attention(*w[:3], w[3], dropout_p, is_causal, scale, enable_gqa),
                             "float16")
-    drop = _dropout_p(fn, dropout_p)
+    drop = P.check_dropout_p(fn, dropout_p)
     p = _plan_sdpa(fn, query, key, value, attn_mask, is_causal, scale, enable_gqa)
     seed = _draw_seed(p.kind.name == "torch") if drop > 0.0 else 0
-    _reserve(fn, "output", p.q4, (p.out_shape, None))
+    P.reserve(fn, "output", p.q4, (p.out_shape, None))
     out = p.kind.empty(p.out_shape, p.q4)
     B, H, L, Ev = p.q4.shape[0], p.q4.shape[1], p.q4.shape[2], p.v4.shape[3]
     out4 = out.reshape(B, H, L, Ev)  # a view: out is freshly allocated, contiguous
@@ -428,8 +264,8 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     dtype = A.check_float(fn, [("q", q_), ("k", k_), ("v", v_)], kind)
     qs, vs = A.shape_of(q_), A.shape_of(v_)
     aux = "float64" if dtype == "float64" else "float32"
-    wl, wr = _window(fn, "window_left", window_left), _window(fn, "window_right", window_right)
-    drop = _dropout(fn, dropout_p, seed, offset)
+    wl, wr = P.check_window(fn, "window_left", window_left), P.check_window(fn, "window_right", window_right)
+    drop = P.dropout_args(fn, dropout_p, seed, offset)
     n = kind.native
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError(f"[{fn}] cu_seqlens_q and cu_seqlens_k: give both or neither")
@@ -440,27 +276,27 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         if mask is not None or key_lengths is not None or return_pattern:
             raise ValueError(f"[{fn}] mask, key_lengths and return_pattern are not available with packed "
                              f"sequences (cu_seqlens_q / cu_seqlens_k)")
-        _reserve(fn, "out and lse", q_, ((qs[0], qs[1], vs[2]), None), ((qs[1], qs[0]) if return_lse else (0,), aux))
+        P.reserve(fn, "out and lse", q_, ((qs[0], qs[1], vs[2]), None), ((qs[1], qs[0]) if return_lse else (0,), aux))
         out = kind.empty((qs[0], qs[1], vs[2]), q_)
         lse = kind.empty((qs[1], qs[0]), q_, aux) if return_lse else None
-        var = _variants(fn, qs[1], softcap, alibi_slopes, sinks)
+        var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks)
         info = _qkv.attention_varlen(
             n(q_), n(k_), n(v_), n(out), A.index_array(fn, "cu_seqlens_q", cu_seqlens_q),
-            A.index_array(fn, "cu_seqlens_k", cu_seqlens_k), lse, _scale(fn, scale), bool(causal), align,
+            A.index_array(fn, "cu_seqlens_k", cu_seqlens_k), lse, P.check_scale(fn, scale), bool(causal), align,
             wl, wr, int(num_threads), kernel, *drop, *var)
         return AttentionResult(out, lse, None, KernelInfo(*info))
     if len(qs) != 4 or len(vs) != 4 or len(A.shape_of(k_)) != 4:
         raise ValueError(f"[{fn}] q, k, v must have rank 4 [B, H, S, D] (rank 3 with cu_seqlens), got "
                          f"q {list(qs)}, k {list(A.shape_of(k_))}, v {list(vs)}")
-    _reserve(fn, "out, lse and pattern" if return_pattern else "out and lse", q_, ((qs[0], qs[1], qs[2], vs[3]), None),
+    P.reserve(fn, "out, lse and pattern" if return_pattern else "out and lse", q_, ((qs[0], qs[1], qs[2], vs[3]), None),
              (qs[:3] if return_lse else (0,), aux), (qs[:3] + (A.shape_of(k_)[2],) if return_pattern else (0,), aux))
     out = kind.empty((qs[0], qs[1], qs[2], vs[3]), q_)
     lse = kind.empty(qs[:3], q_, aux) if return_lse else None
     pattern = kind.empty(qs[:3] + (A.shape_of(k_)[2],), q_, aux) if return_pattern else None
-    m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
+    m = None if mask is None else n(P.check_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
-    var = _variants(fn, qs[1], softcap, alibi_slopes, sinks)
-    info = _qkv.attention(n(q_), n(k_), n(v_), n(out), m, kl, lse, pattern, _scale(fn, scale), bool(causal),
+    var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks)
+    info = _qkv.attention(n(q_), n(k_), n(v_), n(out), m, kl, lse, pattern, P.check_scale(fn, scale), bool(causal),
                           align, wl, wr, int(num_threads), kernel, *drop, *var)
     return AttentionResult(out, lse, pattern, KernelInfo(*info))
 
@@ -486,17 +322,17 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
     float64.
     """
     fn = "qkv.attention_backward"
-    drop = _dropout(fn, dropout_p, seed, offset)
+    drop = P.dropout_args(fn, dropout_p, seed, offset)
     kind, arrs = A.common_kind(fn, [("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)])
     q_, k_, v_, o_, g_, l_ = arrs
     A.check_float(fn, [("q", q_), ("k", k_), ("v", v_), ("out", o_), ("dout", g_)], kind)
-    _reserve(fn, "dq, dk and dv", q_, (A.shape_of(q_), None), (A.shape_of(k_), None), (A.shape_of(v_), None))
+    P.reserve(fn, "dq, dk and dv", q_, (A.shape_of(q_), None), (A.shape_of(k_), None), (A.shape_of(v_), None))
     dq, dk, dv = kind.empty(A.shape_of(q_), q_), kind.empty(A.shape_of(k_), k_), kind.empty(A.shape_of(v_), v_)
     n = kind.native
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError(f"[{fn}] cu_seqlens_q and cu_seqlens_k: give both or neither")
     H = A.shape_of(q_)[-2 if cu_seqlens_q is not None else 1]
-    var = _variants(fn, H, softcap, alibi_slopes, sinks)
+    var = P.variants(fn, H, softcap, alibi_slopes, sinks)
     dsinks = np.empty((H,), dtype=np.float64) if sinks is not None else None
 
     def result(info):
@@ -513,13 +349,13 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
         info = _qkv.attention_varlen_backward(
             n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv),
             A.index_array(fn, "cu_seqlens_q", cu_seqlens_q), A.index_array(fn, "cu_seqlens_k", cu_seqlens_k),
-            _scale(fn, scale), bool(causal), align, _window(fn, "window_left", window_left),
-            _window(fn, "window_right", window_right), int(num_threads), kernel, *drop, *var, dsinks)
+            P.check_scale(fn, scale), bool(causal), align, P.check_window(fn, "window_left", window_left),
+            P.check_window(fn, "window_right", window_right), int(num_threads), kernel, *drop, *var, dsinks)
         return result(info)
-    m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
+    m = None if mask is None else n(P.check_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
     info = _qkv.attention_backward(
-        n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv), m, kl, _scale(fn, scale), bool(causal),
-        align, _window(fn, "window_left", window_left), _window(fn, "window_right", window_right),
+        n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv), m, kl, P.check_scale(fn, scale), bool(causal),
+        align, P.check_window(fn, "window_left", window_left), P.check_window(fn, "window_right", window_right),
         int(num_threads), kernel, *drop, *var, dsinks)
     return result(info)

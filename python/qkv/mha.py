@@ -18,9 +18,9 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional
 import numpy as np
 
 from . import _arrays as A
+from . import _plan as P
 from . import _qkv
 from . import safetensors as st
-from .functional import _mask, _reserve, _scale, _window
 
 Array = Any
 _FORMAT = "qkv.MultiHeadAttention"
@@ -164,17 +164,17 @@ class MultiHeadAttention:
         B, S, H = xs[0], xs[1], self.config["n_heads"]
         Skv = A.shape_of(src)[1] if src is not None and len(A.shape_of(src)) == 3 else S
         C = self.config["d_model"]
-        _reserve(fn, "results", arrays[0], ((B, S, C), None), ((B, H, S, C) if return_head_delta else (0,), None),
+        P.reserve(fn, "results", arrays[0], ((B, S, C), None), ((B, H, S, C) if return_head_delta else (0,), None),
                  ((B, H, S, Skv) if return_pattern else (0,), None))
         delta = kind.empty((B, S, self.config["d_model"]), arrays[0])
         head_delta = kind.empty((B, H, S, self.config["d_model"]), arrays[0]) if return_head_delta else None
         pattern = kind.empty((B, H, S, Skv), arrays[0]) if return_pattern else None
         n = kind.native
-        m = None if mask is None else n(_mask(fn, kind, mask, "mask"))
+        m = None if mask is None else n(P.check_mask(fn, kind, mask, "mask"))
         kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
         self._native.forward(n(arrays[0]), None if src is None else n(src), delta, head_delta, pattern, m, kl,
-                             _scale(fn, scale), bool(causal), align, _window(fn, "window_left", window_left),
-                             _window(fn, "window_right", window_right), int(num_threads), kernel)
+                             P.check_scale(fn, scale), bool(causal), align, P.check_window(fn, "window_left", window_left),
+                             P.check_window(fn, "window_right", window_right), int(num_threads), kernel)
         if unbatched:
             delta, head_delta, pattern = (None if t is None else t[0] for t in (delta, head_delta, pattern))
         return MhaResult(delta, head_delta, pattern)

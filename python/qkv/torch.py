@@ -40,11 +40,13 @@ result is rounded to float16 once; gradients come back in float16 the same way.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from . import _arrays as A
+from . import _plan as P
 from . import _qkv
 
 _FN = "qkv.torch.scaled_dot_product_attention"
@@ -166,9 +168,8 @@ def _allowed(L: int, S: int, key_lengths: Optional[Tensor], causal: bool, align:
 @torch.library.custom_op("qkv::dropout_keep", mutates_args=())
 def _dropout_keep_op(like: Tensor, dropout_p: float, seed: Tensor) -> Tensor:
     """qkv.dropout_mask as an op (traceable by torch.compile): bool, shaped like `like` [B, H, L, S]."""
-    from .functional import dropout_mask
 
-    return torch.from_numpy(dropout_mask(tuple(like.shape), dropout_p, int(seed)))
+    return torch.from_numpy(P.dropout_mask(tuple(like.shape), dropout_p, int(seed)))
 
 
 @_dropout_keep_op.register_fake
@@ -251,8 +252,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
     generator when None); the backward reuses it.
     """
     fn = "qkv.torch.attention"
-    from .functional import _dropout_p
-    dropout_p = _dropout_p(fn, dropout_p)
+    dropout_p = P.check_dropout_p(fn, dropout_p)
     seed_t = _seed_tensor(fn, dropout_p, generator, seed)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
@@ -263,13 +263,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
         q, k, v = q.float(), k.float(), v.float()
         if mask is not None and mask.dtype == torch.float16:
             mask = mask.float()
-    from .functional import _scale, _variants, _window
-    var = _variants(fn, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach())
+    var = P.variants(fn, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach())
     slopes = None if var.alibi_slopes is None else torch.as_tensor(var.alibi_slopes)
     if sinks is not None and sinks.dtype not in (torch.float32, torch.float64):
         sinks = sinks.float()   # differentiable; its gradient comes back in the caller's dtype
-    out, lse = _attention_op(q, k, v, mask, key_lengths, _scale(fn, scale), bool(causal), align,
-                             _window(fn, "window_left", window_left), _window(fn, "window_right", window_right),
+    out, lse = _attention_op(q, k, v, mask, key_lengths, P.check_scale(fn, scale), bool(causal), align,
+                             P.check_window(fn, "window_left", window_left), P.check_window(fn, "window_right", window_right),
                              dropout_p, seed_t, var.softcap, slopes, sinks)
     return (out.half() if half else out), lse.detach()
 
@@ -277,14 +276,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
 # ---------------------------------------------------------------------------------------------
 # torch.nn.functional.scaled_dot_product_attention's signature on the op
 # ---------------------------------------------------------------------------------------------
-
-def _broadcast(named: Sequence[Tuple[str, Tuple[int, ...]]]) -> Tuple[int, ...]:
-    try:
-        return tuple(torch.broadcast_shapes(*(s for _, s in named)))
-    except RuntimeError:
-        desc = ", ".join(f"{n} {list(s)}" for n, s in named)
-        raise ValueError(f"[{_FN}] batch dimensions do not broadcast: {desc}") from None
-
 
 def _rank4(x: Tensor, lead: Tuple[int, ...], tail: Tuple[int, ...]) -> Tensor:
     """x broadcast to lead + tail and viewed as [prod(lead), *tail] (differentiable; copies only if it must)."""
@@ -306,8 +297,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     ``dropout_p > 0`` applies dropout (as torch does, whatever the mode: pass 0 in eval) with a
     seed drawn from torch's default generator (``torch.manual_seed`` reproduces it).
     """
-    from .functional import _dropout_p
-    dropout_p = _dropout_p(_FN, dropout_p)
+    dropout_p = P.check_dropout_p(_FN, dropout_p)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"[{_FN}] {name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -318,36 +308,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if dts[0] not in (torch.float32, torch.bfloat16, torch.float64, torch.float16) or len(set(dts)) != 1:
         raise TypeError(f"[{_FN}] query, key, value: dtypes must be one of float32, bfloat16, float64, float16 "
                         f"and match, got {[str(d).replace('torch.', '') for d in dts]}")
-    qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
-    shapes = f"query {list(qs)}, key {list(ks)}, value {list(vs)}"
-    if min(len(qs), len(ks), len(vs)) < 2:
-        raise ValueError(f"[{_FN}] query, key and value must have rank >= 2 (..., L, E), got {shapes}")
-    L, E = qs[-2:]
-    S, Ev = ks[-2], vs[-1]
-    if ks[-1] != E:
-        raise ValueError(f"[{_FN}] key: last dimension must equal query's E = {E}, got {shapes}")
-    if vs[-2] != S:
-        raise ValueError(f"[{_FN}] value: dimension -2 must equal key's S = {S}, got {shapes}")
-    if attn_mask is not None and is_causal:
-        raise ValueError(f"[{_FN}] attn_mask and is_causal=True together are ambiguous (as in torch); "
-                         f"fold the causal rule into the mask")
-    if enable_gqa:
-        if min(len(qs), len(ks), len(vs)) < 3:
-            raise ValueError(f"[{_FN}] enable_gqa needs a head dimension (-3) on query, key and value, got {shapes}")
-        H, Hk, Hv = qs[-3], ks[-3], vs[-3]
-        if Hk == 0 or Hv == 0 or H % Hk or H % Hv:
-            raise ValueError(f"[{_FN}] enable_gqa: query heads ({H}) must be a multiple of key heads ({Hk}) "
-                             f"and value heads ({Hv}), got {shapes}")
-        lead = _broadcast([("query", qs[:-3]), ("key", ks[:-3]), ("value", vs[:-3])])
-        if Hk != Hv:
-            # qkv pairs key head j with value head j: give both H heads as torch does (repeat_interleave).
-            key, value = key.repeat_interleave(H // Hk, -3), value.repeat_interleave(H // Hv, -3)
-            Hk = H
-        out_batch = lead + (H,)
-    else:
-        out_batch = _broadcast([("query", qs[:-2]), ("key", ks[:-2]), ("value", vs[:-2])])
-        lead, H = (out_batch[:-1], out_batch[-1]) if out_batch else ((), 1)
-        Hk = H
+    sh = P.sdpa_shapes(_FN, query.shape, key.shape, value.shape, attn_mask is not None, is_causal, enable_gqa)
+    if sh.repeat_k > 1 or sh.repeat_v > 1:
+        key, value = key.repeat_interleave(sh.repeat_k, -3), value.repeat_interleave(sh.repeat_v, -3)
+    lead, H, Hk, L, S, E, Ev = sh.lead, sh.H, sh.Hkv, sh.L, sh.S, sh.E, sh.Ev
     mask4 = None
     if attn_mask is not None:
         if not isinstance(attn_mask, Tensor):
@@ -356,10 +320,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         if md != torch.bool and md not in (torch.float32, torch.bfloat16, torch.float64, torch.float16):
             raise TypeError(f"[{_FN}] attn_mask: dtype must be bool (True = may attend) or float (added to the "
                             f"scores), got {str(md).replace('torch.', '')} (shape {list(attn_mask.shape)})")
-        ms, target = tuple(attn_mask.shape), out_batch + (L, S)
-        if len(ms) > len(target) or any(n not in (1, t) for n, t in zip(reversed(ms), reversed(target))):
-            raise ValueError(f"[{_FN}] attn_mask: shape {list(ms)} does not broadcast to the scores' shape "
-                             f"{list(target)} ({shapes})")
+        P.check_mask_shape(_FN, attn_mask.shape, sh)
         if md.is_floating_point and md != query.dtype:
             attn_mask = attn_mask.to(query.dtype)   # differentiable: the mask's gradient comes back in its dtype
         mask4 = _rank4(attn_mask, lead, (H, L, S))
@@ -367,7 +328,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     k4 = _rank4(key, lead, (Hk, S, E))
     v4 = _rank4(value, lead, (Hk, S, Ev))
     out4, _ = attention(q4, k4, v4, mask=mask4, scale=scale, causal=bool(is_causal), dropout_p=dropout_p)
-    return out4.reshape(out_batch + (L, Ev))
+    return out4.reshape(sh.out_batch + (L, Ev))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,8 +410,6 @@ def _offsets(fn: str, name: str, cu) -> Tensor:
     if isinstance(cu, Tensor):
         t = cu
     else:
-        from . import _arrays as A
-
         t = torch.as_tensor(A.index_array(fn, name, cu))
     if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
         raise TypeError(f"[{fn}] {name}: expected an int32 or int64 array [B + 1], got {t.dtype} "
@@ -474,8 +433,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
     (out, lse [H, Tq]) with lse not differentiable. float16 is computed in float32, rounded once.
     Dropout as :func:`attention` (the mask of sequence b is ``qkv.dropout_mask`` at batch index b).
     """
-    from .functional import _dropout_p, _scale, _variants, _window
-    dropout_p = _dropout_p(_FN_VARLEN, dropout_p)
+    dropout_p = P.check_dropout_p(_FN_VARLEN, dropout_p)
     seed_t = _seed_tensor(_FN_VARLEN, dropout_p, generator, seed)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
@@ -483,14 +441,14 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
     half = q.dtype == torch.float16
     if half:
         q, k, v = q.float(), k.float(), v.float()
-    var = _variants(_FN_VARLEN, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach())
+    var = P.variants(_FN_VARLEN, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach())
     slopes = None if var.alibi_slopes is None else torch.as_tensor(var.alibi_slopes)
     if sinks is not None and sinks.dtype not in (torch.float32, torch.float64):
         sinks = sinks.float()
     out, lse = _attention_varlen_op(q, k, v, _offsets(_FN_VARLEN, "cu_seqlens_q", cu_seqlens_q),
-                                    _offsets(_FN_VARLEN, "cu_seqlens_k", cu_seqlens_k), _scale(_FN_VARLEN, scale),
-                                    bool(causal), align, _window(_FN_VARLEN, "window_left", window_left),
-                                    _window(_FN_VARLEN, "window_right", window_right), dropout_p, seed_t,
+                                    _offsets(_FN_VARLEN, "cu_seqlens_k", cu_seqlens_k), P.check_scale(_FN_VARLEN, scale),
+                                    bool(causal), align, P.check_window(_FN_VARLEN, "window_left", window_left),
+                                    P.check_window(_FN_VARLEN, "window_right", window_right), dropout_p, seed_t,
                                     var.softcap, slopes, sinks)
     lse = lse.detach()
     if half:

@@ -134,3 +134,36 @@ def test_errors_leave_no_partial_state():
         qkv.set_num_threads(-3)
     assert qkv.num_threads() == before
     assert np.all(np.isfinite(qkv.scaled_dot_product_attention(Q + 1, K + 1, V + 1)))
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 4, 8), (2, 3, 5, 7), (2, 3, 5, 6)),      # key's E differs
+                                    ((2, 4, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6)),      # heads do not broadcast
+                                    ((8,), (5, 8), (5, 6))])                         # query of rank 1
+def test_numpy_and_torch_entry_points_share_the_shape_rules(shapes):
+    """qkv.scaled_dot_product_attention (NumPy) and qkv.torch's (autograd) check an SDPA call's shapes
+    in one place (qkv/_plan.py): the same message, only the function's name differs."""
+    import qkv.torch
+
+    msgs = []
+    for fn, make in ((qkv.scaled_dot_product_attention, f32), (qkv.torch.scaled_dot_product_attention, torch.zeros)):
+        with pytest.raises(ValueError) as e:
+            fn(*(make(*s) for s in shapes))
+        msgs.append(str(e.value))
+    assert msgs[0].startswith("[qkv.scaled_dot_product_attention] ")
+    assert msgs[0].replace("[qkv.scaled_dot_product_attention]", "[qkv.torch.scaled_dot_product_attention]") == msgs[1]
+
+
+def test_functional_and_torch_do_not_import_each_other_at_import_time():
+    """qkv/torch.py takes its checks from qkv/_plan.py, never from qkv/functional.py (the two imported
+    each other's private helpers inside functions before); functional reaches qkv.torch only to route a
+    call that records gradients."""
+    import ast
+    import pathlib
+
+    pkg = pathlib.Path(qkv.__file__).parent
+    def imported(name):
+        tree = ast.parse((pkg / name).read_text())
+        return {(n.module or "") + ":" + a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                for a in n.names}
+    assert not [i for i in imported("torch.py") if "functional" in i]
+    assert not [i for i in imported("_plan.py") if "functional" in i or i.endswith(":torch")]

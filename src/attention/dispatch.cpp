@@ -39,6 +39,19 @@ Isa flash_isa(bool bf16) {
   return active >= Isa::avx512 ? Isa::avx512 : active;
 }
 
+// The ISA the flash backward runs on: it has scalar, AVX2 and AVX-512 task code (bf16 is converted to
+// f32 tiles, so AVX-512 BF16 runs the AVX-512 code), and its name "flash_backward_<isa>_<dtype>".
+Isa flash_backward_isa() {
+  const Isa active = active_isa();
+  return active >= Isa::avx512 ? Isa::avx512 : active;
+}
+const char* flash_backward_name(Isa isa, bool bf16) {
+  static const char* const names[3][2] = {{"flash_backward_scalar_f32", "flash_backward_scalar_bf16"},
+                                          {"flash_backward_avx2_f32", "flash_backward_avx2_bf16"},
+                                          {"flash_backward_avx512_f32", "flash_backward_avx512_bf16"}};
+  return names[isa == Isa::avx512 ? 2 : isa == Isa::avx2 ? 1 : 0][bf16 ? 1 : 0];
+}
+
 void run_flash_forward(Isa isa, const kernels::cpu::FlashArgs* list, std::int64_t n) {
   namespace c = kernels::cpu;
   if (isa == Isa::avx512_bf16) c::flash_forward_avx512_bf16(list, n);
@@ -119,7 +132,11 @@ KernelInfo run_backward(const char* fn, const kernels::AttnBwdParams& p, Kernel 
     fail(fn, std::string("opt.kernel: ") + kernel_name(requested) + " has no backward; use automatic, flash or reference");
   if (requested != Kernel::reference) {
     const char* why = nullptr;
-    if (kernels::attention_backward_flash_supports(p, &why)) return kernels::attention_backward_flash(p, active_isa());
+    if (kernels::attention_backward_flash_supports(p, &why)) {
+      const Isa isa = flash_backward_isa();
+      kernels::attention_backward_flash(p, isa);
+      return {Kernel::flash, isa, flash_backward_name(isa, p.fwd.q.dtype == DType::bf16)};
+    }
     if (requested == Kernel::flash) fail(fn, std::string("opt.kernel: flash cannot run this call: ") + why);
   }
   kernels::attention_backward_reference(p);
@@ -127,3 +144,17 @@ KernelInfo run_backward(const char* fn, const kernels::AttnBwdParams& p, Kernel 
 }
 
 }  // namespace qkv::detail
+
+namespace qkv {
+
+const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::automatic: return "automatic";
+    case Kernel::reference: return "reference";
+    case Kernel::flash: return "flash";
+    case Kernel::flash_decode: return "flash_decode";
+  }
+  return "?";
+}
+
+}  // namespace qkv

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/params.hpp"
+#include "qkv/attention.hpp"
 
 namespace qkv::detail {
 

@@ -12,12 +12,11 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iostream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/io.hpp"
 #include "qkv/encoder.hpp"
 
 namespace qkv::cli {
@@ -31,27 +30,6 @@ struct EmbedArgs {
   int threads = 0;
   std::string dtype = "f32";
 };
-
-// The lines of `path` ("-": stdin); a final line without '\n' counts, a '\r' before '\n' is dropped.
-std::vector<std::string> read_lines(const std::string& path) {
-  std::string text;
-  if (path == "-") {
-    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  } else {
-    check_input(kFn, "--input", path);
-    text = detail::read_input_file(path, kFn, "--input");
-  }
-  std::vector<std::string> lines;
-  for (std::size_t at = 0; at < text.size();) {
-    std::size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(at, end - at);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
-    at = end + 1;
-  }
-  return lines;
-}
 
 // e [N, C] to `path` (.npy: NumPy format 1.0, little-endian float32, C order; .jsonl: one array per
 // line, each value with 9 significant digits, which round-trips a float32), written to a
@@ -106,7 +84,7 @@ void run(const EmbedArgs& a) {
   o.dtype = a.dtype == "bf16" ? DType::bf16 : DType::f32;
   o.num_threads = a.threads;
   Encoder enc = Encoder::load(a.model, o);
-  const std::vector<std::string> lines = read_lines(a.input);
+  const std::vector<std::string> lines = read_lines(kFn, "--input", a.input);
   // Each line is tokenized once here to name a bad line by its number (embed tokenizes again: a
   // few milliseconds for thousands of lines).
   for (std::size_t i = 0; i < lines.size(); ++i) {

@@ -20,7 +20,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -83,13 +82,7 @@ void run(GenerateArgs a) {
                                   : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   if (opt.sampling.seed == 0) fail(kFn, "--seed: must be non-zero");
   if (!a.batch_file.empty()) {
-    check_input(kFn, "--batch-file", a.batch_file);
-    std::ifstream in(a.batch_file, std::ios::binary);
-    std::vector<std::string> prompts;
-    for (std::string line; std::getline(in, line);) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      prompts.push_back(line);
-    }
+    const std::vector<std::string> prompts = read_lines(kFn, "--batch-file", a.batch_file);
     if (prompts.empty()) fail(kFn, "--batch-file " + a.batch_file + ": no prompts (one a line)");
     GenerateStats st;
     const std::vector<std::string> texts = generate_batch(model, tok, prompts, opt, &st);
@@ -178,8 +171,8 @@ void add_generate(CLI::App& app) {
   auto* prompt = sub->add_option("--prompt,-i", a->prompt,
                                  "the text to continue; - reads it from stdin (default: empty, the story starts from BOS)");
   auto* batch = sub->add_option("--batch-file", a->batch_file,
-                                 "one prompt a line, generated together (each step reads the weights once for all); "
-                                 "prints one output a line, in order");
+                                 "one prompt a line ('-': stdin), generated together (each step reads the weights once "
+                                 "for all); prints one output a line, in order");
   sub->add_option("--steps,-n", a->steps, "positions in all, counting BOS and the prompt (0: the whole context)")
       ->capture_default_str()
       ->check(at_least(0));

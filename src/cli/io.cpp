@@ -8,6 +8,7 @@
 #include <iterator>
 #include <system_error>
 
+#include "cli/commands.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::cli {
@@ -34,18 +35,25 @@ std::size_t utf8_length(const std::string& s, std::size_t i) {
 
 }  // namespace
 
-void read_if_stdin(const char* command, const std::string& flag, std::string& value) {
-  if (value != "-") return;
-  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  if (std::cin.bad()) fail(command, flag + " -: reading stdin failed");
+std::string read_text_input(const char* command, const std::string& flag, const std::string& path) {
+  std::string text, source;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    if (std::cin.bad()) fail(command, flag + " -: reading stdin failed");
+    source = flag + " -: stdin";
+  } else {
+    check_input(command, flag, path);
+    text = detail::read_input_file(path, command, flag);
+    source = flag + " '" + path + "'";
+  }
   std::size_t line = 1, column = 1;
   for (std::size_t i = 0; i < text.size();) {
     const std::size_t n = utf8_length(text, i);
     if (n == 0) {
       char byte[8];
       std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[i]));
-      fail(command, flag + " -: stdin is not UTF-8: line " + std::to_string(line) + ", character " +
-                        std::to_string(column) + " starts with the byte " + byte);
+      fail(command, source + " is not UTF-8: line " + std::to_string(line) + ", character " + std::to_string(column) +
+                        " starts with the byte " + byte);
     }
     if (text[i] == '\n') {
       ++line;
@@ -55,6 +63,26 @@ void read_if_stdin(const char* command, const std::string& flag, std::string& va
     }
     i += n;
   }
+  return text;
+}
+
+std::vector<std::string> read_lines(const char* command, const std::string& flag, const std::string& path) {
+  const std::string text = read_text_input(command, flag, path);
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    if (line.ends_with('\r')) line.pop_back();
+    lines.push_back(std::move(line));
+    at = end + 1;
+  }
+  return lines;
+}
+
+void read_if_stdin(const char* command, const std::string& flag, std::string& value) {
+  if (value != "-") return;
+  std::string text = read_text_input(command, flag, "-");
   if (text.ends_with("\r\n")) {
     text.resize(text.size() - 2);
   } else if (text.ends_with('\n')) {

@@ -1,16 +1,27 @@
-// What several commands share for scripts: text read from stdin (`--prompt -`), one JSON document
-// on stdout (`--json`), and where the default model is found.
+// What several commands share for scripts: text input from a file or stdin (`--input -`,
+// `--prompt -`, `--batch-file -`), one JSON document on stdout (`--json`), and where the default
+// model is found.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace qkv::cli {
 
-// When `value` is "-", replaces it with all of stdin: UTF-8 checked (an error names `command`,
-// `flag`, the line and the byte), one final "\n" or "\r\n" dropped, so `echo TEXT | qkv … --prompt -`
-// runs TEXT exactly as `--prompt TEXT` does. Any other value is left as it is.
+// The text a command's input flag names: all of stdin when `path` is "-", else the file `path`
+// (checked first by check_input, so a FIFO is refused rather than blocking). It must be UTF-8: an
+// error names `command`, `flag`, the source, the line, the character and the byte.
+std::string read_text_input(const char* command, const std::string& flag, const std::string& path);
+
+// read_text_input() split into lines: "\n" ends a line, a "\r" before it is dropped, a last line
+// without "\n" counts, an empty line is kept (as the empty text).
+std::vector<std::string> read_lines(const char* command, const std::string& flag, const std::string& path);
+
+// When `value` is "-", replaces it with read_text_input(…, "-") less one final "\n" or "\r\n", so
+// `echo TEXT | qkv … --prompt -` runs TEXT exactly as `--prompt TEXT` does. Any other value is left
+// as it is (it is the text itself, not a path).
 void read_if_stdin(const char* command, const std::string& flag, std::string& value);
 
 // Prints `doc` as the one JSON document on stdout (2-space indent, a final newline). Bytes that

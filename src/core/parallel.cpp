@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "qkv/attention.hpp"
+#include "qkv/runtime.hpp"
 
 namespace qkv {
 namespace {

@@ -7,7 +7,8 @@
 #include <string>
 #include <thread>
 
-#include "qkv/attention.hpp"
+#include "qkv/runtime.hpp"
+#include "qkv/types.hpp"
 
 namespace qkv {
 namespace {
@@ -99,16 +100,6 @@ const char* isa_name(Isa isa) {
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
     case Isa::avx512_bf16: return "avx512_bf16";
-  }
-  return "?";
-}
-
-const char* kernel_name(Kernel k) {
-  switch (k) {
-    case Kernel::automatic: return "automatic";
-    case Kernel::reference: return "reference";
-    case Kernel::flash: return "flash";
-    case Kernel::flash_decode: return "flash_decode";
   }
   return "?";
 }

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "qkv/attention.hpp"
+#include "qkv/types.hpp"
 
 namespace qkv::kernels {
 

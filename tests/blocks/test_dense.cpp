@@ -14,25 +14,13 @@
 #include "kernels/cpu/simd_common.hpp"
 #include "qkv/attention.hpp"
 #include "support/fork_testing.hpp"
+#include "support/random_data.hpp"
 
 namespace {
 
 using qkv::Isa;
-
-std::vector<float> randn(std::size_t n, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-std::vector<Isa> isas() {
-  std::vector<Isa> out;
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
-    if (i <= qkv::cpu_isa()) out.push_back(i);
-  return out;
-}
+using qkv::testing::isas;
+using qkv::testing::randn;
 
 // Every ISA, M = 1 … 4, input widths around each vector length (tails) and past the kernels'
 // unrolled step (U vectors a step: 129 and 300 run the unrolled loop, the single-vector loop and a

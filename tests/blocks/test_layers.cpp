@@ -10,16 +10,11 @@
 
 #include "blocks/layers.hpp"
 #include "qkv/attention.hpp"
+#include "support/random_data.hpp"
 
 namespace {
 
-std::vector<float> randn(std::size_t n, unsigned seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using qkv::testing::randn;
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
   double e = 0;

@@ -8,16 +8,11 @@
 
 #include "blocks/linear.hpp"
 #include "support/fork_testing.hpp"
+#include "support/random_data.hpp"
 
 namespace {
 
-std::vector<float> randn(std::size_t n, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using qkv::testing::randn;
 
 // Odd sizes on purpose: sgemm edge tiles. f32 dot products of length `in` with N(0,1) entries
 // carry a rounding error of about √in · 2^-24 · |terms|; 1e-4 absolute is > 10× that for in ≤ 67.

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "qkv/attention.hpp"
+#include "support/random_data.hpp"
 
 namespace {
 
@@ -25,6 +26,10 @@ using qkv::Align;
 using qkv::AttentionOptions;
 using qkv::Buffer;
 using qkv::DType;
+using qkv::testing::IsaGuard;
+using qkv::testing::RoundedTensor;
+using qkv::testing::isas;
+using qkv::testing::round_to;
 using qkv::Isa;
 using qkv::View;
 
@@ -46,26 +51,6 @@ struct Case {
   std::vector<std::int64_t> key_lengths;  // empty: none
 };
 
-// Rounds x to what `t` can hold (so f64 copies carry exactly the kernel's input values).
-double round_to(DType t, double x) {
-  if (t == DType::f32) return static_cast<float>(x);
-  if (t == DType::bf16) return qkv::bf16_to_f32(qkv::f32_to_bf16(static_cast<float>(x)));
-  return x;
-}
-
-// A tensor of dtype t with random N(0, sigma) entries, and its exact f64 twin.
-struct Tensor {
-  Buffer buf, f64;
-  Tensor(DType t, std::vector<std::int64_t> shape, std::mt19937& rng, double sigma)
-      : buf(t, shape), f64(DType::f64, shape) {
-    std::normal_distribution<double> nd(0.0, sigma);
-    for (std::int64_t e = 0; e < buf.numel(); ++e) {
-      const double x = round_to(t, nd(rng));
-      buf.view().store(e, x);
-      f64.ptr<double>()[e] = x;
-    }
-  }
-};
 
 double max_abs(const Buffer& a) {
   double m = 0.0;
@@ -86,7 +71,7 @@ double max_err(const Buffer& a, const Buffer& ref) {
 struct Problem {
   Case c;
   DType t;
-  Tensor q, k, v, dout;
+  RoundedTensor q, k, v, dout;
   Buffer out, lse, out64;
   Buffer mask, key_len;
   AttentionOptions opt;
@@ -161,7 +146,7 @@ struct Problem {
         gv(static_cast<std::size_t>(dv.numel()), 0.0f);
     std::vector<float> p(static_cast<std::size_t>(c.Skv)), dp(static_cast<std::size_t>(c.Skv));
     std::vector<char> ok(static_cast<std::size_t>(c.Skv));
-    auto at = [](const Tensor& x, std::int64_t e) { return static_cast<float>(x.f64.ptr<double>()[e]); };
+    auto at = [](const RoundedTensor& x, std::int64_t e) { return static_cast<float>(x.f64.ptr<double>()[e]); };
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t h = 0; h < c.H; ++h) {
         const std::int64_t hk = h / (c.H / c.Hkv);
@@ -228,18 +213,6 @@ qkv::KernelInfo run_flash(const Problem& pr, Grads& g, int threads) {
                                  pr.lse.view(), g.dq.view(), g.dk.view(), g.dv.view(), o);
 }
 
-std::vector<Isa> isas() {
-  std::vector<Isa> r;
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512})
-    if (i <= qkv::cpu_isa()) r.push_back(i);
-  return r;
-}
-
-// Restores the process-wide ISA when a test ends.
-struct IsaGuard {
-  Isa saved = qkv::active_isa();
-  ~IsaGuard() { qkv::set_isa(saved); }
-};
 
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = [] {
@@ -290,7 +263,7 @@ TEST_P(Backward, MatchesReferenceWithinNaiveError) {
                           pr.lse.view(), ref.dq.view(), ref.dk.view(), ref.dv.view(), ro);
   pr.naive(naive.dq, naive.dk, naive.dv);
 
-  for (Isa isa : isas()) {
+  for (Isa isa : isas(/*with_bf16=*/false)) {
     qkv::set_isa(isa);
     Grads fast(t, c);
     const auto info = run_flash(pr, fast, 2);
@@ -328,7 +301,7 @@ TEST(BackwardDeterminism, BitIdenticalForAnyThreadCount) {
   IsaGuard guard;
   for (const Case& c : {Case{"mqa_long", 1, 4, 1, 200, 300, 64, 64, true}, Case{"batch", 3, 2, 2, 70, 140, 32, 32}}) {
     Problem pr(c, DType::f32, 7);
-    for (Isa isa : isas()) {
+    for (Isa isa : isas(/*with_bf16=*/false)) {
       qkv::set_isa(isa);
       Grads one(DType::f32, c);
       run_flash(pr, one, 1);
@@ -363,7 +336,7 @@ TEST(BackwardFiniteDifferences, MatchesCentralDifferences) {
   };
   const double step = 1e-5;
   double worst_fast = 0.0, worst_ref = 0.0;
-  auto check = [&](const Tensor& x, const Buffer& g_fast, const Buffer& g_ref) {
+  auto check = [&](const RoundedTensor& x, const Buffer& g_fast, const Buffer& g_ref) {
     double* data = x.f64.ptr<double>();
     for (std::int64_t e = 0; e < x.f64.numel(); ++e) {
       const double x0 = data[e];
@@ -416,7 +389,7 @@ TEST(BackwardLayouts, StridedMisalignedViewsAndGuards) {
   const View o = token_major(pr.out, so), d = token_major(pr.dout.buf, sdo);
   Buffer zq(DType::f32, {c.B, c.H, c.Sq, c.D}), zk(DType::f32, {c.B, c.Hkv, c.Skv, c.D}), zv(DType::f32, {c.B, c.Hkv, c.Skv, c.Dv});
   const View dq = token_major(zq, gq), dk = token_major(zk, gk), dv = token_major(zv, gv);
-  for (Isa isa : isas()) {
+  for (Isa isa : isas(/*with_bf16=*/false)) {
     qkv::set_isa(isa);
     AttentionOptions fo = pr.opt;
     fo.kernel = qkv::Kernel::flash;

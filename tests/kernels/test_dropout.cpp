@@ -21,36 +21,22 @@
 #include <gtest/gtest.h>
 
 #include "qkv/attention.hpp"
+#include "support/random_data.hpp"
 
 namespace {
 
 using qkv::AttentionOptions;
 using qkv::Buffer;
 using qkv::DType;
+using qkv::testing::IsaGuard;
+using qkv::testing::RoundedTensor;
+using qkv::testing::isas;
+using qkv::testing::round_to;
 using qkv::Isa;
 using qkv::Kernel;
 using qkv::View;
 using i64 = std::int64_t;
 
-double round_to(DType t, double x) {
-  if (t == DType::f32) return static_cast<float>(x);
-  if (t == DType::bf16) return qkv::bf16_to_f32(qkv::f32_to_bf16(static_cast<float>(x)));
-  return x;
-}
-
-// A tensor of dtype t holding N(0, sigma) values, and its exact f64 twin.
-struct Tensor {
-  Buffer buf, f64;
-  Tensor(DType t, const std::vector<i64>& shape, unsigned seed, double sigma) : buf(t, shape), f64(DType::f64, shape) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<double> nd(0.0, sigma);
-    for (i64 e = 0; e < buf.numel(); ++e) {
-      const double x = round_to(t, nd(rng));
-      buf.view().store(e, x);
-      f64.ptr<double>()[e] = x;
-    }
-  }
-};
 
 double max_err(const Buffer& a, const Buffer& ref) {
   double m = 0.0;
@@ -64,17 +50,6 @@ double max_err(const Buffer& a, const Buffer& ref) {
 
 bool same_bits(const Buffer& a, const Buffer& b) { return a.bytes() == b.bytes() && std::memcmp(a.data(), b.data(), a.bytes()) == 0; }
 
-std::vector<Isa> isas() {
-  std::vector<Isa> r;
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
-    if (i <= qkv::cpu_isa()) r.push_back(i);
-  return r;
-}
-
-struct IsaGuard {
-  Isa saved = qkv::active_isa();
-  ~IsaGuard() { qkv::set_isa(saved); }
-};
 
 AttentionOptions dropout_opts(double p, std::uint64_t seed, std::uint64_t offset = 0) {
   AttentionOptions o;
@@ -143,8 +118,8 @@ struct Result {
 };
 
 // Forward (+ backward of dout) of one case in dtype t with kernel `kern`.
-Result run(const Case& c, DType t, const AttentionOptions& base, Kernel kern, const Tensor& q, const Tensor& k,
-        const Tensor& v, const Tensor& dout, const Buffer& mask, const Buffer& key_len, bool use_f64,
+Result run(const Case& c, DType t, const AttentionOptions& base, Kernel kern, const RoundedTensor& q, const RoundedTensor& k,
+        const RoundedTensor& v, const RoundedTensor& dout, const Buffer& mask, const Buffer& key_len, bool use_f64,
         bool backward = true) {
   const DType dt = use_f64 ? DType::f64 : t;
   Result r{Buffer(dt, {c.B, c.H, c.Sq, c.Dv}), Buffer(DType::f32, {c.B, c.H, c.Sq}), Buffer(dt, {c.B, c.H, c.Sq, c.D}),
@@ -154,7 +129,7 @@ Result run(const Case& c, DType t, const AttentionOptions& base, Kernel kern, co
   o.kernel = kern;
   if (c.bool_mask) o.mask = mask.view();
   if (c.key_padding) o.key_lengths = key_len.view();
-  auto pick = [&](const Tensor& x) { return use_f64 ? x.f64.view() : x.buf.view(); };
+  auto pick = [&](const RoundedTensor& x) { return use_f64 ? x.f64.view() : x.buf.view(); };
   qkv::attention(pick(q), pick(k), pick(v), r.out.view(), o, r.lse.view());
   if (backward) {
     if (kern == Kernel::flash_decode) o.kernel = Kernel::flash;
@@ -170,7 +145,7 @@ TEST_P(DropoutKernels, FlashMatchesReferenceOnEveryIsaAndDtype) {
   IsaGuard guard;
   const Case c = GetParam();
   for (DType t : {DType::f32, DType::bf16}) {
-    Tensor q(t, {c.B, c.H, c.Sq, c.D}, 1, 1.0), k(t, {c.B, c.Hkv, c.Skv, c.D}, 2, 1.0), v(t, {c.B, c.Hkv, c.Skv, c.Dv}, 3, 1.0),
+    RoundedTensor q(t, {c.B, c.H, c.Sq, c.D}, 1, 1.0), k(t, {c.B, c.Hkv, c.Skv, c.D}, 2, 1.0), v(t, {c.B, c.Hkv, c.Skv, c.Dv}, 3, 1.0),
         dout(t, {c.B, c.H, c.Sq, c.Dv}, 4, 1.0);
     Buffer mask(DType::u8, {c.Sq, c.Skv}), key_len(DType::i32, {c.B});
     std::mt19937 g(5);
@@ -216,7 +191,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, DropoutKernels,
 // f64 central differences of the reference forward with a fixed seed (the mask does not move).
 TEST(DropoutGradient, ReferenceBackwardMatchesFiniteDifferences) {
   const Case c{"fd", 1, 2, 1, 5, 7, 4, 3, true};
-  Tensor q(DType::f64, {c.B, c.H, c.Sq, c.D}, 11, 1.0), k(DType::f64, {c.B, c.Hkv, c.Skv, c.D}, 12, 1.0),
+  RoundedTensor q(DType::f64, {c.B, c.H, c.Sq, c.D}, 11, 1.0), k(DType::f64, {c.B, c.Hkv, c.Skv, c.D}, 12, 1.0),
       v(DType::f64, {c.B, c.Hkv, c.Skv, c.Dv}, 13, 1.0), dout(DType::f64, {c.B, c.H, c.Sq, c.Dv}, 14, 1.0);
   Buffer none_u8(DType::u8, {1, 1}), none_i32(DType::i32, {1});
   const AttentionOptions o = dropout_opts(0.4, 99);
@@ -285,7 +260,7 @@ TEST(DropoutStatistics, KeepRateAndPairIndependenceWithinBinomialBounds) {
 TEST(DropoutStatistics, MeanOverSeedsIsTheOutputWithoutDropout) {
   const Case c{"mean", 1, 2, 2, 6, 20, 8, 4};
   const double p = 0.3;
-  Tensor q(DType::f32, {c.B, c.H, c.Sq, c.D}, 21, 0.5), k(DType::f32, {c.B, c.Hkv, c.Skv, c.D}, 22, 0.5),
+  RoundedTensor q(DType::f32, {c.B, c.H, c.Sq, c.D}, 21, 0.5), k(DType::f32, {c.B, c.Hkv, c.Skv, c.D}, 22, 0.5),
       v(DType::f32, {c.B, c.Hkv, c.Skv, c.Dv}, 23, 1.0);
   Buffer out0(DType::f64, {c.B, c.H, c.Sq, c.Dv}), pat(DType::f64, {c.B, c.H, c.Sq, c.Skv});
   AttentionOptions o;
@@ -321,7 +296,7 @@ TEST(DropoutStatistics, MeanOverSeedsIsTheOutputWithoutDropout) {
 // ---------------------------------------------------------------------------------------------
 TEST(DropoutDeterminism, SeedOffsetThreadsAndPZero) {
   const Case c{"det", 2, 4, 2, 300, 300, 64, 64, true};
-  Tensor q(DType::f32, {c.B, c.H, c.Sq, c.D}, 31, 1.0), k(DType::f32, {c.B, c.Hkv, c.Skv, c.D}, 32, 1.0),
+  RoundedTensor q(DType::f32, {c.B, c.H, c.Sq, c.D}, 31, 1.0), k(DType::f32, {c.B, c.Hkv, c.Skv, c.D}, 32, 1.0),
       v(DType::f32, {c.B, c.Hkv, c.Skv, c.Dv}, 33, 1.0), dout(DType::f32, {c.B, c.H, c.Sq, c.Dv}, 34, 1.0);
   Buffer none_u8(DType::u8, {1, 1}), none_i32(DType::i32, {1});
   auto go = [&](const AttentionOptions& o) { return run(c, DType::f32, o, Kernel::flash, q, k, v, dout, none_u8, none_i32, false); };
@@ -355,7 +330,7 @@ TEST(DropoutDeterminism, SeedOffsetThreadsAndPZero) {
 // Packed sequences of equal lengths are the batched call: sequence b uses the mask of batch b.
 TEST(DropoutVarlen, EqualLengthsGiveTheBatchedCall) {
   const i64 B = 3, H = 2, S = 50, D = 16;
-  Tensor q(DType::f32, {B * S, H, D}, 41, 1.0), k(DType::f32, {B * S, H, D}, 42, 1.0), v(DType::f32, {B * S, H, D}, 43, 1.0),
+  RoundedTensor q(DType::f32, {B * S, H, D}, 41, 1.0), k(DType::f32, {B * S, H, D}, 42, 1.0), v(DType::f32, {B * S, H, D}, 43, 1.0),
       dout(DType::f32, {B * S, H, D}, 44, 1.0);
   auto bhsd = [&](const Buffer& x) {  // [B·S, H, D] viewed as [B, H, S, D]
     return View::strided(x.data(), x.dtype(), {B, H, S, D}, {S * H * D, D, H * D, 1});

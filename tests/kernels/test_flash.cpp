@@ -23,6 +23,7 @@
 
 #include "core/scratch.hpp"
 #include "qkv/attention.hpp"
+#include "support/random_data.hpp"
 
 namespace qkv_test {
 double exp2_max_rel_error_avx512(bool* zeros_ok);
@@ -35,6 +36,10 @@ namespace {
 using qkv::Align;
 using qkv::Buffer;
 using qkv::DType;
+using qkv::testing::IsaGuard;
+using qkv::testing::isas;
+using qkv::testing::round_to;
+using qkv::testing::fill_rounded;
 using qkv::Isa;
 using qkv::Kernel;
 using qkv::View;
@@ -56,10 +61,6 @@ struct Case {
   bool nan_padding = false;  // K and V hold NaN past key_lengths[b] (an uninitialised KV cache)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-double round_to(DType t, double x) {
-  return t == DType::bf16 ? qkv::bf16_to_f32(qkv::f32_to_bf16(static_cast<float>(x))) : static_cast<float>(x);
-}
 
 // A tensor of logical shape [n0, n1, n2, n3] holding `vals` (row-major logical order), as a view
 // of dtype t: contiguous, or stored [n0, n2, n1, n3] and shifted by one element (misaligned).
@@ -105,14 +106,10 @@ Inputs make_inputs(const Case& c, DType t, unsigned seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   Inputs in;
-  auto gen = [&](std::vector<double>& x, i64 n, double scale) {
-    x.resize(static_cast<std::size_t>(n));
-    for (auto& e : x) e = round_to(t, scale * u(rng));
-  };
   // Scores of a few units: softmax neither uniform nor one-hot.
-  gen(in.q, c.B * c.H * c.Sq * c.D, 2.0);
-  gen(in.k, c.B * c.Hkv * c.Skv * c.D, 2.0);
-  gen(in.v, c.B * c.Hkv * c.Skv * c.Dv, 1.0);
+  fill_rounded(in.q, c.B * c.H * c.Sq * c.D, t, 2.0, rng, u);
+  fill_rounded(in.k, c.B * c.Hkv * c.Skv * c.D, t, 2.0, rng, u);
+  fill_rounded(in.v, c.B * c.Hkv * c.Skv * c.Dv, t, 1.0, rng, u);
   if (c.mask == MaskType::boolean || c.mask == MaskType::boolean_2d) {
     const bool two_d = c.mask == MaskType::boolean_2d;
     in.mask = two_d ? Buffer(DType::u8, {c.Sq, c.Skv}) : Buffer(DType::u8, {c.B, c.H, c.Sq, c.Skv});
@@ -214,18 +211,6 @@ Oracle reference_f64(const Case& c, const Inputs& in) {
   return r;
 }
 
-std::vector<Isa> isas() {
-  std::vector<Isa> r;
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
-    if (i <= qkv::cpu_isa()) r.push_back(i);
-  return r;
-}
-
-// Restores the process-wide ISA after a test that changed it.
-struct IsaGuard {
-  Isa saved = qkv::active_isa();
-  ~IsaGuard() { qkv::set_isa(saved); }
-};
 
 const Case kCases[] = {
     {"basic", 2, 3, 3, 37, 53, 64, 64},

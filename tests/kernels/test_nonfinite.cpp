@@ -20,12 +20,17 @@
 #include <vector>
 
 #include "qkv/attention.hpp"
+#include "support/random_data.hpp"
 
 namespace {
 
 using qkv::Align;
 using qkv::Buffer;
 using qkv::DType;
+using qkv::testing::IsaGuard;
+using qkv::testing::isas;
+using qkv::testing::round_to;
+using qkv::testing::fill_rounded;
 using qkv::Isa;
 using qkv::Kernel;
 using i64 = std::int64_t;
@@ -52,21 +57,7 @@ const Case kCases[] = {
     {"decode_bool", 2, 4, 2, 1, 1100, 48, false, Align::top_left, MaskType::boolean},
 };
 
-std::vector<Isa> isas() {
-  std::vector<Isa> r;
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
-    if (i <= qkv::cpu_isa()) r.push_back(i);
-  return r;
-}
 
-struct IsaGuard {
-  Isa saved = qkv::active_isa();
-  ~IsaGuard() { qkv::set_isa(saved); }
-};
-
-double round_to(DType t, double x) {
-  return t == DType::bf16 ? qkv::bf16_to_f32(qkv::f32_to_bf16(static_cast<float>(x))) : static_cast<float>(x);
-}
 
 // Inputs as f64 values exactly representable in dtype t (NaN and ±∞ included), with the poisons:
 //   K[b0, hk0, key 20, d 5] = NaN               rows of heads 0, 1 allowing key 20 → NaN
@@ -90,13 +81,9 @@ Inputs make_inputs(const Case& c, DType t) {
   Inputs in{c.B, c.H, c.Hkv, c.Sq, c.Skv, c.D, c.D, {}, {}, {}, {}, {}};
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(-1.0, 1.0);
-  auto gen = [&](std::vector<double>& x, i64 n, double s) {
-    x.resize(static_cast<std::size_t>(n));
-    for (auto& e : x) e = round_to(t, s * u(rng));
-  };
-  gen(in.q, c.B * c.H * c.Sq * c.D, 2.0);
-  gen(in.k, c.B * c.Hkv * c.Skv * c.D, 2.0);
-  gen(in.v, c.B * c.Hkv * c.Skv * c.D, 1.0);
+  fill_rounded(in.q, c.B * c.H * c.Sq * c.D, t, 2.0, rng, u);
+  fill_rounded(in.k, c.B * c.Hkv * c.Skv * c.D, t, 2.0, rng, u);
+  fill_rounded(in.v, c.B * c.Hkv * c.Skv * c.D, t, 1.0, rng, u);
   in.mask.assign(static_cast<std::size_t>(c.B * c.H * c.Sq * c.Skv), c.mask == MaskType::boolean ? 1.0 : 0.0);
   if (c.mask == MaskType::additive)
     for (auto& m : in.mask) m = round_to(t, u(rng));

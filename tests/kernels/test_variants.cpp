@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "qkv/attention.hpp"
+#include "support/random_data.hpp"
 
 namespace {
 
@@ -26,6 +27,10 @@ using qkv::Align;
 using qkv::AttentionOptions;
 using qkv::Buffer;
 using qkv::DType;
+using qkv::testing::IsaGuard;
+using qkv::testing::isas;
+using qkv::testing::round_to;
+using qkv::testing::fill_rounded;
 using qkv::Isa;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -46,12 +51,6 @@ struct Case {
   std::vector<std::int64_t> key_lengths;  // empty: none
 };
 
-double round_to(DType t, double x) {
-  if (t == DType::f32) return static_cast<float>(x);
-  if (t == DType::bf16) return qkv::bf16_to_f32(qkv::f32_to_bf16(static_cast<float>(x)));
-  return x;
-}
-
 // Inputs of one case as dtype-rounded f64 values (row-major), and the options' own data.
 struct Inputs {
   Case c;
@@ -59,21 +58,17 @@ struct Inputs {
   Inputs(const Case& cs, DType t, unsigned seed) : c(cs) {
     std::mt19937 g(seed);
     std::normal_distribution<double> nd(0.0, 1.0);
-    auto fill = [&](std::vector<double>& x, std::int64_t n, double sigma) {
-      x.resize(static_cast<std::size_t>(n));
-      for (double& e : x) e = round_to(t, sigma * nd(g));
-    };
-    fill(q, c.B * c.H * c.Sq * c.D, 1.5);  // σ 1.5: scores of a few units, so softcap bites
-    fill(k, c.B * c.Hkv * c.Skv * c.D, 1.5);
-    fill(v, c.B * c.Hkv * c.Skv * c.Dv, 1.0);
-    fill(dout, c.B * c.H * c.Sq * c.Dv, 1.0);
+    fill_rounded(q, c.B * c.H * c.Sq * c.D, t, 1.5, g, nd);  // σ 1.5: scores of a few units, so softcap bites
+    fill_rounded(k, c.B * c.Hkv * c.Skv * c.D, t, 1.5, g, nd);
+    fill_rounded(v, c.B * c.Hkv * c.Skv * c.Dv, t, 1.0, g, nd);
+    fill_rounded(dout, c.B * c.H * c.Sq * c.Dv, t, 1.0, g, nd);
     if (c.additive_mask) {
-      fill(mask, c.Sq * c.Skv, 1.0);
+      fill_rounded(mask, c.Sq * c.Skv, t, 1.0, g, nd);
       std::bernoulli_distribution blocked(0.1);
       for (double& e : mask) e = blocked(g) ? -kInf : static_cast<float>(e);
     }
     if (c.alibi) slopes = qkv::alibi_standard_slopes(c.H);
-    if (c.sinks) fill(sinks, c.H, 1.0);
+    if (c.sinks) fill_rounded(sinks, c.H, t, 1.0, g, nd);
   }
   std::int64_t key_len(std::int64_t b) const {
     return c.key_lengths.empty() ? c.Skv : c.key_lengths[static_cast<std::size_t>(b)];
@@ -254,17 +249,6 @@ std::vector<Case> cases() {
   return v;
 }
 
-std::vector<Isa> isas() {
-  std::vector<Isa> r;
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
-    if (i <= qkv::cpu_isa()) r.push_back(i);
-  return r;
-}
-
-struct IsaGuard {
-  Isa saved = qkv::active_isa();
-  ~IsaGuard() { qkv::set_isa(saved); }
-};
 
 TEST(Variants, ReferenceMatchesNaiveF64) {
   for (const Case& c : cases()) {

@@ -2,10 +2,13 @@
 // sampler and generation on logits that are not finite; generation with qkv train's tokenizer.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <stdexcept>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -75,18 +78,49 @@ TEST(Generate, StatsListTokensAndTheirPieces) {
   EXPECT_EQ(out, std::string(kPublished).substr(0, out.size()));
 }
 
-// With bf16 weights the logits move by ~2^-9 of their scale (test_golden_model.cpp), enough to
-// flip a near-tie between the top two tokens somewhere in 200 greedy steps, after which the story
-// goes its own way. What is pinned: the text is the published one up to the first such flip, that
-// flip comes no earlier than measured here, and the whole output stays made of the model's words.
-TEST(Generate, Stories260KGreedyWithBf16WeightsFollowsLlama2c) {
-  const std::string out = run("", 200, qkv::ModelOptions{qkv::DType::bf16});
-  const std::string pub = kPublished;
+// With bf16 weights the logits move by a few 2^-9 of their scale (test_golden_model.cpp bounds
+// them by 8 · 2^-9 · max|logit|), enough to flip a near-tie between the top two tokens somewhere in
+// 200 greedy steps, after which the story goes its own way. The rule checked, instead of a count of
+// equal bytes: fed the fp32 model's greedy tokens (llama2.c's published story), the bf16 model's
+// logits stay within that bound at every position, so wherever its greedy choice differs the fp32
+// logits of the two tokens are within twice the bound; and its text up to its first flip is the
+// published text.
+TEST(Generate, Stories260KGreedyWithBf16WeightsFlipsOnlyNearTies) {
+  qkv::Model f32(qkv::load_llama2c(kDir + "stories260K.bin"));
+  qkv::Model bf16(qkv::load_llama2c(kDir + "stories260K.bin"), qkv::ModelOptions{qkv::DType::bf16});
+  const std::int64_t V = f32.config().vocab_size;
+  qkv::KvCache cf = f32.new_cache(), cb = bf16.new_cache();
+  std::vector<float> lf(static_cast<std::size_t>(V)), lb(lf.size());
+  int token = 1;  // BOS
+  std::size_t flips = 0;
+  double worst_ratio = 0.0;
+  for (int pos = 0; pos < 199; ++pos) {
+    f32.forward(std::span<const int>(&token, 1), cf, lf.data());
+    bf16.forward(std::span<const int>(&token, 1), cb, lb.data());
+    double scale = 0.0, err = 0.0;
+    for (std::int64_t i = 0; i < V; ++i) {
+      scale = std::max(scale, std::fabs(static_cast<double>(lf[i])));
+      err = std::max(err, std::fabs(static_cast<double>(lb[i]) - lf[i]));
+    }
+    const double bound = 8.0 * std::ldexp(1.0, -9) * scale;
+    ASSERT_LE(err, bound) << "position " << pos;
+    worst_ratio = std::max(worst_ratio, err / bound);
+    const auto af = std::max_element(lf.begin(), lf.end()) - lf.begin();
+    const auto ab = std::max_element(lb.begin(), lb.end()) - lb.begin();
+    if (af != ab) {
+      ++flips;
+      EXPECT_LE(lf[af] - lf[ab], 2.0 * bound) << "position " << pos << ": bf16 chose " << ab << " over " << af;
+    }
+    token = static_cast<int>(af);
+  }
+  std::printf("bf16 weights over 199 positions: largest logit error %.2f of the bound, %zu greedy flips\n",
+              worst_ratio, flips);
+
+  const std::string out = run("", 200, qkv::ModelOptions{qkv::DType::bf16}), pub = kPublished;
   std::size_t same = 0;
   while (same < out.size() && same < pub.size() && out[same] == pub[same]) ++same;
-  std::printf("%s\n\nbf16 weights: the first %zu of %zu bytes equal llama2.c's fp32 output\n", out.c_str(), same,
-              pub.size());
-  EXPECT_GE(same, 400u);  // measured: 429 on every ISA (scalar, avx2, avx512, avx512_bf16)
+  std::printf("the bf16 text equals llama2.c's for its first %zu bytes\n", same);
+  EXPECT_EQ(same == out.size() || same == pub.size(), flips == 0) << "the text may leave the published one only at a flip";
 }
 
 // The message of the std::invalid_argument f throws, or "(no error)".

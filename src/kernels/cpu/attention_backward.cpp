@@ -195,7 +195,7 @@ bool attention_backward_flash_supports(const AttnBwdParams& bp, const char** why
   return true;
 }
 
-KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
+void attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   using namespace bwd;
   const AttnParams& p = bp.fwd;
   Context cx;
@@ -343,13 +343,8 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
 
   cx.arena_floats = arena_size(p.D, p.Dv);
   Floats arenas(cx.arena_floats * p.threads);
-  void (*task_fn)(const Context&, float*, std::int64_t) = backward_task_scalar;
-  Isa ran = Isa::scalar;
-  if (isa >= Isa::avx512) {
-    task_fn = backward_task_avx512, ran = Isa::avx512;
-  } else if (isa == Isa::avx2) {
-    task_fn = backward_task_avx2, ran = Isa::avx2;
-  }
+  void (*const task_fn)(const Context&, float*, std::int64_t) =
+      isa == Isa::avx512 ? backward_task_avx512 : isa == Isa::avx2 ? backward_task_avx2 : backward_task_scalar;
   parallel_for(cx.tasks(), p.threads, [&](std::int64_t t) {
     assert(thread_index() < p.threads);
     task_fn(cx, arenas.get() + thread_index() * cx.arena_floats, order[static_cast<std::size_t>(t)]);
@@ -383,12 +378,6 @@ KernelInfo attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
       store_row(bp.dq, bp.dq.offset(b, h, i, 0), bp.dq.stride(3), p.D, acc.data());
     }
   });
-
-  static constexpr const char* kNames[3][2] = {{"flash_backward_scalar_f32", "flash_backward_scalar_bf16"},
-                                                {"flash_backward_avx2_f32", "flash_backward_avx2_bf16"},
-                                                {"flash_backward_avx512_f32", "flash_backward_avx512_bf16"}};
-  const int isa_row = ran == Isa::avx512 ? 2 : ran == Isa::avx2 ? 1 : 0;
-  return {Kernel::flash, ran, kNames[isa_row][p.q.dtype == DType::bf16 ? 1 : 0]};
 }
 
 }  // namespace qkv::kernels

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "kernels/params.hpp"
+#include "qkv/runtime.hpp"
 
 namespace qkv::kernels::bwd {
 
@@ -107,7 +108,8 @@ namespace qkv::kernels {
 
 // Whether the fast backward takes p (f32 or bf16, 1 ≤ D, Dv ≤ 256); `why` gets the reason if not.
 bool attention_backward_flash_supports(const AttnBwdParams& p, const char** why);
-// Runs it with instruction set `isa` (≤ cpu_isa()); returns what ran.
-KernelInfo attention_backward_flash(const AttnBwdParams& p, Isa isa);
+// Runs it with the task code of instruction set `isa`: scalar, avx2 or avx512 (≤ cpu_isa(); the
+// dispatcher, attention/dispatch.cpp, chooses it and names the kernel).
+void attention_backward_flash(const AttnBwdParams& p, Isa isa);
 
 }  // namespace qkv::kernels

@@ -20,6 +20,7 @@
 #include "kernels/cpu/attention_backward.hpp"
 #include "kernels/dropout.hpp"
 #include "kernels/cpu/score_mod.hpp"
+#include "kernels/cpu/simd_common.hpp"
 
 namespace qkv::kernels::bwd {
 namespace {
@@ -140,15 +141,10 @@ void gemm(std::int64_t m, std::int64_t ng, std::int64_t K, const float* A, std::
   }
 }
 
-// Allowed keys [lo, hi) of query i (the KeyRange rule, restated without std:: templates).
+// Allowed keys [lo, hi) of query i (KeyRange::range, through simd_common.hpp's rule_range).
 inline void row_range(const KeyRange& r, std::int64_t i, std::int64_t key_len, std::int64_t* lo, std::int64_t* hi) {
-  const std::int64_t diag = i + r.diag_offset + (r.diag_from_key_len ? key_len : 0);
-  std::int64_t l = 0, h = key_len;
-  if (r.window_left >= 0) l = imax(l, diag - r.window_left);
-  if (r.causal) h = imin(h, diag + 1);
-  if (r.window_right >= 0) h = imin(h, diag + r.window_right + 1);
-  *lo = l;
-  *hi = h;
+  cpu::rule_range(cpu::rule_diag(i, r.diag_offset, r.diag_from_key_len, key_len), r.causal, r.window_left,
+                  r.window_right, key_len, lo, hi);
 }
 
 inline void zero_floats(float* p, std::int64_t n) { std::memset(p, 0, static_cast<std::size_t>(n) * sizeof(float)); }

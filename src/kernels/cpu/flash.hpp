@@ -3,7 +3,8 @@
 // The portable side (flash.cpp) turns a validated AttnParams into a FlashArgs of plain
 // pointers, sizes and strides and calls the entry point of the ISA the dispatcher chose. The
 // ISA translation units (flash_avx512.cpp, flash_avx2.cpp, flash_scalar.cpp) are compiled
-// with their own -m flags and share one template body, flash_impl.hpp.
+// with their own -m flags and share one template body: flash_forward_impl.hpp and
+// flash_decode_impl.hpp, built from the pieces of flash_tile.hpp.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // The flash forward and decode kernels compiled for avx512 (flags in CMakeLists.txt).
 #include "kernels/cpu/simd_avx512.hpp"  // first: see simd_avx512.hpp on GCC 12
-#include "kernels/cpu/flash_impl.hpp"
+#include "kernels/cpu/flash_decode_impl.hpp"
+#include "kernels/cpu/flash_forward_impl.hpp"
 
 namespace qkv::kernels::cpu {
 

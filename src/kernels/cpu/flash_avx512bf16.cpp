@@ -1,10 +1,11 @@
 // The flash forward (and the decode scores) for bf16 tensors on CPUs with AVX-512 BF16: Q·Kᵀ and P·V run on
 // vdpbf16ps (_mm512_dpbf16_ps), which multiplies pairs of bf16 and accumulates in f32 —
 // 32 products per instruction instead of 16. Softmax, masking and the online rescaling are the
-// f32 code of flash_impl.hpp; P is rounded to bf16 for P·V (as a bf16 matmul would).
+// f32 code of flash_tile.hpp; P is rounded to bf16 for P·V (as a bf16 matmul would).
 // Compiled with -mavx512bf16 on top of the AVX-512 flags (CMakeLists.txt).
 #include "kernels/cpu/simd_avx512.hpp"  // first: see simd_avx512.hpp on GCC 12
-#include "kernels/cpu/flash_impl.hpp"
+#include "kernels/cpu/flash_decode_impl.hpp"
+#include "kernels/cpu/flash_forward_impl.hpp"
 
 namespace qkv::kernels::cpu {
 namespace {
@@ -211,9 +212,8 @@ inline __m512 reduce16(const __m512* acc) {
 //           forward does), so one instruction does 2 keys × 16 columns. unpack works per 128-bit
 //           lane, so the accumulators hold columns in the order lo_idx / hi_idx below; they are
 //           permuted from and back to Od's natural order once per tile.
-// Measured with a scratch driver (1 thread, H = 16, Skv = 1024, D = 128, K and V in cache):
-// 0.13 ms for Hkv = 16 and 0.07 ms for Hkv = 4, against 0.29 / 0.15 ms for the scores-only
-// policy this replaces (horizontal sum per key and row, V widened to f32).
+// About twice as fast, with K and V in cache, as a horizontal sum per key and row with V widened
+// to f32.
 // Scratch (as floats): Qb [kDecRows][Dp32] bf16 query rows, unscaled, zero past D (Dp32 = D
 // rounded up to 32); Pb [kDecRows][kNt] bf16 probabilities.
 struct DecodeOpsBf16 {
@@ -269,9 +269,7 @@ struct DecodeOpsBf16 {
   // One query row (no GQA sharing): key by key, each row read front to back and summed on its
   // own. Here the kernel is bound by reading K and V from DRAM, and this steady order streams
   // best: with the 16-key blocks of scores16 (64 line misses issued at once per block, with or
-  // without software prefetch) one thread read K and V at about half the rate (scratch A/B,
-  // H = Hkv = 16, Skv = 32768, 1 thread, best of 10: 13–16 ms against 23–35 ms; 2 threads:
-  // 9.3–13 ms against 14.5–26 ms for the code before, 17–21 ms for the code before 67dd20a).
+  // without software prefetch) one thread read K and V at about half the rate.
   void scores1(const std::uint16_t* k, i64 ldk, i64 t0, i64 j_lo, i64 j_hi, float* ps, const std::uint16_t* v) const {
     for (i64 j = j_lo; j < j_hi; ++j) {
       if (a.sv[3] == 1) pf_row(v + j * a.sv[2], 2 * a.Dv);  // this key's V row, read next by pv()
@@ -296,11 +294,8 @@ struct DecodeOpsBf16 {
     for (i64 c0 = (j_lo - t0) / 16 * 16; t0 + c0 < j_hi; c0 += 16) {
       const i64 j0 = t0 + c0;
       // The V rows of these 16 keys into L2, read next by pv(), which in turn prefetches the
-      // next tile's K rows (see pf_row in flash_impl.hpp). A/B against prefetching the next 16
-      // keys' K and V rows here (B = 1, H = 16, Hkv = 4, Skv = 16384 / 32768, 2 threads, % of
-      // the read probe measured just before each row, medians of 4 alternating rounds, load
-      // 2–3.3): 56 / 52 % → 70 / 62 %, 2.94 / 6.16 ms → 2.20 / 4.92 ms. One query row (MHA,
-      // scores1): 80 / 73 % → 85 / 86 %, 8.72 / 17.8 ms → 7.10 / 15.3 ms.
+      // next tile's K rows (see pf_row in flash_tile.hpp); prefetching the next 16 keys' K and V
+      // rows here instead streamed 20–25 % slower.
       if (a.sv[3] == 1)
         for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(v + j * a.sv[2], 2 * a.Dv);
       if (j0 >= j_lo && j0 + 16 <= j_hi && a.D % 32 == 0) {

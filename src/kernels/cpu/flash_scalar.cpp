@@ -1,6 +1,7 @@
 // The flash forward and decode kernels compiled for scalar (flags in CMakeLists.txt).
 #include "kernels/cpu/simd_scalar.hpp"  // first, as in every ISA unit (simd_avx512.hpp)
-#include "kernels/cpu/flash_impl.hpp"
+#include "kernels/cpu/flash_decode_impl.hpp"
+#include "kernels/cpu/flash_forward_impl.hpp"
 
 namespace qkv::kernels::cpu {
 

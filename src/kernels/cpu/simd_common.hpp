@@ -37,4 +37,22 @@ static inline std::uint16_t f32_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
+// The allowed-key rule of KeyRange (kernels/params.hpp) for the ISA translation units, `static` and
+// without std:: templates for the reason above: query row i of a batch row with key_len valid keys
+// has its diagonal at diag = i + diag_offset (+ key_len with diag_from_key_len) and may attend the
+// keys [lo, hi); hi ≤ lo when it may attend none.
+static inline std::int64_t rule_diag(std::int64_t i, std::int64_t diag_offset, bool diag_from_key_len,
+                                     std::int64_t key_len) {
+  return i + diag_offset + (diag_from_key_len ? key_len : 0);
+}
+static inline void rule_range(std::int64_t diag, bool causal, std::int64_t window_left, std::int64_t window_right,
+                              std::int64_t key_len, std::int64_t* lo, std::int64_t* hi) {
+  std::int64_t l = 0, h = key_len;
+  if (window_left >= 0 && diag - window_left > l) l = diag - window_left;
+  if (causal && diag + 1 < h) h = diag + 1;
+  if (window_right >= 0 && diag + window_right + 1 < h) h = diag + window_right + 1;
+  *lo = l;
+  *hi = h;
+}
+
 }  // namespace qkv::kernels::cpu

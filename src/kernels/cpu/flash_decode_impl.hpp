@@ -1,0 +1,298 @@
+// The fast decode kernel's body (flash_tile.hpp has the pieces and the dimension legend); each ISA
+// translation unit instantiates decode<S, Ops>.
+//
+// flash_decode — keys cut into fixed chunks of kSplit; one work item per (b, kv head, group of
+//   ≤ kDecRows query rows of that kv head, chunk), computing partial (O, m, l); a second pass
+//   merges the chunks of each row by logsumexp. For few queries this keeps every core busy and
+//   reads each key once for all the query heads that share it (GQA).
+// Deterministic: a row's result depends only on the shape, never on the thread count.
+#pragma once
+
+#include "kernels/cpu/flash_tile.hpp"
+
+namespace qkv::kernels::cpu {
+namespace {
+
+// Scores of query rows q[r] (padded to Dp, zeros beyond D) against one key row k[0, Dp).
+template <class S>
+inline float dot(const float* q, const float* k, i64 Dp) {
+  constexpr int L = S::L;
+  auto acc = S::zero();
+  for (i64 d = 0; d < Dp; d += L) acc = S::fmadd(S::loadu(q + d), S::loadu(k + d), acc);
+  return S::hsum(acc);
+}
+
+// The same for two query rows against one key row: the key is loaded once for both.
+template <class S>
+inline void dot2(const float* q0, const float* q1, const float* k, i64 Dp, float* s0, float* s1) {
+  constexpr int L = S::L;
+  auto a0 = S::zero(), a1 = S::zero();
+  for (i64 d = 0; d < Dp; d += L) {
+    const auto kv = S::loadu(k + d);
+    a0 = S::fmadd(S::loadu(q0 + d), kv, a0);
+    a1 = S::fmadd(S::loadu(q1 + d), kv, a1);
+  }
+  *s0 = S::hsum(a0);
+  *s1 = S::hsum(a1);
+}
+
+// Decode P·V of R query rows: o[r][e0, e0 + NV·L) += Σ_{c ∈ [c_lo, c_hi)} p[r][c] · v[c][…], the
+// R × NV accumulators in registers across the tile's keys (each V vector loaded once for R rows).
+//   p [R][kNt]    v rows c at v + c·ldv    o [R][Dvp]
+// With pf: for each key c < pf_end, the row of pf_bytes at pf + c·pf_ld is prefetched (pf_row).
+template <class S, int R, int NV>
+inline void dec_pv_block(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp, i64 e0,
+                         const char* pf = nullptr, i64 pf_ld = 0, i64 pf_end = 0, i64 pf_bytes = 0) {
+  constexpr int L = S::L;
+  typename S::V acc[R][NV];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int x = 0; x < NV; ++x) acc[r][x] = S::loadu(o + r * Dvp + e0 + x * L);
+  for (i64 c = c_lo; c < c_hi; ++c) {
+    if (pf && c < pf_end) pf_row(pf + c * pf_ld, pf_bytes);
+    typename S::V vv[NV];
+#pragma GCC unroll 8
+    for (int x = 0; x < NV; ++x) vv[x] = S::loadu(v + c * ldv + e0 + x * L);
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+      const auto pb = S::set1(p[r * kNt + c]);
+#pragma GCC unroll 8
+      for (int x = 0; x < NV; ++x) acc[r][x] = S::fmadd(pb, vv[x], acc[r][x]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int x = 0; x < NV; ++x) S::storeu(o + r * Dvp + e0 + x * L, acc[r][x]);
+}
+
+// All Dvp columns, prefetching (pf, see dec_pv_block) in the first pass only. AVX-512 takes 8
+// vectors (128 columns: a whole V row for Dv = 128) per pass, so the V tile is read once front to
+// back as one stream instead of twice by halves (with 2 rows: 16 + 8 of the 32 zmm); AVX2 (16 ymm)
+// takes 4. Either way each column's sum runs over the keys in the same order: the same bits.
+// The prefetch lifts long-context decode from ≈ 67 % to ≈ 84 % of the read bandwidth.
+template <class S, int R>
+inline void dec_pv(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, float* o, i64 Dvp,
+                   const char* pf = nullptr, i64 pf_ld = 0, i64 pf_end = 0, i64 pf_bytes = 0) {
+  constexpr int L = S::L;
+  i64 e0 = 0;
+  if constexpr (S::L >= 16) {
+    for (; e0 + 8 * L <= Dvp; e0 += 8 * L) {
+      dec_pv_block<S, R, 8>(p, v, ldv, c_lo, c_hi, o, Dvp, e0, pf, pf_ld, pf_end, pf_bytes);
+      pf = nullptr;
+    }
+  }
+  for (; e0 + 4 * L <= Dvp; e0 += 4 * L) {
+    dec_pv_block<S, R, 4>(p, v, ldv, c_lo, c_hi, o, Dvp, e0, pf, pf_ld, pf_end, pf_bytes);
+    pf = nullptr;
+  }
+  for (; e0 < Dvp; e0 += L) {
+    dec_pv_block<S, R, 1>(p, v, ldv, c_lo, c_hi, o, Dvp, e0, pf, pf_ld, pf_end, pf_bytes);
+    pf = nullptr;
+  }
+}
+
+// The tile operations of decode for f32: none, decode() computes scores and P·V itself
+// (flash_avx512bf16.cpp supplies a policy for bf16 K and V read in place). A policy offers:
+//   scratch_floats(a)   its per-thread scratch; takes_k(a) / takes_v(a): whether it computes the
+//                       scores (from K) / the P·V (from V) of this call
+//   load_q(r, off)      query row r of the item from q + off
+//   scores(nr, kbase, vbase, t0, j_lo, j_hi, j_end, Ps)  Ps[r][j − t0] ← q_r·k_j · scale · log2 e
+//                       for keys j ∈ [j_lo, j_hi) of the tile at t0, rows [0, nr); the other
+//                       columns finite. Keys [j_hi, j_end) come next in this item (prefetching).
+//   pv(nr, Ps, vbase, t0, j_lo, j_hi, Od, Dvp)  Od[r][0, Dvp) += Σ_{j ∈ [j_lo, j_hi)} Ps[r][j − t0] v_j
+struct DecodeOpsF32 {
+  static constexpr bool kEnabled = false;
+  static i64 scratch_floats(const FlashArgs&) { return 0; }
+  static bool takes_k(const FlashArgs&) { return false; }
+  static bool takes_v(const FlashArgs&) { return false; }
+  DecodeOpsF32(const FlashArgs&, float*) {}
+  void load_q(int, i64) {}
+  void scores(int, i64, i64, i64, i64, i64, i64, float*) const {}
+  void pv(int, const float*, i64, i64, i64, i64, float*, i64) {}
+};
+
+template <class S, class Ops = DecodeOpsF32>
+void decode(const FlashArgs& a) {
+  constexpr int L = S::L;
+  const i64 G = a.H / a.Hkv;
+  const i64 D = a.D, Dv = a.Dv;
+  const i64 Dp = round_up(D, L), Dvp = round_up(Dv, L);
+  const i64 GS = G * a.Sq;                            // query rows per (b, kv head): (h in group, i)
+  const i64 ngroups = (GS + kDecRows - 1) / kDecRows;
+  // Chunk length: kSplit keys, lengthened if the partial results would pass 256 MiB.
+  const i64 rows_total = a.B * a.Hkv * GS;
+  i64 split = kSplit;
+  // The bf16 policy reads chunks of up to 4 · kSplit keys while the call keeps ≥ 32 items: fewer
+  // item starts (query loads, a cold first tile, partial results). A constant, not the thread
+  // count, so the results stay the same bits on any number of threads (15–25 % on bf16 GQA
+  // decode; f32 slowed by 3–5 %, so its chunks stay kSplit).
+  if (Ops::kEnabled && Ops::takes_k(a))
+    while (split < 4 * kSplit && a.B * a.Hkv * ngroups * ((a.Skv + 2 * split - 1) / (2 * split)) >= 32) split *= 2;
+  while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
+  const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
+  const i64 items = a.B * a.Hkv * ngroups * nsplit;
+  const bool k_in_place = !a.bf16 && a.sk[3] == 1 && D % L == 0;
+  const bool ops_k = Ops::kEnabled && Ops::takes_k(a);  // scores by the policy
+  const bool ops_v = Ops::kEnabled && Ops::takes_v(a);  // P·V by the policy
+  const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % L == 0;
+  // Software prefetch of the K and V streams (pf_row) where rows are contiguous and this code
+  // reads both: it lifts long-context decode from ≈ 70 % to 85–100 % of the read bandwidth.
+  const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
+  const i64 esz = a.bf16 ? 2 : 4;  // bytes per K/V element
+
+  // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
+  //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
+  Scratch part_o(rows_total * nsplit * Dvp * 4), part_m(rows_total * nsplit * 4), part_l(rows_total * nsplit * 4);
+  float* Op = part_o.f();
+  float* Mp = part_m.f();
+  float* Lp = part_l.f();
+
+  // Per-thread scratch: Qd [kDecRows][Dp] scaled queries, Od [kDecRows][Dvp] accumulators,
+  // Kr [Dp] one key row as f32 when not read in place, Vs [kNt][Dvp] the V tile as f32 when not
+  // read in place, Ps [kDecRows][kNt].
+  // Then the policy's own scratch (Ops::scratch_floats).
+  // One block of the pool for all threads, thread t at t · arena.
+  const i64 arena = per_thread_floats(kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Ops::scratch_floats(a));
+  Scratch mem(a.threads * arena * 4);
+  // Items one at a time from next_item (a dynamic schedule); thread t works in arena t.
+  std::atomic<i64> next_item{0};
+  run_shared(items > 1 ? a.threads : 1, [&](int t) {
+    float* Qd = mem.f() + t * arena;
+    float* Od = Qd + kDecRows * Dp;
+    float* Kr = Od + kDecRows * Dvp;
+    float* Vs = Kr + Dp;
+    float* Ps = Vs + kNt * Dvp;
+    Ops ops(a, Ps + kDecRows * kNt);
+    for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
+    i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
+    std::uint64_t dkey[kDecRows];  // dropout_row_key of each row, when a.dropout
+    float Md[kDecRows], Ld[kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
+
+    for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const i64 sp = item % nsplit, g = (item / nsplit) % ngroups, hk = (item / (nsplit * ngroups)) % a.Hkv;
+      const i64 b = item / (nsplit * ngroups * a.Hkv);
+      const i64 k0 = sp * split, k1 = imin(a.Skv, k0 + split);
+      const int nr = static_cast<int>(imin(kDecRows, GS - g * kDecRows));
+      const i64 klen = a.key_len[b];
+      i64 ulo = k1, uhi = k0;
+      for (int r = 0; r < nr; ++r) {
+        const i64 gr = g * kDecRows + r;
+        hs[r] = hk * G + gr / a.Sq, is[r] = gr % a.Sq;
+        if (a.dropout) dkey[r] = dropout_row_key(a.dropout_seed, a.dropout_offset, a.dropout_b0 + b, hs[r], is[r]);
+        key_range(a, is[r], klen, &lo[r], &hi[r]);
+        if (hi[r] > lo[r] && lo[r] < k1 && hi[r] > k0) ulo = imin(ulo, imax(lo[r], k0)), uhi = imax(uhi, imin(hi[r], k1));
+        const i64 qoff = b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2];
+        if (ops_k) ops.load_q(r, qoff);
+        else load_row(a, a.q, qoff, a.sq[3], D, a.scale_log2, Qd + r * Dp);
+        for (i64 d = D; d < Dp; ++d) Qd[r * Dp + d] = 0.0f;
+        std::memset(Od + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
+        Md[r] = kNegInf;
+        S::storeu(Ld + r * L, S::zero());
+      }
+      const i64 kbase = b * a.sk[0] + hk * a.sk[1];
+      const i64 vbase = b * a.sv[0] + hk * a.sv[1];
+      for (i64 t0 = ulo / kNt * kNt; t0 < uhi; t0 += kNt) {
+        const i64 j_lo = imax(t0, ulo), j_hi = imin(t0 + kNt, uhi);
+        if (ops_k) ops.scores(nr, kbase, vbase, t0, j_lo, j_hi, uhi, Ps);
+        for (i64 j = ops_k ? j_hi : j_lo; j < j_hi; ++j) {
+          if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * (vbase + j * a.sv[2]), esz * Dv);
+          const float* kp;
+          if (k_in_place) {
+            kp = static_cast<const float*>(a.k) + kbase + j * a.sk[2];
+          } else {
+            if (a.bf16 && a.sk[3] == 1) widen_row<S>(static_cast<const std::uint16_t*>(a.k) + kbase + j * a.sk[2], D, Kr);
+            else load_row(a, a.k, kbase + j * a.sk[2], a.sk[3], D, 1.0f, Kr);
+            kp = Kr;
+          }
+          int r = 0;
+          for (; r + 2 <= nr; r += 2)
+            dot2<S>(Qd + r * Dp, Qd + (r + 1) * Dp, kp, Dp, &Ps[r * kNt + (j - t0)], &Ps[(r + 1) * kNt + (j - t0)]);
+          if (r < nr) Ps[r * kNt + (j - t0)] = dot<S>(Qd + r * Dp, kp, Dp);
+        }
+        for (int r = 0; r < nr; ++r) {
+          // The chunk bounds cut like the rule does: keys outside [k0, k1) are not this item's.
+          const i64 rlo = imax(lo[r], imax(k0, j_lo)), rhi = imin(hi[r], imin(k1, j_hi));
+          const i64 moff = b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2];
+          if (a.softcap_log2 > 0.0f || a.alibi)
+            mask_mod_row<S>(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), moff, row_diag(a, is[r], klen),
+                            a.alibi ? static_cast<float>(a.alibi[hs[r]] * kLog2e) : 0.0f, 0, kNt);
+          else
+            mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), moff, 0, kNt);
+          softmax_row<S>(Ps + r * kNt, &Md[r], Ld + r * L, Od + r * Dvp, Dvp);
+          if (a.dropout) dropout_tile_row(a, dkey[r], Ps + r * kNt, t0, j_lo - t0, j_hi - t0);
+        }
+        if (ops_v) {
+          ops.pv(nr, Ps, vbase, t0, j_lo, j_hi, Od, Dvp);
+          continue;
+        }
+        // The tile's V rows [j_lo, j_hi) as f32 rows c = j − t0 of vt (in place, or converted into Vs).
+        const float* vt = Vs;
+        i64 ldv = Dvp;
+        if (v_in_place) {
+          vt = static_cast<const float*>(a.v) + vbase + t0 * a.sv[2];
+          ldv = a.sv[2];
+        } else {
+          for (i64 j = j_lo; j < j_hi; ++j) {
+            float* row = Vs + (j - t0) * Dvp;
+            if (a.bf16 && a.sv[3] == 1) {
+              widen_row<S>(static_cast<const std::uint16_t*>(a.v) + vbase + j * a.sv[2], Dv, row);
+            } else {
+              load_row(a, a.v, vbase + j * a.sv[2], a.sv[3], Dv, 1.0f, row);
+              for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
+            }
+          }
+        }
+        // While P·V reads this tile's V rows: the next tile's K rows, those this item scores.
+        const char* pf = prefetch ? static_cast<const char*>(a.k) + esz * (kbase + (t0 + kNt) * a.sk[2]) : nullptr;
+        const i64 pf_ld = esz * a.sk[2], pf_end = uhi - t0 - kNt, pf_bytes = esz * D;
+        int r = 0;
+        for (; r + 2 <= nr; r += 2) {
+          dec_pv<S, 2>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp, pf, pf_ld, pf_end, pf_bytes);
+          pf = nullptr;
+        }
+        if (r < nr) dec_pv<S, 1>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp, pf, pf_ld, pf_end, pf_bytes);
+      }
+      for (int r = 0; r < nr; ++r) {
+        const i64 row = (b * a.Hkv + hk) * GS + g * kDecRows + r;
+        std::memcpy(Op + (row * nsplit + sp) * Dvp, Od + r * Dvp, sizeof(float) * static_cast<std::size_t>(Dvp));
+        Mp[row * nsplit + sp] = Md[r];
+        Lp[row * nsplit + sp] = S::hsum(S::loadu(Ld + r * L));
+      }
+    }
+  });
+
+  // Merge the chunks of each row: M = max m_s, l = Σ l_s 2^(m_s − M), O = Σ O_s 2^(m_s − M),
+  // over the chunks that saw a key (l_s ≠ 0), once every chunk is done (the end of the run_shared
+  // above). A NaN chunk (l_s = NaN, see softmax_row) makes l NaN, and with it the row.
+  std::atomic<i64> next_row{0};
+  run_shared(rows_total > 1 ? a.threads : 1, [&](int t) {
+    float* acc = mem.f() + t * arena + kDecRows * Dp;  // thread t's Od, reused: [Dvp]
+    for (i64 row; (row = next_row.fetch_add(1, std::memory_order_relaxed)) < rows_total;) {
+      float M = kNegInf, l = 0.0f;
+      for (i64 s = 0; s < nsplit; ++s) {
+        const float ls = Lp[row * nsplit + s];
+        if (ls != ls) l = ls;  // a NaN chunk, possibly with m_s = −∞ (NaN scores only)
+        else if (ls != 0.0f && Mp[row * nsplit + s] > M) M = Mp[row * nsplit + s];
+      }
+      std::memset(acc, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
+      if (M != kNegInf) {
+        for (i64 s = 0; s < nsplit; ++s) {
+          if (Lp[row * nsplit + s] == 0.0f) continue;
+          const float w = __builtin_exp2f(Mp[row * nsplit + s] - M);
+          l += Lp[row * nsplit + s] * w;
+          const auto vw = S::set1(w);
+          const float* o = Op + (row * nsplit + s) * Dvp;
+          for (i64 e = 0; e < Dvp; e += L) S::storeu(acc + e, S::fmadd(vw, S::loadu(o + e), S::loadu(acc + e)));
+        }
+      }
+      const i64 bhk = row / GS, r = row % GS;
+      const i64 b = bhk / a.Hkv, hk = bhk % a.Hkv;
+      store_row<S>(a, b, hk * G + r / a.Sq, r % a.Sq, acc, M, l);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace qkv::kernels::cpu
