@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "qkv/model.hpp"
-#include "train/tokenizer.hpp"
+#include "model/text_tokenizer.hpp"
 
 namespace {
 
@@ -166,8 +166,8 @@ TEST(Sampler, NucleusOfAFlatDistributionIsTheFirstMaximum) {
 TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
   const std::string corpus = "First Citizen:\nBefore we proceed any further, hear me speak.\n\u00e9t\u00e9 caf\u00e9\n";
   const std::string dir = ::testing::TempDir() + "qkv_tok_json_" + std::to_string(::getpid()) + "_";
-  for (const auto& trained : {qkv::train::TextTokenizer::learn_chars(corpus), qkv::train::TextTokenizer::learn_bpe(corpus, 270)}) {
-    const std::string path = dir + (trained.kind() == qkv::train::TextTokenizer::Kind::chars ? "chars.json" : "bpe.json");
+  for (const auto& trained : {qkv::detail::TextTokenizer::learn_chars(corpus), qkv::detail::TextTokenizer::learn_bpe(corpus, 270)}) {
+    const std::string path = dir + (trained.kind() == qkv::detail::TextTokenizer::Kind::chars ? "chars.json" : "bpe.json");
     std::ofstream(path) << trained.to_json() << "\n";  // as the trainer writes it
     const auto tok = qkv::Tokenizer::load(path, trained.vocab_size());
     EXPECT_EQ(tok.format(), qkv::Tokenizer::Format::qkv_json);

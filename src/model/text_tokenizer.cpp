@@ -1,4 +1,4 @@
-#include "train/tokenizer.hpp"
+#include "model/text_tokenizer.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include "model/json_depth.hpp"
 #include "qkv/types.hpp"
 
-namespace qkv::train {
+namespace qkv::detail {
 namespace {
 
 // Length of the UTF-8 sequence starting at s[i] and its code point, or 0 if it is not valid
@@ -105,7 +105,7 @@ void check_text(const char* fn, std::string_view corpus) {
 }
 
 TextTokenizer TextTokenizer::learn_chars(std::string_view corpus) {
-  check_text("qkv::train::TextTokenizer::learn_chars", corpus);
+  check_text("qkv::TextTokenizer::learn_chars", corpus);
   std::map<std::uint32_t, std::string> seen;  // code point order
   for (std::size_t i = 0; i < corpus.size();) {
     std::uint32_t cp = 0;
@@ -120,7 +120,7 @@ TextTokenizer TextTokenizer::learn_chars(std::string_view corpus) {
 }
 
 TextTokenizer TextTokenizer::learn_bpe(std::string_view corpus, std::int64_t vocab_size) {
-  const char* fn = "qkv::train::TextTokenizer::learn_bpe";
+  const char* fn = "qkv::TextTokenizer::learn_bpe";
   check_text(fn, corpus);
   if (vocab_size < 257 || vocab_size > 65536)
     fail(fn, "vocab_size: must be in [257, 65536] (256 bytes + at least one merge), got " +
@@ -170,7 +170,7 @@ std::vector<std::int32_t> TextTokenizer::encode(std::string_view text) const {
       const int len = utf8_decode(text, i, &cp);
       const auto it = len ? id.find(text.substr(i, static_cast<std::size_t>(len))) : id.end();
       if (it == id.end())
-        fail("qkv::train::TextTokenizer::encode",
+        fail("qkv::TextTokenizer::encode",
              "text: the character at byte offset " + std::to_string(i) + " is not in the " +
                  std::to_string(pieces_.size()) + "-character vocabulary learned from the corpus");
       out.push_back(it->second);
@@ -205,7 +205,7 @@ std::vector<std::int32_t> TextTokenizer::encode(std::string_view text) const {
 
 std::string TextTokenizer::token_text(std::int32_t id) const {
   if (id < 0 || id >= vocab_size())
-    fail("qkv::train::TextTokenizer::token_text",
+    fail("qkv::TextTokenizer::token_text",
          "id: must be in [0, " + std::to_string(vocab_size()) + "), got " + std::to_string(id));
   return pieces_[static_cast<std::size_t>(id)];
 }
@@ -231,8 +231,8 @@ std::string TextTokenizer::to_json() const {
 }
 
 TextTokenizer TextTokenizer::from_json(std::string_view json) {
-  const char* fn = "qkv::train::TextTokenizer::from_json";
-  const auto j = nlohmann::json::parse(json, qkv::detail::json_depth_limit(fn, "json"), false);
+  const char* fn = "qkv::TextTokenizer::from_json";
+  const auto j = nlohmann::json::parse(json, json_depth_limit(fn, "json"), false);
   if (j.is_discarded() || !j.is_object() || !j.contains("kind"))
     fail(fn, "json: not a tokenizer description (an object with \"kind\")");
   TextTokenizer t;
@@ -274,4 +274,4 @@ TextTokenizer TextTokenizer::from_json(std::string_view json) {
   return t;
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::detail
