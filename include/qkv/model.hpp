@@ -216,7 +216,7 @@ class Tokenizer {
   int bos_id_ = bos, eos_id_ = eos;
   std::vector<std::string> vocab_;
   std::vector<float> scores_;  // llama2c only (qkv_json: zeros)
-  std::vector<int> sorted_;  // token ids ordered by piece, for lookups (first id wins on duplicates)
+  std::vector<int> sorted_;  // llama2c: token ids ordered by piece, for lookups (first id wins on duplicates)
   int max_token_length_ = 0;
   std::shared_ptr<const detail::TextTokenizer> text_;  // qkv_json: the trained tokenizer that encodes
   struct WordPiece;  // wordpiece: settings, vocabulary and added tokens (tokenizer.cpp)

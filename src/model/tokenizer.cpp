@@ -83,10 +83,7 @@ Tokenizer Tokenizer::load_qkv_json(const std::string& path, const std::string& b
   t.bos_id_ = t.eos_id_ = -1;
   for (std::int64_t i = 0; i < vocab_size; ++i) t.vocab_.push_back(tt.token_text(static_cast<std::int32_t>(i)));
   t.scores_.assign(static_cast<std::size_t>(vocab_size), 0.0f);
-  t.text_ = std::make_shared<const detail::TextTokenizer>(std::move(tt));
-  t.sorted_.resize(static_cast<std::size_t>(vocab_size));
-  for (std::size_t i = 0; i < t.sorted_.size(); ++i) t.sorted_[i] = static_cast<int>(i);
-  std::stable_sort(t.sorted_.begin(), t.sorted_.end(), [&t](int a, int b) { return t.piece(a) < t.piece(b); });
+  t.text_ = std::make_shared<const detail::TextTokenizer>(std::move(tt));  // encodes; no lookups
   return t;
 }
 
