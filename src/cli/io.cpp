@@ -8,31 +8,10 @@
 #include <iterator>
 #include <system_error>
 
+#include "model/unicode.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::cli {
-
-namespace {
-
-// The length of the UTF-8 sequence at s[i], or 0 when it is not one (a stray continuation byte,
-// an overlong form, a surrogate, a code point above U+10FFFF, or a sequence cut short).
-std::size_t utf8_length(const std::string& s, std::size_t i) {
-  const auto b = [&s](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
-  else if (c >= 0xE0 && c <= 0xEF) len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-  else if (c >= 0xF0 && c <= 0xF4) len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-  else return 0;
-  if (i + len > s.size() || b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (std::size_t k = 2; k < len; ++k)
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-  return len;
-}
-
-}  // namespace
 
 void read_if_stdin(const char* command, const std::string& flag, std::string& value) {
   if (value != "-") return;
@@ -40,7 +19,8 @@ void read_if_stdin(const char* command, const std::string& flag, std::string& va
   if (std::cin.bad()) fail(command, flag + " -: reading stdin failed");
   std::size_t line = 1, column = 1;
   for (std::size_t i = 0; i < text.size();) {
-    const std::size_t n = utf8_length(text, i);
+    char32_t cp;
+    const auto n = static_cast<std::size_t>(detail::unicode::utf8_next(text, i, &cp));
     if (n == 0) {
       char byte[8];
       std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[i]));

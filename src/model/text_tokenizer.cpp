@@ -8,33 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "model/json_depth.hpp"
+#include "model/unicode.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::detail {
 namespace {
 
-// Length of the UTF-8 sequence starting at s[i] and its code point, or 0 if it is not valid
-// (bad lead byte, truncated, bad continuation, overlong, surrogate, > U+10FFFF).
-int utf8_decode(std::string_view s, std::size_t i, std::uint32_t* cp) {
-  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  int len;
-  std::uint32_t v;
-  if (c < 0x80) { *cp = c; return 1; }
-  if ((c & 0xE0) == 0xC0) len = 2, v = c & 0x1Fu;
-  else if ((c & 0xF0) == 0xE0) len = 3, v = c & 0x0Fu;
-  else if ((c & 0xF8) == 0xF0) len = 4, v = c & 0x07u;
-  else return 0;
-  if (i + static_cast<std::size_t>(len) > s.size()) return 0;
-  for (int k = 1; k < len; ++k) {
-    if ((b(i + static_cast<std::size_t>(k)) & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (b(i + static_cast<std::size_t>(k)) & 0x3Fu);
-  }
-  static constexpr std::uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (v < kMin[len] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-  *cp = v;
-  return len;
-}
+using unicode::utf8_next;
 
 bool is_space(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
 // Word classes for BPE pre-splitting: letters, digits and every non-ASCII byte (so UTF-8
@@ -88,8 +68,8 @@ std::vector<std::int32_t> bytes_of(std::string_view s) {
 void check_text(const char* fn, std::string_view corpus) {
   if (corpus.empty()) fail(fn, "corpus: the file is empty, there is nothing to train on");
   for (std::size_t i = 0; i < corpus.size();) {
-    std::uint32_t cp = 0;
-    const int len = utf8_decode(corpus, i, &cp);
+    char32_t cp = 0;
+    const int len = utf8_next(corpus, i, &cp);
     if (len == 0 || cp == 0) {
       char what[32];
       if (len == 0)
@@ -106,10 +86,10 @@ void check_text(const char* fn, std::string_view corpus) {
 
 TextTokenizer TextTokenizer::learn_chars(std::string_view corpus) {
   check_text("qkv::TextTokenizer::learn_chars", corpus);
-  std::map<std::uint32_t, std::string> seen;  // code point order
+  std::map<char32_t, std::string> seen;  // code point order
   for (std::size_t i = 0; i < corpus.size();) {
-    std::uint32_t cp = 0;
-    const int len = utf8_decode(corpus, i, &cp);
+    char32_t cp = 0;
+    const int len = utf8_next(corpus, i, &cp);
     seen.emplace(cp, std::string(corpus.substr(i, static_cast<std::size_t>(len))));
     i += static_cast<std::size_t>(len);
   }
@@ -166,8 +146,8 @@ std::vector<std::int32_t> TextTokenizer::encode(std::string_view text) const {
     std::unordered_map<std::string_view, std::int32_t> id;
     for (std::size_t i = 0; i < pieces_.size(); ++i) id.emplace(pieces_[i], static_cast<std::int32_t>(i));
     for (std::size_t i = 0; i < text.size();) {
-      std::uint32_t cp = 0;
-      const int len = utf8_decode(text, i, &cp);
+      char32_t cp = 0;
+      const int len = utf8_next(text, i, &cp);
       const auto it = len ? id.find(text.substr(i, static_cast<std::size_t>(len))) : id.end();
       if (it == id.end())
         fail("qkv::TextTokenizer::encode",

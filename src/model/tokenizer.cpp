@@ -347,19 +347,9 @@ std::u32string utf8_decode(std::string_view text, std::size_t base) {
   std::u32string out;
   out.reserve(text.size());
   for (std::size_t i = 0; i < text.size();) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    const int n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-    char32_t c = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
-    bool ok = n > 0 && i + static_cast<std::size_t>(n) <= text.size();
-    for (int k = 1; ok && k < n; ++k) {
-      const auto cb = static_cast<unsigned char>(text[i + static_cast<std::size_t>(k)]);
-      ok = (cb & 0xC0) == 0x80;
-      c = (c << 6) | (cb & 0x3F);
-    }
-    ok = ok && c <= 0x10FFFF && !(c >= 0xD800 && c <= 0xDFFF) &&
-         !(n == 2 && c < 0x80) && !(n == 3 && c < 0x800) && !(n == 4 && c < 0x10000);
-    if (!ok)
-      fail("qkv::Tokenizer::encode", "text: invalid UTF-8 at byte " + std::to_string(base + i));
+    char32_t c = 0;
+    const int n = uc::utf8_next(text, i, &c);
+    if (n == 0) fail("qkv::Tokenizer::encode", "text: invalid UTF-8 at byte " + std::to_string(base + i));
     out.push_back(c);
     i += static_cast<std::size_t>(n);
   }
