@@ -1,5 +1,5 @@
-// libFuzzer harness: the generic safetensors reader of training checkpoints
-// (src/train/safetensors_io.hpp: F32, I64, U64 and the other dtypes, "__metadata__" strings).
+// libFuzzer harness: the generic safetensors reader (src/model/safetensors.hpp), as training checkpoints use it
+// (F32, I64, U64 and the other dtypes, "__metadata__" strings).
 // Any input must be read or refused with std::invalid_argument. A file that is read hands out
 // tensors whose bytes match their shape exactly, so the typed getters the trainer uses accept
 // every F32, U64 and I64 tensor at its own element count and copy exactly its bytes.
@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "fuzz/fuzz_common.hpp"
-#include "train/safetensors_io.hpp"
+#include "model/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  namespace t = qkv::train;
+  namespace t = qkv::detail;
   t::StFile f;
   try {
     f = t::read_safetensors(qkv::fuzz::as_file(data, size));

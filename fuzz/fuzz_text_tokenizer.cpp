@@ -1,4 +1,4 @@
-// libFuzzer harness: the tokenizer JSON that `qkv train` writes (src/train/tokenizer.hpp:
+// libFuzzer harness: the tokenizer JSON that `qkv train` writes (src/model/text_tokenizer.hpp:
 // {"kind": "chars", "chars": [...]} or {"kind": "bpe", "merges": [[a, b], ...]}). Any input must load
 // or be refused with std::invalid_argument. A tokenizer that loads must
 //   - write itself back unchanged: to_json -> from_json -> to_json gives the same text;
@@ -9,10 +9,10 @@
 #include <string>
 #include <string_view>
 
-#include "train/tokenizer.hpp"
+#include "model/text_tokenizer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using qkv::train::TextTokenizer;
+  using qkv::detail::TextTokenizer;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   TextTokenizer tok;
   try {

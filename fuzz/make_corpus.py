@@ -119,7 +119,7 @@ put("config", "hf_llama_old_rope.json", json.dumps({
 # million levels overflowed the stack in dump()), here 100 levels, small enough to keep.
 put("config", "regress_nested.json", '{"dim": ' + "[" * 100 + "]" * 100 + "}")
 
-# The tokenizer JSON of qkv train (src/train/tokenizer.hpp): chars and byte-level BPE; merge r
+# The tokenizer JSON of qkv train (src/model/text_tokenizer.hpp): chars and byte-level BPE; merge r
 # makes token 256 + r from two earlier ids.
 put("text_tokenizer", "chars.json", json.dumps({"kind": "chars", "chars": sorted(set("First Citizen:\nBefore we proceed, hear me speak."))}))
 put("text_tokenizer", "chars_unicode.json", json.dumps({"kind": "chars", "chars": ["\n", " ", "a", "\u00e9", "\u732b", "\U0001F600"]}))
@@ -130,7 +130,7 @@ put("text_tokenizer", "regress_doubling_merges.json",
     json.dumps({"kind": "bpe", "merges": [[97, 97]] + [[256 + i, 256 + i] for i in range(40)]}))
 put("text_tokenizer", "bpe_text.txt", "the other there; \xff\x00 and\tthe\n".encode("latin-1"))
 
-# Training checkpoints (src/train/safetensors_io.hpp): F32 parameters and optimiser moments, the
+# Training checkpoints (src/model/safetensors.hpp): F32 parameters and optimiser moments, the
 # U64 RNG state, the I64 step and string metadata, as qkv train writes them.
 put("checkpoint", "train.st", safetensors([
     ("optimizer.m", F, (6,), None), ("optimizer.v", F, (6,), None), ("train.rng", "U64", (4,), struct.pack("<4Q", 1, 2, 3, 4)),

@@ -155,10 +155,10 @@ void save_safetensors(const Weights& w, const std::string& path);
 
 // ---------------------------------------------------------------------------------------------
 // Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores), the
-// tokenizer.json `qkv train` writes (characters or byte-level BPE, src/train/tokenizer.hpp), or
+// tokenizer.json `qkv train` writes (characters or byte-level BPE, src/model/text_tokenizer.hpp), or
 // BERT's WordPiece (a Hugging Face tokenizer.json or a vocab.txt, for encoders).
 // ---------------------------------------------------------------------------------------------
-namespace train {
+namespace detail {
 class TextTokenizer;
 }
 
@@ -170,9 +170,10 @@ class Tokenizer {
   enum class Format : std::uint8_t { llama2c, qkv_json, wordpiece };
 
   // Reads `path` for a vocabulary of `vocab_size` tokens. The format is told by the content: a
-  // file whose first non-blank byte is '{' is qkv train's tokenizer.json, anything else a
-  // llama2.c binary; every length is checked against the file, and an error says which format
-  // the file was read as.
+  // file whose first non-blank byte is '{' is a Hugging Face WordPiece tokenizer.json if it has
+  // "model" (load_wordpiece), else qkv train's tokenizer.json ("kind"); anything else a llama2.c
+  // binary. Every length is checked against the file, and an error says which format the file
+  // was read as and which formats load reads.
   static Tokenizer load(const std::string& path, std::int64_t vocab_size);
   // BERT's WordPiece, as Hugging Face tokenizers' BertNormalizer + BertPreTokenizer + WordPiece
   // compute it, from `path`: a tokenizer.json (told by its leading '{'; model "WordPiece",
@@ -215,9 +216,9 @@ class Tokenizer {
   int bos_id_ = bos, eos_id_ = eos;
   std::vector<std::string> vocab_;
   std::vector<float> scores_;  // llama2c only (qkv_json: zeros)
-  std::vector<int> sorted_;  // token ids ordered by piece, for lookups (first id wins on duplicates)
+  std::vector<int> sorted_;  // llama2c: token ids ordered by piece, for lookups (first id wins on duplicates)
   int max_token_length_ = 0;
-  std::shared_ptr<const train::TextTokenizer> text_;  // qkv_json: the trained tokenizer that encodes
+  std::shared_ptr<const detail::TextTokenizer> text_;  // qkv_json: the trained tokenizer that encodes
   struct WordPiece;  // wordpiece: settings, vocabulary and added tokens (tokenizer.cpp)
   std::shared_ptr<const WordPiece> wp_;
   std::vector<int> encode_wordpiece(std::string_view text, bool add_bos, bool add_eos) const;

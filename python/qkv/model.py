@@ -82,7 +82,9 @@ def _real(fn: str, name: str, x: Any) -> float:
 
 
 class Tokenizer:
-    """llama2.c's tokenizer: score-ordered merges, byte fallback, BOS = 1 and EOS = 2."""
+    """Any tokenizer qkv reads, told apart by the file's content: llama2.c's tokenizer.bin
+    (score-ordered merges, byte fallback, BOS = 1 and EOS = 2), the tokenizer.json ``qkv train``
+    writes (characters or byte-level BPE, no BOS/EOS) or a Hugging Face WordPiece tokenizer.json."""
 
     bos = 1
     eos = 2
@@ -92,24 +94,32 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str, vocab_size: int) -> "Tokenizer":
-        """Reads a llama2.c tokenizer file for a vocabulary of ``vocab_size`` tokens."""
+        """Reads a tokenizer file for a vocabulary of ``vocab_size`` tokens (an error names the
+        format the file was read as)."""
         return cls(_qkv.Tokenizer.load(str(path), int(vocab_size)))
 
     @property
     def vocab_size(self) -> int:
         return self._t.vocab_size
 
+    @property
+    def format(self) -> str:
+        """"llama2c", "qkv_json" or "wordpiece"."""
+        return self._t.format
+
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> List[int]:
-        """Token ids of ``text`` as llama2.c encodes them ([BOS] first unless ``bos=False``)."""
+        """Token ids of ``text`` ([BOS] first unless ``bos=False``, where the format has one)."""
         return list(self._t.encode(text, bos, eos))
 
     def decode(self, tokens: Sequence[int]) -> str:
-        """The text of ``tokens`` as llama2.c prints it (a token after BOS drops its leading space)."""
+        """The text of ``tokens`` as generation prints it (llama2.c: a token after BOS drops its
+        leading space; BOS and EOS, where the format has them, print nothing)."""
         ids = _tokens("qkv.Tokenizer.decode", tokens)
-        prev = self.bos
+        specials = {t for t in (self._t.bos_id, self._t.eos_id) if t >= 0}
+        prev = self._t.bos_id if self._t.bos_id >= 0 else 0  # a format without BOS ignores prev
         out = bytearray()
         for t in ids:
-            if t not in (self.bos, self.eos):
+            if t not in specials:
                 out += self._t.decode(prev, t)
             prev = t
         return out.decode("utf-8", errors="replace")

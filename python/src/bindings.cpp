@@ -12,6 +12,7 @@
 // The GIL is released while a kernel runs, so Python threads calling qkv compute at the same time.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -28,6 +29,7 @@
 #include <utility>
 
 #include "core/fork_gate.hpp"
+#include "model/safetensors.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/encoder.hpp"
 #include "qkv/memory.hpp"
@@ -437,12 +439,43 @@ std::tuple<std::vector<nb::bytes>, std::int64_t, std::int64_t, double, double> m
   return {out, st.prompt_tokens, st.generated, st.prefill_seconds, st.decode_seconds};
 }
 
+// The safetensors module of the library (src/model/safetensors.hpp), for qkv/safetensors.py:
+// {name: (dtype, shape, bytes)} and the metadata; the file is read and validated without the GIL.
+nb::tuple safetensors_read(const std::string& path) {
+  qkv::detail::StFile f;
+  {
+    nb::gil_scoped_release unlocked;
+    f = qkv::detail::read_safetensors(path, "qkv.safetensors.load_file");
+  }
+  nb::dict tensors;
+  for (const auto& [name, t] : f.tensors)
+    tensors[nb::str(name.c_str(), name.size())] =
+        nb::make_tuple(t.dtype, nb::tuple(nb::cast(t.shape)), nb::bytes(t.bytes.data(), t.bytes.size()));
+  return nb::make_tuple(tensors, nb::cast(f.metadata));
+}
+
+// Writes (name, dtype, shape, bytes) tensors in the order given, through the library's atomic writer.
+void safetensors_write(const std::string& path,
+                       const std::vector<std::tuple<std::string, std::string, std::vector<std::int64_t>, nb::bytes>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<qkv::detail::SafetensorsView> views;
+  views.reserve(tensors.size());
+  for (const auto& [name, dtype, shape, bytes] : tensors)
+    views.push_back({name, dtype, shape, {bytes.c_str(), bytes.size()}});
+  nb::gil_scoped_release unlocked;  // `tensors` keeps every bytes object alive meanwhile
+  qkv::detail::write_safetensors(path, metadata, views, "qkv.safetensors.save_file");
+}
+
 }  // namespace
 
 NB_MODULE(_qkv, m) {
   m.attr("__version__") = QKV_VERSION;  // CMakeLists.txt's project(VERSION), the one place it is written
   m.doc() = "Native layer of qkv: attention on the CPU over strided arrays. Use the qkv package, not this module.";
 
+  m.def("safetensors_read", &safetensors_read, "path"_a,
+        "({name: (dtype, shape, bytes)}, metadata) of a safetensors file, every header field validated first.");
+  m.def("safetensors_write", &safetensors_write, "path"_a, "tensors"_a, "metadata"_a,
+        "Writes [(name, dtype, shape, bytes)] and string metadata to a temporary file renamed over path.");
   m.def("alibi_standard_slopes", &qkv::alibi_standard_slopes, "H"_a,
         "The ALiBi paper's slopes for H heads (as BLOOM and MPT build them), a list of H floats.");
   m.def("check_memory", &qkv::check_memory, "function"_a, "what"_a, "bytes"_a,
@@ -503,10 +536,18 @@ NB_MODULE(_qkv, m) {
            "window_right"_a, "num_threads"_a, "kernel"_a,
            "Writes delta [B, S, d_model] (and head_delta [B, H, S, d_model], pattern [B, H, S, Skv]).");
 
-  nb::class_<qkv::Tokenizer>(m, "Tokenizer", "llama2.c's tokenizer (use qkv.Tokenizer).")
+  nb::class_<qkv::Tokenizer>(m, "Tokenizer", "A tokenizer of any format qkv reads (use qkv.Tokenizer).")
       .def_static("load", &qkv::Tokenizer::load, "path"_a, "vocab_size"_a,
-                  "Reads a llama2.c tokenizer file for a vocabulary of vocab_size tokens.")
-      .def("encode", &qkv::Tokenizer::encode, "text"_a, "bos"_a, "eos"_a, "llama2.c's encode.")
+                  "Reads a llama2.c tokenizer.bin, qkv train's tokenizer.json or a Hugging Face WordPiece "
+                  "tokenizer.json (told apart by content) for a vocabulary of vocab_size tokens.")
+      .def("encode", &qkv::Tokenizer::encode, "text"_a, "bos"_a, "eos"_a, "Token ids of text in the file's format.")
+      .def_prop_ro("format",
+                   [](const qkv::Tokenizer& t) {
+                     static const char* const names[] = {"llama2c", "qkv_json", "wordpiece"};  // Format's order
+                     return names[static_cast<int>(t.format())];
+                   })
+      .def_prop_ro("bos_id", &qkv::Tokenizer::bos_id)
+      .def_prop_ro("eos_id", &qkv::Tokenizer::eos_id)
       .def(
           "decode",
           [](const qkv::Tokenizer& t, int prev, int token) {

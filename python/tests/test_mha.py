@@ -142,12 +142,13 @@ def test_broken_files_are_rejected(tmp_path):
     n = int.from_bytes(raw[:8], "little")
     cases = [
         (b"\x01\x02", r"shorter than the 8-byte header length"),
-        ((10 ** 6).to_bytes(8, "little") + b"{}", r"header length 1000000 exceeds the file"),
-        ((2).to_bytes(8, "little") + b"[]", r"header is not a JSON object"),
+        ((10 ** 6).to_bytes(8, "little") + b"{}", r"header length 1000000 does not fit in the file of 10 bytes"),
+        ((2).to_bytes(8, "little") + b"[]", r"header must be a JSON object, got array"),
         ((3).to_bytes(8, "little") + b"{x}", r"header is not valid JSON"),
-        (raw[:-4], r"data_offsets \[0, 16\] outside the data section of 12 bytes"),
+        (raw[:-4], r"data_offsets \[0, 16\] outside the data region of 12 bytes"),
         (raw[:8] + raw[8:8 + n].replace(b"F32", b"Q32") + raw[8 + n:], r"unknown dtype 'Q32'"),
-        (raw[:8] + raw[8:8 + n].replace(b"[2,2]", b"[2,3]") + raw[8 + n:], r"needs 24 bytes, data_offsets give 16"),
+        (raw[:8] + raw[8:8 + n].replace(b"[2,2]", b"[2,3]") + raw[8 + n:], r"F32 \[2,3\] needs 6 × 4 bytes but data_offsets span 16"),
+        (raw + b"\0\0\0\0", r"the tensors cover 16 bytes of a data region of 20 \(trailing bytes\)"),
     ]
     for data, pattern in cases:
         corrupt(path, data)

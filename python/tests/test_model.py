@@ -214,6 +214,22 @@ def test_tokenizer_round_trip(tok):
     assert tok.vocab_size == 512
 
 
+def test_tokenizer_of_qkv_train_by_content(tmp_path):
+    """The tokenizer.json `qkv train` writes loads through the same qkv.Tokenizer.load; its ids 1
+    and 2 are characters, not BOS/EOS, so they survive decode (ids and text by hand)."""
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"kind": "chars", "chars": ["\\n", " ", "a", "b", "c"]}')
+    tok = qkv.Tokenizer.load(path, 5)
+    assert tok.format == "qkv_json"
+    assert tok.encode("ab c\n") == [2, 3, 1, 4, 0]  # no BOS: the format has none
+    assert tok.decode([2, 3, 1, 4, 0]) == "ab c\n"
+    with pytest.raises(ValueError, match=r"read as qkv train's tokenizer.json.*5 tokens, but the model's vocabulary has 512"):
+        qkv.Tokenizer.load(path, 512)
+    with pytest.raises(ValueError, match=r"read as a llama2.c tokenizer.bin.*impossible max_token_length"):
+        qkv.Tokenizer.load(MODEL.parent / "NOTICE", 512)
+    assert qkv.Tokenizer.load(TOKENIZER, 512).format == "llama2c"
+
+
 def test_bad_input_is_a_clear_error(model, tmp_path):
     with pytest.raises(ValueError, match="nope.bin"):
         qkv.Model.load(tmp_path / "nope.bin")

@@ -6,17 +6,16 @@
 //
 // An empty line is embedded as the empty text (as sentence-transformers does); a line that is not
 // valid UTF-8 is an error naming its number. Progress (texts done, sentences/s) goes to stderr.
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "cli/commands.hpp"
 #include "cli/io.hpp"
+#include "core/output_file.hpp"
 #include "qkv/encoder.hpp"
 
 namespace qkv::cli {
@@ -37,43 +36,31 @@ struct EmbedArgs {
 void write_embeddings(const std::string& path, const float* e, std::int64_t N, std::int64_t C) {
   const bool npy = path.ends_with(".npy"), jsonl = path.ends_with(".jsonl");
   if (!npy && !jsonl) fail(kFn, "--out '" + path + "': must end in .npy or .jsonl");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) fail(kFn, "--out '" + tmp + "': cannot open for writing: " + std::strerror(errno));
-    if (npy) {
-      std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(N) + ", " +
-                           std::to_string(C) + "), }";
-      header.append(64 - (10 + header.size() + 1) % 64, ' ');  // magic + len + header + '\n' to a multiple of 64
-      header += '\n';
-      const auto len = static_cast<std::uint16_t>(header.size());
-      f.write("\x93NUMPY\x01\x00", 8);
-      const char lb[2] = {static_cast<char>(len & 0xFF), static_cast<char>(len >> 8)};
-      f.write(lb, 2);
-      f.write(header.data(), static_cast<std::streamsize>(header.size()));
-      f.write(reinterpret_cast<const char*>(e), static_cast<std::streamsize>(N * C * 4));
-    } else {
-      char num[32];
-      for (std::int64_t i = 0; i < N; ++i) {
-        f << '[';
-        for (std::int64_t k = 0; k < C; ++k) {
-          std::snprintf(num, sizeof num, "%.9g", static_cast<double>(e[i * C + k]));
-          f << (k ? "," : "") << num;
-        }
-        f << "]\n";
+  std::string bytes;
+  if (npy) {
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(N) + ", " +
+                         std::to_string(C) + "), }";
+    header.append(64 - (10 + header.size() + 1) % 64, ' ');  // magic + len + header + '\n' to a multiple of 64
+    header += '\n';
+    const auto len = static_cast<std::uint16_t>(header.size());
+    bytes.append("\x93NUMPY\x01\x00", 8);
+    bytes += static_cast<char>(len & 0xFF);
+    bytes += static_cast<char>(len >> 8);
+    bytes += header;
+    bytes.append(reinterpret_cast<const char*>(e), static_cast<std::size_t>(N * C * 4));
+  } else {
+    char num[32];
+    for (std::int64_t i = 0; i < N; ++i) {
+      bytes += '[';
+      for (std::int64_t k = 0; k < C; ++k) {
+        std::snprintf(num, sizeof num, "%.9g", static_cast<double>(e[i * C + k]));
+        if (k) bytes += ',';
+        bytes += num;
       }
-    }
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      fail(kFn, "--out '" + tmp + "': write failed");
+      bytes += "]\n";
     }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    fail(kFn, "--out '" + path + "': cannot rename the temporary file into place: " + std::strerror(err));
-  }
+  detail::write_file_atomic(path, bytes, kFn, "--out");
 }
 
 void run(const EmbedArgs& a) {

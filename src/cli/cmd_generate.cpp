@@ -49,13 +49,11 @@ struct GenerateArgs {
   std::string batch_file;  // one prompt a line, run by generate_batch
 };
 
-// --tokenizer when not given: what `qkv train` writes beside its model (tokenizer.json), or a
-// tokenizer.bin beside the model, else the tok512.bin of the stories260K shipped with qkv.
+// --tokenizer when not given: the one beside the model (tokenizer_beside), else the tok512.bin of
+// the stories260K shipped with qkv.
 std::string default_tokenizer(const std::string& model) {
-  const std::filesystem::path p(model);
-  const std::filesystem::path dir = std::filesystem::is_directory(p) ? p : p.parent_path();
-  for (const char* name : {"tokenizer.json", "tokenizer.bin"})
-    if (std::filesystem::is_regular_file(dir / name)) return (dir / name).string();
+  const std::string beside = tokenizer_beside(kFn, model);
+  if (!beside.empty()) return beside;
   return (std::filesystem::path(shipped_model_dir(kFn, "give --tokenizer")) / "tok512.bin").string();
 }
 

@@ -30,28 +30,6 @@ struct InspectArgs {
   std::string tokenizer, config, prompt, out, format = "html";
 };
 
-// Beside the model: tokenizer.json (written by `qkv train`), else tokenizer.bin, else the one
-// tok*.bin (llama2.c names it tok<V>.bin).
-std::string find_tokenizer(const std::string& model) {
-  const fs::path dir = fs::path(model).parent_path().empty() ? fs::path(".") : fs::path(model).parent_path();
-  for (const char* name : {"tokenizer.json", "tokenizer.bin"}) {
-    if (fs::exists(dir / name)) return (dir / name).string();
-  }
-  std::string found;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("tok", 0) == 0 && e.path().extension() == ".bin") {
-      if (!found.empty()) fail(kFn, "--tokenizer: not given, and " + dir.string() + " holds several tok*.bin");
-      found = e.path().string();
-    }
-  }
-  if (found.empty()) {
-    fail(kFn, "--tokenizer: not given, and no tokenizer.json, tokenizer.bin or tok*.bin beside " + model);
-  }
-  return found;
-}
-
 // The prompt as token ids, and the text of any id, from either kind of tokenizer (Tokenizer::load
 // tells llama2.c's binary from qkv train's tokenizer.json by content). llama2.c's starts with BOS;
 // qkv train's has none, so its prompt needs at least one token.
@@ -123,7 +101,9 @@ void run(InspectArgs a) {
   read_if_stdin(kFn, "--prompt", a.prompt);
   if (a.model.empty()) a.model = default_model(kFn);
   check_input(kFn, "--model", a.model, /*allow_folder=*/true);
-  const std::string tok_path = a.tokenizer.empty() ? find_tokenizer(a.model) : a.tokenizer;
+  const std::string tok_path = a.tokenizer.empty() ? tokenizer_beside(kFn, a.model) : a.tokenizer;
+  if (tok_path.empty())
+    fail(kFn, "--tokenizer: not given, and no tokenizer.json, tokenizer.bin or tok*.bin beside " + a.model);
   check_input(kFn, "--tokenizer", tok_path);
   if (!a.config.empty()) check_input(kFn, "--config", a.config);
   Model model(load_weights(a.model, a.config));

@@ -9,31 +9,10 @@
 #include <system_error>
 
 #include "cli/commands.hpp"
+#include "model/unicode.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::cli {
-
-namespace {
-
-// The length of the UTF-8 sequence at s[i], or 0 when it is not one (a stray continuation byte,
-// an overlong form, a surrogate, a code point above U+10FFFF, or a sequence cut short).
-std::size_t utf8_length(const std::string& s, std::size_t i) {
-  const auto b = [&s](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
-  else if (c >= 0xE0 && c <= 0xEF) len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-  else if (c >= 0xF0 && c <= 0xF4) len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-  else return 0;
-  if (i + len > s.size() || b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (std::size_t k = 2; k < len; ++k)
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-  return len;
-}
-
-}  // namespace
 
 std::string read_text_input(const char* command, const std::string& flag, const std::string& path) {
   std::string text, source;
@@ -48,7 +27,8 @@ std::string read_text_input(const char* command, const std::string& flag, const 
   }
   std::size_t line = 1, column = 1;
   for (std::size_t i = 0; i < text.size();) {
-    const std::size_t n = utf8_length(text, i);
+    char32_t cp;
+    const auto n = static_cast<std::size_t>(detail::unicode::utf8_next(text, i, &cp));
     if (n == 0) {
       char byte[8];
       std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[i]));
@@ -115,6 +95,24 @@ std::string shipped_model_dir(const char* command, const std::string& remedy) {
     looked += (looked.empty() ? "" : ", ") + (dir / "stories260K.bin").string();
   }
   fail(command, "the stories260K that ships with qkv is not installed (looked for " + looked + "); " + remedy);
+}
+
+std::string tokenizer_beside(const char* command, const std::string& model) {
+  namespace fs = std::filesystem;
+  const fs::path p(model);
+  const fs::path dir = fs::is_directory(p) ? p : p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  for (const char* name : {"tokenizer.json", "tokenizer.bin"})
+    if (fs::is_regular_file(dir / name)) return (dir / name).string();
+  std::string found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("tok") && e.path().extension() == ".bin") {
+      if (!found.empty()) fail(command, "--tokenizer: not given, and " + dir.string() + " holds several tok*.bin");
+      found = e.path().string();
+    }
+  }
+  return found;
 }
 
 std::string default_model(const char* command) {

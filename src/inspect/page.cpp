@@ -1,11 +1,9 @@
 // Writes the inspect page, the per-layer PNGs and the JSON document.
 #include "inspect/page.hpp"
 
-#include <unistd.h>
-
 #include <filesystem>
-#include <fstream>
 
+#include "core/output_file.hpp"
 #include "inspect/png.hpp"
 
 namespace qkv::inspect {
@@ -17,24 +15,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Every file of the page goes through the one atomic writer (core/output_file.hpp).
 void write_file(const fs::path& path, const std::string& bytes) {
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.close();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      fail("qkv::inspect::write_file", "path: cannot write " + tmp.string());
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    fail("qkv::inspect::write_file", "path: cannot rename to " + path.string() + ": " + ec.message());
-  }
+  detail::write_file_atomic(path.string(), bytes, "qkv::inspect::write_file");
 }
 
 fs::path make_dir(const std::string& dir, const char* fn) {
@@ -65,7 +48,7 @@ std::string render_page(const Report& r) {
 std::string write_page(const Report& r, const std::string& dir) {
   const fs::path d = make_dir(dir, "qkv::inspect::write_page");
   for (std::int64_t l = 0; l < r.L; ++l) {
-    write_file(d / ("layer_" + std::to_string(l) + ".png"), encode_png(render_layer(r, l)));
+    write_file(d / ("layer_" + std::to_string(l) + ".png"), detail::encode_png(render_layer(r, l)));
   }
   const fs::path page = d / "index.html";
   write_file(page, render_page(r));

@@ -1,22 +1,12 @@
-// safetensors (Hugging Face): u64 little-endian header length N, N bytes of JSON, then the data.
-//
-//   { "<name>": {"dtype": "F32"|"BF16"|"F16", "shape": [d0, ...], "data_offsets": [begin, end]}, ...,
-//     "__metadata__": {"<key>": "<string>", ...} }
-//
-// Offsets are relative to the first byte after the header. Everything is validated against the file
-// size before any tensor is touched: the header fits, the JSON parses, every dtype, shape and
-// offset pair is consistent (end − begin = numel · dtype size), and the tensors tile the data
-// region exactly, without overlap or holes (the rule the reference implementation enforces).
-// F32 tensors at 4-byte aligned offsets are used in place from the private mapping; the others
+// The safetensors module (safetensors.hpp): the format itself, then qkv's model weights on it.
+// F32 weights at 4-byte aligned offsets are used in place from the private mapping; the others
 // are converted to f32 into an owned arena. The tensor names are qkv's own (weights.cpp) or those of
 // a Hugging Face GPT-2 or Llama checkpoint (hf_layout.hpp), told apart by the token embedding's name.
+#include "model/safetensors.hpp"
+
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -25,73 +15,42 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/output_file.hpp"
 #include "model/hf_layout.hpp"
+#include "model/input_file.hpp"
 #include "model/json_depth.hpp"
 #include "model/mapped_file.hpp"
 #include "model/weights.hpp"
 
-namespace qkv {
-namespace {
+namespace qkv::detail {
 
-struct TensorInfo {
-  std::string dtype;
-  std::vector<std::int64_t> shape;
-  std::uint64_t begin = 0, end = 0;
-};
-
-struct Header {
-  std::map<std::string, TensorInfo> tensors;
-  std::map<std::string, std::string> metadata;
-  const std::uint8_t* data = nullptr;  // first byte after the header
-  std::uint64_t data_size = 0;
-};
-
-std::size_t dtype_bytes(const std::string& d) {
-  if (d == "F32") return 4;
-  if (d == "BF16" || d == "F16") return 2;
+std::size_t safetensors_dtype_bytes(std::string_view d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL") return 1;
   return 0;
 }
 
-float f16_to_f32(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-  if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (man << 13);  // inf / NaN
-  } else if (exp != 0) {
-    u = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    u = sign;
-  } else {  // subnormal half: normalise
-    exp = 113;
-    while (!(man & 0x400u)) {
-      man <<= 1;
-      --exp;
-    }
-    u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-Header parse_header(const detail::MappedFile& file, const char* fn, const std::string& where) {
-  const std::uint64_t size = file.size();
+SafetensorsHeader parse_safetensors(const std::uint8_t* bytes, std::uint64_t size, std::string_view fn,
+                                    const std::string& where) {
   if (size < 8) fail(fn, where + ": " + std::to_string(size) + " bytes is shorter than the 8-byte header length");
   std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | file.data()[i];
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
   // The reference implementation refuses headers over 100 MB.
   if (n > 100'000'000 || n > size - 8)
     fail(fn, where + ": header length " + std::to_string(n) + " does not fit in the file of " + std::to_string(size) +
                  " bytes (limit 100000000)");
+  const std::string fn_s(fn);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(file.data() + 8, file.data() + 8 + n, detail::json_depth_limit(fn, where));
+    j = nlohmann::json::parse(bytes + 8, bytes + 8 + n, json_depth_limit(fn_s.c_str(), where));
   } catch (const nlohmann::json::exception& e) {
     fail(fn, where + ": header is not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) fail(fn, where + ": header must be a JSON object, got " + std::string(j.type_name()));
-  Header h;
-  h.data = file.data() + 8 + n;
+  SafetensorsHeader h;
+  h.data = bytes + 8 + n;
   h.data_size = size - 8 - n;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
@@ -107,7 +66,7 @@ Header parse_header(const detail::MappedFile& file, const char* fn, const std::s
     const std::string t = where + ": tensor \"" + name + "\"";
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
       fail(fn, t + ": needs dtype, shape and data_offsets, got " + v.dump().substr(0, 200));
-    TensorInfo info;
+    SafetensorsEntry info;
     if (!v["dtype"].is_string()) fail(fn, t + ": dtype must be a string");
     info.dtype = v["dtype"].get<std::string>();
     const auto& shape = v["shape"];
@@ -125,9 +84,9 @@ Header parse_header(const detail::MappedFile& file, const char* fn, const std::s
     if (info.begin > info.end || info.end > h.data_size)
       fail(fn, t + ": data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
                    "] outside the data region of " + std::to_string(h.data_size) + " bytes");
-    const std::size_t eb = dtype_bytes(info.dtype);
+    const std::size_t eb = safetensors_dtype_bytes(info.dtype);
     if (eb != 0) {
-      // Each size ≤ 2^40 and rank ≤ 8 could still overflow: checked_numel refuses that.
+      // Each size ≤ 2^40 and rank ≤ 8 could still overflow the product: refused here.
       std::int64_t numel = 1;
       for (auto d : info.shape) {
         if (d != 0 && numel > (std::int64_t{1} << 62) / d) fail(fn, t + ": shape " + shape.dump() + " overflows");
@@ -157,6 +116,145 @@ Header parse_header(const detail::MappedFile& file, const char* fn, const std::s
   return h;
 }
 
+void write_safetensors(const std::string& path, const std::map<std::string, std::string>& metadata,
+                       std::span<const SafetensorsView> tensors, std::string_view fn) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (!metadata.empty()) j["__metadata__"] = metadata;
+  std::uint64_t at = 0;
+  std::vector<std::string_view> pieces(1 + tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const SafetensorsView& t = tensors[i];
+    const std::string what = "path '" + path + "': tensor \"" + t.name + "\"";
+    if (t.name == "__metadata__" || j.contains(t.name))
+      fail(fn, what + ": the name is " + (t.name == "__metadata__" ? "reserved" : "given twice"));
+    const std::size_t eb = safetensors_dtype_bytes(t.dtype);
+    if (eb == 0) fail(fn, what + ": unknown dtype '" + t.dtype + "'");
+    const std::int64_t n = checked_numel(fn, what, t.shape, eb);
+    if (static_cast<std::uint64_t>(n) * eb != t.bytes.size())
+      fail(fn, what + ": " + t.dtype + " of " + std::to_string(n) + " elements needs " + std::to_string(n * eb) +
+                   " bytes, got " + std::to_string(t.bytes.size()));
+    j[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {at, at + t.bytes.size()}}};
+    at += t.bytes.size();
+    pieces[1 + i] = t.bytes;
+  }
+  std::string header = j.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string head(8, '\0');
+  for (int i = 0; i < 8; ++i) head[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  head += header;
+  pieces[0] = head;
+  write_file_atomic(path, pieces, fn);
+}
+
+StFile read_safetensors(const std::string& path, std::string_view fn) {
+  const std::string where = "path '" + path + "'";
+  const std::string bytes = read_input_file(path, fn, "path");
+  const SafetensorsHeader h =
+      parse_safetensors(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size(), fn, where);
+  StFile out;
+  out.metadata = h.metadata;
+  for (const auto& [name, e] : h.tensors) {
+    if (safetensors_dtype_bytes(e.dtype) == 0) fail(fn, where + ": tensor \"" + name + "\": unknown dtype '" + e.dtype + "'");
+    out.tensors[name] = {e.dtype, e.shape,
+                         std::string(reinterpret_cast<const char*>(h.data + e.begin), e.end - e.begin)};
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const StFile& file, std::string_view fn) {
+  std::vector<SafetensorsView> views;
+  views.reserve(file.tensors.size());
+  for (const auto& [name, t] : file.tensors) views.push_back({name, t.dtype, t.shape, t.bytes});
+  write_safetensors(path, file.metadata, views, fn);
+}
+
+namespace {
+
+template <class T>
+StTensor make(const T* data, std::vector<std::int64_t> shape, const char* dtype) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  StTensor t{dtype, std::move(shape), std::string(static_cast<std::size_t>(n) * sizeof(T), '\0')};
+  if (n > 0) std::memcpy(t.bytes.data(), data, t.bytes.size());
+  return t;
+}
+
+const StTensor& get(const StFile& f, const std::string& name, const char* dtype, std::int64_t n,
+                    const std::string& what) {
+  const char* fn = "qkv::read_checkpoint";
+  const auto it = f.tensors.find(name);
+  if (it == f.tensors.end()) fail(fn, what + ": tensor '" + name + "' is missing");
+  const StTensor& t = it->second;
+  std::int64_t count = 1;
+  for (auto d : t.shape) count *= d;
+  if (t.dtype != dtype || count != n)
+    fail(fn, what + ": tensor '" + name + "' should be " + dtype + " with " + std::to_string(n) +
+                 " elements, got " + t.dtype + " with " + std::to_string(count));
+  return t;
+}
+
+template <class T>
+std::vector<T> get_vector(const StFile& f, const std::string& name, const char* dtype, std::int64_t n,
+                          const std::string& what) {
+  const StTensor& t = get(f, name, dtype, n, what);
+  std::vector<T> out(static_cast<std::size_t>(n));
+  if (n > 0) std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+}  // namespace
+
+StTensor st_f32(const float* data, std::vector<std::int64_t> shape) { return make(data, std::move(shape), "F32"); }
+StTensor st_u64(const std::vector<std::uint64_t>& d) {
+  return make(d.data(), {static_cast<std::int64_t>(d.size())}, "U64");
+}
+StTensor st_i64(const std::vector<std::int64_t>& d) {
+  return make(d.data(), {static_cast<std::int64_t>(d.size())}, "I64");
+}
+
+void st_copy_f32(const StFile& f, const std::string& name, float* out, std::int64_t n, const std::string& what) {
+  const StTensor& t = get(f, name, "F32", n, what);
+  if (n > 0) std::memcpy(out, t.bytes.data(), t.bytes.size());
+}
+std::vector<std::uint64_t> st_get_u64(const StFile& f, const std::string& name, std::int64_t n,
+                                      const std::string& what) {
+  return get_vector<std::uint64_t>(f, name, "U64", n, what);
+}
+std::vector<std::int64_t> st_get_i64(const StFile& f, const std::string& name, std::int64_t n,
+                                     const std::string& what) {
+  return get_vector<std::int64_t>(f, name, "I64", n, what);
+}
+
+}  // namespace qkv::detail
+
+namespace qkv {
+namespace {
+
+using detail::SafetensorsEntry;
+using detail::SafetensorsHeader;
+
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);  // inf / NaN
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal half: normalise
+    exp = 113;
+    while (!(man & 0x400u)) {
+      man <<= 1;
+      --exp;
+    }
+    u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 std::int64_t numel(const std::vector<std::int64_t>& s) {
   std::int64_t n = 1;
   for (auto d : s) n *= d;
@@ -181,7 +279,7 @@ Weights load_safetensors(const std::string& path, const Config& config) {
   const std::string where = "file '" + path + "'";
   config.validate(fn);
   auto file = std::make_shared<detail::MappedFile>(path, fn);
-  Header h = parse_header(*file, fn, where);
+  const SafetensorsHeader h = detail::parse_safetensors(file->data(), file->size(), fn, where);
 
   Weights w;
   w.config = config;
@@ -199,11 +297,12 @@ Weights load_safetensors(const std::string& path, const Config& config) {
     const std::string what = "tensor \"" + s.tensor + "\"" + (s.tensor == name ? "" : " (qkv's " + name + ")");
     auto it = h.tensors.find(s.tensor);
     if (it == h.tensors.end()) fail(fn, where + ": " + what + " " + shape_str(s.shape) + " that the config needs is missing");
-    const TensorInfo& t = it->second;
+    const SafetensorsEntry& t = it->second;
     if (t.shape != s.shape)
       fail(fn, where + ": " + what + " is " + shape_str(t.shape) + " but the config needs " + shape_str(s.shape));
-    if (dtype_bytes(t.dtype) == 0) fail(fn, where + ": " + what + " has dtype " + t.dtype + "; supported: F32, BF16, F16");
-    const std::int64_t stored = static_cast<std::int64_t>((t.end - t.begin) / dtype_bytes(t.dtype));
+    if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
+      fail(fn, where + ": " + what + " has dtype " + t.dtype + "; supported: F32, BF16, F16");
+    const std::int64_t stored = static_cast<std::int64_t>((t.end - t.begin) / detail::safetensors_dtype_bytes(t.dtype));
     const bool in_place = s.op == detail::Source::Op::copy && t.dtype == "F32" &&
                           reinterpret_cast<std::uintptr_t>(h.data + t.begin) % 4 == 0;
     if (!in_place) convert_floats += numel(shape);
@@ -223,9 +322,9 @@ Weights load_safetensors(const std::string& path, const Config& config) {
   std::vector<float> scratch(static_cast<std::size_t>(scratch_floats));
   detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>& shape, float*& slot) {
     const detail::Source s = detail::source_of(layout, config, name, shape);
-    const TensorInfo& t = h.tensors.at(s.tensor);
+    const SafetensorsEntry& t = h.tensors.at(s.tensor);
     const std::uint8_t* src = h.data + t.begin;
-    const std::int64_t n = static_cast<std::int64_t>((t.end - t.begin) / dtype_bytes(t.dtype));
+    const std::int64_t n = static_cast<std::int64_t>((t.end - t.begin) / detail::safetensors_dtype_bytes(t.dtype));
     if (s.op == detail::Source::Op::copy && t.dtype == "F32" && reinterpret_cast<std::uintptr_t>(src) % 4 == 0) {
       slot = reinterpret_cast<float*>(const_cast<std::uint8_t*>(src));
       return;
@@ -275,7 +374,7 @@ Weights load_weights(const std::string& path, const std::string& config_path) {
     if (::access(c.c_str(), R_OK) == 0) return load_safetensors(path, c);
   // Last resort: the config a qkv writer stored in the file's metadata.
   detail::MappedFile file(path, "qkv::load_weights");
-  Header h = parse_header(file, "qkv::load_weights", "file '" + path + "'");
+  const SafetensorsHeader h = detail::parse_safetensors(file.data(), file.size(), "qkv::load_weights", "file '" + path + "'");
   auto it = h.metadata.find("qkv_config");
   if (const auto f = h.metadata.find("format"); it == h.metadata.end() && f != h.metadata.end() &&
                                                 f->second == "qkv-train-checkpoint-1")
@@ -288,45 +387,16 @@ Weights load_weights(const std::string& path, const std::string& config_path) {
 }
 
 void save_safetensors(const Weights& w, const std::string& path) {
-  const char* fn = "qkv::save_safetensors";
-  nlohmann::ordered_json j;
-  j["__metadata__"] = {{"format", "pt"}, {"qkv_config", config_to_json(w.config)}};
-  std::uint64_t at = 0;
   const auto tensors = w.tensors();
+  std::vector<detail::SafetensorsView> views;
+  views.reserve(tensors.size());
   for (const auto& t : tensors) {
-    std::uint64_t n = 1;
-    for (auto d : t.shape) n *= static_cast<std::uint64_t>(d);
-    j[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + 4 * n}}};
-    at += 4 * n;
+    std::size_t n = 1;
+    for (auto d : t.shape) n *= static_cast<std::size_t>(d);
+    views.push_back({t.name, "F32", t.shape, {reinterpret_cast<const char*>(t.data), 4 * n}});
   }
-  std::string header = j.dump();
-  header.append((8 - header.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  // A temporary no other writer uses: this process's pid and a count of its saves.
-  static std::atomic<std::uint64_t> saves{0};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(saves++);
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) fail(fn, "path '" + tmp + "': cannot open for writing: " + std::strerror(errno));
-    std::uint8_t len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : tensors) {
-      std::int64_t n = 1;
-      for (auto d : t.shape) n *= d;
-      f.write(reinterpret_cast<const char*>(t.data), static_cast<std::streamsize>(n * 4));
-    }
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      fail(fn, "path '" + tmp + "': write failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    fail(fn, "path '" + path + "': cannot rename the temporary file into place: " + std::strerror(e));
-  }
+  detail::write_safetensors(path, {{"format", "pt"}, {"qkv_config", config_to_json(w.config)}}, views,
+                            "qkv::save_safetensors");
 }
 
 }  // namespace qkv

@@ -1,12 +1,14 @@
-// llama2.c's tokenizer file and its byte-pair encoding.
+// The tokenizer module: every tokenizer qkv reads, told apart by content (Tokenizer::load).
 //
-//   int32 max_token_length
-//   vocab_size × { f32 score, int32 length, length bytes }       (vocab_size comes from the model)
-//
-// Every length is checked against the bytes that remain and against max_token_length, and the
-// file must end exactly after the last token. Tokenizer::load also reads qkv train's
-// tokenizer.json (told apart by content), encoding with src/train/tokenizer.hpp.
-// Tokenizer::load_wordpiece reads BERT's WordPiece (at the end of this file).
+//   llama2.c's tokenizer.bin (binary):
+//     int32 max_token_length
+//     vocab_size × { f32 score, int32 length, length bytes }       (vocab_size comes from the model)
+//   Every length is checked against the bytes that remain and against max_token_length, and the
+//   file must end exactly after the last token.
+//   qkv train's tokenizer.json: {"kind": "chars" | "bpe", ...}, learned and encoded by
+//   text_tokenizer.hpp.
+//   BERT's WordPiece: a Hugging Face tokenizer.json ({"model": {"type": "WordPiece", ...}, ...}) or
+//   a vocab.txt, read by Tokenizer::load_wordpiece (at the end of this file).
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -23,33 +25,55 @@
 #include <nlohmann/json.hpp>
 
 #include "model/input_file.hpp"
+#include "model/json_depth.hpp"
+#include "model/text_tokenizer.hpp"
 #include "model/unicode.hpp"
 #include "qkv/model.hpp"
-#include "train/tokenizer.hpp"
 
 namespace qkv {
+
+namespace {
+
+constexpr const char* kFormats =
+    "Tokenizer::load reads a llama2.c tokenizer.bin (binary), qkv train's tokenizer.json ({\"kind\": \"chars\" "
+    "or \"bpe\"}) or a Hugging Face WordPiece tokenizer.json ({\"model\": {\"type\": \"WordPiece\"}})";
+
+bool starts_like_json(const std::string& bytes) {
+  const auto first = bytes.find_first_not_of(" \t\r\n");
+  return first != std::string::npos && bytes[first] == '{';
+}
+
+}  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path, std::int64_t vocab_size) {
   const char* fn = "qkv::Tokenizer::load";
   if (vocab_size < 3 || vocab_size > (1 << 22))
     fail(fn, "vocab_size: must be in [3, 4194304] (BOS is 1, EOS is 2), got " + std::to_string(vocab_size));
   const std::string bytes = detail::read_input_file(path, fn, "path", std::size_t{1} << 30);
-  // The format by content: JSON starts with '{' (after blanks); a llama2.c file starts with its
-  // int32 max_token_length, whose low byte is '{' only for lengths 123, 379, ... and then the
-  // JSON parse fails and says it was read as JSON.
-  const auto first = bytes.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && bytes[first] == '{') return load_qkv_json(path, bytes, vocab_size);
-  return load_llama2c(path, bytes, vocab_size);
+  // The format by content: JSON starts with '{' (after blanks), and its keys say whose it is; a
+  // llama2.c file starts with its int32 max_token_length, whose low byte is '{' only for lengths
+  // 123, 379, ..., and then the JSON parse fails and says it was read as JSON.
+  if (!starts_like_json(bytes)) return load_llama2c(path, bytes, vocab_size);
+  const auto j = nlohmann::json::parse(bytes, detail::json_depth_limit(fn, "file '" + path + "'"), false);
+  if (!j.is_discarded() && j.is_object() && j.contains("model") && !j.contains("kind")) {
+    Tokenizer t = load_wordpiece(path);
+    if (t.vocab_size() != vocab_size)
+      fail(fn, "file '" + path + "' (read as a Hugging Face WordPiece tokenizer.json: it has \"model\"): " +
+                   std::to_string(t.vocab_size()) + " tokens, but the model's vocabulary has " +
+                   std::to_string(vocab_size) + ": the tokenizer belongs to another model");
+    return t;
+  }
+  return load_qkv_json(path, bytes, vocab_size);
 }
 
 Tokenizer Tokenizer::load_qkv_json(const std::string& path, const std::string& bytes, std::int64_t vocab_size) {
   const char* fn = "qkv::Tokenizer::load";
   const std::string where = "file '" + path + "' (read as qkv train's tokenizer.json: it starts with '{')";
-  train::TextTokenizer tt;
+  detail::TextTokenizer tt;
   try {
-    tt = train::TextTokenizer::from_json(bytes);
+    tt = detail::TextTokenizer::from_json(bytes);
   } catch (const std::invalid_argument& e) {
-    fail(fn, where + ": " + e.what());
+    fail(fn, where + ": " + e.what() + "; " + kFormats);
   }
   if (tt.vocab_size() != vocab_size)
     fail(fn, where + ": " + std::to_string(tt.vocab_size()) + " tokens, but the model's vocabulary has " +
@@ -59,10 +83,7 @@ Tokenizer Tokenizer::load_qkv_json(const std::string& path, const std::string& b
   t.bos_id_ = t.eos_id_ = -1;
   for (std::int64_t i = 0; i < vocab_size; ++i) t.vocab_.push_back(tt.token_text(static_cast<std::int32_t>(i)));
   t.scores_.assign(static_cast<std::size_t>(vocab_size), 0.0f);
-  t.text_ = std::make_shared<const train::TextTokenizer>(std::move(tt));
-  t.sorted_.resize(static_cast<std::size_t>(vocab_size));
-  for (std::size_t i = 0; i < t.sorted_.size(); ++i) t.sorted_[i] = static_cast<int>(i);
-  std::stable_sort(t.sorted_.begin(), t.sorted_.end(), [&t](int a, int b) { return t.piece(a) < t.piece(b); });
+  t.text_ = std::make_shared<const detail::TextTokenizer>(std::move(tt));  // encodes; no lookups
   return t;
 }
 
@@ -83,7 +104,8 @@ Tokenizer Tokenizer::load_llama2c(const std::string& path, const std::string& by
   Tokenizer t;
   t.max_token_length_ = read_i32("max_token_length", -1);
   if (t.max_token_length_ < 1 || t.max_token_length_ > (1 << 16))
-    fail(fn, where + ": impossible max_token_length " + std::to_string(t.max_token_length_) + " (expected 1..65536)");
+    fail(fn, where + ": impossible max_token_length " + std::to_string(t.max_token_length_) + " (expected 1..65536); " +
+                 kFormats);
   t.vocab_.reserve(static_cast<std::size_t>(vocab_size));
   t.scores_.reserve(static_cast<std::size_t>(vocab_size));
   for (std::int64_t i = 0; i < vocab_size; ++i) {
@@ -325,19 +347,9 @@ std::u32string utf8_decode(std::string_view text, std::size_t base) {
   std::u32string out;
   out.reserve(text.size());
   for (std::size_t i = 0; i < text.size();) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    const int n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-    char32_t c = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
-    bool ok = n > 0 && i + static_cast<std::size_t>(n) <= text.size();
-    for (int k = 1; ok && k < n; ++k) {
-      const auto cb = static_cast<unsigned char>(text[i + static_cast<std::size_t>(k)]);
-      ok = (cb & 0xC0) == 0x80;
-      c = (c << 6) | (cb & 0x3F);
-    }
-    ok = ok && c <= 0x10FFFF && !(c >= 0xD800 && c <= 0xDFFF) &&
-         !(n == 2 && c < 0x80) && !(n == 3 && c < 0x800) && !(n == 4 && c < 0x10000);
-    if (!ok)
-      fail("qkv::Tokenizer::encode", "text: invalid UTF-8 at byte " + std::to_string(base + i));
+    char32_t c = 0;
+    const int n = uc::utf8_next(text, i, &c);
+    if (n == 0) fail("qkv::Tokenizer::encode", "text: invalid UTF-8 at byte " + std::to_string(base + i));
     out.push_back(c);
     i += static_cast<std::size_t>(n);
   }
@@ -375,15 +387,20 @@ Tokenizer Tokenizer::load_wordpiece(const std::string& path) {
   auto wp = std::make_shared<WordPiece>();
   Tokenizer t;
   t.format_ = Format::wordpiece;
-  const auto first = bytes.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && bytes[first] == '{') {
+  if (bytes.find('\0') != std::string::npos)
+    fail(kWp, "file '" + path + "': binary (it holds NUL bytes), so neither a WordPiece tokenizer.json nor a vocab.txt; "
+                                "a llama2.c tokenizer.bin is read by Tokenizer::load");
+  if (starts_like_json(bytes)) {
     const std::string where = "file '" + path + "' (read as a Hugging Face tokenizer.json: it starts with '{')";
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(bytes, nullptr, true, false);
+      j = nlohmann::json::parse(bytes, detail::json_depth_limit(kWp, where), true, false);
     } catch (const nlohmann::json::exception& e) {
       fail(kWp, where + ": not valid JSON (" + e.what() + ")");
     }
+    if (j.is_object() && j.contains("kind") && !j.contains("model"))
+      fail(kWp, where + ": it is qkv train's tokenizer.json (\"kind\": " + j["kind"].dump().substr(0, 40) +
+                    "), not WordPiece; expected {\"model\": {\"type\": \"WordPiece\"}}");
     try {
       const auto& model = j.at("model");
       if (model.at("type") != "WordPiece")

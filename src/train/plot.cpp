@@ -6,25 +6,10 @@
 #include <cstdio>
 #include <cstring>
 
-#include <zlib.h>
-
-#include "qkv/types.hpp"
+#include "core/png.hpp"
 
 namespace qkv::train {
 namespace {
-
-void put_be32(std::string& s, std::uint32_t v) {
-  for (int i = 3; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-void chunk(std::string& out, const char* type, const std::string& data) {
-  put_be32(out, static_cast<std::uint32_t>(data.size()));
-  std::string body(type, 4);
-  body += data;
-  out += body;
-  put_be32(out, static_cast<std::uint32_t>(
-                     ::crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size()))));
-}
 
 // 5×7 glyphs, one byte per row, bit 4 = leftmost pixel.
 struct Glyph {
@@ -43,11 +28,11 @@ constexpr Glyph kFont[] = {
 };
 
 struct Canvas {
-  Image img;
-  Canvas(int w, int h) { img.w = w, img.h = h, img.rgb.assign(static_cast<std::size_t>(w * h * 3), 255); }
+  detail::RgbImage img;
+  Canvas(int w, int h) { img.width = w, img.height = h, img.rgb.assign(static_cast<std::size_t>(w * h * 3), 255); }
   void px(int x, int y, std::array<std::uint8_t, 3> c) {
-    if (x < 0 || y < 0 || x >= img.w || y >= img.h) return;
-    std::memcpy(&img.rgb[static_cast<std::size_t>((y * img.w + x) * 3)], c.data(), 3);
+    if (x < 0 || y < 0 || x >= img.width || y >= img.height) return;
+    std::memcpy(&img.rgb[static_cast<std::size_t>((y * img.width + x) * 3)], c.data(), 3);
   }
   void line(double x0, double y0, double x1, double y1, std::array<std::uint8_t, 3> c, int thick = 1) {
     const int n = static_cast<int>(std::max(std::abs(x1 - x0), std::abs(y1 - y0))) + 1;
@@ -78,31 +63,6 @@ std::string fmt(double v, int decimals) {
 }
 
 }  // namespace
-
-std::string encode_png(const Image& img) {
-  std::string raw;  // scanlines, each with filter byte 0
-  raw.reserve(static_cast<std::size_t>(img.h * (img.w * 3 + 1)));
-  for (int y = 0; y < img.h; ++y) {
-    raw.push_back('\0');
-    raw.append(reinterpret_cast<const char*>(&img.rgb[static_cast<std::size_t>(y * img.w * 3)]),
-               static_cast<std::size_t>(img.w * 3));
-  }
-  uLongf zlen = compressBound(static_cast<uLong>(raw.size()));
-  std::string z(zlen, '\0');
-  if (compress2(reinterpret_cast<Bytef*>(z.data()), &zlen, reinterpret_cast<const Bytef*>(raw.data()),
-                static_cast<uLong>(raw.size()), 9) != Z_OK)
-    fail("qkv::train::encode_png", "zlib compress2 failed");
-  z.resize(zlen);
-  std::string png = "\x89PNG\r\n\x1a\n";
-  std::string ihdr;
-  put_be32(ihdr, static_cast<std::uint32_t>(img.w));
-  put_be32(ihdr, static_cast<std::uint32_t>(img.h));
-  ihdr += std::string("\x08\x02\x00\x00\x00", 5);  // 8-bit RGB, deflate, no filter method, no interlace
-  chunk(png, "IHDR", ihdr);
-  chunk(png, "IDAT", z);
-  chunk(png, "IEND", "");
-  return png;
-}
 
 std::string loss_curve_png(const std::vector<LossRow>& rows) {
   const int W = 800, H = 480, left = 80, right = 20, top = 40, bottom = 50;
@@ -148,7 +108,7 @@ std::string loss_curve_png(const std::vector<LossRow>& rows) {
   cv.text(W - 212, 10, "train loss", black);
   cv.line(W - 110, 16, W - 80, 16, orange, 2);
   cv.text(W - 72, 10, "val", black);
-  return encode_png(cv.img);
+  return detail::encode_png(cv.img);
 }
 
 }  // namespace qkv::train

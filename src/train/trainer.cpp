@@ -19,15 +19,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/output_file.hpp"
 #include "model/input_file.hpp"
+#include "model/safetensors.hpp"
+#include "model/text_tokenizer.hpp"
 #include "train/plot.hpp"
 #include "train/rng.hpp"
-#include "train/safetensors_io.hpp"
-#include "train/tokenizer.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::train {
+using detail::check_text, detail::read_safetensors, detail::st_copy_f32, detail::st_f32, detail::st_get_i64,
+    detail::st_get_u64, detail::st_i64, detail::st_u64, detail::StFile, detail::TextTokenizer, detail::write_safetensors;
 namespace {
 
 constexpr const char* kFn = "qkv::train";
@@ -355,7 +358,7 @@ void export_model(const std::string& dir, const Gpt<float>& m) {
   if (c.bias) f.tensors["norm.bias"] = st_f32(at("transformer.ln_f.bias"), {C});
   f.metadata["qkv_config"] = model_config_json(c);  // what qkv::load_weights reads when no .json is beside
   write_safetensors(dir + "/model.safetensors", f);
-  write_file_atomic(dir + "/model.json", model_config_json(c) + "\n");
+  detail::write_file_atomic(dir + "/model.json", model_config_json(c) + "\n", kFn);
 }
 
 // Applies the checkpoint's fields to `o` as described at ResumeField; returns the schedule changes
@@ -489,9 +492,9 @@ TrainSummary train(const TrainOptions& opts) {
   auto write_outputs = [&] {
     save_checkpoint(ckpt, o, model, adam_m, adam_v, rng, st, tok, corpus_id);
     export_model(o.out_dir, model);
-    write_file_atomic(o.out_dir + "/tokenizer.json", tok.to_json() + "\n");
-    write_file_atomic(o.out_dir + "/loss.csv", csv_text(rows));
-    write_file_atomic(o.out_dir + "/loss.png", loss_curve_png(rows));
+    detail::write_file_atomic(o.out_dir + "/tokenizer.json", tok.to_json() + "\n", kFn);
+    detail::write_file_atomic(o.out_dir + "/loss.csv", csv_text(rows), kFn);
+    detail::write_file_atomic(o.out_dir + "/loss.png", loss_curve_png(rows), kFn);
   };
 
   const bool tty = isatty(2) != 0;

@@ -113,6 +113,11 @@ train_then_generate)
     [[ $(head -c 1000 "$dir/out" | wc -l) -ge 1 ]] || fail "no text"
     # The tokenizer beside the model is found by itself; an empty prompt starts from "\n".
     run 0 "$qkv" generate --model "$dir/run/model.safetensors" --steps 12 --seed 5
+    # Issue #24: the folder stands for its model, and inspect finds the same tokenizer in it.
+    run 0 "$qkv" generate --model "$dir/run" --prompt "ROMEO:" --steps 12 --temperature 0
+    has out "^ROMEO:"
+    run 0 "$qkv" inspect --model "$dir/run" --prompt "ROMEO: and" --out "$dir/page"
+    [[ -s "$dir/page/index.html" && -s "$dir/page/layer_0.png" ]] || fail "inspect wrote no page"
   done
   # A llama2.c tokenizer for the trained model, and the JSON one for a llama2.c model: each error
   # says which format the file was read as.

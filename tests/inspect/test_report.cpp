@@ -213,7 +213,7 @@ std::uint32_t be32(const std::string& s, std::size_t at) {
 
 TEST(InspectPng, ChunksAndPixelsDecode) {
   qi::Image img{3, 2, {255, 0, 0, 0, 255, 0, 0, 0, 255, 1, 2, 3, 4, 5, 6, 7, 8, 9}};
-  const std::string png = qi::encode_png(img);
+  const std::string png = qkv::detail::encode_png(img);
   ASSERT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
   std::size_t at = 8;
   std::vector<std::string> types;
@@ -240,7 +240,7 @@ TEST(InspectPng, ChunksAndPixelsDecode) {
     EXPECT_EQ(raw[static_cast<std::size_t>(y) * 10], 0);  // filter type None
     for (int i = 0; i < 9; ++i) EXPECT_EQ(raw[static_cast<std::size_t>(y) * 10 + 1 + i], img.rgb[static_cast<std::size_t>(y) * 9 + i]);
   }
-  EXPECT_THROW(qi::encode_png({2, 2, {0, 0, 0}}), std::invalid_argument);
+  EXPECT_THROW(qkv::detail::encode_png({2, 2, {0, 0, 0}}), std::invalid_argument);
 }
 
 TEST(InspectPng, LayerPictureShowsDotsAndMasks) {

@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "qkv/model.hpp"
-#include "train/tokenizer.hpp"
+#include "model/text_tokenizer.hpp"
 
 namespace {
 
@@ -200,8 +200,8 @@ TEST(Sampler, NucleusOfAFlatDistributionIsTheFirstMaximum) {
 TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
   const std::string corpus = "First Citizen:\nBefore we proceed any further, hear me speak.\n\u00e9t\u00e9 caf\u00e9\n";
   const std::string dir = ::testing::TempDir() + "qkv_tok_json_" + std::to_string(::getpid()) + "_";
-  for (const auto& trained : {qkv::train::TextTokenizer::learn_chars(corpus), qkv::train::TextTokenizer::learn_bpe(corpus, 270)}) {
-    const std::string path = dir + (trained.kind() == qkv::train::TextTokenizer::Kind::chars ? "chars.json" : "bpe.json");
+  for (const auto& trained : {qkv::detail::TextTokenizer::learn_chars(corpus), qkv::detail::TextTokenizer::learn_bpe(corpus, 270)}) {
+    const std::string path = dir + (trained.kind() == qkv::detail::TextTokenizer::Kind::chars ? "chars.json" : "bpe.json");
     std::ofstream(path) << trained.to_json() << "\n";  // as the trainer writes it
     const auto tok = qkv::Tokenizer::load(path, trained.vocab_size());
     EXPECT_EQ(tok.format(), qkv::Tokenizer::Format::qkv_json);
@@ -233,6 +233,44 @@ TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
   const std::string bomb = dir + "bomb.json";
   std::ofstream(bomb) << doubling << "]}";
   EXPECT_NE(error_of([&] { qkv::Tokenizer::load(bomb, 296); }).find("more than the limit of 16777216"), std::string::npos);
+}
+
+// Issue #24: one Tokenizer::load for every format, told by content. A Hugging Face WordPiece
+// tokenizer.json (it has "model") loads through load_wordpiece; each loader, given a file of
+// another format, says which format the file was read as and which one it expected.
+TEST(Tokenizer, ToldByContentWithMismatchErrors) {
+  const std::string dir = ::testing::TempDir() + "qkv_tok_content_" + std::to_string(::getpid()) + "_";
+  const std::string hf = dir + "tokenizer.json";
+  std::ofstream(hf) << R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+    "max_input_chars_per_word": 100, "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4,
+    "the": 5, "cat": 6, "sat": 7, "##s": 8, "on": 9, "mat": 10, ".": 11}},
+    "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "lowercase": true,
+                   "strip_accents": null},
+    "pre_tokenizer": {"type": "BertPreTokenizer"},
+    "post_processor": {"type": "BertProcessing", "cls": ["[CLS]", 2], "sep": ["[SEP]", 3]},
+    "added_tokens": []})";
+  const auto tok = qkv::Tokenizer::load(hf, 12);
+  EXPECT_EQ(tok.format(), qkv::Tokenizer::Format::wordpiece);
+  // By hand: [CLS] the cat sat ##s on the mat . [SEP] (lower-cased, "sats" → sat ##s).
+  EXPECT_EQ(tok.encode("The cat SATS on the mat.", true, true), (std::vector<int>{2, 5, 6, 7, 8, 9, 5, 10, 11, 3}));
+  std::string m = error_of([&] { qkv::Tokenizer::load(hf, 512); });
+  EXPECT_NE(m.find("read as a Hugging Face WordPiece tokenizer.json"), std::string::npos) << m;
+  EXPECT_NE(m.find("12 tokens, but the model's vocabulary has 512"), std::string::npos) << m;
+  // qkv train's tokenizer.json and llama2.c's binary given to the WordPiece loader.
+  const std::string chars = dir + "chars.json";
+  std::ofstream(chars) << qkv::detail::TextTokenizer::learn_chars("abc").to_json();
+  m = error_of([&] { qkv::Tokenizer::load_wordpiece(chars); });
+  EXPECT_NE(m.find("it is qkv train's tokenizer.json (\"kind\": \"chars\"), not WordPiece"), std::string::npos) << m;
+  m = error_of([&] { qkv::Tokenizer::load_wordpiece(kDir + "tok512.bin"); });
+  EXPECT_NE(m.find("binary (it holds NUL bytes)"), std::string::npos) << m;
+  // A vocab.txt given to Tokenizer::load is read as llama2.c's binary; the error lists what load reads.
+  const std::string vocab = dir + "vocab.txt";
+  std::ofstream(vocab) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n";
+  m = error_of([&] { qkv::Tokenizer::load(vocab, 5); });
+  EXPECT_NE(m.find("read as a llama2.c tokenizer.bin"), std::string::npos) << m;
+  EXPECT_NE(m.find("impossible max_token_length"), std::string::npos) << m;
+  EXPECT_NE(m.find("qkv train's tokenizer.json"), std::string::npos) << m;
+  for (const auto& f : {hf, chars, vocab}) std::remove(f.c_str());
 }
 
 // Issue #16, defect 16: a prompt's characters outside the vocabulary come back whole (byte-fallback

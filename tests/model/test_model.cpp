@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "core/parallel.hpp"
+#include "model/safetensors.hpp"
 #include "qkv/model.hpp"
 
 namespace {
@@ -312,6 +314,46 @@ std::string safetensors_bytes(const std::string& header, std::size_t data_bytes)
   std::uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
   return out + header + std::string(data_bytes, '\0');
+}
+
+// Issue #24: the one safetensors module under the model loader, checkpoints and Python. The bytes
+// of a small file are spelled out by hand (header JSON, its space padding to 8, little-endian data),
+// and what the writer refuses is named.
+TEST(Model, SafetensorsModuleWritesTheFormatByteForByte) {
+  namespace d = qkv::detail;
+  const std::string p = tmp_path("generic.safetensors");
+  const std::int32_t i32[2] = {-2, 7};
+  const std::uint8_t u8[3] = {1, 2, 255};
+  const std::vector<d::SafetensorsView> views = {
+      {"b", "I32", {2}, {reinterpret_cast<const char*>(i32), 8}},
+      {"a", "U8", {3, 1}, {reinterpret_cast<const char*>(u8), 3}}};
+  d::write_safetensors(p, {{"k", "v"}}, views, "test");
+  std::string header = R"({"__metadata__":{"k":"v"},"b":{"dtype":"I32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("a":{"dtype":"U8","shape":[3,1],"data_offsets":[8,11]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string want(8, '\0');
+  want[0] = static_cast<char>(header.size());
+  want += header + std::string("\xfe\xff\xff\xff\x07\x00\x00\x00\x01\x02\xff", 11);
+  EXPECT_EQ(read_file(p), want);
+  const d::StFile f = d::read_safetensors(p);
+  EXPECT_EQ(f.metadata, (std::map<std::string, std::string>{{"k", "v"}}));
+  EXPECT_EQ(f.tensors.at("b").bytes, want.substr(8 + header.size(), 8));
+  EXPECT_EQ(f.tensors.at("a").shape, (std::vector<std::int64_t>{3, 1}));
+  // The writer: a repeated or reserved name, an unknown dtype, bytes that do not match the shape.
+  const auto refuse = [&](d::SafetensorsView v, const char* what) {
+    const std::vector<d::SafetensorsView> two = {views[0], std::move(v)};
+    expect_error([&] { d::write_safetensors(p, {}, two, "test"); }, {"[test]", what});
+  };
+  refuse({"b", "I32", {2}, views[0].bytes}, "\"b\": the name is given twice");
+  refuse({"__metadata__", "I32", {2}, views[0].bytes}, "the name is reserved");
+  refuse({"c", "Q8", {3}, views[1].bytes}, "unknown dtype 'Q8'");
+  refuse({"c", "I32", {3}, views[0].bytes}, "I32 of 3 elements needs 12 bytes, got 8");
+  // The generic reader refuses what it cannot size; the model loader only refuses it if it is used.
+  const std::string q = write_tmp("q8.safetensors",
+                                  safetensors_bytes(R"({"x": {"dtype": "Q8", "shape": [2], "data_offsets": [0, 2]}})", 2));
+  expect_error([&] { d::read_safetensors(q); }, {"q8.safetensors", "\"x\": unknown dtype 'Q8'"});
+  std::remove(p.c_str());
+  std::remove(q.c_str());
 }
 
 TEST(Model, SafetensorsRefusesBadFiles) {

@@ -14,8 +14,8 @@
 
 #include "model/json_depth.hpp"
 #include "qkv/model.hpp"
-#include "train/safetensors_io.hpp"
-#include "train/tokenizer.hpp"
+#include "model/safetensors.hpp"
+#include "model/text_tokenizer.hpp"
 
 namespace {
 
@@ -70,13 +70,13 @@ TEST(ParserLimits, SafetensorsHeaderNestedTooDeep) {
 TEST(ParserLimits, CheckpointHeaderNestedTooDeep) {
   const std::string path = safetensors_file(
       "checkpoint", "{\"t\": {\"dtype\": \"F32\", \"shape\": " + nested(kDeep) + ", \"data_offsets\": [0, 0]}}");
-  EXPECT_NE(message_of([&] { qkv::train::read_safetensors(path); }).find(kNested), std::string::npos);
+  EXPECT_NE(message_of([&] { qkv::detail::read_safetensors(path); }).find(kNested), std::string::npos);
   fs::remove(path);
 }
 
 TEST(ParserLimits, TokenizerJsonNestedTooDeep) {
   const std::string text = "{\"kind\": \"chars\", \"chars\": [" + nested(kDeep) + "]}";
-  EXPECT_NE(message_of([&] { qkv::train::TextTokenizer::from_json(text); }).find(kNested), std::string::npos);
+  EXPECT_NE(message_of([&] { qkv::detail::TextTokenizer::from_json(text); }).find(kNested), std::string::npos);
 }
 
 // K merges that each join the last token with itself: token 256 + k is 2^(k+1) bytes, and all
@@ -89,10 +89,10 @@ std::string doubling_merges(int k_merges) {
 
 TEST(ParserLimits, TokenizerJsonMergesSpellTooManyBytes) {
   // 22 merges: 256 + 2^23 - 2 bytes, inside the 2^24 limit; the last token is 2^22 'a's.
-  const auto ok = qkv::train::TextTokenizer::from_json(doubling_merges(22));
+  const auto ok = qkv::detail::TextTokenizer::from_json(doubling_merges(22));
   EXPECT_EQ(ok.token_text(256 + 21), std::string(std::size_t{1} << 22, 'a'));
   // 23 merges: 256 + 2^24 - 2 bytes, over it. (40 such merges, a 500-byte file, asked for 2^41.)
-  const std::string msg = message_of([] { qkv::train::TextTokenizer::from_json(doubling_merges(23)); });
+  const std::string msg = message_of([] { qkv::detail::TextTokenizer::from_json(doubling_merges(23)); });
   EXPECT_NE(msg.find("merge 22 [277,277] makes the tokens 16777470 bytes long in all"), std::string::npos) << msg;
 }
 

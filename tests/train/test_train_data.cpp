@@ -16,14 +16,15 @@
 
 #include <gtest/gtest.h>
 
-#include "train/safetensors_io.hpp"
-#include "train/tokenizer.hpp"
+#include "core/output_file.hpp"
+#include "model/safetensors.hpp"
+#include "model/text_tokenizer.hpp"
 #include "train/trainer.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-using qkv::train::TextTokenizer;
+using qkv::detail::TextTokenizer;
 
 std::string shakespeare() {
   std::ifstream f(std::string(QKV_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", std::ios::binary);
@@ -214,7 +215,7 @@ TEST(Train, FailedWriteRemovesItsTemporary) {
   rlimit small = old;
   small.rlim_cur = 4096;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  const std::string m = error_of([&] { qkv::train::write_file_atomic(dir + "/big.bin", std::string(10000, 'x')); });
+  const std::string m = error_of([&] { qkv::detail::write_file_atomic(dir + "/big.bin", std::string(10000, 'x'), "test"); });
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, old_handler);
   std::printf("refused: %s\n", m.c_str());
@@ -238,8 +239,8 @@ TEST(Train, ResumeIsBitExact) {
   b.resume = true;
   const auto r = qkv::train::train(b);
   EXPECT_EQ(r.step, 6);
-  const auto fa = qkv::train::read_safetensors(dir + "/straight/checkpoint.safetensors");
-  const auto fb = qkv::train::read_safetensors(dir + "/resumed/checkpoint.safetensors");
+  const auto fa = qkv::detail::read_safetensors(dir + "/straight/checkpoint.safetensors");
+  const auto fb = qkv::detail::read_safetensors(dir + "/resumed/checkpoint.safetensors");
   ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
   int differing = 0;
   for (const auto& [name, t] : fa.tensors) differing += fb.tensors.at(name).bytes != t.bytes;

@@ -11,7 +11,7 @@
 
 #include "qkv/model.hpp"
 #include "train/gpt.hpp"
-#include "train/safetensors_io.hpp"
+#include "model/safetensors.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -35,9 +35,9 @@ TEST(TrainExport, TrainedModelRunsInTheInferenceModel) {
   cfg.vocab = 65;
   const std::int64_t T = cfg.context;
   qkv::train::Gpt<float> train_model(cfg, 1, T);
-  const auto ckpt = qkv::train::read_safetensors((dir / "checkpoint.safetensors").string());
+  const auto ckpt = qkv::detail::read_safetensors((dir / "checkpoint.safetensors").string());
   for (const auto& p : train_model.layout())
-    qkv::train::st_copy_f32(ckpt, p.name, train_model.params.data() + p.offset, p.numel, "test");
+    qkv::detail::st_copy_f32(ckpt, p.name, train_model.params.data() + p.offset, p.numel, "test");
 
   std::vector<std::int32_t> x(static_cast<std::size_t>(T)), y(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) {

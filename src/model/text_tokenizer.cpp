@@ -1,4 +1,4 @@
-#include "train/tokenizer.hpp"
+#include "model/text_tokenizer.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,33 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "model/json_depth.hpp"
+#include "model/unicode.hpp"
 #include "qkv/types.hpp"
 
-namespace qkv::train {
+namespace qkv::detail {
 namespace {
 
-// Length of the UTF-8 sequence starting at s[i] and its code point, or 0 if it is not valid
-// (bad lead byte, truncated, bad continuation, overlong, surrogate, > U+10FFFF).
-int utf8_decode(std::string_view s, std::size_t i, std::uint32_t* cp) {
-  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  int len;
-  std::uint32_t v;
-  if (c < 0x80) { *cp = c; return 1; }
-  if ((c & 0xE0) == 0xC0) len = 2, v = c & 0x1Fu;
-  else if ((c & 0xF0) == 0xE0) len = 3, v = c & 0x0Fu;
-  else if ((c & 0xF8) == 0xF0) len = 4, v = c & 0x07u;
-  else return 0;
-  if (i + static_cast<std::size_t>(len) > s.size()) return 0;
-  for (int k = 1; k < len; ++k) {
-    if ((b(i + static_cast<std::size_t>(k)) & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (b(i + static_cast<std::size_t>(k)) & 0x3Fu);
-  }
-  static constexpr std::uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (v < kMin[len] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-  *cp = v;
-  return len;
-}
+using unicode::utf8_next;
 
 bool is_space(unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
 // Word classes for BPE pre-splitting: letters, digits and every non-ASCII byte (so UTF-8
@@ -88,8 +68,8 @@ std::vector<std::int32_t> bytes_of(std::string_view s) {
 void check_text(const char* fn, std::string_view corpus) {
   if (corpus.empty()) fail(fn, "corpus: the file is empty, there is nothing to train on");
   for (std::size_t i = 0; i < corpus.size();) {
-    std::uint32_t cp = 0;
-    const int len = utf8_decode(corpus, i, &cp);
+    char32_t cp = 0;
+    const int len = utf8_next(corpus, i, &cp);
     if (len == 0 || cp == 0) {
       char what[32];
       if (len == 0)
@@ -105,11 +85,11 @@ void check_text(const char* fn, std::string_view corpus) {
 }
 
 TextTokenizer TextTokenizer::learn_chars(std::string_view corpus) {
-  check_text("qkv::train::TextTokenizer::learn_chars", corpus);
-  std::map<std::uint32_t, std::string> seen;  // code point order
+  check_text("qkv::TextTokenizer::learn_chars", corpus);
+  std::map<char32_t, std::string> seen;  // code point order
   for (std::size_t i = 0; i < corpus.size();) {
-    std::uint32_t cp = 0;
-    const int len = utf8_decode(corpus, i, &cp);
+    char32_t cp = 0;
+    const int len = utf8_next(corpus, i, &cp);
     seen.emplace(cp, std::string(corpus.substr(i, static_cast<std::size_t>(len))));
     i += static_cast<std::size_t>(len);
   }
@@ -120,7 +100,7 @@ TextTokenizer TextTokenizer::learn_chars(std::string_view corpus) {
 }
 
 TextTokenizer TextTokenizer::learn_bpe(std::string_view corpus, std::int64_t vocab_size) {
-  const char* fn = "qkv::train::TextTokenizer::learn_bpe";
+  const char* fn = "qkv::TextTokenizer::learn_bpe";
   check_text(fn, corpus);
   if (vocab_size < 257 || vocab_size > 65536)
     fail(fn, "vocab_size: must be in [257, 65536] (256 bytes + at least one merge), got " +
@@ -166,11 +146,11 @@ std::vector<std::int32_t> TextTokenizer::encode(std::string_view text) const {
     std::unordered_map<std::string_view, std::int32_t> id;
     for (std::size_t i = 0; i < pieces_.size(); ++i) id.emplace(pieces_[i], static_cast<std::int32_t>(i));
     for (std::size_t i = 0; i < text.size();) {
-      std::uint32_t cp = 0;
-      const int len = utf8_decode(text, i, &cp);
+      char32_t cp = 0;
+      const int len = utf8_next(text, i, &cp);
       const auto it = len ? id.find(text.substr(i, static_cast<std::size_t>(len))) : id.end();
       if (it == id.end())
-        fail("qkv::train::TextTokenizer::encode",
+        fail("qkv::TextTokenizer::encode",
              "text: the character at byte offset " + std::to_string(i) + " is not in the " +
                  std::to_string(pieces_.size()) + "-character vocabulary learned from the corpus");
       out.push_back(it->second);
@@ -205,7 +185,7 @@ std::vector<std::int32_t> TextTokenizer::encode(std::string_view text) const {
 
 std::string TextTokenizer::token_text(std::int32_t id) const {
   if (id < 0 || id >= vocab_size())
-    fail("qkv::train::TextTokenizer::token_text",
+    fail("qkv::TextTokenizer::token_text",
          "id: must be in [0, " + std::to_string(vocab_size()) + "), got " + std::to_string(id));
   return pieces_[static_cast<std::size_t>(id)];
 }
@@ -231,8 +211,8 @@ std::string TextTokenizer::to_json() const {
 }
 
 TextTokenizer TextTokenizer::from_json(std::string_view json) {
-  const char* fn = "qkv::train::TextTokenizer::from_json";
-  const auto j = nlohmann::json::parse(json, qkv::detail::json_depth_limit(fn, "json"), false);
+  const char* fn = "qkv::TextTokenizer::from_json";
+  const auto j = nlohmann::json::parse(json, json_depth_limit(fn, "json"), false);
   if (j.is_discarded() || !j.is_object() || !j.contains("kind"))
     fail(fn, "json: not a tokenizer description (an object with \"kind\")");
   TextTokenizer t;
@@ -274,4 +254,4 @@ TextTokenizer TextTokenizer::from_json(std::string_view json) {
   return t;
 }
 
-}  // namespace qkv::train
+}  // namespace qkv::detail

@@ -1,4 +1,5 @@
-// Internal: the tokenizers training learns from its corpus.
+// Internal: the tokenizers `qkv train` learns from its corpus (Tokenizer in qkv/model.hpp loads
+// their tokenizer.json by content and encodes with this class).
 //
 //   chars  every distinct Unicode character of the corpus is a token, ids in code-point order
 //          (nanoGPT's shakespeare_char: 65 tokens for tiny Shakespeare).
@@ -23,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-namespace qkv::train {
+namespace qkv::detail {
 
 inline constexpr std::int64_t kMaxBpeTokenBytes = std::int64_t{1} << 24;  // 16 MiB; GPT-2's 50k tokens: 0.35 MiB
 
@@ -54,4 +55,4 @@ class TextTokenizer {
 // Throws (naming `fn`) unless `corpus` is non-empty UTF-8 text without NUL bytes.
 void check_text(const char* fn, std::string_view corpus);
 
-}  // namespace qkv::train
+}  // namespace qkv::detail
