@@ -187,7 +187,7 @@ double Gpt<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) 
     const LayerPtrs w = layer(P, l);
     const std::int64_t i = l * N + n0;
     blocks::typed::layernorm_forward(ln1_.data() + i * C, ln1_mean_.data() + i, ln1_rstd_.data() + i,
-                                     resid_.data() + i * C, w.ln1w, w.ln1b, n, C);
+                                     resid_.data() + i * C, w.ln1w, w.ln1b, n, C, S(1e-5));
     blocks::typed::dense_forward(ln1_.data() + i * C, w.qkvw, w.qkvb, qkv_.data() + i * 3 * C, n, C, 3 * C);
   };
   for_shards([&](std::int64_t, std::int64_t n0, std::int64_t n) {
@@ -216,7 +216,7 @@ double Gpt<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) 
       // into a copy of the skip path.
       std::copy(x, x + n * C, mid);
       blocks::typed::dense_forward(atty_.data() + i * C, w.projw, w.projb, mid, n, C, C, true);
-      blocks::typed::layernorm_forward(ln2, ln2_mean_.data() + i, ln2_rstd_.data() + i, mid, w.ln2w, w.ln2b, n, C);
+      blocks::typed::layernorm_forward(ln2, ln2_mean_.data() + i, ln2_rstd_.data() + i, mid, w.ln2w, w.ln2b, n, C, S(1e-5));
       blocks::typed::dense_forward(ln2, w.fcw, w.fcb, fch, n, C, 4 * C);
       blocks::typed::gelu_forward(fch_gelu, fch, fch, n * 4 * C);  // fch now holds gelu'(c_fc output)
       std::copy(mid, mid + n * C, x_next);
@@ -227,7 +227,7 @@ double Gpt<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) 
       }
       // After the last layer: ln_f, logits = lnf · wteᵀ (tied unembedding), softmax cross-entropy.
       blocks::typed::layernorm_forward(lnf_.data() + n0 * C, lnf_mean_.data() + n0, lnf_rstd_.data() + n0, x_next,
-                                       P + lnfw_, lnfb_ < 0 ? nullptr : P + lnfb_, n, C);
+                                       P + lnfw_, lnfb_ < 0 ? nullptr : P + lnfb_, n, C, S(1e-5));
       S* logits = probs_.data() + n0 * V;
       blocks::typed::dense_forward(lnf_.data() + n0 * C, wte, static_cast<const S*>(nullptr), logits, n, C, V);
       blocks::typed::crossentropy_forward(logits, losses_.data() + n0, logits, targets + n0, n, V);
