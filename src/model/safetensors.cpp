@@ -278,7 +278,7 @@ Weights load_weights(const std::string& path, const std::string& config_path) {
   Header h = parse_header(file, "qkv::load_weights", "file '" + path + "'");
   auto it = h.metadata.find("qkv_config");
   if (const auto f = h.metadata.find("format"); it == h.metadata.end() && f != h.metadata.end() &&
-                                                f->second == "qkv-train-checkpoint-1")
+                                                f->second.rfind("qkv-train-checkpoint-", 0) == 0)
     fail("qkv::load_weights", "path '" + path + "': a qkv train checkpoint (weights with optimiser state); the model "
                                   "to run is model.safetensors beside it");
   if (it == h.metadata.end())

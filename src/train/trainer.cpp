@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/input_file.hpp"
+#include "model/trainable.hpp"
 #include "train/plot.hpp"
 #include "train/rng.hpp"
 #include "train/safetensors_io.hpp"
@@ -31,7 +32,8 @@ namespace qkv::train {
 namespace {
 
 constexpr const char* kFn = "qkv::train";
-constexpr const char* kFormat = "qkv-train-checkpoint-1";
+// 2: parameters under Weights::tensors()' names, the model as qkv's model JSON (1: nanoGPT's GPT-2 only).
+constexpr const char* kFormat = "qkv-train-checkpoint-2";
 // Streams derived from the seed: batches, initial weights, validation batches (the same fixed
 // batches at every evaluation, so the curve compares like with like; bench/train_gpt_torch.py
 // draws the same ones).
@@ -107,11 +109,6 @@ std::string fingerprint(const std::string& text) {
   return buf;
 }
 
-nlohmann::json gpt_json(const GptConfig& c) {
-  return {{"vocab", c.vocab}, {"context", c.context}, {"layers", c.layers},
-          {"heads", c.heads}, {"embd", c.embd},       {"bias", c.bias}};
-}
-
 nlohmann::json run_json(const TrainOptions& o) {
   return {{"tokenizer", o.tokenizer}, {"bpe_vocab", o.tokenizer == "bpe" ? o.bpe_vocab : 0},
           {"batch", o.batch},         {"accum", o.accum},
@@ -182,8 +179,7 @@ struct ResumeField {
   bool schedule;
 };
 constexpr ResumeField kResumeFields[] = {
-    {"context", "context", false},      {"layers", "layers", false},   {"heads", "heads", false},
-    {"embd", "d-model", false},         {"bias", "bias", false},       {"tokenizer", "tokenizer", false},
+    {"tokenizer", "tokenizer", false},
     {"bpe_vocab", "bpe-vocab", false},  {"batch", "batch", false},     {"accum", "accum", false},
     {"seed", "seed", false},            {"val_fraction", "val-fraction", false},
     {"beta1", "beta1", false},          {"beta2", "beta2", false},     {"eps", "eps", false},
@@ -192,12 +188,7 @@ constexpr ResumeField kResumeFields[] = {
     {"decay_steps", "decay-steps", true}};
 
 void set_field(TrainOptions& o, const std::string& key, const nlohmann::json& v) {
-  if (key == "context") o.model.context = v.get<std::int64_t>();
-  else if (key == "layers") o.model.layers = v.get<std::int64_t>();
-  else if (key == "heads") o.model.heads = v.get<std::int64_t>();
-  else if (key == "embd") o.model.embd = v.get<std::int64_t>();
-  else if (key == "bias") o.model.bias = v.get<bool>();
-  else if (key == "tokenizer") o.tokenizer = v.get<std::string>();
+  if (key == "tokenizer") o.tokenizer = v.get<std::string>();
   else if (key == "bpe_vocab") { if (v.get<std::int64_t>() > 0) o.bpe_vocab = v.get<std::int64_t>(); }
   else if (key == "batch") o.batch = v.get<std::int64_t>();
   else if (key == "accum") o.accum = v.get<std::int64_t>();
@@ -222,6 +213,22 @@ void sample_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t 
       x[static_cast<std::size_t>(b * T + t)] = data[i + static_cast<std::size_t>(t)];
       y[static_cast<std::size_t>(b * T + t)] = data[i + static_cast<std::size_t>(t) + 1];
     }
+  }
+}
+
+// nanoGPT's initialisation, for every architecture: matrices and embeddings N(0, 0.02), the two
+// residual projections of each layer (W_O, W2) N(0, 0.02/√(2L)), biases 0, norm gains 1. Drawn in
+// layout order, matrix by matrix (for the gpt2 preset: nanoGPT's order of draws).
+void init_params(Trainable<float>& m, Rng& rng) {
+  const double resid_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.config().n_layers));
+  for (const auto& p : m.layout()) {
+    float* w = m.params.data() + p.offset;
+    const bool is_bias = p.name.ends_with(".bias");
+    const bool is_gain = p.shape.size() == 1 && !is_bias;
+    const double std =
+        p.name.ends_with("attention.wo.weight") || p.name.ends_with("feed_forward.w2.weight") ? resid_std : 0.02;
+    for (std::int64_t i = 0; i < p.numel; ++i)
+      w[i] = is_bias ? 0.0f : is_gain ? 1.0f : static_cast<float>(std * rng.normal());
   }
 }
 
@@ -294,7 +301,7 @@ struct State {
   double elapsed_s = 0;
 };
 
-void save_checkpoint(const std::string& path, const TrainOptions& o, const Gpt<float>& m,
+void save_checkpoint(const std::string& path, const TrainOptions& o, const Trainable<float>& m,
                      const std::vector<float>& adam_m, const std::vector<float>& adam_v, const Rng& rng,
                      const State& st, const TextTokenizer& tok, const std::string& corpus_id) {
   StFile f;
@@ -306,7 +313,7 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Gpt<f
   f.tensors["train.rng"] = st_u64({s[0], s[1], s[2], s[3]});
   f.tensors["train.step"] = st_i64({st.step});
   f.metadata["format"] = kFormat;
-  f.metadata["model"] = gpt_json(m.config()).dump();
+  f.metadata["model"] = config_to_json(m.config(), false);
   f.metadata["run"] = run_json(o).dump();
   f.metadata["tokenizer"] = tok.to_json();
   f.metadata["corpus"] = corpus_id;
@@ -316,61 +323,52 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Gpt<f
   write_safetensors(path, f);
 }
 
-// The weights alone under qkv's model names, with model.json beside them, for `qkv generate`.
-void export_model(const std::string& dir, const Gpt<float>& m) {
-  const GptConfig& c = m.config();
-  const std::int64_t C = c.embd;
-  auto at = [&](const std::string& name) {
-    for (const auto& p : m.layout())
-      if (p.name == name) return m.params.data() + p.offset;
-    fail(kFn, "internal: no parameter " + name);
-  };
-  StFile f;
-  f.tensors["tok_embeddings.weight"] = st_f32(at("transformer.wte.weight"), {c.vocab, C});
-  f.tensors["pos_embeddings.weight"] = st_f32(at("transformer.wpe.weight"), {c.context, C});
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const std::string src = "transformer.h." + std::to_string(l) + ".", dst = "layers." + std::to_string(l) + ".";
-    f.tensors[dst + "attention_norm.weight"] = st_f32(at(src + "ln_1.weight"), {C});
-    f.tensors[dst + "ffn_norm.weight"] = st_f32(at(src + "ln_2.weight"), {C});
-    const float* qkv = at(src + "attn.c_attn.weight");  // [3C, C] = W_Q; W_K; W_V
-    f.tensors[dst + "attention.wq.weight"] = st_f32(qkv, {C, C});
-    f.tensors[dst + "attention.wk.weight"] = st_f32(qkv + C * C, {C, C});
-    f.tensors[dst + "attention.wv.weight"] = st_f32(qkv + 2 * C * C, {C, C});
-    f.tensors[dst + "attention.wo.weight"] = st_f32(at(src + "attn.c_proj.weight"), {C, C});
-    f.tensors[dst + "feed_forward.w1.weight"] = st_f32(at(src + "mlp.c_fc.weight"), {4 * C, C});
-    f.tensors[dst + "feed_forward.w2.weight"] = st_f32(at(src + "mlp.c_proj.weight"), {C, 4 * C});
-    if (c.bias) {
-      f.tensors[dst + "attention_norm.bias"] = st_f32(at(src + "ln_1.bias"), {C});
-      f.tensors[dst + "ffn_norm.bias"] = st_f32(at(src + "ln_2.bias"), {C});
-      const float* bqkv = at(src + "attn.c_attn.bias");
-      f.tensors[dst + "attention.wq.bias"] = st_f32(bqkv, {C});
-      f.tensors[dst + "attention.wk.bias"] = st_f32(bqkv + C, {C});
-      f.tensors[dst + "attention.wv.bias"] = st_f32(bqkv + 2 * C, {C});
-      f.tensors[dst + "attention.wo.bias"] = st_f32(at(src + "attn.c_proj.bias"), {C});
-      f.tensors[dst + "feed_forward.w1.bias"] = st_f32(at(src + "mlp.c_fc.bias"), {4 * C});
-      f.tensors[dst + "feed_forward.w2.bias"] = st_f32(at(src + "mlp.c_proj.bias"), {C});
-    }
-  }
-  f.tensors["norm.weight"] = st_f32(at("transformer.ln_f.weight"), {C});
-  if (c.bias) f.tensors["norm.bias"] = st_f32(at("transformer.ln_f.bias"), {C});
-  f.metadata["qkv_config"] = model_config_json(c);  // what qkv::load_weights reads when no .json is beside
-  write_safetensors(dir + "/model.safetensors", f);
-  write_file_atomic(dir + "/model.json", model_config_json(c) + "\n");
+// The weights alone (qkv's names, the config in the metadata) with model.json beside them: what
+// qkv::load_weights, `qkv generate --model` and `qkv inspect --model` read.
+void export_model(const std::string& dir, const Trainable<float>& m) {
+  save_safetensors(m.to_weights(), dir + "/model.safetensors");
+  write_file_atomic(dir + "/model.json", config_to_json(m.config()) + "\n");
 }
 
-// Applies the checkpoint's fields to `o` as described at ResumeField; returns the schedule changes
-// as "name old -> new" for the log.
-std::vector<std::string> reconcile_resume(TrainOptions& o, const std::string& model_text, const std::string& run_text) {
-  const auto have_model = nlohmann::json::parse(model_text, nullptr, false);
+// The model flags the caller gave (all of them when o.given is nullopt) that describe another model
+// than the checkpoint's `saved`, as "--flag value (the checkpoint has value)".
+std::vector<std::string> model_flag_errors(const TrainOptions& o, const Config& saved) {
+  auto given = [&](const char* flag) { return !o.given || o.given->count(flag) > 0; };
+  std::vector<std::string> errors;
+  auto check = [&](const char* flag, const nlohmann::json& want, const nlohmann::json& was) {
+    if (given(flag) && want != was)
+      errors.push_back("--" + std::string(flag) + " " + (want.is_string() ? want.get<std::string>() : want.dump()) +
+                       " (the checkpoint has " + (was.is_string() ? was.get<std::string>() : was.dump()) + ")");
+  };
+  const ModelFlags& f = o.model;
+  if (!f.config_path.empty()) {
+    if (given("model-config") &&
+        config_to_json(model_config(f, saved.vocab_size), false) != config_to_json(saved, false))
+      errors.push_back("--model-config " + f.config_path + " (another model than the checkpoint's " + arch_of(saved) +
+                       " model)");
+    return errors;
+  }
+  check("arch", f.arch, arch_of(saved));
+  check("layers", f.layers, saved.n_layers);
+  check("heads", f.heads, saved.n_heads);
+  check("kv-heads", f.kv_heads > 0 ? f.kv_heads : f.heads, saved.n_kv_heads);
+  check("d-model", f.embd, saved.dim);
+  if (f.hidden_dim > 0) check("hidden-dim", f.hidden_dim, saved.hidden_dim);
+  check("context", f.context, saved.seq_len);
+  check("bias", f.bias, saved.bias);
+  return errors;
+}
+
+// Applies the checkpoint's run fields to `o` as described at ResumeField (the model is the
+// checkpoint's, `saved`); returns the schedule changes as "name old -> new" for the log.
+std::vector<std::string> reconcile_resume(TrainOptions& o, const Config& saved, const std::string& run_text) {
   const auto have_run = nlohmann::json::parse(run_text, nullptr, false);
-  if (!have_model.is_object() || !have_run.is_object())
-    fail(kFn, "--resume: the checkpoint's \"model\" or \"run\" metadata is not a JSON object");
-  std::vector<std::string> errors, changes;
+  if (!have_run.is_object()) fail(kFn, "--resume: the checkpoint's \"run\" metadata is not a JSON object");
+  std::vector<std::string> errors = model_flag_errors(o, saved), changes;
   for (const ResumeField& f : kResumeFields) {
-    const auto& have = have_model.contains(f.key) ? have_model : have_run;
-    if (!have.contains(f.key)) fail(kFn, std::string("--resume: the checkpoint's metadata has no \"") + f.key + "\"");
-    const nlohmann::json want = have_model.contains(f.key) ? gpt_json(o.model)[f.key] : run_json(o)[f.key];
-    const nlohmann::json& was = have[f.key];
+    if (!have_run.contains(f.key)) fail(kFn, std::string("--resume: the checkpoint's metadata has no \"") + f.key + "\"");
+    const nlohmann::json want = run_json(o)[f.key];
+    const nlohmann::json& was = have_run[f.key];
     if (want == was) continue;
     if (f.schedule) {
       changes.push_back(std::string(f.flag) + " " + was.dump() + " -> " + want.dump());
@@ -391,13 +389,67 @@ std::vector<std::string> reconcile_resume(TrainOptions& o, const std::string& mo
 
 }  // namespace
 
-std::string model_config_json(const GptConfig& c) {
-  nlohmann::json j = {{"dim", c.embd},         {"hidden_dim", 4 * c.embd}, {"n_layers", c.layers},
-                      {"n_heads", c.heads},     {"n_kv_heads", c.heads},    {"vocab_size", c.vocab},
-                      {"seq_len", c.context},   {"pos", "learned"},         {"norm", "layernorm"},
-                      {"mlp", "gelu_exact"},       {"tied_embeddings", true},  {"bias", c.bias},
-                      {"norm_eps", 1e-5}};
-  return j.dump(2);
+Config model_config(const ModelFlags& f, std::int64_t vocab) {
+  Config c;
+  if (!f.config_path.empty()) {
+    c = load_config(f.config_path);
+    if (c.vocab_size != vocab)
+      fail(kFn, "--model-config '" + f.config_path + "': vocab_size " + std::to_string(c.vocab_size) +
+                    " is not the tokenizer's " + std::to_string(vocab) + " tokens");
+    check_trainable(c, std::string(kFn) + ": --model-config '" + f.config_path + "'");
+    return c;
+  }
+  std::vector<std::string> bad;
+  if (f.arch != "gpt2" && f.arch != "llama") bad.push_back("--arch: must be gpt2 or llama, got '" + f.arch + "'");
+  auto positive = [&](const char* flag, std::int64_t v, std::int64_t lo) {
+    if (v < lo) bad.push_back(std::string(flag) + ": must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+  };
+  positive("--layers", f.layers, 1);
+  positive("--heads", f.heads, 1);
+  positive("--kv-heads", f.kv_heads, 0);
+  positive("--d-model", f.embd, 1);
+  positive("--hidden-dim", f.hidden_dim, 0);
+  positive("--context", f.context, 1);
+  const std::int64_t kv = f.kv_heads > 0 ? f.kv_heads : f.heads;
+  if (bad.empty() && f.embd % f.heads != 0)
+    bad.push_back("--d-model, --heads: the width must be a multiple of heads, got " + std::to_string(f.embd) +
+                  " and heads " + std::to_string(f.heads));
+  if (bad.empty() && f.heads % kv != 0)
+    bad.push_back("--kv-heads: must divide --heads " + std::to_string(f.heads) + ", got " + std::to_string(kv));
+  if (bad.empty() && f.arch == "gpt2" && kv != f.heads)
+    bad.push_back("--kv-heads: the gpt2 preset has as many kv heads as heads; use --arch llama for GQA, got " +
+                  std::to_string(kv) + " with --heads " + std::to_string(f.heads));
+  if (bad.empty() && f.arch == "llama" && (f.embd / f.heads) % 2 != 0)
+    bad.push_back("--d-model, --heads: rotary positions (--arch llama) need an even head dim, got " +
+                  std::to_string(f.embd) + " / " + std::to_string(f.heads));
+  if (!bad.empty()) {
+    std::string all;
+    for (const auto& e : bad) all += (all.empty() ? "" : "; ") + e;
+    fail(kFn, all);
+  }
+  c.dim = f.embd, c.n_layers = f.layers, c.n_heads = f.heads, c.n_kv_heads = kv;
+  c.vocab_size = vocab, c.seq_len = f.context, c.bias = f.bias, c.tied_embeddings = true, c.norm_eps = 1e-5f;
+  if (f.arch == "gpt2") {
+    c.pos = PosEncoding::learned, c.norm = NormKind::layernorm, c.mlp = MlpKind::gelu_exact;
+    c.hidden_dim = f.hidden_dim > 0 ? f.hidden_dim : 4 * f.embd;
+  } else {
+    // llama2.c's model.py: hidden = 4·dim, then ⅔ of it (SwiGLU's three matrices cost what two of
+    // 4·dim would), rounded up to a multiple of 32.
+    c.pos = PosEncoding::rotary, c.norm = NormKind::rmsnorm, c.mlp = MlpKind::swiglu, c.rope_theta = 10000.0f;
+    c.hidden_dim = f.hidden_dim > 0 ? f.hidden_dim : (2 * 4 * f.embd / 3 + 31) / 32 * 32;
+  }
+  check_trainable(c, kFn);
+  return c;
+}
+
+std::string arch_of(const Config& c) {
+  if (!c.causal || c.post_norm || c.type_vocab_size > 0) return "custom";
+  if (c.pos == PosEncoding::learned && c.norm == NormKind::layernorm && c.mlp == MlpKind::gelu_exact &&
+      c.tied_embeddings && c.n_kv_heads == c.n_heads)
+    return "gpt2";
+  if (c.pos == PosEncoding::rotary && c.norm == NormKind::rmsnorm && c.mlp == MlpKind::swiglu && c.tied_embeddings)
+    return "llama";
+  return "custom";
 }
 
 TrainSummary train(const TrainOptions& opts) {
@@ -407,6 +459,7 @@ TrainSummary train(const TrainOptions& opts) {
   const std::string corpus = detail::read_input_file(o.data_path, kFn, "--data");
   check_text(kFn, corpus);
   const std::string corpus_id = fingerprint(corpus);
+  if (!o.resume && o.model.config_path.empty()) model_config(o.model, 1);  // bad flags fail before any work
 
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
@@ -423,8 +476,12 @@ TrainSummary train(const TrainOptions& opts) {
   // Tokenizer: learned from the corpus, or the one a resumed run was trained with.
   StFile saved;
   TextTokenizer tok;
+  Config cfg;  // the model: the flags' (vocab from the tokenizer), or the checkpoint's
   if (o.resume) {
     saved = read_safetensors(ckpt);
+    if (saved.metadata["format"] == "qkv-train-checkpoint-1")
+      fail(kFn, "--resume: '" + ckpt + "' was written by an older qkv train (format qkv-train-checkpoint-1: a GPT-2 "
+                                       "under nanoGPT's names), which this version cannot continue; start a new run");
     if (saved.metadata["format"] != kFormat)
       fail(kFn, "--resume: '" + ckpt + "' is not a qkv training checkpoint (format '" + saved.metadata["format"] +
                     "')");
@@ -432,25 +489,25 @@ TrainSummary train(const TrainOptions& opts) {
       fail(kFn, "--data: the checkpoint was trained on another corpus (" + saved.metadata["corpus"] +
                     "), this one is " + corpus_id);
     tok = TextTokenizer::from_json(saved.metadata["tokenizer"]);
-    for (const std::string& c : reconcile_resume(o, saved.metadata["model"], saved.metadata["run"]))
+    cfg = config_from_json(saved.metadata["model"], "--resume: the \"model\" metadata of '" + ckpt + "'");
+    for (const std::string& c : reconcile_resume(o, cfg, saved.metadata["run"]))
       std::fprintf(stderr, "qkv train: resuming with a changed schedule: %s\n", c.c_str());
   } else {
     tok = o.tokenizer == "bpe" ? TextTokenizer::learn_bpe(corpus, o.bpe_vocab) : TextTokenizer::learn_chars(corpus);
+    cfg = model_config(o.model, tok.vocab_size());
   }
-  o.model.vocab = tok.vocab_size();
-  o.model.validate(kFn);
 
   const std::vector<std::int32_t> ids = tok.encode(corpus);
   const auto n_all = static_cast<std::int64_t>(ids.size());
   const auto n_train = static_cast<std::int64_t>(static_cast<double>(n_all) * (1.0 - o.val_fraction));
   const std::vector<std::int32_t> train_ids(ids.begin(), ids.begin() + n_train), val_ids(ids.begin() + n_train, ids.end());
-  const std::int64_t T = o.model.context, B = o.batch;
+  const std::int64_t T = cfg.seq_len, B = o.batch;
   if (static_cast<std::int64_t>(val_ids.size()) <= T || n_train <= T)
     fail(kFn, "--context: " + std::to_string(T) + " tokens is longer than the corpus allows: " +
                   std::to_string(n_all) + " tokens give " + std::to_string(n_train) + " to train and " +
                   std::to_string(val_ids.size()) + " to validate, each must exceed the context");
 
-  Gpt<float> model(o.model, B, T);
+  Trainable<float> model(cfg, B, T);
   const auto P = static_cast<std::int64_t>(model.params.size());
   std::vector<float> adam_m(static_cast<std::size_t>(P)), adam_v(static_cast<std::size_t>(P));
   std::vector<DecayRange> decay;
@@ -473,7 +530,7 @@ TrainSummary train(const TrainOptions& opts) {
                     std::to_string(o.steps));
   } else {
     Rng init(o.seed ^ kInitStream);
-    model.init(init);
+    init_params(model, init);
   }
 
   std::vector<std::int32_t> x(static_cast<std::size_t>(B * T)), y(static_cast<std::size_t>(B * T));
@@ -497,7 +554,7 @@ TrainSummary train(const TrainOptions& opts) {
   const bool tty = isatty(2) != 0;
   SignalGuard guard;  // from here on SIGINT/SIGTERM/SIGHUP stop after the current step and save
   std::fprintf(stderr, "qkv train: %lld parameters, vocab %lld (%s), %lld train / %lld val tokens, %d threads%s\n",
-               static_cast<long long>(P), static_cast<long long>(o.model.vocab), o.tokenizer.c_str(),
+               static_cast<long long>(P), static_cast<long long>(cfg.vocab_size), o.tokenizer.c_str(),
                static_cast<long long>(n_train), static_cast<long long>(val_ids.size()), qkv::num_threads(),
                o.resume ? (", resuming at step " + std::to_string(st.step)).c_str() : "");
   using clock = std::chrono::steady_clock;
