@@ -30,10 +30,12 @@ struct InspectArgs {
   std::string tokenizer, config, prompt, out, format = "html";
 };
 
-// Beside the model: tokenizer.json (written by `qkv train`), else tokenizer.bin, else the one
-// tok*.bin (llama2.c names it tok<V>.bin).
+// Beside the model (in it, for a model folder such as `qkv train`'s --out): tokenizer.json
+// (written by `qkv train`), else tokenizer.bin, else the one tok*.bin (llama2.c names it tok<V>.bin).
 std::string find_tokenizer(const std::string& model) {
-  const fs::path dir = fs::path(model).parent_path().empty() ? fs::path(".") : fs::path(model).parent_path();
+  const fs::path dir = fs::is_directory(model)                    ? fs::path(model)
+                       : fs::path(model).parent_path().empty() ? fs::path(".")
+                                                                : fs::path(model).parent_path();
   for (const char* name : {"tokenizer.json", "tokenizer.bin"}) {
     if (fs::exists(dir / name)) return (dir / name).string();
   }

@@ -101,7 +101,11 @@ void add_train(CLI::App& app) {
   bind("context", &o->model.context, "context length in tokens")->check(at_least(1));
   (*bindings)["bias"] = {cmd->add_flag("--bias", o->model.bias, "biases in linear layers and LayerNorms"),
                          setter(&o->model.bias, "bias")};
-  bind("tokenizer", &o->tokenizer, "chars | bpe")->check(CLI::IsMember({"chars", "bpe"}));
+  bind("tokenizer", &o->tokenizer,
+       "chars | bpe (learned from the corpus) | a tokenizer file, the --init model's own (default with --init: the one "
+       "beside it)")
+      ->type_name("TEXT:{chars,bpe} or FILE");  // the two choices are what shell completion offers
+  bind("init", &o->init, "fine-tune this model (llama2.c .bin, .safetensors or a model folder) instead of a new one");
   bind("bpe-vocab", &o->bpe_vocab, "BPE vocabulary size (256 bytes + merges)");
   bind("batch", &o->batch, "sequences per micro-batch")->check(at_least(1));
   bind("accum", &o->accum, "micro-batches per step (gradient accumulation)")->check(at_least(1));
@@ -156,6 +160,12 @@ void add_train(CLI::App& app) {
       for (const char* f : {"arch", "layers", "heads", "kv-heads", "d-model", "hidden-dim", "context", "bias"})
         if (given.count(f))
           throw CLI::ValidationError("--" + std::string(f) + ": not with --model-config, whose file sets the model");
+    if (given.count("init")) {
+      for (const char* f : {"arch", "model-config", "layers", "heads", "kv-heads", "d-model", "hidden-dim", "bias"})
+        if (given.count(f))
+          throw CLI::ValidationError("--" + std::string(f) + ": not with --init, whose model is fine-tuned as it is");
+      if (!given.count("tokenizer")) o->tokenizer.clear();  // the one beside the model
+    }
     if (decay_opt->count() == 0 && !decay_in_config)  // nanoGPT: lr_decay_iters = max_iters
       o->opt.decay_steps = o->steps;
     if (!(*time_limit_min >= 0))

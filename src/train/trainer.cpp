@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/hf_layout.hpp"
 #include "model/input_file.hpp"
 #include "model/trainable.hpp"
 #include "train/plot.hpp"
@@ -111,6 +112,7 @@ std::string fingerprint(const std::string& text) {
 
 nlohmann::json run_json(const TrainOptions& o) {
   return {{"tokenizer", o.tokenizer}, {"bpe_vocab", o.tokenizer == "bpe" ? o.bpe_vocab : 0},
+          {"context", o.model.context},
           {"batch", o.batch},         {"accum", o.accum},
           {"seed", o.seed},           {"val_fraction", o.val_fraction},
           {"lr", o.opt.lr},           {"min_lr", o.opt.min_lr},
@@ -147,8 +149,8 @@ void check_options(const TrainOptions& o) {
                   std::to_string(o.checkpoint_interval) + " steps");
   if (!(o.checkpoint_interval_s >= 0) || !std::isfinite(o.checkpoint_interval_s))
     bad.push_back("--checkpoint-interval: must be a finite number of minutes >= 0, got " + num(o.checkpoint_interval_s / 60));
-  if (o.tokenizer != "chars" && o.tokenizer != "bpe")
-    bad.push_back("--tokenizer: must be chars or bpe, got '" + o.tokenizer + "'");
+  if (o.tokenizer.empty() && o.init.empty())
+    bad.push_back("--tokenizer: must be chars, bpe or a tokenizer file (with --init), got ''");
   real("--val-fraction", o.val_fraction, 0, true, 1, true, "in (0, 1)");
   real("--lr", o.opt.lr, 0, true, inf, true, "a finite number > 0");
   real("--min-lr", o.opt.min_lr, 0, false, inf, true, "a finite number >= 0");
@@ -179,7 +181,7 @@ struct ResumeField {
   bool schedule;
 };
 constexpr ResumeField kResumeFields[] = {
-    {"tokenizer", "tokenizer", false},
+    {"tokenizer", "tokenizer", false},  {"context", "context", false},
     {"bpe_vocab", "bpe-vocab", false},  {"batch", "batch", false},     {"accum", "accum", false},
     {"seed", "seed", false},            {"val_fraction", "val-fraction", false},
     {"beta1", "beta1", false},          {"beta2", "beta2", false},     {"eps", "eps", false},
@@ -189,6 +191,7 @@ constexpr ResumeField kResumeFields[] = {
 
 void set_field(TrainOptions& o, const std::string& key, const nlohmann::json& v) {
   if (key == "tokenizer") o.tokenizer = v.get<std::string>();
+  else if (key == "context") o.model.context = v.get<std::int64_t>();
   else if (key == "bpe_vocab") { if (v.get<std::int64_t>() > 0) o.bpe_vocab = v.get<std::int64_t>(); }
   else if (key == "batch") o.batch = v.get<std::int64_t>();
   else if (key == "accum") o.accum = v.get<std::int64_t>();
@@ -214,6 +217,103 @@ void sample_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t 
       y[static_cast<std::size_t>(b * T + t)] = data[i + static_cast<std::size_t>(t) + 1];
     }
   }
+}
+
+// The tokenizer of a run: learned from the corpus (chars, bpe; TextTokenizer) or a model's own read
+// from a file (--tokenizer FILE, with --init): qkv train's tokenizer.json, or a llama2.c
+// tokenizer.bin, with which each non-empty line of the corpus is one text (BOS, then its tokens),
+// as llama2.c's pretokenised stories are.
+class RunTokenizer {
+ public:
+  static RunTokenizer learn(const TrainOptions& o, const std::string& corpus) {
+    RunTokenizer t;
+    t.text_ = o.tokenizer == "bpe" ? TextTokenizer::learn_bpe(corpus, o.bpe_vocab) : TextTokenizer::learn_chars(corpus);
+    return t;
+  }
+  // vocab: the model's vocabulary (a llama2.c tokenizer.bin does not store its size).
+  static RunTokenizer from_file(const std::string& path, std::int64_t vocab) {
+    RunTokenizer t;
+    const std::string bytes = detail::read_input_file(path, kFn, "--tokenizer", std::size_t{1} << 28);
+    const auto first = bytes.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && bytes[first] == '{') {
+      t.text_ = TextTokenizer::from_json(bytes);
+    } else {
+      t.llama2c_ = true;
+      t.path_ = std::filesystem::absolute(path).string();
+      t.bytes_ = bytes;
+      t.llama_ = Tokenizer::load(path, vocab);
+    }
+    if (t.vocab_size() != vocab)
+      fail(kFn, "--tokenizer '" + path + "': " + std::to_string(t.vocab_size()) +
+                    " tokens, but the model's vocabulary has " + std::to_string(vocab) +
+                    " (a model trains with its own tokenizer)");
+    return t;
+  }
+  // A checkpoint's "tokenizer" metadata: TextTokenizer JSON, or {"llama2c": path, "vocab", "fnv1a"}.
+  static RunTokenizer from_metadata(const std::string& text) {
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_object() && j.contains("llama2c")) {
+      RunTokenizer t = from_file(j["llama2c"].get<std::string>(), j["vocab"].get<std::int64_t>());
+      if (fingerprint(t.bytes_) != j["fnv1a"].get<std::string>())
+        fail(kFn, "--resume: the tokenizer file '" + t.path_ + "' changed since the checkpoint was written");
+      return t;
+    }
+    RunTokenizer t;
+    t.text_ = TextTokenizer::from_json(text);
+    return t;
+  }
+  std::string metadata() const {
+    if (!llama2c_) return text_.to_json();
+    return nlohmann::json{{"llama2c", path_}, {"vocab", vocab_size()}, {"fnv1a", fingerprint(bytes_)}}.dump();
+  }
+  std::int64_t vocab_size() const { return llama2c_ ? llama_.vocab_size() : text_.vocab_size(); }
+  std::vector<std::int32_t> encode(const std::string& corpus) const {
+    if (!llama2c_) return text_.encode(corpus);
+    std::vector<std::int32_t> ids;
+    std::size_t at = 0;
+    while (at < corpus.size()) {
+      std::size_t end = corpus.find('\n', at);
+      if (end == std::string::npos) end = corpus.size();
+      const std::string_view line(corpus.data() + at, end - at);
+      if (!line.empty())
+        for (int id : llama_.encode(line, /*add_bos=*/true, /*add_eos=*/false)) ids.push_back(id);
+      at = end + 1;
+    }
+    return ids;
+  }
+  // Beside the model: tokenizer.json (TextTokenizer), or the llama2.c file as tokenizer.bin.
+  void write(const std::string& dir) const {
+    if (llama2c_) write_file_atomic(dir + "/tokenizer.bin", bytes_);
+    else write_file_atomic(dir + "/tokenizer.json", text_.to_json() + "\n");
+  }
+
+ private:
+  bool llama2c_ = false;
+  TextTokenizer text_;
+  std::string path_, bytes_;  // llama2c: the file (absolute path) and its bytes
+  Tokenizer llama_;
+};
+
+// --init without --tokenizer: the tokenizer beside (or, for a folder, in) the model: tokenizer.json,
+// tokenizer.bin, else the one tok*.bin (llama2.c names it tok<V>.bin).
+std::string tokenizer_beside(const std::string& model) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::is_directory(model) ? fs::path(model)
+                       : fs::path(model).parent_path().empty() ? fs::path(".") : fs::path(model).parent_path();
+  for (const char* name : {"tokenizer.json", "tokenizer.bin"})
+    if (fs::is_regular_file(dir / name)) return (dir / name).string();
+  std::string found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("tok", 0) == 0 && e.path().extension() == ".bin") {
+      if (!found.empty()) fail(kFn, "--tokenizer: not given, and " + dir.string() + " holds several tok*.bin");
+      found = e.path().string();
+    }
+  }
+  if (found.empty())
+    fail(kFn, "--tokenizer: not given, and no tokenizer.json, tokenizer.bin or tok*.bin beside --init '" + model + "'");
+  return found;
 }
 
 // nanoGPT's initialisation, for every architecture: matrices and embeddings N(0, 0.02), the two
@@ -303,7 +403,7 @@ struct State {
 
 void save_checkpoint(const std::string& path, const TrainOptions& o, const Trainable<float>& m,
                      const std::vector<float>& adam_m, const std::vector<float>& adam_v, const Rng& rng,
-                     const State& st, const TextTokenizer& tok, const std::string& corpus_id) {
+                     const State& st, const RunTokenizer& tok, const std::string& corpus_id) {
   StFile f;
   for (const auto& p : m.layout()) f.tensors[p.name] = st_f32(m.params.data() + p.offset, p.shape);
   const auto P = static_cast<std::int64_t>(m.params.size());
@@ -315,7 +415,7 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Train
   f.metadata["format"] = kFormat;
   f.metadata["model"] = config_to_json(m.config(), false);
   f.metadata["run"] = run_json(o).dump();
-  f.metadata["tokenizer"] = tok.to_json();
+  f.metadata["tokenizer"] = tok.metadata();
   f.metadata["corpus"] = corpus_id;
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", st.elapsed_s);
@@ -323,11 +423,32 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Train
   write_safetensors(path, f);
 }
 
-// The weights alone (qkv's names, the config in the metadata) with model.json beside them: what
-// qkv::load_weights, `qkv generate --model` and `qkv inspect --model` read.
+// The weights alone with model.json (qkv's config) beside them: what qkv::load_weights, `qkv
+// generate --model`, `qkv inspect --model` and qkv.Model.load read. A Llama (rotary, RMSNorm,
+// SwiGLU, no biases) is written as a Hugging Face LlamaForCausalLM folder — model.safetensors under
+// HF's names (q/k rows in HF's rotate-half order) and config.json — which transformers loads as
+// well; any other model under qkv's names (the config also in the file's metadata).
 void export_model(const std::string& dir, const Trainable<float>& m) {
-  save_safetensors(m.to_weights(), dir + "/model.safetensors");
-  write_file_atomic(dir + "/model.json", config_to_json(m.config()) + "\n");
+  const Config& c = m.config();
+  const Weights w = m.to_weights();
+  if (c.pos == PosEncoding::rotary && c.norm == NormKind::rmsnorm && c.mlp == MlpKind::swiglu && !c.bias) {
+    const detail::FileLayout hf{detail::Layout::hf_llama, "model."};
+    StFile f;
+    f.metadata["format"] = "pt";
+    for (const auto& t : w.tensors()) {
+      const detail::Source src = detail::source_of(hf, c, t.name, t.shape);
+      std::int64_t n = 1;
+      for (auto d : t.shape) n *= d;
+      std::vector<float> stored(static_cast<std::size_t>(n));
+      detail::unarrange(src, t.shape, t.data, stored.data());
+      f.tensors[src.tensor] = st_f32(stored.data(), src.shape);
+    }
+    write_safetensors(dir + "/model.safetensors", f);
+    write_file_atomic(dir + "/config.json", detail::hf_llama_config(c).dump(2) + "\n");
+  } else {
+    save_safetensors(w, dir + "/model.safetensors");
+  }
+  write_file_atomic(dir + "/model.json", config_to_json(c) + "\n");
 }
 
 // The model flags the caller gave (all of them when o.given is nullopt) that describe another model
@@ -354,7 +475,6 @@ std::vector<std::string> model_flag_errors(const TrainOptions& o, const Config& 
   check("kv-heads", f.kv_heads > 0 ? f.kv_heads : f.heads, saved.n_kv_heads);
   check("d-model", f.embd, saved.dim);
   if (f.hidden_dim > 0) check("hidden-dim", f.hidden_dim, saved.hidden_dim);
-  check("context", f.context, saved.seq_len);
   check("bias", f.bias, saved.bias);
   return errors;
 }
@@ -393,10 +513,10 @@ Config model_config(const ModelFlags& f, std::int64_t vocab) {
   Config c;
   if (!f.config_path.empty()) {
     c = load_config(f.config_path);
+    check_trainable(c, std::string(kFn) + ": --model-config '" + f.config_path + "'");
     if (c.vocab_size != vocab)
       fail(kFn, "--model-config '" + f.config_path + "': vocab_size " + std::to_string(c.vocab_size) +
                     " is not the tokenizer's " + std::to_string(vocab) + " tokens");
-    check_trainable(c, std::string(kFn) + ": --model-config '" + f.config_path + "'");
     return c;
   }
   std::vector<std::string> bad;
@@ -475,8 +595,10 @@ TrainSummary train(const TrainOptions& opts) {
 
   // Tokenizer: learned from the corpus, or the one a resumed run was trained with.
   StFile saved;
-  TextTokenizer tok;
-  Config cfg;  // the model: the flags' (vocab from the tokenizer), or the checkpoint's
+  RunTokenizer tok;
+  Config cfg;  // the model: the flags' (vocab from the tokenizer), --init's, or the checkpoint's
+  Weights init_weights;
+  if (o.resume && !o.init.empty()) fail(kFn, "--init: not with --resume (the weights come from the checkpoint)");
   if (o.resume) {
     saved = read_safetensors(ckpt);
     if (saved.metadata["format"] == "qkv-train-checkpoint-1")
@@ -488,12 +610,28 @@ TrainSummary train(const TrainOptions& opts) {
     if (saved.metadata["corpus"] != corpus_id)
       fail(kFn, "--data: the checkpoint was trained on another corpus (" + saved.metadata["corpus"] +
                     "), this one is " + corpus_id);
-    tok = TextTokenizer::from_json(saved.metadata["tokenizer"]);
+    tok = RunTokenizer::from_metadata(saved.metadata["tokenizer"]);
     cfg = config_from_json(saved.metadata["model"], "--resume: the \"model\" metadata of '" + ckpt + "'");
     for (const std::string& c : reconcile_resume(o, cfg, saved.metadata["run"]))
       std::fprintf(stderr, "qkv train: resuming with a changed schedule: %s\n", c.c_str());
+  } else if (!o.init.empty()) {
+    init_weights = load_weights(o.init);
+    cfg = init_weights.config;
+    check_trainable(cfg, std::string(kFn) + ": --init '" + o.init + "'");
+    if (o.tokenizer.empty()) o.tokenizer = tokenizer_beside(o.init);
+    if (o.tokenizer == "chars" || o.tokenizer == "bpe")
+      fail(kFn, "--tokenizer " + o.tokenizer + ": --init's model '" + o.init +
+                    "' was trained with a tokenizer of its own; give that file (or leave --tokenizer out to use the one "
+                    "beside the model)");
+    tok = RunTokenizer::from_file(o.tokenizer, cfg.vocab_size);
+    if (o.model.context > cfg.seq_len)
+      fail(kFn, "--context: " + std::to_string(o.model.context) + " is longer than --init's model allows (seq_len " +
+                    std::to_string(cfg.seq_len) + ")");
   } else {
-    tok = o.tokenizer == "bpe" ? TextTokenizer::learn_bpe(corpus, o.bpe_vocab) : TextTokenizer::learn_chars(corpus);
+    if (o.tokenizer != "chars" && o.tokenizer != "bpe")
+      fail(kFn, "--tokenizer '" + o.tokenizer + "': a tokenizer file is a model's own; use it with --init (a new "
+                                                 "model learns chars or bpe from the corpus)");
+    tok = RunTokenizer::learn(o, corpus);
     cfg = model_config(o.model, tok.vocab_size());
   }
 
@@ -501,7 +639,7 @@ TrainSummary train(const TrainOptions& opts) {
   const auto n_all = static_cast<std::int64_t>(ids.size());
   const auto n_train = static_cast<std::int64_t>(static_cast<double>(n_all) * (1.0 - o.val_fraction));
   const std::vector<std::int32_t> train_ids(ids.begin(), ids.begin() + n_train), val_ids(ids.begin() + n_train, ids.end());
-  const std::int64_t T = cfg.seq_len, B = o.batch;
+  const std::int64_t T = o.model.context, B = o.batch;
   if (static_cast<std::int64_t>(val_ids.size()) <= T || n_train <= T)
     fail(kFn, "--context: " + std::to_string(T) + " tokens is longer than the corpus allows: " +
                   std::to_string(n_all) + " tokens give " + std::to_string(n_train) + " to train and " +
@@ -529,8 +667,12 @@ TrainSummary train(const TrainOptions& opts) {
       fail(kFn, "--steps: the checkpoint is at step " + std::to_string(st.step) + ", beyond --steps " +
                     std::to_string(o.steps));
   } else {
-    Rng init(o.seed ^ kInitStream);
-    init_params(model, init);
+    if (!o.init.empty()) {
+      model.set_weights(init_weights, "--init");
+    } else {
+      Rng init(o.seed ^ kInitStream);
+      init_params(model, init);
+    }
   }
 
   std::vector<std::int32_t> x(static_cast<std::size_t>(B * T)), y(static_cast<std::size_t>(B * T));
@@ -546,7 +688,7 @@ TrainSummary train(const TrainOptions& opts) {
   auto write_outputs = [&] {
     save_checkpoint(ckpt, o, model, adam_m, adam_v, rng, st, tok, corpus_id);
     export_model(o.out_dir, model);
-    write_file_atomic(o.out_dir + "/tokenizer.json", tok.to_json() + "\n");
+    tok.write(o.out_dir);
     write_file_atomic(o.out_dir + "/loss.csv", csv_text(rows));
     write_file_atomic(o.out_dir + "/loss.png", loss_curve_png(rows));
   };

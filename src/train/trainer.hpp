@@ -44,7 +44,8 @@ struct ModelFlags {
   std::int64_t kv_heads = 0;      // Hkv; 0: = heads
   std::int64_t embd = 128;        // C (--d-model)
   std::int64_t hidden_dim = 0;    // Hd; 0: the preset's (4·C for gpt2, llama2.c's rule for llama)
-  std::int64_t context = 64;      // T, the training sequence length (and the model's seq_len)
+  std::int64_t context = 64;      // T, the training sequence length (and a new model's seq_len; ≤ an
+                                  // --init model's seq_len)
   bool bias = false;              // biases in the projections (and LayerNorms)
 };
 
@@ -59,7 +60,12 @@ struct TrainOptions {
   std::string data_path;             // UTF-8 text corpus
   std::string out_dir;
   ModelFlags model;                  // vocab is taken from the tokenizer
-  std::string tokenizer = "chars";   // "chars" | "bpe"
+  std::string tokenizer = "chars";   // "chars" | "bpe" (learned from the corpus) | a tokenizer file: a
+                                     // llama2.c tokenizer.bin (each corpus line is one text, BOS first)
+                                     // or qkv train's tokenizer.json; copied into out_dir
+  std::string init;                  // a model to fine-tune (llama2.c .bin, safetensors file or folder):
+                                     // its config and weights replace the model flags; --tokenizer defaults
+                                     // to the tokenizer beside it (tokenizer.json, tokenizer.bin, tok*.bin)
   std::int64_t bpe_vocab = 512;      // bpe: vocabulary size to learn
   std::int64_t batch = 12;           // B sequences of model.context tokens per micro-batch
   std::int64_t accum = 1;            // micro-batches per optimiser step (gradient accumulation)
