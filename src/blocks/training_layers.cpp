@@ -357,6 +357,30 @@ void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up
   }
 }
 
+// f32: the same arithmetic with the vectorised exp_f32 (relative error ~1e-7 against std::exp; its
+// clamp to [−87, 88] only changes σ(g) where it is below 1e-38 or within 1e-38 of 1), since a
+// std::exp call per element keeps the loop scalar (≈ 20 % of a Llama training step here).
+template <>
+void swiglu_forward<float>(float* out, const float* gate, const float* up, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + exp_f32(-g)) * up[i];
+  }
+}
+
+template <>
+void swiglu_backward<float>(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                            std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float sig = 1.0f / (1.0f + exp_f32(-g));
+    dup[i] = dout[i] * g * sig;
+    dgate[i] = dout[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+  }
+}
+
 template <class S>
 void gelu_tanh_forward(S* out, S* slope, const S* x, std::int64_t n) {
   const S k = static_cast<S>(0.79788456080286535588);  // √(2/π)
