@@ -12,7 +12,7 @@ batches: offsets drawn from the same xoshiro256** stream qkv uses (src/train/rng
 
 Prints steps/s (training steps only, evaluation excluded) and the validation losses, and with
 --json FILE writes them as JSON. --init FILE starts from the weights of a qkv checkpoint
-(safetensors, nanoGPT names) instead of a fresh initialisation.
+(safetensors, qkv's tensor names) instead of a fresh initialisation.
 """
 import argparse
 import json
@@ -133,6 +133,25 @@ def evaluate(model, data, a):
     return sum(losses) / len(losses)
 
 
+def nanogpt_state(sd, L):
+    """A qkv train checkpoint's (or model.safetensors') tensors, under qkv's names, as this model's state_dict."""
+    out = {"transformer.wte.weight": sd["tok_embeddings.weight"], "transformer.wpe.weight": sd["pos_embeddings.weight"],
+           "transformer.ln_f.weight": sd["norm.weight"]}
+    pairs = [("attention_norm", "ln_1"), ("attention.wo", "attn.c_proj"), ("ffn_norm", "ln_2"),
+             ("feed_forward.w1", "mlp.c_fc"), ("feed_forward.w2", "mlp.c_proj")]
+    for suffix in ("weight", "bias"):
+        if f"norm.{suffix}" in sd:
+            out[f"transformer.ln_f.{suffix}"] = sd[f"norm.{suffix}"]
+        for l in range(L):
+            q, h = f"layers.{l}.", f"transformer.h.{l}."
+            for src, dst in pairs:
+                if f"{q}{src}.{suffix}" in sd:
+                    out[f"{h}{dst}.{suffix}"] = sd[f"{q}{src}.{suffix}"]
+            if f"{q}attention.wq.{suffix}" in sd:  # c_attn = [W_Q; W_K; W_V] stacked by rows
+                out[f"{h}attn.c_attn.{suffix}"] = torch.cat([sd[f"{q}attention.{m}.{suffix}"] for m in ("wq", "wk", "wv")])
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True)
@@ -154,7 +173,7 @@ def main():
     p.add_argument("--eval-interval", type=int, default=250)
     p.add_argument("--eval-batches", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--init", help="safetensors file with the initial weights (nanoGPT names)")
+    p.add_argument("--init", help="safetensors file with the initial weights (a qkv train checkpoint, qkv's names)")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args()
 
@@ -170,8 +189,7 @@ def main():
     model = GPT(len(chars), a.context, a.layers, a.heads, a.embd, bool(a.bias))
     if a.init:
         from safetensors.torch import load_file
-        sd = load_file(a.init)
-        model.load_state_dict({k: v for k, v in sd.items() if k in dict(model.named_parameters())}, strict=True)
+        model.load_state_dict(nanogpt_state(load_file(a.init), a.layers), strict=True)
     decay = [p_ for p_ in model.parameters() if p_.dim() >= 2]
     other = [p_ for p_ in model.parameters() if p_.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},

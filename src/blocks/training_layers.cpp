@@ -126,7 +126,31 @@ struct GeluParts {
   }
 }
 
+// SwiGLU over [0, n), f32 (swiglu_forward / swiglu_backward's contracts) with exp_f32: its clamp to
+// [−87, 88] only changes σ(g) where it is below 1e-38 or within 1e-38 of 1.
+[[gnu::always_inline]] inline void swiglu_fwd_body(float* out, const float* gate, const float* up, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + exp_f32(-g)) * up[i];
+  }
+}
+[[gnu::always_inline]] inline void swiglu_bwd_body(float* dgate, float* dup, const float* dout, const float* gate,
+                                                   const float* up, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float sig = 1.0f / (1.0f + exp_f32(-g));
+    dup[i] = dout[i] * g * sig;
+    dgate[i] = dout[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+  }
+}
+
 QKV_PER_ISA(gelu_fwd, gelu_fwd_body, (float* o, float* s, const float* x, std::int64_t n), (o, s, x, n))
+QKV_PER_ISA(swiglu_fwd, swiglu_fwd_body, (float* o, const float* g, const float* u, std::int64_t n), (o, g, u, n))
+QKV_PER_ISA(swiglu_bwd, swiglu_bwd_body,
+            (float* dg, float* du, const float* d, const float* g, const float* u, std::int64_t n),
+            (dg, du, d, g, u, n))
 QKV_PER_ISA(xent, softmax_xent_body,
             (float* p, float* loss, const float* l, const std::int32_t* t, std::int64_t N, std::int64_t V),
             (p, loss, l, t, N, V))
@@ -139,12 +163,14 @@ struct Kernels {
   decltype(&gelu_fwd_base) gelu_fwd;
   decltype(&xent_base) xent;
   decltype(&ln_bwd_base) ln_bwd;
+  decltype(&swiglu_fwd_base) swiglu_fwd;
+  decltype(&swiglu_bwd_base) swiglu_bwd;
 };
 Kernels kernels() {
   const Isa isa = active_isa();
-  if (isa >= Isa::avx512) return {gelu_fwd_avx512, xent_avx512, ln_bwd_avx512};
-  if (isa >= Isa::avx2) return {gelu_fwd_avx2, xent_avx2, ln_bwd_avx2};
-  return {gelu_fwd_base, xent_base, ln_bwd_base};
+  if (isa >= Isa::avx512) return {gelu_fwd_avx512, xent_avx512, ln_bwd_avx512, swiglu_fwd_avx512, swiglu_bwd_avx512};
+  if (isa >= Isa::avx2) return {gelu_fwd_avx2, xent_avx2, ln_bwd_avx2, swiglu_fwd_avx2, swiglu_bwd_avx2};
+  return {gelu_fwd_base, xent_base, ln_bwd_base, swiglu_fwd_base, swiglu_bwd_base};
 }
 
 }  // namespace
@@ -154,9 +180,13 @@ void embedding_forward(S* out, const std::int32_t* tok, const S* wte, const S* w
                        std::int64_t C) {
   for (std::int64_t n = 0; n < N; ++n) {
     const S* e = wte + static_cast<std::int64_t>(tok[n]) * C;
-    const S* p = wpe + (n % T) * C;
     S* o = out + n * C;
-    for (std::int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    if (wpe) {
+      const S* p = wpe + (n % T) * C;
+      for (std::int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    } else {
+      for (std::int64_t c = 0; c < C; ++c) o[c] = e[c];
+    }
   }
 }
 
@@ -173,18 +203,18 @@ void embedding_backward(S* dwte, S* dwpe, const S* dout, const std::int32_t* tok
   // keeps a training run bit-for-bit reproducible.
   for (std::int64_t n = 0; n < N; ++n) {
     S* de = dwte + static_cast<std::int64_t>(tok[n]) * C;
-    S* dp = dwpe + (n % T) * C;
     const S* d = dout + n * C;
-    for (std::int64_t c = 0; c < C; ++c) {
-      de[c] += d[c];
-      dp[c] += d[c];
+    for (std::int64_t c = 0; c < C; ++c) de[c] += d[c];
+    if (dwpe) {
+      S* dp = dwpe + (n % T) * C;
+      for (std::int64_t c = 0; c < C; ++c) dp[c] += d[c];
     }
   }
 }
 
 template <class S>
 void layernorm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S* b, std::int64_t N,
-                       std::int64_t C) {
+                       std::int64_t C, S eps) {
   for (std::int64_t n = 0; n < N; ++n) {
     const S* xn = x + n * C;
     S m = 0;
@@ -195,7 +225,7 @@ void layernorm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S
 #pragma omp simd reduction(+ : var)
     for (std::int64_t c = 0; c < C; ++c) var += (xn[c] - m) * (xn[c] - m);
     var /= static_cast<S>(C);
-    const S rs = S(1) / std::sqrt(var + static_cast<S>(1e-5));
+    const S rs = S(1) / std::sqrt(var + eps);
     S* o = out + n * C;
 #pragma omp simd
     for (std::int64_t c = 0; c < C; ++c) o[c] = (xn[c] - m) * rs * w[c] + (b ? b[c] : S(0));
@@ -240,8 +270,142 @@ void layernorm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S*
 
 template <>
 void layernorm_forward<float>(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                              std::int64_t N, std::int64_t C) {
-  blocks::layernorm_forward(out, mean, rstd, x, w, b, N, C, 1e-5f);  // the loops above, vectorised per ISA
+                              std::int64_t N, std::int64_t C, float eps) {
+  blocks::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps);  // the loops above, vectorised per ISA
+}
+
+template <class S>
+void rmsnorm_forward(S* out, S* rstd, const S* x, const S* w, std::int64_t N, std::int64_t C, S eps) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const S* xn = x + n * C;
+    S ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (std::int64_t c = 0; c < C; ++c) ss += xn[c] * xn[c];
+    const S rs = S(1) / std::sqrt(ss / static_cast<S>(C) + eps);
+    S* o = out + n * C;
+#pragma omp simd
+    for (std::int64_t c = 0; c < C; ++c) o[c] = xn[c] * rs * w[c];
+    rstd[n] = rs;
+  }
+}
+
+template <class S>
+void rmsnorm_backward(S* dx, S* dw, const S* dout, const S* x, const S* w, const S* rstd, std::int64_t N,
+                      std::int64_t C) {
+  // In the forward pass this was out = x̂ ⊙ w with x̂ = x · rstd, rstd = (mean(x²) + eps)^(−½), so now
+  //   dx̂ = dout ⊙ w,  dx = rstd · (dx̂ − x̂ · mean(dx̂ · x̂))  (the second term: the path through rstd),
+  //   dw = Σ_n dout ⊙ x̂.
+  for (std::int64_t n = 0; n < N; ++n) {
+    const S* xn = x + n * C;
+    const S* dn = dout + n * C;
+    const S rs = rstd[n];
+    S sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (std::int64_t c = 0; c < C; ++c) sum += dn[c] * w[c] * xn[c] * rs;
+    sum /= static_cast<S>(C);
+    S* dxn = dx + n * C;
+#pragma omp simd
+    for (std::int64_t c = 0; c < C; ++c) {
+      const S xh = xn[c] * rs;
+      dxn[c] += (dn[c] * w[c] - xh * sum) * rs;
+      dw[c] += dn[c] * xh;
+    }
+  }
+}
+
+template <class S>
+void rope_tables(S* cos, S* sin, std::int64_t T, std::int64_t hs, S theta) {
+  // blocks::rope_forward's angle: freq = 1 / theta^(i / hs) for the even element index i, in S.
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t i = 0; i < hs; i += 2) {
+      const S freq = S(1) / std::pow(theta, static_cast<S>(i) / static_cast<S>(hs));
+      const S angle = static_cast<S>(t) * freq;
+      cos[t * (hs / 2) + i / 2] = std::cos(angle);
+      sin[t * (hs / 2) + i / 2] = std::sin(angle);
+    }
+}
+
+template <class S>
+void rope_forward(S* x, const S* cos, const S* sin, std::int64_t N, std::int64_t T, std::int64_t nh,
+                  std::int64_t hs) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const S* c = cos + (n % T) * (hs / 2);
+    const S* s = sin + (n % T) * (hs / 2);
+    for (std::int64_t h = 0; h < nh; ++h) {
+      S* p = x + (n * nh + h) * hs;
+      for (std::int64_t i = 0; i < hs / 2; ++i) {
+        const S a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = a * c[i] - b * s[i];
+        p[2 * i + 1] = a * s[i] + b * c[i];
+      }
+    }
+  }
+}
+
+template <class S>
+void rope_backward(S* dx, const S* cos, const S* sin, std::int64_t N, std::int64_t T, std::int64_t nh,
+                   std::int64_t hs) {
+  // In the forward pass each pair was multiplied by the rotation R(angle); its transpose R(−angle)
+  // carries the gradient back.
+  for (std::int64_t n = 0; n < N; ++n) {
+    const S* c = cos + (n % T) * (hs / 2);
+    const S* s = sin + (n % T) * (hs / 2);
+    for (std::int64_t h = 0; h < nh; ++h) {
+      S* p = dx + (n * nh + h) * hs;
+      for (std::int64_t i = 0; i < hs / 2; ++i) {
+        const S a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = a * c[i] + b * s[i];
+        p[2 * i + 1] = -a * s[i] + b * c[i];
+      }
+    }
+  }
+}
+
+template <class S>
+void swiglu_forward(S* out, const S* gate, const S* up, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const S g = gate[i];
+    out[i] = g / (S(1) + std::exp(-g)) * up[i];
+  }
+}
+
+template <class S>
+void swiglu_backward(S* dgate, S* dup, const S* dout, const S* gate, const S* up, std::int64_t n) {
+  // In the forward pass this was out = g·σ(g) · u, so now du = dout · g·σ(g) and
+  // dg = dout · u · (σ(g) + g·σ(g)(1 − σ(g))).
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const S g = gate[i];
+    const S sig = S(1) / (S(1) + std::exp(-g));
+    dup[i] = dout[i] * g * sig;
+    dgate[i] = dout[i] * up[i] * sig * (S(1) + g * (S(1) - sig));
+  }
+}
+
+// f32: the same arithmetic with exp_f32 (relative error ~1e-7 against std::exp), per ISA: a std::exp
+// call per element keeps the loop scalar (≈ 20 % of a Llama training step here).
+template <>
+void swiglu_forward<float>(float* out, const float* gate, const float* up, std::int64_t n) {
+  kernels().swiglu_fwd(out, gate, up, n);
+}
+
+template <>
+void swiglu_backward<float>(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                            std::int64_t n) {
+  kernels().swiglu_bwd(dgate, dup, dout, gate, up, n);
+}
+
+template <class S>
+void gelu_tanh_forward(S* out, S* slope, const S* x, std::int64_t n) {
+  const S k = static_cast<S>(0.79788456080286535588);  // √(2/π)
+  const S a = static_cast<S>(0.044715);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const S v = x[i];
+    const S th = std::tanh(k * (v + a * v * v * v));
+    out[i] = S(0.5) * v * (S(1) + th);
+    slope[i] = S(0.5) * (S(1) + th) + S(0.5) * v * (S(1) - th * th) * k * (S(1) + S(3) * a * v * v);
+  }
 }
 
 template <>
@@ -370,7 +534,15 @@ void dense_backward<double>(const double* x, const double* W, const double* dy, 
                                      std::int64_t);                                                             \
   template void embedding_backward<S>(S*, S*, const S*, const std::int32_t*, std::int64_t, std::int64_t,        \
                                       std::int64_t);                                                            \
-  template void layernorm_forward<S>(S*, S*, S*, const S*, const S*, const S*, std::int64_t, std::int64_t);     \
+  template void layernorm_forward<S>(S*, S*, S*, const S*, const S*, const S*, std::int64_t, std::int64_t, S);  \
+  template void rmsnorm_forward<S>(S*, S*, const S*, const S*, std::int64_t, std::int64_t, S);                  \
+  template void rmsnorm_backward<S>(S*, S*, const S*, const S*, const S*, const S*, std::int64_t, std::int64_t); \
+  template void rope_tables<S>(S*, S*, std::int64_t, std::int64_t, S);                                          \
+  template void rope_forward<S>(S*, const S*, const S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t); \
+  template void rope_backward<S>(S*, const S*, const S*, std::int64_t, std::int64_t, std::int64_t, std::int64_t); \
+  template void swiglu_forward<S>(S*, const S*, const S*, std::int64_t);                                        \
+  template void swiglu_backward<S>(S*, S*, const S*, const S*, const S*, std::int64_t);                         \
+  template void gelu_tanh_forward<S>(S*, S*, const S*, std::int64_t);                                           \
   template void layernorm_backward<S>(S*, S*, S*, const S*, const S*, const S*, const S*, const S*,             \
                                       std::int64_t, std::int64_t);                                              \
   template void gelu_forward<S>(S*, S*, const S*, std::int64_t);                                                \

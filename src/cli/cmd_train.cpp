@@ -1,6 +1,8 @@
-// qkv train — train a GPT-2 style model on a text file (src/train/trainer.hpp).
+// qkv train — train a model (qkv::Config: GPT-2 or Llama style) on a text file (src/train/trainer.hpp).
 //
 //   qkv train --data data/tinyshakespeare/input.txt --out runs/shakespeare
+//   qkv train --data data/tinyshakespeare/input.txt --out runs/llama --arch llama --kv-heads 2
+//   qkv train --data corpus.txt --out runs/custom --model-config model.json   (qkv's model JSON or an HF config.json)
 //   qkv train --data corpus.txt --out runs/bpe --tokenizer bpe --bpe-vocab 512 --config model.json
 //   qkv train --data corpus.txt --out runs/bpe --resume          (after Ctrl-C, or to train further)
 //
@@ -66,7 +68,7 @@ void parse_checkpoint_interval(const std::string& text, train::TrainOptions& o) 
 }  // namespace
 
 void add_train(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "train a GPT-2 style model on a text file (character-level or byte-level BPE)");
+  auto* cmd = app.add_subcommand("train", "train a GPT-2 or Llama style model on a text file (character-level or byte-level BPE)");
   cmd->footer("Ctrl-C (SIGINT), SIGTERM and SIGHUP stop after the current step, save everything and exit 130, 143 "
               "and 129 (128 + the signal); continue with --resume. One run at a time may write an --out folder.");
   auto o = std::make_shared<train::TrainOptions>();
@@ -84,13 +86,26 @@ void add_train(CLI::App& app) {
   cmd->add_option("--data", o->data_path, "UTF-8 text corpus")->required();
   cmd->add_option("--out", o->out_dir, "output folder: checkpoint, model, tokenizer, loss.csv, loss.png")->required();
   cmd->add_option("--config", *config_path, "JSON file with any of the options below (flags win)");
+  bind("arch", &o->model.arch,
+       "gpt2 (learned positions, LayerNorm, GELU) | llama (rotary, RMSNorm, SwiGLU, GQA with --kv-heads)")
+      ->check(CLI::IsMember({"gpt2", "llama"}));
+  bind("model-config", &o->model.config_path,
+       "model JSON (qkv's model.json or a Hugging Face config.json; vocab_size = the tokenizer's) instead of --arch "
+       "and the sizes");
   bind("layers", &o->model.layers, "transformer blocks")->check(at_least(1));
   bind("heads", &o->model.heads, "attention heads")->check(at_least(1));
+  bind("kv-heads", &o->model.kv_heads, "key/value heads (llama: divides --heads; 0: = heads)")->check(at_least(0));
   bind("d-model", &o->model.embd, "embedding width (a multiple of heads)")->check(at_least(1));
+  bind("hidden-dim", &o->model.hidden_dim, "MLP width (0: 4·d-model for gpt2, llama2.c's ⅔ of it for llama)")
+      ->check(at_least(0));
   bind("context", &o->model.context, "context length in tokens")->check(at_least(1));
   (*bindings)["bias"] = {cmd->add_flag("--bias", o->model.bias, "biases in linear layers and LayerNorms"),
                          setter(&o->model.bias, "bias")};
-  bind("tokenizer", &o->tokenizer, "chars | bpe")->check(CLI::IsMember({"chars", "bpe"}));
+  bind("tokenizer", &o->tokenizer,
+       "chars | bpe (learned from the corpus) | a tokenizer file, the --init model's own (default with --init: the one "
+       "beside it)")
+      ->type_name("TEXT:{chars,bpe} or FILE");  // the two choices are what shell completion offers
+  bind("init", &o->init, "fine-tune this model (llama2.c .bin, .safetensors or a model folder) instead of a new one");
   bind("bpe-vocab", &o->bpe_vocab, "BPE vocabulary size (256 bytes + merges)");
   bind("batch", &o->batch, "sequences per micro-batch")->check(at_least(1));
   bind("accum", &o->accum, "micro-batches per step (gradient accumulation)")->check(at_least(1));
@@ -140,6 +155,16 @@ void add_train(CLI::App& app) {
         given.insert(b->second.opt->get_name().substr(2));
         decay_in_config = decay_in_config || it.key() == "decay_steps";
       }
+    }
+    if (given.count("model-config"))
+      for (const char* f : {"arch", "layers", "heads", "kv-heads", "d-model", "hidden-dim", "context", "bias"})
+        if (given.count(f))
+          throw CLI::ValidationError("--" + std::string(f) + ": not with --model-config, whose file sets the model");
+    if (given.count("init")) {
+      for (const char* f : {"arch", "model-config", "layers", "heads", "kv-heads", "d-model", "hidden-dim", "bias"})
+        if (given.count(f))
+          throw CLI::ValidationError("--" + std::string(f) + ": not with --init, whose model is fine-tuned as it is");
+      if (!given.count("tokenizer")) o->tokenizer.clear();  // the one beside the model
     }
     if (decay_opt->count() == 0 && !decay_in_config)  // nanoGPT: lr_decay_iters = max_iters
       o->opt.decay_steps = o->steps;

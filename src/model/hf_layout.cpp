@@ -286,4 +286,50 @@ void rearrange(const Source& s, const std::vector<std::int64_t>& shape, const fl
   }
 }
 
+void unarrange(const Source& s, const std::vector<std::int64_t>& shape, const float* src, float* dst) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  switch (s.op) {
+    case Source::Op::copy:
+      std::copy(src, src + n, dst);
+      return;
+    case Source::Op::rope_rows: {
+      // rearrange's copy with source and destination rows swapped.
+      const std::int64_t cols = shape[1], D = s.offset, half = D / 2;
+      assert(D > 0 && D % 2 == 0 && shape[0] % D == 0);
+      for (std::int64_t h0 = 0; h0 < shape[0]; h0 += D)
+        for (std::int64_t j = 0; j < half; ++j)
+          for (std::int64_t t = 0; t < 2; ++t)
+            std::copy_n(src + (h0 + 2 * j + t) * cols, cols, dst + (h0 + t * half + j) * cols);
+      return;
+    }
+    case Source::Op::slice:
+    case Source::Op::transpose:
+      fail("qkv::detail::unarrange", "tensor " + s.tensor + ": only copy and rope_rows are written");
+  }
+}
+
+nlohmann::json hf_llama_config(const Config& c) {
+  constexpr const char* fn = "qkv::detail::hf_llama_config";
+  if (c.pos != PosEncoding::rotary || c.norm != NormKind::rmsnorm || c.mlp != MlpKind::swiglu || c.bias ||
+      !c.causal || c.post_norm || c.type_vocab_size > 0)
+    fail(fn, "config: a LlamaForCausalLM is rotary, RMSNorm, SwiGLU, without biases, got " + config_to_json(c, false));
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", c.dim},
+          {"intermediate_size", c.hidden_dim},
+          {"num_attention_heads", c.n_heads},
+          {"num_key_value_heads", c.n_kv_heads},
+          {"num_hidden_layers", c.n_layers},
+          {"vocab_size", c.vocab_size},
+          {"max_position_embeddings", c.seq_len},
+          {"rms_norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"tie_word_embeddings", c.tied_embeddings},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"torch_dtype", "float32"}};
+}
+
 }  // namespace qkv::detail

@@ -63,4 +63,11 @@ bool ignorable(const FileLayout& f, const Config& c, const std::string& tensor);
 // dst (qkv's `shape`) ← src (the stored tensor, already f32, `s.shape`) as `s.op` says.
 void rearrange(const Source& s, const std::vector<std::int64_t>& shape, const float* src, float* dst);
 
+// Writing (what `qkv train` exports): the inverse of rearrange for the ops a Llama checkpoint uses,
+// copy and rope_rows: stored (s.shape) ← qkv's tensor (`shape`). Throws for transpose and slice.
+void unarrange(const Source& s, const std::vector<std::int64_t>& shape, const float* src, float* dst);
+// A Hugging Face config.json describing `c` as LlamaForCausalLM (hf_config reads it back as `c`).
+// Throws naming the field unless c is a Llama: rotary, RMSNorm, SwiGLU, no biases, causal pre-norm.
+nlohmann::json hf_llama_config(const Config& c);
+
 }  // namespace qkv::detail

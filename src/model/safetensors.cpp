@@ -365,6 +365,12 @@ Weights load_weights(const std::string& path, const std::string& config_path) {
                                     "' is a llama2.c checkpoint whose header is its config");
     return load_llama2c(path);
   }
+  // A training checkpoint beside a model folder's config.json is still not a model.
+  detail::MappedFile file(path, "qkv::load_weights");
+  const SafetensorsHeader h = detail::parse_safetensors(file.data(), file.size(), "qkv::load_weights", "file '" + path + "'");
+  if (const auto f = h.metadata.find("format"); f != h.metadata.end() && f->second.rfind("qkv-train-checkpoint-", 0) == 0)
+    fail("qkv::load_weights", "path '" + path + "': a qkv train checkpoint (weights with optimiser state); the model "
+                                  "to run is model.safetensors beside it");
   if (!config_path.empty()) return load_safetensors(path, config_path);
   const std::string beside = path.substr(0, path.size() - ext.size()) + ".json";
   const auto slash = path.find_last_of('/');
@@ -373,13 +379,7 @@ Weights load_weights(const std::string& path, const std::string& config_path) {
   for (const std::string& c : {beside, folder})
     if (::access(c.c_str(), R_OK) == 0) return load_safetensors(path, c);
   // Last resort: the config a qkv writer stored in the file's metadata.
-  detail::MappedFile file(path, "qkv::load_weights");
-  const SafetensorsHeader h = detail::parse_safetensors(file.data(), file.size(), "qkv::load_weights", "file '" + path + "'");
   auto it = h.metadata.find("qkv_config");
-  if (const auto f = h.metadata.find("format"); it == h.metadata.end() && f != h.metadata.end() &&
-                                                f->second == "qkv-train-checkpoint-1")
-    fail("qkv::load_weights", "path '" + path + "': a qkv train checkpoint (weights with optimiser state); the model "
-                                  "to run is model.safetensors beside it");
   if (it == h.metadata.end())
     fail("qkv::load_weights", "path '" + path + "': no config given, none found at '" + beside + "' or '" + folder +
                                   "', and no qkv_config in the file's metadata");

@@ -20,9 +20,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/output_file.hpp"
+#include "model/hf_layout.hpp"
 #include "model/input_file.hpp"
 #include "model/safetensors.hpp"
 #include "model/text_tokenizer.hpp"
+#include "model/trainable.hpp"
 #include "train/plot.hpp"
 #include "train/rng.hpp"
 #include "qkv/attention.hpp"
@@ -34,7 +36,11 @@ using detail::check_text, detail::read_safetensors, detail::st_copy_f32, detail:
 namespace {
 
 constexpr const char* kFn = "qkv::train";
-constexpr const char* kFormat = "qkv-train-checkpoint-1";
+
+// Every file a run writes goes through the one atomic writer, its errors naming qkv::train.
+void write_file_atomic(const std::string& path, std::string_view bytes) { detail::write_file_atomic(path, bytes, kFn); }
+// 2: parameters under Weights::tensors()' names, the model as qkv's model JSON (1: nanoGPT's GPT-2 only).
+constexpr const char* kFormat = "qkv-train-checkpoint-2";
 // Streams derived from the seed: batches, initial weights, validation batches (the same fixed
 // batches at every evaluation, so the curve compares like with like; bench/train_gpt_torch.py
 // draws the same ones).
@@ -110,13 +116,9 @@ std::string fingerprint(const std::string& text) {
   return buf;
 }
 
-nlohmann::json gpt_json(const GptConfig& c) {
-  return {{"vocab", c.vocab}, {"context", c.context}, {"layers", c.layers},
-          {"heads", c.heads}, {"embd", c.embd},       {"bias", c.bias}};
-}
-
 nlohmann::json run_json(const TrainOptions& o) {
   return {{"tokenizer", o.tokenizer}, {"bpe_vocab", o.tokenizer == "bpe" ? o.bpe_vocab : 0},
+          {"context", o.model.context},
           {"batch", o.batch},         {"accum", o.accum},
           {"seed", o.seed},           {"val_fraction", o.val_fraction},
           {"lr", o.opt.lr},           {"min_lr", o.opt.min_lr},
@@ -153,8 +155,8 @@ void check_options(const TrainOptions& o) {
                   std::to_string(o.checkpoint_interval) + " steps");
   if (!(o.checkpoint_interval_s >= 0) || !std::isfinite(o.checkpoint_interval_s))
     bad.push_back("--checkpoint-interval: must be a finite number of minutes >= 0, got " + num(o.checkpoint_interval_s / 60));
-  if (o.tokenizer != "chars" && o.tokenizer != "bpe")
-    bad.push_back("--tokenizer: must be chars or bpe, got '" + o.tokenizer + "'");
+  if (o.tokenizer.empty() && o.init.empty())
+    bad.push_back("--tokenizer: must be chars, bpe or a tokenizer file (with --init), got ''");
   real("--val-fraction", o.val_fraction, 0, true, 1, true, "in (0, 1)");
   real("--lr", o.opt.lr, 0, true, inf, true, "a finite number > 0");
   real("--min-lr", o.opt.min_lr, 0, false, inf, true, "a finite number >= 0");
@@ -185,8 +187,7 @@ struct ResumeField {
   bool schedule;
 };
 constexpr ResumeField kResumeFields[] = {
-    {"context", "context", false},      {"layers", "layers", false},   {"heads", "heads", false},
-    {"embd", "d-model", false},         {"bias", "bias", false},       {"tokenizer", "tokenizer", false},
+    {"tokenizer", "tokenizer", false},  {"context", "context", false},
     {"bpe_vocab", "bpe-vocab", false},  {"batch", "batch", false},     {"accum", "accum", false},
     {"seed", "seed", false},            {"val_fraction", "val-fraction", false},
     {"beta1", "beta1", false},          {"beta2", "beta2", false},     {"eps", "eps", false},
@@ -195,12 +196,8 @@ constexpr ResumeField kResumeFields[] = {
     {"decay_steps", "decay-steps", true}};
 
 void set_field(TrainOptions& o, const std::string& key, const nlohmann::json& v) {
-  if (key == "context") o.model.context = v.get<std::int64_t>();
-  else if (key == "layers") o.model.layers = v.get<std::int64_t>();
-  else if (key == "heads") o.model.heads = v.get<std::int64_t>();
-  else if (key == "embd") o.model.embd = v.get<std::int64_t>();
-  else if (key == "bias") o.model.bias = v.get<bool>();
-  else if (key == "tokenizer") o.tokenizer = v.get<std::string>();
+  if (key == "tokenizer") o.tokenizer = v.get<std::string>();
+  else if (key == "context") o.model.context = v.get<std::int64_t>();
   else if (key == "bpe_vocab") { if (v.get<std::int64_t>() > 0) o.bpe_vocab = v.get<std::int64_t>(); }
   else if (key == "batch") o.batch = v.get<std::int64_t>();
   else if (key == "accum") o.accum = v.get<std::int64_t>();
@@ -225,6 +222,119 @@ void sample_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t 
       x[static_cast<std::size_t>(b * T + t)] = data[i + static_cast<std::size_t>(t)];
       y[static_cast<std::size_t>(b * T + t)] = data[i + static_cast<std::size_t>(t) + 1];
     }
+  }
+}
+
+// The tokenizer of a run: learned from the corpus (chars, bpe; TextTokenizer) or a model's own read
+// from a file (--tokenizer FILE, with --init): qkv train's tokenizer.json, or a llama2.c
+// tokenizer.bin, with which each non-empty line of the corpus is one text (BOS, then its tokens),
+// as llama2.c's pretokenised stories are.
+class RunTokenizer {
+ public:
+  static RunTokenizer learn(const TrainOptions& o, const std::string& corpus) {
+    RunTokenizer t;
+    t.text_ = o.tokenizer == "bpe" ? TextTokenizer::learn_bpe(corpus, o.bpe_vocab) : TextTokenizer::learn_chars(corpus);
+    return t;
+  }
+  // vocab: the model's vocabulary (a llama2.c tokenizer.bin does not store its size).
+  static RunTokenizer from_file(const std::string& path, std::int64_t vocab) {
+    RunTokenizer t;
+    const std::string bytes = detail::read_input_file(path, kFn, "--tokenizer", std::size_t{1} << 28);
+    const auto first = bytes.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && bytes[first] == '{') {
+      t.text_ = TextTokenizer::from_json(bytes);
+    } else {
+      t.llama2c_ = true;
+      t.path_ = std::filesystem::absolute(path).string();
+      t.bytes_ = bytes;
+      t.llama_ = Tokenizer::load(path, vocab);
+    }
+    if (t.vocab_size() != vocab)
+      fail(kFn, "--tokenizer '" + path + "': " + std::to_string(t.vocab_size()) +
+                    " tokens, but the model's vocabulary has " + std::to_string(vocab) +
+                    " (a model trains with its own tokenizer)");
+    return t;
+  }
+  // A checkpoint's "tokenizer" metadata: TextTokenizer JSON, or {"llama2c": path, "vocab", "fnv1a"}.
+  static RunTokenizer from_metadata(const std::string& text) {
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_object() && j.contains("llama2c")) {
+      RunTokenizer t = from_file(j["llama2c"].get<std::string>(), j["vocab"].get<std::int64_t>());
+      if (fingerprint(t.bytes_) != j["fnv1a"].get<std::string>())
+        fail(kFn, "--resume: the tokenizer file '" + t.path_ + "' changed since the checkpoint was written");
+      return t;
+    }
+    RunTokenizer t;
+    t.text_ = TextTokenizer::from_json(text);
+    return t;
+  }
+  std::string metadata() const {
+    if (!llama2c_) return text_.to_json();
+    return nlohmann::json{{"llama2c", path_}, {"vocab", vocab_size()}, {"fnv1a", fingerprint(bytes_)}}.dump();
+  }
+  std::int64_t vocab_size() const { return llama2c_ ? llama_.vocab_size() : text_.vocab_size(); }
+  std::vector<std::int32_t> encode(const std::string& corpus) const {
+    if (!llama2c_) return text_.encode(corpus);
+    std::vector<std::int32_t> ids;
+    std::size_t at = 0;
+    while (at < corpus.size()) {
+      std::size_t end = corpus.find('\n', at);
+      if (end == std::string::npos) end = corpus.size();
+      const std::string_view line(corpus.data() + at, end - at);
+      if (!line.empty())
+        for (int id : llama_.encode(line, /*add_bos=*/true, /*add_eos=*/false)) ids.push_back(id);
+      at = end + 1;
+    }
+    return ids;
+  }
+  // Beside the model: tokenizer.json (TextTokenizer), or the llama2.c file as tokenizer.bin.
+  void write(const std::string& dir) const {
+    if (llama2c_) write_file_atomic(dir + "/tokenizer.bin", bytes_);
+    else write_file_atomic(dir + "/tokenizer.json", text_.to_json() + "\n");
+  }
+
+ private:
+  bool llama2c_ = false;
+  TextTokenizer text_;
+  std::string path_, bytes_;  // llama2c: the file (absolute path) and its bytes
+  Tokenizer llama_;
+};
+
+// --init without --tokenizer: the tokenizer beside (or, for a folder, in) the model: tokenizer.json,
+// tokenizer.bin, else the one tok*.bin (llama2.c names it tok<V>.bin).
+std::string tokenizer_beside(const std::string& model) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::is_directory(model) ? fs::path(model)
+                       : fs::path(model).parent_path().empty() ? fs::path(".") : fs::path(model).parent_path();
+  for (const char* name : {"tokenizer.json", "tokenizer.bin"})
+    if (fs::is_regular_file(dir / name)) return (dir / name).string();
+  std::string found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("tok", 0) == 0 && e.path().extension() == ".bin") {
+      if (!found.empty()) fail(kFn, "--tokenizer: not given, and " + dir.string() + " holds several tok*.bin");
+      found = e.path().string();
+    }
+  }
+  if (found.empty())
+    fail(kFn, "--tokenizer: not given, and no tokenizer.json, tokenizer.bin or tok*.bin beside --init '" + model + "'");
+  return found;
+}
+
+// nanoGPT's initialisation, for every architecture: matrices and embeddings N(0, 0.02), the two
+// residual projections of each layer (W_O, W2) N(0, 0.02/√(2L)), biases 0, norm gains 1. Drawn in
+// layout order, matrix by matrix (for the gpt2 preset: nanoGPT's order of draws).
+void init_params(Trainable<float>& m, Rng& rng) {
+  const double resid_std = 0.02 / std::sqrt(2.0 * static_cast<double>(m.config().n_layers));
+  for (const auto& p : m.layout()) {
+    float* w = m.params.data() + p.offset;
+    const bool is_bias = p.name.ends_with(".bias");
+    const bool is_gain = p.shape.size() == 1 && !is_bias;
+    const double std =
+        p.name.ends_with("attention.wo.weight") || p.name.ends_with("feed_forward.w2.weight") ? resid_std : 0.02;
+    for (std::int64_t i = 0; i < p.numel; ++i)
+      w[i] = is_bias ? 0.0f : is_gain ? 1.0f : static_cast<float>(std * rng.normal());
   }
 }
 
@@ -297,9 +407,9 @@ struct State {
   double elapsed_s = 0;
 };
 
-void save_checkpoint(const std::string& path, const TrainOptions& o, const Gpt<float>& m,
+void save_checkpoint(const std::string& path, const TrainOptions& o, const Trainable<float>& m,
                      const std::vector<float>& adam_m, const std::vector<float>& adam_v, const Rng& rng,
-                     const State& st, const TextTokenizer& tok, const std::string& corpus_id) {
+                     const State& st, const RunTokenizer& tok, const std::string& corpus_id) {
   StFile f;
   for (const auto& p : m.layout()) f.tensors[p.name] = st_f32(m.params.data() + p.offset, p.shape);
   const auto P = static_cast<std::int64_t>(m.params.size());
@@ -309,9 +419,9 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Gpt<f
   f.tensors["train.rng"] = st_u64({s[0], s[1], s[2], s[3]});
   f.tensors["train.step"] = st_i64({st.step});
   f.metadata["format"] = kFormat;
-  f.metadata["model"] = gpt_json(m.config()).dump();
+  f.metadata["model"] = config_to_json(m.config(), false);
   f.metadata["run"] = run_json(o).dump();
-  f.metadata["tokenizer"] = tok.to_json();
+  f.metadata["tokenizer"] = tok.metadata();
   f.metadata["corpus"] = corpus_id;
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", st.elapsed_s);
@@ -319,61 +429,72 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Gpt<f
   write_safetensors(path, f);
 }
 
-// The weights alone under qkv's model names, with model.json beside them, for `qkv generate`.
-void export_model(const std::string& dir, const Gpt<float>& m) {
-  const GptConfig& c = m.config();
-  const std::int64_t C = c.embd;
-  auto at = [&](const std::string& name) {
-    for (const auto& p : m.layout())
-      if (p.name == name) return m.params.data() + p.offset;
-    fail(kFn, "internal: no parameter " + name);
-  };
-  StFile f;
-  f.tensors["tok_embeddings.weight"] = st_f32(at("transformer.wte.weight"), {c.vocab, C});
-  f.tensors["pos_embeddings.weight"] = st_f32(at("transformer.wpe.weight"), {c.context, C});
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const std::string src = "transformer.h." + std::to_string(l) + ".", dst = "layers." + std::to_string(l) + ".";
-    f.tensors[dst + "attention_norm.weight"] = st_f32(at(src + "ln_1.weight"), {C});
-    f.tensors[dst + "ffn_norm.weight"] = st_f32(at(src + "ln_2.weight"), {C});
-    const float* qkv = at(src + "attn.c_attn.weight");  // [3C, C] = W_Q; W_K; W_V
-    f.tensors[dst + "attention.wq.weight"] = st_f32(qkv, {C, C});
-    f.tensors[dst + "attention.wk.weight"] = st_f32(qkv + C * C, {C, C});
-    f.tensors[dst + "attention.wv.weight"] = st_f32(qkv + 2 * C * C, {C, C});
-    f.tensors[dst + "attention.wo.weight"] = st_f32(at(src + "attn.c_proj.weight"), {C, C});
-    f.tensors[dst + "feed_forward.w1.weight"] = st_f32(at(src + "mlp.c_fc.weight"), {4 * C, C});
-    f.tensors[dst + "feed_forward.w2.weight"] = st_f32(at(src + "mlp.c_proj.weight"), {C, 4 * C});
-    if (c.bias) {
-      f.tensors[dst + "attention_norm.bias"] = st_f32(at(src + "ln_1.bias"), {C});
-      f.tensors[dst + "ffn_norm.bias"] = st_f32(at(src + "ln_2.bias"), {C});
-      const float* bqkv = at(src + "attn.c_attn.bias");
-      f.tensors[dst + "attention.wq.bias"] = st_f32(bqkv, {C});
-      f.tensors[dst + "attention.wk.bias"] = st_f32(bqkv + C, {C});
-      f.tensors[dst + "attention.wv.bias"] = st_f32(bqkv + 2 * C, {C});
-      f.tensors[dst + "attention.wo.bias"] = st_f32(at(src + "attn.c_proj.bias"), {C});
-      f.tensors[dst + "feed_forward.w1.bias"] = st_f32(at(src + "mlp.c_fc.bias"), {4 * C});
-      f.tensors[dst + "feed_forward.w2.bias"] = st_f32(at(src + "mlp.c_proj.bias"), {C});
+// The weights alone with model.json (qkv's config) beside them: what qkv::load_weights, `qkv
+// generate --model`, `qkv inspect --model` and qkv.Model.load read. A Llama (rotary, RMSNorm,
+// SwiGLU, no biases) is written as a Hugging Face LlamaForCausalLM folder — model.safetensors under
+// HF's names (q/k rows in HF's rotate-half order) and config.json — which transformers loads as
+// well; any other model under qkv's names (the config also in the file's metadata).
+void export_model(const std::string& dir, const Trainable<float>& m) {
+  const Config& c = m.config();
+  const Weights w = m.to_weights();
+  if (c.pos == PosEncoding::rotary && c.norm == NormKind::rmsnorm && c.mlp == MlpKind::swiglu && !c.bias) {
+    const detail::FileLayout hf{detail::Layout::hf_llama, "model."};
+    StFile f;
+    f.metadata["format"] = "pt";
+    for (const auto& t : w.tensors()) {
+      const detail::Source src = detail::source_of(hf, c, t.name, t.shape);
+      std::int64_t n = 1;
+      for (auto d : t.shape) n *= d;
+      std::vector<float> stored(static_cast<std::size_t>(n));
+      detail::unarrange(src, t.shape, t.data, stored.data());
+      f.tensors[src.tensor] = st_f32(stored.data(), src.shape);
     }
+    write_safetensors(dir + "/model.safetensors", f);
+    write_file_atomic(dir + "/config.json", detail::hf_llama_config(c).dump(2) + "\n");
+  } else {
+    save_safetensors(w, dir + "/model.safetensors");
   }
-  f.tensors["norm.weight"] = st_f32(at("transformer.ln_f.weight"), {C});
-  if (c.bias) f.tensors["norm.bias"] = st_f32(at("transformer.ln_f.bias"), {C});
-  f.metadata["qkv_config"] = model_config_json(c);  // what qkv::load_weights reads when no .json is beside
-  write_safetensors(dir + "/model.safetensors", f);
-  detail::write_file_atomic(dir + "/model.json", model_config_json(c) + "\n", kFn);
+  write_file_atomic(dir + "/model.json", config_to_json(c) + "\n");
 }
 
-// Applies the checkpoint's fields to `o` as described at ResumeField; returns the schedule changes
-// as "name old -> new" for the log.
-std::vector<std::string> reconcile_resume(TrainOptions& o, const std::string& model_text, const std::string& run_text) {
-  const auto have_model = nlohmann::json::parse(model_text, nullptr, false);
+// The model flags the caller gave (all of them when o.given is nullopt) that describe another model
+// than the checkpoint's `saved`, as "--flag value (the checkpoint has value)".
+std::vector<std::string> model_flag_errors(const TrainOptions& o, const Config& saved) {
+  auto given = [&](const char* flag) { return !o.given || o.given->count(flag) > 0; };
+  std::vector<std::string> errors;
+  auto check = [&](const char* flag, const nlohmann::json& want, const nlohmann::json& was) {
+    if (given(flag) && want != was)
+      errors.push_back("--" + std::string(flag) + " " + (want.is_string() ? want.get<std::string>() : want.dump()) +
+                       " (the checkpoint has " + (was.is_string() ? was.get<std::string>() : was.dump()) + ")");
+  };
+  const ModelFlags& f = o.model;
+  if (!f.config_path.empty()) {
+    if (given("model-config") &&
+        config_to_json(model_config(f, saved.vocab_size), false) != config_to_json(saved, false))
+      errors.push_back("--model-config " + f.config_path + " (another model than the checkpoint's " + arch_of(saved) +
+                       " model)");
+    return errors;
+  }
+  check("arch", f.arch, arch_of(saved));
+  check("layers", f.layers, saved.n_layers);
+  check("heads", f.heads, saved.n_heads);
+  check("kv-heads", f.kv_heads > 0 ? f.kv_heads : f.heads, saved.n_kv_heads);
+  check("d-model", f.embd, saved.dim);
+  if (f.hidden_dim > 0) check("hidden-dim", f.hidden_dim, saved.hidden_dim);
+  check("bias", f.bias, saved.bias);
+  return errors;
+}
+
+// Applies the checkpoint's run fields to `o` as described at ResumeField (the model is the
+// checkpoint's, `saved`); returns the schedule changes as "name old -> new" for the log.
+std::vector<std::string> reconcile_resume(TrainOptions& o, const Config& saved, const std::string& run_text) {
   const auto have_run = nlohmann::json::parse(run_text, nullptr, false);
-  if (!have_model.is_object() || !have_run.is_object())
-    fail(kFn, "--resume: the checkpoint's \"model\" or \"run\" metadata is not a JSON object");
-  std::vector<std::string> errors, changes;
+  if (!have_run.is_object()) fail(kFn, "--resume: the checkpoint's \"run\" metadata is not a JSON object");
+  std::vector<std::string> errors = model_flag_errors(o, saved), changes;
   for (const ResumeField& f : kResumeFields) {
-    const auto& have = have_model.contains(f.key) ? have_model : have_run;
-    if (!have.contains(f.key)) fail(kFn, std::string("--resume: the checkpoint's metadata has no \"") + f.key + "\"");
-    const nlohmann::json want = have_model.contains(f.key) ? gpt_json(o.model)[f.key] : run_json(o)[f.key];
-    const nlohmann::json& was = have[f.key];
+    if (!have_run.contains(f.key)) fail(kFn, std::string("--resume: the checkpoint's metadata has no \"") + f.key + "\"");
+    const nlohmann::json want = run_json(o)[f.key];
+    const nlohmann::json& was = have_run[f.key];
     if (want == was) continue;
     if (f.schedule) {
       changes.push_back(std::string(f.flag) + " " + was.dump() + " -> " + want.dump());
@@ -394,13 +515,67 @@ std::vector<std::string> reconcile_resume(TrainOptions& o, const std::string& mo
 
 }  // namespace
 
-std::string model_config_json(const GptConfig& c) {
-  nlohmann::json j = {{"dim", c.embd},         {"hidden_dim", 4 * c.embd}, {"n_layers", c.layers},
-                      {"n_heads", c.heads},     {"n_kv_heads", c.heads},    {"vocab_size", c.vocab},
-                      {"seq_len", c.context},   {"pos", "learned"},         {"norm", "layernorm"},
-                      {"mlp", "gelu_exact"},       {"tied_embeddings", true},  {"bias", c.bias},
-                      {"norm_eps", 1e-5}};
-  return j.dump(2);
+Config model_config(const ModelFlags& f, std::int64_t vocab) {
+  Config c;
+  if (!f.config_path.empty()) {
+    c = load_config(f.config_path);
+    check_trainable(c, std::string(kFn) + ": --model-config '" + f.config_path + "'");
+    if (c.vocab_size != vocab)
+      fail(kFn, "--model-config '" + f.config_path + "': vocab_size " + std::to_string(c.vocab_size) +
+                    " is not the tokenizer's " + std::to_string(vocab) + " tokens");
+    return c;
+  }
+  std::vector<std::string> bad;
+  if (f.arch != "gpt2" && f.arch != "llama") bad.push_back("--arch: must be gpt2 or llama, got '" + f.arch + "'");
+  auto positive = [&](const char* flag, std::int64_t v, std::int64_t lo) {
+    if (v < lo) bad.push_back(std::string(flag) + ": must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+  };
+  positive("--layers", f.layers, 1);
+  positive("--heads", f.heads, 1);
+  positive("--kv-heads", f.kv_heads, 0);
+  positive("--d-model", f.embd, 1);
+  positive("--hidden-dim", f.hidden_dim, 0);
+  positive("--context", f.context, 1);
+  const std::int64_t kv = f.kv_heads > 0 ? f.kv_heads : f.heads;
+  if (bad.empty() && f.embd % f.heads != 0)
+    bad.push_back("--d-model, --heads: the width must be a multiple of heads, got " + std::to_string(f.embd) +
+                  " and heads " + std::to_string(f.heads));
+  if (bad.empty() && f.heads % kv != 0)
+    bad.push_back("--kv-heads: must divide --heads " + std::to_string(f.heads) + ", got " + std::to_string(kv));
+  if (bad.empty() && f.arch == "gpt2" && kv != f.heads)
+    bad.push_back("--kv-heads: the gpt2 preset has as many kv heads as heads; use --arch llama for GQA, got " +
+                  std::to_string(kv) + " with --heads " + std::to_string(f.heads));
+  if (bad.empty() && f.arch == "llama" && (f.embd / f.heads) % 2 != 0)
+    bad.push_back("--d-model, --heads: rotary positions (--arch llama) need an even head dim, got " +
+                  std::to_string(f.embd) + " / " + std::to_string(f.heads));
+  if (!bad.empty()) {
+    std::string all;
+    for (const auto& e : bad) all += (all.empty() ? "" : "; ") + e;
+    fail(kFn, all);
+  }
+  c.dim = f.embd, c.n_layers = f.layers, c.n_heads = f.heads, c.n_kv_heads = kv;
+  c.vocab_size = vocab, c.seq_len = f.context, c.bias = f.bias, c.tied_embeddings = true, c.norm_eps = 1e-5f;
+  if (f.arch == "gpt2") {
+    c.pos = PosEncoding::learned, c.norm = NormKind::layernorm, c.mlp = MlpKind::gelu_exact;
+    c.hidden_dim = f.hidden_dim > 0 ? f.hidden_dim : 4 * f.embd;
+  } else {
+    // llama2.c's model.py: hidden = 4·dim, then ⅔ of it (SwiGLU's three matrices cost what two of
+    // 4·dim would), rounded up to a multiple of 32.
+    c.pos = PosEncoding::rotary, c.norm = NormKind::rmsnorm, c.mlp = MlpKind::swiglu, c.rope_theta = 10000.0f;
+    c.hidden_dim = f.hidden_dim > 0 ? f.hidden_dim : (2 * 4 * f.embd / 3 + 31) / 32 * 32;
+  }
+  check_trainable(c, kFn);
+  return c;
+}
+
+std::string arch_of(const Config& c) {
+  if (!c.causal || c.post_norm || c.type_vocab_size > 0) return "custom";
+  if (c.pos == PosEncoding::learned && c.norm == NormKind::layernorm && c.mlp == MlpKind::gelu_exact &&
+      c.tied_embeddings && c.n_kv_heads == c.n_heads)
+    return "gpt2";
+  if (c.pos == PosEncoding::rotary && c.norm == NormKind::rmsnorm && c.mlp == MlpKind::swiglu && c.tied_embeddings)
+    return "llama";
+  return "custom";
 }
 
 TrainSummary train(const TrainOptions& opts) {
@@ -410,6 +585,7 @@ TrainSummary train(const TrainOptions& opts) {
   const std::string corpus = detail::read_input_file(o.data_path, kFn, "--data");
   check_text(kFn, corpus);
   const std::string corpus_id = fingerprint(corpus);
+  if (!o.resume && o.model.config_path.empty()) model_config(o.model, 1);  // bad flags fail before any work
 
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
@@ -425,23 +601,45 @@ TrainSummary train(const TrainOptions& opts) {
 
   // Tokenizer: learned from the corpus, or the one a resumed run was trained with.
   StFile saved;
-  TextTokenizer tok;
+  RunTokenizer tok;
+  Config cfg;  // the model: the flags' (vocab from the tokenizer), --init's, or the checkpoint's
+  Weights init_weights;
+  if (o.resume && !o.init.empty()) fail(kFn, "--init: not with --resume (the weights come from the checkpoint)");
   if (o.resume) {
     saved = read_safetensors(ckpt);
+    if (saved.metadata["format"] == "qkv-train-checkpoint-1")
+      fail(kFn, "--resume: '" + ckpt + "' was written by an older qkv train (format qkv-train-checkpoint-1: a GPT-2 "
+                                       "under nanoGPT's names), which this version cannot continue; start a new run");
     if (saved.metadata["format"] != kFormat)
       fail(kFn, "--resume: '" + ckpt + "' is not a qkv training checkpoint (format '" + saved.metadata["format"] +
                     "')");
     if (saved.metadata["corpus"] != corpus_id)
       fail(kFn, "--data: the checkpoint was trained on another corpus (" + saved.metadata["corpus"] +
                     "), this one is " + corpus_id);
-    tok = TextTokenizer::from_json(saved.metadata["tokenizer"]);
-    for (const std::string& c : reconcile_resume(o, saved.metadata["model"], saved.metadata["run"]))
+    tok = RunTokenizer::from_metadata(saved.metadata["tokenizer"]);
+    cfg = config_from_json(saved.metadata["model"], "--resume: the \"model\" metadata of '" + ckpt + "'");
+    for (const std::string& c : reconcile_resume(o, cfg, saved.metadata["run"]))
       std::fprintf(stderr, "qkv train: resuming with a changed schedule: %s\n", c.c_str());
+  } else if (!o.init.empty()) {
+    init_weights = load_weights(o.init);
+    cfg = init_weights.config;
+    check_trainable(cfg, std::string(kFn) + ": --init '" + o.init + "'");
+    if (o.tokenizer.empty()) o.tokenizer = tokenizer_beside(o.init);
+    if (o.tokenizer == "chars" || o.tokenizer == "bpe")
+      fail(kFn, "--tokenizer " + o.tokenizer + ": --init's model '" + o.init +
+                    "' was trained with a tokenizer of its own; give that file (or leave --tokenizer out to use the one "
+                    "beside the model)");
+    tok = RunTokenizer::from_file(o.tokenizer, cfg.vocab_size);
+    if (o.model.context > cfg.seq_len)
+      fail(kFn, "--context: " + std::to_string(o.model.context) + " is longer than --init's model allows (seq_len " +
+                    std::to_string(cfg.seq_len) + ")");
   } else {
-    tok = o.tokenizer == "bpe" ? TextTokenizer::learn_bpe(corpus, o.bpe_vocab) : TextTokenizer::learn_chars(corpus);
+    if (o.tokenizer != "chars" && o.tokenizer != "bpe")
+      fail(kFn, "--tokenizer '" + o.tokenizer + "': a tokenizer file is a model's own; use it with --init (a new "
+                                                 "model learns chars or bpe from the corpus)");
+    tok = RunTokenizer::learn(o, corpus);
+    cfg = model_config(o.model, tok.vocab_size());
   }
-  o.model.vocab = tok.vocab_size();
-  o.model.validate(kFn);
 
   const std::vector<std::int32_t> ids = tok.encode(corpus);
   const auto n_all = static_cast<std::int64_t>(ids.size());
@@ -453,7 +651,7 @@ TrainSummary train(const TrainOptions& opts) {
                   std::to_string(n_all) + " tokens give " + std::to_string(n_train) + " to train and " +
                   std::to_string(val_ids.size()) + " to validate, each must exceed the context");
 
-  Gpt<float> model(o.model, B, T);
+  Trainable<float> model(cfg, B, T);
   const auto P = static_cast<std::int64_t>(model.params.size());
   std::vector<float> adam_m(static_cast<std::size_t>(P)), adam_v(static_cast<std::size_t>(P));
   std::vector<DecayRange> decay;
@@ -475,8 +673,12 @@ TrainSummary train(const TrainOptions& opts) {
       fail(kFn, "--steps: the checkpoint is at step " + std::to_string(st.step) + ", beyond --steps " +
                     std::to_string(o.steps));
   } else {
-    Rng init(o.seed ^ kInitStream);
-    model.init(init);
+    if (!o.init.empty()) {
+      model.set_weights(init_weights, "--init");
+    } else {
+      Rng init(o.seed ^ kInitStream);
+      init_params(model, init);
+    }
   }
 
   std::vector<std::int32_t> x(static_cast<std::size_t>(B * T)), y(static_cast<std::size_t>(B * T));
@@ -492,15 +694,15 @@ TrainSummary train(const TrainOptions& opts) {
   auto write_outputs = [&] {
     save_checkpoint(ckpt, o, model, adam_m, adam_v, rng, st, tok, corpus_id);
     export_model(o.out_dir, model);
-    detail::write_file_atomic(o.out_dir + "/tokenizer.json", tok.to_json() + "\n", kFn);
-    detail::write_file_atomic(o.out_dir + "/loss.csv", csv_text(rows), kFn);
-    detail::write_file_atomic(o.out_dir + "/loss.png", loss_curve_png(rows), kFn);
+    tok.write(o.out_dir);
+    write_file_atomic(o.out_dir + "/loss.csv", csv_text(rows));
+    write_file_atomic(o.out_dir + "/loss.png", loss_curve_png(rows));
   };
 
   const bool tty = isatty(2) != 0;
   SignalGuard guard;  // from here on SIGINT/SIGTERM/SIGHUP stop after the current step and save
   std::fprintf(stderr, "qkv train: %lld parameters, vocab %lld (%s), %lld train / %lld val tokens, %d threads%s\n",
-               static_cast<long long>(P), static_cast<long long>(o.model.vocab), o.tokenizer.c_str(),
+               static_cast<long long>(P), static_cast<long long>(cfg.vocab_size), o.tokenizer.c_str(),
                static_cast<long long>(n_train), static_cast<long long>(val_ids.size()), qkv::num_threads(),
                o.resume ? (", resuming at step " + std::to_string(st.step)).c_str() : "");
   using clock = std::chrono::steady_clock;

@@ -4,9 +4,11 @@
 //
 // Files in the output folder (each written to a temporary name unique to the process and the
 // write, then renamed; a failed write removes its temporary):
-//   checkpoint.safetensors  weights (nanoGPT names), AdamW moments, step, RNG state; metadata: the
-//                           model and optimiser configuration, the tokenizer, the corpus fingerprint
-//   model.safetensors + model.json   the weights alone with qkv's model config (for `qkv generate`)
+//   checkpoint.safetensors  weights (Weights::tensors() names), AdamW moments, step, RNG state;
+//                           metadata: the model config (qkv's model JSON), the run's settings, the
+//                           tokenizer, the corpus fingerprint
+//   model.safetensors + model.json   the weights alone with qkv's model config (what `qkv generate
+//                           --model OUT`, `qkv inspect` and qkv.Model.load read)
 //   tokenizer.json          the tokenizer (chars or BPE merges)
 //   loss.csv, loss.png      the loss curve
 //   .qkv-train.lock         held (flock) by the run writing the folder, holding its pid: a second
@@ -23,16 +25,47 @@
 #include <string>
 #include <vector>
 
+#include "qkv/model.hpp"
 #include "train/adamw.hpp"
-#include "train/gpt.hpp"
 
 namespace qkv::train {
+
+// The model to train, as `qkv train`'s flags describe it; model_config() turns it into a qkv::Config.
+//   gpt2   nanoGPT: learned positions, LayerNorm, exact GELU MLP of 4·d_model, tied unembedding
+//   llama  llama2.c: rotary positions, RMSNorm, SwiGLU MLP of llama2.c's width (hidden_dim 0:
+//          ⌈(8/3)·d_model / 32⌉·32), kv_heads ≤ heads (GQA), tied unembedding
+// config_path (--model-config) instead names a model JSON (qkv's or a Hugging Face config.json)
+// that fixes every setting; its vocab_size must be the tokenizer's.
+struct ModelFlags {
+  std::string arch = "gpt2";      // gpt2 | llama
+  std::string config_path;        // --model-config
+  std::int64_t layers = 4;        // L
+  std::int64_t heads = 4;         // H (head dim D = d_model / H)
+  std::int64_t kv_heads = 0;      // Hkv; 0: = heads
+  std::int64_t embd = 128;        // C (--d-model)
+  std::int64_t hidden_dim = 0;    // Hd; 0: the preset's (4·C for gpt2, llama2.c's rule for llama)
+  std::int64_t context = 64;      // T, the training sequence length (and a new model's seq_len; ≤ an
+                                  // --init model's seq_len)
+  bool bias = false;              // biases in the projections (and LayerNorms)
+};
+
+// The model `f` describes for a vocabulary of `vocab` tokens. Throws std::invalid_argument naming
+// the flag (or the config file and key) for a value out of range or a feature training does not
+// implement.
+Config model_config(const ModelFlags& f, std::int64_t vocab);
+// The preset a config is ("gpt2", "llama"), or "custom".
+std::string arch_of(const Config& c);
 
 struct TrainOptions {
   std::string data_path;             // UTF-8 text corpus
   std::string out_dir;
-  GptConfig model;                   // vocab is taken from the tokenizer
-  std::string tokenizer = "chars";   // "chars" | "bpe"
+  ModelFlags model;                  // vocab is taken from the tokenizer
+  std::string tokenizer = "chars";   // "chars" | "bpe" (learned from the corpus) | a tokenizer file: a
+                                     // llama2.c tokenizer.bin (each corpus line is one text, BOS first)
+                                     // or qkv train's tokenizer.json; copied into out_dir
+  std::string init;                  // a model to fine-tune (llama2.c .bin, safetensors file or folder):
+                                     // its config and weights replace the model flags; --tokenizer defaults
+                                     // to the tokenizer beside it (tokenizer.json, tokenizer.bin, tok*.bin)
   std::int64_t bpe_vocab = 512;      // bpe: vocabulary size to learn
   std::int64_t batch = 12;           // B sequences of model.context tokens per micro-batch
   std::int64_t accum = 1;            // micro-batches per optimiser step (gradient accumulation)
@@ -77,8 +110,5 @@ TrainSummary train(const TrainOptions& o);
 // Throws std::invalid_argument naming every bad option with the value given ("--lr: must be a
 // finite number > 0, got nan; --clip: ..."), in one line; train() calls it first.
 void check_options(const TrainOptions& o);
-
-// The GPT-2 style nanoGPT configuration as qkv's model config JSON (written as model.json).
-std::string model_config_json(const GptConfig& c);
 
 }  // namespace qkv::train

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes the golden files that tie qkv's training to PyTorch (checked by tests/train/test_train_torch.cpp).
 
-  gpt_grads.json   a tiny GPT (bench/train_gpt_torch.py's model, f64) with order-1 random weights,
-                   one batch; the mean cross-entropy and the gradient of every parameter (autograd)
+  model_grads_{gpt2,llama,mixed}.json   a tiny model of each family (tools/torch_train_twin.py, f64)
+                   with order-1 random weights, one batch; the mean cross-entropy and the gradient of
+                   every parameter (autograd), by qkv's tensor names
   adamw.json       three steps of torch.optim.AdamW (decay on a subset, clip_grad_norm_ before
                    each step) on f32 tensors: inputs, learning rates, and the parameters after
 
@@ -15,28 +16,43 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
-from train_gpt_torch import GPT  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+from torch_train_twin import TwinModel  # noqa: E402
+
+BASE = dict(norm_eps=1e-5, rope_theta=10000.0)
+CONFIGS = {
+    # nanoGPT (qkv train --arch gpt2 --bias): learned positions, LayerNorm, exact GELU, tied
+    "gpt2": dict(BASE, dim=8, hidden_dim=32, n_layers=2, n_heads=2, n_kv_heads=2, vocab_size=7, seq_len=6,
+                 pos="learned", norm="layernorm", mlp="gelu_exact", tied_embeddings=True, bias=True),
+    # Llama: rotary, RMSNorm, SwiGLU, 4 query heads over 2 kv heads, separate unembedding
+    "llama": dict(BASE, dim=16, hidden_dim=24, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=9, seq_len=6,
+                  pos="rotary", norm="rmsnorm", mlp="swiglu", tied_embeddings=False, bias=False),
+    # the rest of the space: rotary with LayerNorm and biases, tanh GELU, one kv head, other eps and theta
+    # (eps f32-representable: qkv::Config holds it as a float)
+    "mixed": dict(dim=8, hidden_dim=12, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=5, seq_len=6, pos="rotary",
+                  norm="layernorm", mlp="gelu", tied_embeddings=True, bias=True, norm_eps=2**-10, rope_theta=500.0),
+}
 
 
-def gpt_grads():
+def model_grads(cfg, B=3):
     torch.manual_seed(0)
-    V, T, L, H, C, B = 7, 6, 2, 2, 8, 3
-    model = GPT(V, T, L, H, C, bias=True).double()
+    model = TwinModel(cfg, dtype=torch.float64)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.5)
             p.copy_(p.float().double())  # f32-representable, so the f32 model sees the very same weights
+    T, V = cfg["seq_len"], cfg["vocab_size"]
     x = torch.randint(0, V, (B, T))
     y = torch.randint(0, V, (B, T))
     loss = model(x, y)
     loss.backward()
+    named = model.named()
     return {
-        "config": {"vocab": V, "context": T, "layers": L, "heads": H, "embd": C, "bias": True, "batch": B},
+        "config": cfg, "batch": B,
         "tokens": x.flatten().tolist(), "targets": y.flatten().tolist(),
-        "params": {n: p.detach().flatten().tolist() for n, p in model.named_parameters()},
+        "params": {n: p.detach().flatten().tolist() for n, p in named.items()},
         "loss": loss.item(),
-        "grads": {n: p.grad.flatten().tolist() for n, p in model.named_parameters()},
+        "grads": {n: p.grad.flatten().tolist() for n, p in named.items()},
     }
 
 
@@ -65,7 +81,8 @@ def adamw():
 if __name__ == "__main__":
     out = os.path.join(HERE, "golden")
     os.makedirs(out, exist_ok=True)
-    for name, fn in (("gpt_grads.json", gpt_grads), ("adamw.json", adamw)):
+    jobs = [(f"model_grads_{k}.json", lambda c=c: model_grads(c)) for k, c in CONFIGS.items()]
+    for name, fn in jobs + [("adamw.json", adamw)]:
         with open(os.path.join(out, name), "w") as f:
             json.dump(fn(), f)
         print("wrote", os.path.join(out, name))

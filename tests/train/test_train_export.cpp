@@ -1,4 +1,4 @@
-// A model trained by qkv train loads in the inference model (qkv::load_weights + qkv::Model, what
+// A model trained by qkv train (--arch gpt2 and llama) loads in the inference model (qkv::load_weights + qkv::Model, what
 // `qkv generate` runs) and computes the same function: the training forward's loss on a sequence
 // against the cross-entropy of the inference logits.
 #include <cmath>
@@ -10,20 +10,25 @@
 #include <gtest/gtest.h>
 
 #include "qkv/model.hpp"
-#include "train/gpt.hpp"
 #include "model/safetensors.hpp"
+#include "model/trainable.hpp"
 #include "train/trainer.hpp"
 
 namespace {
 
-TEST(TrainExport, TrainedModelRunsInTheInferenceModel) {
+class TrainExport : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TrainExport, TrainedModelRunsInTheInferenceModel) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("qkv_train_export_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("qkv_train_export_" + std::string(GetParam()) + std::to_string(::getpid()));
   fs::remove_all(dir);
   qkv::train::TrainOptions o;
   o.data_path = std::string(QKV_SOURCE_DIR) + "/data/tinyshakespeare/input.txt";
   o.out_dir = dir.string();
+  o.model.arch = GetParam();
   o.model.layers = 2, o.model.heads = 2, o.model.embd = 32, o.model.context = 16, o.model.bias = true;
+  if (o.model.arch == "llama") o.model.heads = 4, o.model.kv_heads = 2, o.model.bias = false;
   o.batch = 4, o.steps = 5, o.eval_interval = 5, o.eval_batches = 1, o.opt.warmup = 1, o.opt.decay_steps = 5;
   o.progress = false;
   qkv::train::train(o);
@@ -31,10 +36,10 @@ TEST(TrainExport, TrainedModelRunsInTheInferenceModel) {
   qkv::Model inference(qkv::load_weights((dir / "model.safetensors").string()));
   ASSERT_EQ(inference.config().vocab_size, 65);
 
-  qkv::train::GptConfig cfg = o.model;
-  cfg.vocab = 65;
-  const std::int64_t T = cfg.context;
-  qkv::train::Gpt<float> train_model(cfg, 1, T);
+  const qkv::Config cfg = qkv::train::model_config(o.model, 65);
+  EXPECT_EQ(qkv::config_to_json(cfg), qkv::config_to_json(inference.config()));
+  const std::int64_t T = cfg.seq_len;
+  qkv::Trainable<float> train_model(cfg, 1, T);
   const auto ckpt = qkv::detail::read_safetensors((dir / "checkpoint.safetensors").string());
   for (const auto& p : train_model.layout())
     qkv::detail::st_copy_f32(ckpt, p.name, train_model.params.data() + p.offset, p.numel, "test");
@@ -65,5 +70,8 @@ TEST(TrainExport, TrainedModelRunsInTheInferenceModel) {
   EXPECT_LT(std::abs(loss_train - loss_inf), 1e-5 * loss_train);
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Archs, TrainExport, ::testing::Values("gpt2", "llama"),
+                         [](const auto& p) { return std::string(p.param); });
 
 }  // namespace

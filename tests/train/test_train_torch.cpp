@@ -1,4 +1,5 @@
-// qkv's training against PyTorch: the gradient of a whole GPT from torch autograd, and
+// qkv's training against PyTorch: the gradient of a whole model of each family (gpt2, llama and a
+// mixture of the remaining features) from torch autograd (tools/torch_train_twin.py), and
 // torch.optim.AdamW with clip_grad_norm_, both from golden files tests/train/make_golden.py writes.
 #include <cmath>
 #include <cstdio>
@@ -9,12 +10,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "model/trainable.hpp"
 #include "train/adamw.hpp"
-#include "train/gpt.hpp"
 
 namespace {
 
-nlohmann::json golden(const char* name) {
+nlohmann::json golden(const std::string& name) {
   std::ifstream f(std::string(QKV_SOURCE_DIR) + "/tests/train/golden/" + name);
   EXPECT_TRUE(f.good()) << name;
   std::stringstream s;
@@ -23,14 +24,11 @@ nlohmann::json golden(const char* name) {
 }
 
 template <class S>
-void check_gpt(double loss_tol, double grad_tol) {
-  const auto g = golden("gpt_grads.json");
-  qkv::train::GptConfig cfg;
-  const auto& c = g["config"];
-  cfg.vocab = c["vocab"], cfg.context = c["context"], cfg.layers = c["layers"], cfg.heads = c["heads"];
-  cfg.embd = c["embd"], cfg.bias = c["bias"];
-  const std::int64_t B = c["batch"];
-  qkv::train::Gpt<S> m(cfg, B, cfg.context);
+void check_model(const std::string& arch, double loss_tol, double grad_tol) {
+  const auto g = golden("model_grads_" + arch + ".json");
+  const qkv::Config cfg = qkv::config_from_json(g["config"].dump(), "golden config");
+  const std::int64_t B = g["batch"];
+  qkv::Trainable<S> m(cfg, B, cfg.seq_len);
   ASSERT_EQ(m.layout().size(), g["params"].size());
   for (const auto& p : m.layout()) {
     const auto& w = g["params"][p.name];
@@ -51,7 +49,8 @@ void check_gpt(double loss_tol, double grad_tol) {
     }
   }
   const double want_loss = g["loss"].get<double>();
-  std::printf("loss qkv %.9f torch %.9f; max |grad| %.3g, max |grad qkv − torch| %.3g\n", loss, want_loss, gmax, err);
+  std::printf("%s: loss qkv %.9f torch %.9f; max |grad| %.3g, max |grad qkv − torch| %.3g\n", arch.c_str(), loss,
+              want_loss, gmax, err);
   EXPECT_LT(std::abs(loss - want_loss), loss_tol * want_loss);
   EXPECT_LT(err, grad_tol * gmax);
 }
@@ -59,13 +58,16 @@ void check_gpt(double loss_tol, double grad_tol) {
 // torch computed in f64 on the same f32-representable weights. The f64 twin agrees up to f64
 // rounding through the network (~1e-15 relative; 1e-10 leaves room for summation order); the f32
 // model carries f32 rounding, 2^-24 grown over ~2L+2 layers, so 1e-4 of the largest gradient.
-TEST(TorchParity, GptGradientsF64) { check_gpt<double>(1e-12, 1e-10); }
-TEST(TorchParity, GptGradientsF32) { check_gpt<float>(1e-5, 1e-4); }
+class TorchParity : public ::testing::TestWithParam<const char*> {};
+TEST_P(TorchParity, GradientsF64) { check_model<double>(GetParam(), 1e-12, 1e-10); }
+TEST_P(TorchParity, GradientsF32) { check_model<float>(GetParam(), 1e-5, 1e-4); }
+INSTANTIATE_TEST_SUITE_P(Archs, TorchParity, ::testing::Values("gpt2", "llama", "mixed"),
+                         [](const auto& p) { return std::string(p.param); });
 
 // Three AdamW steps with clipping on a split decay/no-decay parameter set. Both sides run in f32;
 // torch updates m by lerp, qkv by β1·m + (1−β1)·g, which differ in the last bit, so parameters
 // (|p| ~ 1, moved by ~lr per step) agree to ~1e-7; 1e-6 absolute is the bound.
-TEST(TorchParity, AdamWWithClipping) {
+TEST(TorchOptimizer, AdamWWithClipping) {
   const auto g = golden("adamw.json");
   auto p = g["p0"].get<std::vector<float>>();
   const auto n = static_cast<std::int64_t>(p.size());

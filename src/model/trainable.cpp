@@ -1,0 +1,394 @@
+#include "model/trainable.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "blocks/training_layers.hpp"
+#include "core/parallel.hpp"
+#include "model/weights.hpp"
+#include "qkv/attention.hpp"
+#include "qkv/types.hpp"
+
+namespace qkv {
+
+std::vector<ParamInfo> param_layout(const Config& c) {
+  c.validate("qkv::param_layout");
+  Weights w;  // only for the names and shapes for_each_param lists; no memory behind its slots
+  w.config = c;
+  detail::prepare_layout(w);
+  std::vector<ParamInfo> out;
+  std::int64_t offset = 0;
+  detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>& shape, float*&) {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    out.push_back({name, shape, offset, n, shape.size() == 2});
+    offset += n;
+  });
+  return out;
+}
+
+std::int64_t param_count(const Config& c) {
+  const auto layout = param_layout(c);
+  return layout.back().offset + layout.back().numel;
+}
+
+void check_trainable(const Config& c, std::string_view fn) {
+  c.validate(fn);
+  if (!c.causal)
+    fail(fn, "causal: training predicts the next token and needs a causal decoder, got a bidirectional encoder "
+             "(causal: false)");
+  if (c.post_norm) fail(fn, "post_norm: training implements pre-norm decoders only, got post_norm: true");
+  if (c.type_vocab_size > 0)
+    fail(fn, "type_vocab_size: training implements no token-type embeddings, got " +
+                 std::to_string(c.type_vocab_size));
+}
+
+namespace {
+
+template <class S>
+constexpr DType dtype_of() {
+  return std::is_same_v<S, float> ? DType::f32 : DType::f64;
+}
+
+// A [B, H, T, D] view of the columns [0, H·D) of a row-major [B·T, H·D] matrix: head h of token
+// (b, t) starts at element (b·T + t)·H·D + h·D. Nothing is copied.
+template <class S>
+View heads_view(S* base, std::int64_t B, std::int64_t H, std::int64_t T, std::int64_t D) {
+  return View::strided(base, dtype_of<S>(), {B, H, T, D}, {T * H * D, D, H * D, 1});
+}
+
+namespace typed = blocks::typed;
+
+}  // namespace
+
+template <class S>
+Trainable<S>::Trainable(const Config& c, std::int64_t B, std::int64_t T)
+    : cfg_(c), B_(B), T_(T), N_(B * T) {
+  constexpr const char* kFn = "qkv::Trainable";
+  check_trainable(c, kFn);
+  if (B < 1 || T < 1 || T > c.seq_len)
+    fail(kFn, "B, T: need B ≥ 1 and 1 ≤ T ≤ seq_len " + std::to_string(c.seq_len) + ", got B " + std::to_string(B) +
+                  ", T " + std::to_string(T));
+  layout_ = param_layout(c);
+  C_ = c.dim, D_ = c.head_dim(), QD_ = c.n_heads * D_, KD_ = c.n_kv_heads * D_, Hd_ = c.hidden_dim,
+  V_ = c.vocab_size;
+  const auto P = static_cast<std::size_t>(layout_.back().offset + layout_.back().numel);
+  params.assign(P, S(0));
+  grads.assign(P, S(0));
+  auto offset = [&](const std::string& name) -> std::int64_t {
+    for (const auto& p : layout_)
+      if (p.name == name) return p.offset;
+    return -1;
+  };
+  wte_ = offset("tok_embeddings.weight"), wpe_ = offset("pos_embeddings.weight");
+  nfw_ = offset("norm.weight"), nfb_ = offset("norm.bias");
+  wcls_ = c.tied_embeddings ? wte_ : offset("output.weight");
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (const char* t : {"attention_norm.weight", "attention_norm.bias", "attention.wq.weight", "attention.wq.bias",
+                          "attention.wk.weight", "attention.wk.bias", "attention.wv.weight", "attention.wv.bias",
+                          "attention.wo.weight", "attention.wo.bias", "ffn_norm.weight", "ffn_norm.bias",
+                          "feed_forward.w1.weight", "feed_forward.w1.bias", "feed_forward.w2.weight",
+                          "feed_forward.w2.bias", "feed_forward.w3.weight"})
+      layer_offsets_.push_back(offset(p + t));
+  }
+  shards_ = std::min<std::int64_t>(B, qkv::num_threads());
+  shard_grads_.assign(static_cast<std::size_t>(shards_ - 1), std::vector<S>(P));
+  if (c.pos == PosEncoding::rotary) {
+    rope_cos_.resize(static_cast<std::size_t>(T * D_ / 2));
+    rope_sin_.resize(rope_cos_.size());
+    typed::rope_tables(rope_cos_.data(), rope_sin_.data(), T, D_, static_cast<S>(c.rope_theta));
+  }
+  const auto L = static_cast<std::size_t>(c.n_layers), N = static_cast<std::size_t>(N_),
+             C = static_cast<std::size_t>(C_), QD = static_cast<std::size_t>(QD_),
+             KD = static_cast<std::size_t>(KD_), Hd = static_cast<std::size_t>(Hd_), V = static_cast<std::size_t>(V_);
+  const bool ln = c.norm == NormKind::layernorm, swiglu = c.mlp == MlpKind::swiglu;
+  tokens_.resize(N), targets_.resize(N);
+  resid_.resize((L + 1) * N * C);
+  n1_.resize(L * N * C), n1_rstd_.resize(L * N), n1_mean_.resize(ln ? L * N : 0);
+  q_.resize(L * N * QD), k_.resize(L * N * KD), v_.resize(L * N * KD);
+  att_.resize(L * N * QD);
+  lse_.resize(L * N * static_cast<std::size_t>(c.n_heads));
+  mid_.resize(L * N * C);
+  n2_.resize(L * N * C), n2_rstd_.resize(L * N), n2_mean_.resize(ln ? L * N : 0);
+  h1_.resize(L * N * Hd), hg_.resize(L * N * Hd), h3_.resize(swiglu ? L * N * Hd : 0);
+  nf_.resize(N * C), nf_rstd_.resize(N), nf_mean_.resize(ln ? N : 0);
+  probs_.resize(N * V), losses_.resize(N);
+  dresid_.resize(N * C), dn_.resize(N * C);
+  datt_.resize(N * QD), dq_.resize(N * QD), dk_.resize(N * KD), dv_.resize(N * KD);
+  dh1_.resize(N * Hd), dhg_.resize(N * Hd), dh3_.resize(swiglu ? N * Hd : 0);
+  dlogits_.resize(N * V);
+}
+
+template <class S>
+typename Trainable<S>::LayerPtrs Trainable<S>::layer(S* base, std::int64_t l) const {
+  const std::int64_t* o = layer_offsets_.data() + l * kLayerTensors;
+  auto at = [&](int i) { return o[i] < 0 ? nullptr : base + o[i]; };
+  return {at(0), at(1), at(2),  at(3),  at(4),  at(5),  at(6),  at(7), at(8),
+          at(9), at(10), at(11), at(12), at(13), at(14), at(15), at(16)};
+}
+
+template <class S>
+template <class F>
+void Trainable<S>::for_shards(F&& fn) {
+  // Shard s holds sequences [s·B/P, (s+1)·B/P): equal work, the same cut at every call.
+  parallel_for(shards_, static_cast<int>(shards_), [&](std::int64_t s) {
+    const std::int64_t b0 = s * B_ / shards_, b1 = (s + 1) * B_ / shards_;
+    fn(s, b0 * T_, (b1 - b0) * T_);
+  });
+}
+
+template <class S>
+void Trainable<S>::zero_grad() {
+  std::fill(grads.begin(), grads.end(), S(0));
+}
+
+template <class S>
+void Trainable<S>::norm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S* b, std::int64_t n) const {
+  const auto eps = static_cast<S>(cfg_.norm_eps);
+  if (cfg_.norm == NormKind::layernorm)
+    typed::layernorm_forward(out, mean, rstd, x, w, b, n, C_, eps);
+  else
+    typed::rmsnorm_forward(out, rstd, x, w, n, C_, eps);
+}
+
+template <class S>
+void Trainable<S>::norm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S* w, const S* mean,
+                                 const S* rstd, std::int64_t n) const {
+  if (cfg_.norm == NormKind::layernorm)
+    typed::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, n, C_);
+  else
+    typed::rmsnorm_backward(dx, dw, dout, x, w, rstd, n, C_);
+}
+
+template <class S>
+void Trainable<S>::to_attention(std::int64_t l, std::int64_t n0, std::int64_t n) {
+  const LayerPtrs w = layer(params.data(), l);
+  const std::int64_t i = l * N_ + n0;  // row of the [L, N, ·] stacks
+  S* n1 = n1_.data() + i * C_;
+  S* q = q_.data() + i * QD_;
+  S* k = k_.data() + i * KD_;
+  norm_forward(n1, n1_mean_.empty() ? nullptr : n1_mean_.data() + i, n1_rstd_.data() + i, resid_.data() + i * C_,
+               w.n1w, w.n1b, n);
+  typed::dense_forward(n1, w.wq, w.bq, q, n, C_, QD_);
+  typed::dense_forward(n1, w.wk, w.bk, k, n, C_, KD_);
+  typed::dense_forward(n1, w.wv, w.bv, v_.data() + i * KD_, n, C_, KD_);
+  if (cfg_.pos == PosEncoding::rotary) {  // rows n0 … start whole sequences: row r is at position r % T
+    typed::rope_forward(q, rope_cos_.data(), rope_sin_.data(), n, T_, cfg_.n_heads, D_);
+    typed::rope_forward(k, rope_cos_.data(), rope_sin_.data(), n, T_, cfg_.n_kv_heads, D_);
+  }
+}
+
+template <class S>
+void Trainable<S>::from_attention(std::int64_t l, std::int64_t n0, std::int64_t n) {
+  S* P = params.data();
+  const LayerPtrs w = layer(P, l);
+  const std::int64_t i = l * N_ + n0;
+  const S* x = resid_.data() + i * C_;
+  S* mid = mid_.data() + i * C_;
+  S* n2 = n2_.data() + i * C_;
+  S* h1 = h1_.data() + i * Hd_;
+  S* hg = hg_.data() + i * Hd_;
+  S* x_next = resid_.data() + (i + N_) * C_;
+  // mid = x + W_O·att + b_O; x_next = mid + MLP(n2(mid)): the projections add into a copy of the
+  // skip path.
+  std::copy(x, x + n * C_, mid);
+  typed::dense_forward(att_.data() + i * QD_, w.wo, w.bo, mid, n, QD_, C_, true);
+  norm_forward(n2, n2_mean_.empty() ? nullptr : n2_mean_.data() + i, n2_rstd_.data() + i, mid, w.n2w, w.n2b, n);
+  typed::dense_forward(n2, w.w1, w.b1, h1, n, C_, Hd_);
+  switch (cfg_.mlp) {
+    case MlpKind::gelu_exact: typed::gelu_forward(hg, h1, h1, n * Hd_); break;  // h1 now holds the slope
+    case MlpKind::gelu: typed::gelu_tanh_forward(hg, h1, h1, n * Hd_); break;  // likewise
+    case MlpKind::swiglu: {
+      S* h3 = h3_.data() + i * Hd_;
+      typed::dense_forward(n2, w.w3, static_cast<const S*>(nullptr), h3, n, C_, Hd_);
+      typed::swiglu_forward(hg, h1, h3, n * Hd_);
+      break;
+    }
+  }
+  std::copy(mid, mid + n * C_, x_next);
+  typed::dense_forward(hg, w.w2, w.b2, x_next, n, Hd_, C_, true);
+  if (l + 1 < cfg_.n_layers) {
+    to_attention(l + 1, n0, n);
+    return;
+  }
+  // After the last layer: final norm, logits = nf · W_clsᵀ, softmax cross-entropy.
+  S* nf = nf_.data() + n0 * C_;
+  norm_forward(nf, nf_mean_.empty() ? nullptr : nf_mean_.data() + n0, nf_rstd_.data() + n0, x_next, P + nfw_,
+               nfb_ < 0 ? nullptr : P + nfb_, n);
+  S* logits = probs_.data() + n0 * V_;
+  typed::dense_forward(nf, P + wcls_, static_cast<const S*>(nullptr), logits, n, C_, V_);
+  typed::crossentropy_forward(logits, losses_.data() + n0, logits, targets_.data() + n0, n, V_);
+}
+
+template <class S>
+double Trainable<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) {
+  for (std::int64_t n = 0; n < N_; ++n)
+    if (tokens[n] < 0 || tokens[n] >= V_ || targets[n] < 0 || targets[n] >= V_)
+      fail("qkv::Trainable::forward", "tokens, targets: ids must be in [0, " + std::to_string(V_) + "), got " +
+                                          std::to_string(tokens[n]) + " → " + std::to_string(targets[n]) +
+                                          " at position " + std::to_string(n));
+  std::copy(tokens, tokens + N_, tokens_.begin());
+  std::copy(targets, targets + N_, targets_.begin());
+  const S* P = params.data();
+  for_shards([&](std::int64_t, std::int64_t n0, std::int64_t n) {
+    typed::embedding_forward(resid_.data() + n0 * C_, tokens_.data() + n0, P + wte_, wpe_ < 0 ? nullptr : P + wpe_,
+                             n, T_, C_);
+    to_attention(0, n0, n);
+  });
+  AttentionOptions causal;
+  causal.causal = true;  // every position predicts its next token at once, seeing only its past
+  const std::int64_t H = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
+  for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
+    attention(heads_view(q_.data() + l * N_ * QD_, B_, H, T_, D_), heads_view(k_.data() + l * N_ * KD_, B_, Hkv, T_, D_),
+              heads_view(v_.data() + l * N_ * KD_, B_, Hkv, T_, D_), heads_view(att_.data() + l * N_ * QD_, B_, H, T_, D_),
+              causal, View::contiguous(lse_.data() + l * N_ * H, dtype_of<S>(), {B_, H, T_}));
+    for_shards([&](std::int64_t, std::int64_t n0, std::int64_t n) { from_attention(l, n0, n); });
+  }
+  double total = 0;  // in row order, whatever the shards
+  for (std::int64_t n = 0; n < N_; ++n) total += losses_[static_cast<std::size_t>(n)];
+  return total / static_cast<double>(N_);
+}
+
+template <class S>
+void Trainable<S>::backward_to_attention(std::int64_t l, S* G, std::int64_t n0, std::int64_t n) {
+  const LayerPtrs w = layer(params.data(), l), g = layer(G, l);
+  const std::int64_t i = l * N_ + n0;
+  S* dresid = dresid_.data() + n0 * C_;
+  S* dn = dn_.data() + n0 * C_;
+  S* dh1 = dh1_.data() + n0 * Hd_;
+  S* dhg = dhg_.data() + n0 * Hd_;
+  const S* n2 = n2_.data() + i * C_;
+  // In the forward pass this was x_next = mid + W2·hg + b2. dresid holds ∂L/∂x_next; the skip path
+  // hands it to mid unchanged, the MLP branch adds its part below.
+  typed::dense_backward(hg_.data() + i * Hd_, w.w2, dresid, dhg, g.w2, g.b2, n, Hd_, C_, false);
+  if (cfg_.mlp == MlpKind::swiglu) {
+    S* dh3 = dh3_.data() + n0 * Hd_;
+    typed::swiglu_backward(dh1, dh3, dhg, h1_.data() + i * Hd_, h3_.data() + i * Hd_, n * Hd_);
+    typed::dense_backward(n2, w.w1, dh1, dn, g.w1, g.b1, n, C_, Hd_, false);
+    typed::dense_backward(n2, w.w3, dh3, dn, g.w3, static_cast<S*>(nullptr), n, C_, Hd_, true);
+  } else {
+    typed::gelu_backward(dh1, h1_.data() + i * Hd_, dhg, n * Hd_);  // h1_: the slope
+    typed::dense_backward(n2, w.w1, dh1, dn, g.w1, g.b1, n, C_, Hd_, false);
+  }
+  norm_backward(dresid, g.n2w, g.n2b, dn, mid_.data() + i * C_, w.n2w, n2_mean_.empty() ? nullptr : n2_mean_.data() + i,
+                n2_rstd_.data() + i, n);
+  // In the forward pass this was mid = x + W_O·att + b_O. dresid now holds ∂L/∂mid, which again
+  // flows to x by the skip path.
+  typed::dense_backward(att_.data() + i * QD_, w.wo, dresid, datt_.data() + n0 * QD_, g.wo, g.bo, n, QD_, C_, false);
+}
+
+template <class S>
+void Trainable<S>::backward_from_attention(std::int64_t l, S* G, std::int64_t n0, std::int64_t n) {
+  const LayerPtrs w = layer(params.data(), l), g = layer(G, l);
+  const std::int64_t i = l * N_ + n0;
+  S* dq = dq_.data() + n0 * QD_;
+  S* dk = dk_.data() + n0 * KD_;
+  S* dn = dn_.data() + n0 * C_;
+  const S* n1 = n1_.data() + i * C_;
+  // In the forward pass this was q = rope(W_Q·n1 + b_Q), k = rope(W_K·n1 + b_K), v = W_V·n1 + b_V,
+  // and x also went on by the skip path (dresid holds that part).
+  if (cfg_.pos == PosEncoding::rotary) {
+    typed::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), n, T_, cfg_.n_heads, D_);
+    typed::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), n, T_, cfg_.n_kv_heads, D_);
+  }
+  typed::dense_backward(n1, w.wq, dq, dn, g.wq, g.bq, n, C_, QD_, false);
+  typed::dense_backward(n1, w.wk, dk, dn, g.wk, g.bk, n, C_, KD_, true);
+  typed::dense_backward(n1, w.wv, dv_.data() + n0 * KD_, dn, g.wv, g.bv, n, C_, KD_, true);
+  norm_backward(dresid_.data() + n0 * C_, g.n1w, g.n1b, dn, resid_.data() + i * C_, w.n1w,
+                n1_mean_.empty() ? nullptr : n1_mean_.data() + i, n1_rstd_.data() + i, n);
+}
+
+template <class S>
+void Trainable<S>::backward(S loss_scale) {
+  const std::int64_t L = cfg_.n_layers, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
+  const S* P = params.data();
+  const auto n_params = static_cast<std::int64_t>(params.size());
+  auto shard_grads = [&](std::int64_t s) {
+    return s == 0 ? grads.data() : shard_grads_[static_cast<std::size_t>(s - 1)].data();
+  };
+
+  for_shards([&](std::int64_t s, std::int64_t n0, std::int64_t n) {
+    S* G = shard_grads(s);
+    if (s > 0) std::fill(G, G + n_params, S(0));
+    // In the forward pass the loss was the mean over N positions of −log softmax(logits)[target],
+    // so now ∂/∂logits = (probs − onehot) · loss_scale / N.
+    S* dlogits = dlogits_.data() + n0 * V_;
+    typed::crossentropy_backward(dlogits, probs_.data() + n0 * V_, targets_.data() + n0, n, V_,
+                                 static_cast<S>(loss_scale / static_cast<S>(N_)));
+    // logits = nf · W_clsᵀ (W_cls = wte when tied: its gradient adds into the embedding's).
+    S* dn = dn_.data() + n0 * C_;
+    S* dresid = dresid_.data() + n0 * C_;
+    typed::dense_backward(nf_.data() + n0 * C_, P + wcls_, dlogits, dn, G + wcls_, static_cast<S*>(nullptr), n, C_,
+                          V_, false);
+    std::fill(dresid, dresid + n * C_, S(0));
+    norm_backward(dresid, G + nfw_, nfb_ < 0 ? nullptr : G + nfb_, dn, resid_.data() + (L * N_ + n0) * C_, P + nfw_,
+                  nf_mean_.empty() ? nullptr : nf_mean_.data() + n0, nf_rstd_.data() + n0, n);
+    backward_to_attention(L - 1, G, n0, n);
+  });
+
+  AttentionOptions causal;
+  causal.causal = true;
+  for (std::int64_t l = L - 1; l >= 0; --l) {
+    attention_backward(heads_view(q_.data() + l * N_ * QD_, B_, H, T_, D_),
+                       heads_view(k_.data() + l * N_ * KD_, B_, Hkv, T_, D_),
+                       heads_view(v_.data() + l * N_ * KD_, B_, Hkv, T_, D_),
+                       heads_view(att_.data() + l * N_ * QD_, B_, H, T_, D_), heads_view(datt_.data(), B_, H, T_, D_),
+                       View::contiguous(lse_.data() + l * N_ * H, dtype_of<S>(), {B_, H, T_}),
+                       heads_view(dq_.data(), B_, H, T_, D_), heads_view(dk_.data(), B_, Hkv, T_, D_),
+                       heads_view(dv_.data(), B_, Hkv, T_, D_), causal);
+    for_shards([&](std::int64_t s, std::int64_t n0, std::int64_t n) {
+      S* G = shard_grads(s);
+      backward_from_attention(l, G, n0, n);
+      if (l > 0) {
+        backward_to_attention(l - 1, G, n0, n);
+        return;
+      }
+      // In the forward pass this was resid[0] = wte[token] (+ wpe[position]).
+      typed::embedding_backward(G + wte_, wpe_ < 0 ? nullptr : G + wpe_, dresid_.data() + n0 * C_,
+                                tokens_.data() + n0, n, T_, C_);
+    });
+  }
+
+  // grads += Σ_{s ≥ 1} shard s's gradients, in shard order, in chunks spread over the threads.
+  if (shards_ > 1) {
+    constexpr std::int64_t kChunk = 1 << 14;
+    parallel_for((n_params + kChunk - 1) / kChunk, static_cast<int>(shards_), [&](std::int64_t c) {
+      const std::int64_t lo = c * kChunk, hi = std::min(n_params, lo + kChunk);
+      for (const auto& sg : shard_grads_) {
+        const S* src = sg.data();
+#pragma omp simd
+        for (std::int64_t k = lo; k < hi; ++k) grads[static_cast<std::size_t>(k)] += src[k];
+      }
+    });
+  }
+}
+
+template <class S>
+Weights Trainable<S>::to_weights() const {
+  Weights w = Weights::allocate(cfg_);
+  const auto t = w.tensors();
+  for (std::size_t j = 0; j < t.size(); ++j) {
+    const S* src = params.data() + layout_[j].offset;
+    for (std::int64_t e = 0; e < layout_[j].numel; ++e) t[j].data[e] = static_cast<float>(src[e]);
+  }
+  return w;
+}
+
+template <class S>
+void Trainable<S>::set_weights(const Weights& w, std::string_view what) {
+  if (config_to_json(w.config, false) != config_to_json(cfg_, false))
+    fail("qkv::Trainable::set_weights", std::string(what) + ": the weights' config " + config_to_json(w.config, false) +
+                                            " differs from the model's " + config_to_json(cfg_, false));
+  const auto t = w.tensors();
+  for (std::size_t j = 0; j < t.size(); ++j) {
+    S* dst = params.data() + layout_[j].offset;
+    for (std::int64_t e = 0; e < layout_[j].numel; ++e) dst[e] = static_cast<S>(t[j].data[e]);
+  }
+}
+
+template class Trainable<float>;
+template class Trainable<double>;
+
+}  // namespace qkv
