@@ -16,7 +16,6 @@
 // Every matrix is stored [out, in] row-major (torch.nn.Linear's layout, y = x · Wᵀ).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -368,11 +367,12 @@ class Model {
                                  std::int64_t ld_q, void* out) const;
   // One token for each of B = tokens.size() sequences on `threads` threads in one parallel region
   // (model.cpp): logits [B, V]; each cache's len += 1. decode_scratch_: per-thread norm rows and
-  // attention scores; decode_counters_: the work counters of one step (kept: no allocation a token).
+  // attention scores; decode_sync_: the work counters of one step (kept: no allocation a token).
   void decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int threads);
   Buffer decode_scratch_;
-  std::unique_ptr<std::atomic<std::int64_t>[]> decode_counters_;
-  std::size_t decode_counters_n_ = 0;
+  struct DecodeSync;
+  static void free_decode_sync(DecodeSync* s);
+  std::unique_ptr<DecodeSync, void (*)(DecodeSync*)> decode_sync_{nullptr, &free_decode_sync};
   // Throws (naming fn) unless cache is an f32 or bf16 cache for this config with room for S more.
   void check_cache(const char* fn, const KvCache& cache, std::int64_t S) const;
   void check_tokens(const char* fn, std::span<const int> tokens, std::int64_t start) const;

@@ -139,6 +139,26 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
 // tiles to reuse, and D may be smaller than a vector (D = 8 in stories260K: one masked load a row).
 inline i64 imin(i64 x, i64 y) { return x < y ? x : y; }
 
+// out [NV·L columns, the last vector `tail` lanes] = inv · Σ_j p_j · v [j, :] over Skv rows of D
+// floats, keys in order. NV a constant so the accumulators stay in registers (with the count
+// variable, GCC kept them on the stack: a store and a reload on every key's chain).
+template <class S, int NV>
+void attend_pv(const float* p, const float* v, i64 Skv, i64 D, int tail, float inv, float* out) {
+  using V = typename S::V;
+  V acc[NV];
+  #pragma GCC unroll 4
+  for (int c = 0; c < NV; ++c) acc[c] = S::zero();
+  for (i64 j = 0; j < Skv; ++j) {
+    const V pj = S::set1(p[j]);
+    const float* vr = v + j * D;
+    #pragma GCC unroll 4
+    for (int c = 0; c + 1 < NV; ++c) acc[c] = S::fmadd(pj, S::loadu(vr + c * S::L), acc[c]);
+    acc[NV - 1] = S::fmadd(pj, S::load_n(vr + (NV - 1) * S::L, tail), acc[NV - 1]);
+  }
+  #pragma GCC unroll 4
+  for (int c = 0; c < NV; ++c) S::store_n(out + c * S::L, S::mul(acc[c], S::set1(inv)), c + 1 < NV ? S::L : tail);
+}
+
 template <class S>
 void attend_one_impl(const AttendArgs& a) {
   using V = typename S::V;
@@ -180,14 +200,12 @@ void attend_one_impl(const AttendArgs& a) {
     for (i64 d0 = 0; d0 < D; d0 += 4 * L) {
       const int nv = static_cast<int>((imin(D - d0, 4 * L) + L - 1) / L);
       const int tail = static_cast<int>(imin(D - d0, 4 * L) - (nv - 1) * L);  // lanes of the last vector
-      V acc[4] = {S::zero(), S::zero(), S::zero(), S::zero()};
-      for (i64 jj = 0; jj < Skv; ++jj) {
-        const V p = S::set1(sc[jj]);
-        const float* vr = a.v + jj * D + d0;
-        for (int c = 0; c + 1 < nv; ++c) acc[c] = S::fmadd(p, S::loadu(vr + c * L), acc[c]);
-        acc[nv - 1] = S::fmadd(p, S::load_n(vr + (nv - 1) * L, tail), acc[nv - 1]);
+      switch (nv) {
+        case 1: attend_pv<S, 1>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
+        case 2: attend_pv<S, 2>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
+        case 3: attend_pv<S, 3>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
+        default: attend_pv<S, 4>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
       }
-      for (int c = 0; c < nv; ++c) S::store_n(o + d0 + c * L, S::mul(acc[c], S::set1(inv)), c + 1 < nv ? L : tail);
     }
   }
 }

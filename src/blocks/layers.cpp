@@ -81,22 +81,38 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
   f(out, mean, rstd, x, w, b, N, C, eps);
 }
 
+namespace {
+// llama2.c: freq = 1 / theta^(i / hs) with i the even element index, all in f32.
+void rope_cos_sin(std::int64_t i, std::int64_t hs, float pos, float theta, float& c, float& s) {
+  const float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(hs));
+  const float angle = pos * freq;
+  c = std::cos(angle), s = std::sin(angle);
+}
+void rope_turn(float* p, float c, float s) {
+  const float a = p[0], bb = p[1];
+  p[0] = a * c - bb * s;
+  p[1] = a * s + bb * c;
+}
+}  // namespace
+
 void rope_forward(float* x, std::int64_t N, std::int64_t nh, std::int64_t hs, std::int64_t pos0, float theta) {
   for (std::int64_t n = 0; n < N; ++n) {
     const float pos = static_cast<float>(pos0 + n);
     for (std::int64_t i = 0; i < hs; i += 2) {
-      // llama2.c: freq = 1 / theta^(i / hs) with i the even element index, all in f32.
-      const float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(hs));
-      const float angle = pos * freq;
-      const float c = std::cos(angle), s = std::sin(angle);
-      for (std::int64_t h = 0; h < nh; ++h) {
-        float* p = x + (n * nh + h) * hs + i;
-        const float a = p[0], bb = p[1];
-        p[0] = a * c - bb * s;
-        p[1] = a * s + bb * c;
-      }
+      float c, s;
+      rope_cos_sin(i, hs, pos, theta, c, s);
+      for (std::int64_t h = 0; h < nh; ++h) rope_turn(x + (n * nh + h) * hs + i, c, s);
     }
   }
+}
+
+void rope_angles(float* cs, std::int64_t hs, std::int64_t pos, float theta) {
+  for (std::int64_t i = 0; i < hs; i += 2) rope_cos_sin(i, hs, static_cast<float>(pos), theta, cs[i], cs[i + 1]);
+}
+
+void rope_apply(float* x, std::int64_t nh, std::int64_t hs, const float* cs) {
+  for (std::int64_t h = 0; h < nh; ++h)
+    for (std::int64_t i = 0; i < hs; i += 2) rope_turn(x + h * hs + i, cs[i], cs[i + 1]);
 }
 
 void gelu_forward(float* out, const float* x, std::int64_t n) {

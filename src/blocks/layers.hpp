@@ -34,6 +34,11 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
 //     x'[2i] = x[2i]·cos − x[2i+1]·sin      x'[2i+1] = x[2i]·sin + x[2i+1]·cos
 //   The angle is computed in f32 exactly as llama2.c does, so greedy decoding matches it bit for bit.
 void rope_forward(float* x, std::int64_t N, std::int64_t nh, std::int64_t hs, std::int64_t pos0, float theta);
+// The same at one position in two parts, for decoding (the angles once a step, not once a head):
+//   rope_angles: cs [hs] = (cos, sin) of each pair's angle at position pos, as rope_forward computes them
+//   rope_apply:  x [nh, hs] turned by cs: the same bits as rope_forward(x, 1, nh, hs, pos, theta)
+void rope_angles(float* cs, std::int64_t hs, std::int64_t pos, float theta);
+void rope_apply(float* x, std::int64_t nh, std::int64_t hs, const float* cs);
 
 // GELU, the tanh approximation GPT-2 uses: out = ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
 //   x [n]   out [n] (may equal x)

@@ -4,9 +4,8 @@
 // workers wake (spin, then futex) and claim the job's slots one by one from `claim_`, a single
 // word holding (epoch, slots offered, slots claimed), so that a worker still reacting to an older
 // job can never enter a newer one by mistake. The caller takes part as slot 0; when its part is
-// done it closes a shared job (slots offered := slots claimed: no worker may enter after that,
-// since fn's captured state is about to go away) and waits for `done_` to reach the claimed count.
-// A team job keeps its slots open until every one of them is claimed.
+// done it closes the job (slots offered := slots claimed: no worker may enter after that, since
+// fn's captured state is about to go away) and waits for `done_` to reach the claimed count.
 #include "core/parallel.hpp"
 
 #include <linux/futex.h>
@@ -37,7 +36,6 @@ void pause() {
 }
 
 thread_local int t_index = 0;     // thread_index()
-thread_local int t_team = 1;      // team_size()
 thread_local bool t_busy = false; // inside a parallel call: nested calls run on this thread alone
 thread_local int t_max = 0;       // ScopedThreads; 0: qkv::num_threads()
 // oneDNN (the GEMMs of blocks/linear.cpp) runs on libgomp's own threads, as many as this thread's
@@ -55,20 +53,20 @@ void set_gomp_threads(int n) { omp_set_num_threads(t_gomp_lost ? 1 : n); }
 // Inside a parallel call (busy) oneDNN gets one thread.
 class Context {
  public:
-  Context(int index, int team, bool busy)
-      : index_(t_index), team_(t_team), busy_(t_busy), gomp_(busy && !t_busy ? omp_get_max_threads() : 0) {
-    t_index = index, t_team = team, t_busy = busy;
+  Context(int index, bool busy)
+      : index_(t_index), busy_(t_busy), gomp_(busy && !t_busy ? omp_get_max_threads() : 0) {
+    t_index = index, t_busy = busy;
     if (gomp_ > 1) set_gomp_threads(1);
   }
   ~Context() {
-    t_index = index_, t_team = team_, t_busy = busy_;
+    t_index = index_, t_busy = busy_;
     if (gomp_ > 1) set_gomp_threads(gomp_);
   }
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
  private:
-  int index_, team_;
+  int index_;
   bool busy_;
   int gomp_;  // this thread's OpenMP thread count to restore (0: unchanged)
 };
@@ -90,12 +88,12 @@ class Pool {
     for (std::thread& w : workers_) w.join();
   }
 
-  // fn(ctx, t) on the caller (t = 0) and up to threads − 1 workers (all of them when `team`).
-  void run(int threads, bool team, detail::TaskFn fn, void* ctx) {
+  // fn(ctx, t) on the caller (t = 0) and up to threads − 1 workers.
+  void run(int threads, detail::TaskFn fn, void* ctx) {
     const auto slots = static_cast<std::uint64_t>(threads - 1);
     const std::uint32_t e = epoch_.load() + 1;
     while (workers_.size() < slots) workers_.emplace_back(&Pool::work, this, e - 1);
-    fn_ = fn, ctx_ = ctx, team_ = team ? threads : 1;
+    fn_ = fn, ctx_ = ctx;
     error_ = nullptr;
     failed_.store(false, std::memory_order_relaxed);
     done_.store(0);
@@ -104,19 +102,18 @@ class Pool {
 
     call(0);
     std::uint64_t w = claim_.load(std::memory_order_acquire);
-    if (!team) {  // close: offered := claimed
-      while (!claim_.compare_exchange_weak(w, (w & ~(kSlotMask << 16)) | claimed(w) << 16, std::memory_order_acq_rel,
-                                           std::memory_order_acquire)) {
-      }
+    // Close: offered := claimed.
+    while (!claim_.compare_exchange_weak(w, (w & ~(kSlotMask << 16)) | claimed(w) << 16, std::memory_order_acq_rel,
+                                         std::memory_order_acquire)) {
     }
-    const auto need = static_cast<std::uint32_t>(team ? slots : claimed(w));
+    const auto need = static_cast<std::uint32_t>(claimed(w));
     for (std::uint32_t d = done_.load(); d != need;) d = done_.wait_change(d);
     if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(error_);
   }
 
  private:
   void call(int t) {
-    const Context cx(t, team_, true);
+    const Context cx(t, true);
     try {
       fn_(ctx_, t);
     } catch (...) {
@@ -143,7 +140,6 @@ class Pool {
   // The job: written by the caller before it bumps epoch_, read by a worker after its claim.
   detail::TaskFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  int team_ = 1;
   std::exception_ptr error_;  // written by the first participant that sets failed_
   std::atomic<bool> failed_{false};
   std::atomic<bool> stop_{false};
@@ -167,14 +163,14 @@ void forget_pool_in_child() {
 
 [[maybe_unused]] const int g_atfork = pthread_atfork(nullptr, nullptr, forget_pool_in_child);
 
-void run(int threads, bool team, detail::TaskFn fn, void* ctx) {
+void run(int threads, detail::TaskFn fn, void* ctx) {
   if (threads <= 1 || t_busy) {
-    const Context cx(0, 1, t_busy);
+    const Context cx(0, t_busy);
     fn(ctx, 0);
     return;
   }
   if (!t_pool) t_pool = std::make_unique<Pool>();
-  t_pool->run(threads, team, fn, ctx);
+  t_pool->run(threads, fn, ctx);
 }
 
 }  // namespace
@@ -215,13 +211,9 @@ std::uint32_t WaitWord::wait_change(std::uint32_t old) const {
   }
 }
 
-void detail::run_shared(int threads, TaskFn fn, void* ctx) { run(threads, false, fn, ctx); }
-
-void detail::run_team(int threads, TaskFn fn, void* ctx) { run(threads, true, fn, ctx); }
+void detail::run_shared(int threads, TaskFn fn, void* ctx) { run(threads, fn, ctx); }
 
 int thread_index() { return t_index; }
-
-int team_size() { return t_team; }
 
 int max_threads() { return t_max > 0 ? t_max : num_threads(); }
 

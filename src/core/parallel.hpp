@@ -17,15 +17,15 @@
 // several threads never wait for one another. A parallel call from inside a parallel call (a
 // worker, or the caller while it takes part) runs on the calling thread alone, with index 0.
 //
-// Two kinds of call:
+// The call:
 //   run_shared(threads, fn): fn(t) on the caller (t = 0) and on the workers that arrive while the
 //     work lasts, each with its own t in [0, threads). fn takes its work from a shared counter, so
 //     the call completes with any number of participants: a worker that is not scheduled (busy
-//     machine) leaves its share to the others instead of holding them up.
-//   run_team(threads, fn): fn(t) on a fixed team of team_size() threads that may meet at a
-//     SpinBarrier (spin_barrier.hpp); every member must reach every barrier.
+//     machine) leaves its share to the others instead of holding them up. Work in stages (the
+//     model's decoding step) counts each stage's finished units in a WaitWord and waits on it,
+//     never on a thread.
 // Exceptions: one thrown by fn is rethrown on the caller once every participant has returned
-// (the first one, if several throw); fn must not throw between two barriers of a team.
+// (the first one, if several throw).
 //
 // The templates below only erase the callable's type: an ISA translation unit instantiates them
 // with its own (internal-linkage) lambdas, and the shared code they call is out of line.
@@ -63,17 +63,11 @@ class WaitWord {
 namespace detail {
 using TaskFn = void (*)(void* ctx, int t);
 void run_shared(int threads, TaskFn fn, void* ctx);
-void run_team(int threads, TaskFn fn, void* ctx);
 }  // namespace detail
 
 template <class F>
 void run_shared(int threads, F&& fn) {
   detail::run_shared(threads, [](void* c, int t) { (*static_cast<F*>(c))(t); }, &fn);
-}
-
-template <class F>
-void run_team(int threads, F&& fn) {
-  detail::run_team(threads, [](void* c, int t) { (*static_cast<F*>(c))(t); }, &fn);
 }
 
 // Runs fn(i) for every i in [0, n) on up to `threads` threads, handing out indices one at a
@@ -86,12 +80,8 @@ void parallel_for(std::int64_t n, int threads, F&& fn) {
   });
 }
 
-// Index of the calling thread inside run_shared / run_team / parallel_for, in [0, threads);
-// 0 outside them.
+// Index of the calling thread inside run_shared / parallel_for, in [0, threads); 0 outside them.
 int thread_index();
-
-// Threads of the calling thread's team inside run_team (1 outside, and inside run_shared).
-int team_size();
 
 // Threads a parallel call made by this thread uses when its caller does not say: the innermost
 // ScopedThreads of this thread, else qkv::num_threads().

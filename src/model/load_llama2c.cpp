@@ -7,11 +7,19 @@
 //         rms_final [C]   freq_cis_real [P, D/2]  freq_cis_imag [P, D/2]   (unused: computed)
 //         wcls [V, C]     only when the header's vocab_size is negative (untied classifier)
 //
-// The model is Llama-style: RMSNorm, rotary positions, SwiGLU, no biases. The file is mapped and
-// the weights used in place; its size must be exactly what the header implies.
+// The model is Llama-style: RMSNorm, rotary positions, SwiGLU, no biases. The file's size must be
+// exactly what the header implies. The floats are copied from the mapped file into an anonymous
+// mapping (page-aligned, transparent huge pages asked for), and the file unmapped: in place they
+// start at byte 28 of a page, so every 64-byte vector load of a weight row would straddle two cache
+// lines (the decode GEMV measured 10–25 % slower so on weights in cache). On 4 KiB pages the copy
+// decoded 1.5–2× slower than the file's mapping on this VM; on huge pages 5–10 % faster (per-step
+// p10, random 6.1 M model, 1 thread).
 #include <cstring>
 #include <memory>
+#include <sys/mman.h>
 #include <string>
+
+#include "qkv/memory.hpp"
 
 #include "model/mapped_file.hpp"
 #include "model/weights.hpp"
@@ -63,7 +71,15 @@ Weights load_llama2c(const std::string& path) {
   Weights w;
   w.config = c;
   detail::prepare_layout(w);
-  float* p = reinterpret_cast<float*>(file->data() + kHeader);  // 4-byte aligned: page + 28
+  const std::uint64_t bytes = static_cast<std::uint64_t>(floats) * sizeof(float);
+  check_memory(fn, where + ": its " + std::to_string(floats) + " floats", bytes);
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) fail(fn, where + ": cannot allocate " + std::to_string(bytes) + " bytes");
+  madvise(m, bytes, MADV_HUGEPAGE);
+  auto* arena = static_cast<float*>(m);
+  w.storage = std::shared_ptr<void>(m, [bytes](void* a) { munmap(a, bytes); });
+  std::memcpy(arena, file->data() + kHeader, bytes);
+  float* p = arena;
   auto take = [&p](std::int64_t n) {
     float* r = p;
     p += n;
@@ -85,7 +101,6 @@ Weights load_llama2c(const std::string& path) {
   w.normf_w = take(C);
   take(P * D);  // the two legacy rotary tables, [P, D/2] each
   if (!c.tied_embeddings) w.wcls = take(V * C);
-  w.storage = file;
   detail::finish_layout(w);
   detail::check_finite(w, fn, where);
   return w;

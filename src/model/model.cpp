@@ -27,7 +27,6 @@
 #include "blocks/layers.hpp"
 #include "blocks/linear.hpp"
 #include "core/parallel.hpp"
-#include "core/spin_barrier.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/memory.hpp"
 #include "qkv/model.hpp"
@@ -196,15 +195,18 @@ void Model::project_qkv(int l, const float* xb, float* q, float* k, float* v, st
 namespace {
 
 // The threads of one forward call: ModelOptions::num_threads when set, else the library default,
-// except that a call too small to share runs on one thread: stories260K does ~0.5 MFLOP per
-// token in ~40 GEMV/elementwise steps of a few microseconds each, and waking a second thread for
-// each step costs more than it saves (measured: 2 threads decode >10× slower on a busy machine).
-// Below ~100 MFLOP per call (stories260K prefills up to ~190 tokens) one thread is faster here.
+// except that a call too small to share runs on one thread. A prefill runs ~40 parallel calls a
+// layer (norms, GEMMs, attention): below ~100 MFLOP per call (stories260K prefills up to ~190
+// tokens) one thread is faster here. A decoding step is one parallel call whose stages are handed
+// out in chunks of ≈ 64 KiB of weights (Model::decode): it pays from ~8 MFLOP a step (the 6.1 M
+// model's 12 MFLOP a token: ≈ 1 ms on one thread), not at stories260K's 0.5 MFLOP (≈ 3 µs a stage,
+// the cost of a wake-up).
+constexpr double kPrefillSharedFlops = 100e6, kDecodeSharedFlops = 8e6;
 struct CallThreads {
   int n;
   ScopedThreads scope;  // max_threads() = n inside the call
-  CallThreads(int requested, double flops)
-      : n(requested > 0 ? requested : flops < 100e6 ? 1 : max_threads()), scope(n) {}
+  CallThreads(int requested, double flops, double shared_from)
+      : n(requested > 0 ? requested : flops < shared_from ? 1 : max_threads()), scope(n) {}
 };
 
 }  // namespace
@@ -525,7 +527,8 @@ void Model::forward_batch(std::span<const int> tokens, std::span<KvCache* const>
     check_tokens(fn, tokens.subspan(b, 1), caches[b]->len);
   }
   if (!logits) fail(fn, "logits: null output pointer");
-  const CallThreads threads(opt_.num_threads, 2.0 * static_cast<double>(B) * static_cast<double>(params_));
+  const CallThreads threads(opt_.num_threads, 2.0 * static_cast<double>(B) * static_cast<double>(params_),
+                            kDecodeSharedFlops);
   decode(tokens, caches, logits, threads.n);
 }
 
@@ -536,7 +539,8 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
   check_tokens(fn, tokens, cache.len);
   if (!logits) fail(fn, "logits: null output pointer");
   const auto S = static_cast<std::int64_t>(tokens.size());
-  const CallThreads threads(opt_.num_threads, 2.0 * static_cast<double>(S) * static_cast<double>(params_));
+  const CallThreads threads(opt_.num_threads, 2.0 * static_cast<double>(S) * static_cast<double>(params_),
+                            S == 1 ? kDecodeSharedFlops : kPrefillSharedFlops);
   reserve(S);
   if (S == 1) {
     KvCache* one = &cache;
@@ -558,23 +562,44 @@ void Model::forward(std::span<const int> tokens, KvCache& cache, float* logits, 
   project(xf, w_.wcls, wcls_bf16_, nullptr, logits, n, c.dim, c.vocab_size);
 }
 
+// The counters of one decoding step (Model::decode), kept between calls: step s hands out the
+// chunks of segment g from next[s·T + g] and counts its finished units in done[s]. Each counter
+// has its own cache line (threads bump them concurrently).
+struct Model::DecodeSync {
+  struct alignas(64) Next {
+    std::atomic<std::int64_t> v{0};
+  };
+  struct alignas(64) Done {
+    WaitWord v;
+  };
+  std::unique_ptr<Next[]> next;
+  std::unique_ptr<Done[]> done;
+  int steps = 0, threads = 0;
+};
+
+void Model::free_decode_sync(DecodeSync* s) { delete s; }
+
 // Decoding: one token for each of B sequences (B = 1: Model::forward of one token), each with its
 // own cache and position. A step reads every weight once for all B sequences (gemv_batch_rows: each
-// weight row once, for the B rows of activations) in one team of threads (run_team) that meets at a
-// SpinBarrier four times a layer, between stages whose outputs the next stage reads:
-//   A  every thread: xb_t = norm1(x) (its own copy: C·B values, cheaper than a meeting); then
-//      per KV head (handed out from a counter): its rows of W_Q, W_K, W_V → q, k, v of its G query
+// weight row once, for the B rows of activations) in one parallel call (run_shared) whose threads
+// go through the stages below in order; a stage starts once the one before it has finished all its
+// units (done[s], a WaitWord: spin, then sleep):
+//   A  per KV head (handed out from a counter): its rows of W_Q, W_K, W_V → q, k, v of its G query
 //      heads, then for each sequence rotary at its position, k, v appended to its cache, and the
-//      G heads' attention (attend_one; a bf16 cache: qkv::attention's bf16 kernel)        | meet
-//   B  rows of x += att·W_Oᵀ + b_O                                                        | meet
-//   C  every thread: xb_t = norm2(x); rows of hb = xb·W1ᵀ (+ W3) and the activation on them | meet
-//   D  rows of x += hb·W2ᵀ + b2                                                            | meet
-// then every thread: xb_t = norm_f(x); rows of the logits. Rows are handed out in chunks of ≈ 64 KiB
-// of weights from counters (see `share`), so a thread that wakes late or is preempted on a busy
-// machine leaves its share to the others. Every row's sum and every head's attention is computed
-// by the same code whichever thread and whatever B, so the logits are the same bits on any number
-// of threads and in any batch (tests/model/test_model.cpp). With one thread the team is the caller
-// alone and the barriers return at once: no thread is woken for a step too small to share.
+//      G heads' attention (attend_one; a bf16 cache: qkv::attention's bf16 kernel)
+//   B  rows of x += att·W_Oᵀ + b_O
+//   C  rows of hb = xb·W1ᵀ (+ W3) and the activation on them
+//   D  rows of x += hb·W2ᵀ + b2
+// then rows of the logits from norm_f(x). Stages A, C and the logits read the norm of x, which each
+// thread computes into its own xb_t (C·B values, cheaper than another stage) once it has taken its
+// first chunk of the stage: x cannot change then (the next writer of x waits for that chunk), and
+// a thread that takes no chunk reads nothing. So a thread that wakes late or is preempted on a busy
+// machine is not waited for: the others take its share, and it skips the stages already handed
+// out (run_shared lets no thread join after the caller's part is done). Rows are handed out in
+// chunks of ≈ 64 KiB of weights (see `share`). Every row's sum and every head's attention is
+// computed by the same code whichever thread and whatever B, so the logits are the same bits on any
+// number of threads and in any batch (tests/model/test_model.cpp). With one thread the caller runs
+// the stages alone: no thread is woken, no counter waited on.
 void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int T) {
   using i64 = std::int64_t;
   const Config& c = w_.config;
@@ -585,17 +610,25 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
   const bool bf16 = !layers_bf16_.empty(), bf16_kv = caches[0]->k.dtype() == DType::bf16;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   reserve(B);
-  // Per thread: xb_t [B, C] (its norm output) and scores [P] (attend_one's scratch).
+  // Per thread: xb_t [B, C] (its norm output) and scores [P] (attend_one's scratch); then the rotary
+  // angles of each sequence's position, cs [B, D] (blocks::rope_angles), computed once a step.
   const i64 per_thread = B * C + c.seq_len;
-  if (decode_scratch_.numel() < T * per_thread) decode_scratch_ = Buffer(DType::f32, {T * per_thread});
+  if (decode_scratch_.numel() < T * per_thread + B * D) decode_scratch_ = Buffer(DType::f32, {T * per_thread + B * D});
+  float* cs = decode_scratch_.ptr<float>() + T * per_thread;
+  if (c.pos == PosEncoding::rotary)
+    for (i64 b = 0; b < B; ++b) blocks::rope_angles(cs + b * D, D, caches[static_cast<std::size_t>(b)]->len, c.rope_theta);
   const int steps = 4 * static_cast<int>(c.n_layers) + 1;
-  const auto n_counters = static_cast<std::size_t>(steps) * static_cast<std::size_t>(T);
-  if (decode_counters_n_ < n_counters) {
-    decode_counters_ = std::make_unique<std::atomic<i64>[]>(n_counters);
-    decode_counters_n_ = n_counters;
+  if (!decode_sync_ || decode_sync_->steps < steps || decode_sync_->threads < T) {
+    decode_sync_.reset(new DecodeSync);
+    decode_sync_->next = std::make_unique<DecodeSync::Next[]>(static_cast<std::size_t>(steps * T));
+    decode_sync_->done = std::make_unique<DecodeSync::Done[]>(static_cast<std::size_t>(steps));
+    decode_sync_->steps = steps;
+    decode_sync_->threads = T;
   }
-  std::atomic<i64>* next = decode_counters_.get();
-  for (std::size_t i = 0; i < n_counters; ++i) next[i].store(0, std::memory_order_relaxed);
+  DecodeSync::Next* next = decode_sync_->next.get();
+  DecodeSync::Done* done = decode_sync_->done.get();
+  for (int i = 0; i < steps * T; ++i) next[i].v.store(0, std::memory_order_relaxed);
+  for (int s = 0; s < steps; ++s) done[s].v.store(0);  // no thread waits on them now: no wake-up
   for (i64 b = 0; b < B; ++b)
     blocks::embedding_forward(x_.ptr<float>() + b * C, &tokens[static_cast<std::size_t>(b)], w_.wte, w_.wpe, 1, C,
                               caches[static_cast<std::size_t>(b)]->len);
@@ -616,33 +649,48 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
   auto rows_per_chunk = [&](i64 in, i64 n) {
     return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes));
   };
-  // The work of a step, [0, n), is cut into T contiguous segments, one per thread, each with its
-  // counter: thread t takes the chunks of segment t in order (one linear stream, as a static split
-  // would), then helps with the other segments' remaining chunks.
-  auto share = [&](int t, int step, i64 n, i64 chunk, auto&& fn) {
+  // Units of each step: A kv heads, B rows of W_O, C rows of W1, D rows of W2; the last: logits.
+  auto units = [&](int step) -> i64 {
+    if (step == steps - 1) return V;
+    const int stage = step % 4;
+    return stage == 0 ? Hkv : stage == 2 ? Hd : C;
+  };
+  // Step `step`: its n units, [0, n), are cut into T contiguous segments, each with its counter:
+  // thread t takes the chunks of segment t in order (one linear stream, as a static split would),
+  // then helps with the other segments' remaining chunks. It first waits for the step before to
+  // finish, and calls first() once before its first chunk (the norm of x, when the step reads it).
+  auto share = [&](int t, int step, i64 n, i64 chunk, auto&& first, auto&& fn) {
+    if (T > 1 && step > 0) {
+      const auto need = static_cast<std::uint32_t>(units(step - 1));
+      for (std::uint32_t d = done[step - 1].v.load(); d < need;) d = done[step - 1].v.wait_change(d);
+    }
+    bool started = false;
     for (int j = 0; j < T; ++j) {
       const int seg = (t + j) % T;
       const auto [a, b] = blocks::gemv_part_rows(n, seg, T);
-      std::atomic<i64>& counter = next[static_cast<std::size_t>(step * T + seg)];
+      std::atomic<i64>& counter = next[step * T + seg].v;
       for (;;) {
         const i64 r0 = a + counter.fetch_add(1, std::memory_order_relaxed) * chunk;
         if (r0 >= b) break;
-        fn(r0, std::min(b, r0 + chunk));
+        if (!started) first();
+        started = true;
+        const i64 r1 = std::min(b, r0 + chunk);
+        fn(r0, r1);
+        if (T > 1) done[step].v.fetch_add(static_cast<std::uint32_t>(r1 - r0));
       }
     }
   };
-  SpinBarrier meet;
   std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
   std::mutex error_mu;
-  run_team(T, [&](int t) {
+  auto nothing = [] {};
+  run_shared(T, [&](int t) {
     float* xb = decode_scratch_.ptr<float>() + t * per_thread;
     float* scores = xb + B * C;
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
       const LayerBf16 Lb = bf16 ? layers_bf16_[static_cast<std::size_t>(l)] : LayerBf16{};
       const int s0 = 4 * l;
-      norm_rows(xb, L.norm1_w, L.norm1_b);
-      share(t, s0, Hkv, 1, [&](i64 hk, i64) {
+      share(t, s0, Hkv, 1, [&] { norm_rows(xb, L.norm1_w, L.norm1_b); }, [&](i64 hk, i64) {
         const i64 h0 = hk * G;
         gemv(L.wq ? L.wq + h0 * D * C : nullptr, Lb.wq ? Lb.wq + h0 * D * C : nullptr, L.bq ? L.bq + h0 * D : nullptr,
              q + h0 * D, HD, xb, C, 0.0f, 0, G * D);
@@ -655,8 +703,8 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
           const i64 pos = cache.len, cap = cache.capacity;
           float *qh = q + b * HD + h0 * D, *kh = k + b * KD + hk * D, *vh = v + b * KD + hk * D;
           if (c.pos == PosEncoding::rotary) {
-            blocks::rope_forward(qh, 1, G, D, pos, c.rope_theta);
-            blocks::rope_forward(kh, 1, 1, D, pos, c.rope_theta);
+            blocks::rope_apply(qh, G, D, cs + b * D);
+            blocks::rope_apply(kh, 1, D, cs + b * D);
           }
           const i64 at = (l * Hkv + hk) * cap * D;  // this kv head's rows in the cache
           float* oh = att + b * HD + h0 * D;
@@ -691,13 +739,10 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
           }
         }
       });
-      meet.wait();
-      share(t, s0 + 1, C, rows_per_chunk(HD, C), [&](i64 r0, i64 r1) {
+      share(t, s0 + 1, C, rows_per_chunk(HD, C), nothing, [&](i64 r0, i64 r1) {
         gemv(L.wo, Lb.wo, L.bo, x, C, att, HD, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O
       });
-      meet.wait();
-      norm_rows(xb, L.norm2_w, L.norm2_b);
-      share(t, s0 + 2, Hd, rows_per_chunk(C, Hd), [&](i64 r0, i64 r1) {
+      share(t, s0 + 2, Hd, rows_per_chunk(C, Hd), [&] { norm_rows(xb, L.norm2_w, L.norm2_b); }, [&](i64 r0, i64 r1) {
         gemv(L.w1, Lb.w1, L.b1, hb, Hd, xb, C, 0.0f, r0, r1);
         if (c.mlp == MlpKind::swiglu) gemv(L.w3, Lb.w3, nullptr, hb2, Hd, xb, C, 0.0f, r0, r1);
         for (i64 b = 0; b < B; ++b) {
@@ -707,16 +752,12 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
           else blocks::gelu_fast(h, h, r1 - r0, 1, isa);
         }
       });
-      meet.wait();
-      share(t, s0 + 3, C, rows_per_chunk(Hd, C), [&](i64 r0, i64 r1) {
+      share(t, s0 + 3, C, rows_per_chunk(Hd, C), nothing, [&](i64 r0, i64 r1) {
         gemv(L.w2, Lb.w2, L.b2, x, C, hb, Hd, 1.0f, r0, r1);  // residual: x += hb·W2ᵀ + b2
       });
-      meet.wait();
     }
-    norm_rows(xb, w_.normf_w, w_.normf_b);
-    share(t, steps - 1, V, rows_per_chunk(C, V), [&](i64 r0, i64 r1) {
-      gemv(w_.wcls, wcls_bf16_, nullptr, logits, V, xb, C, 0.0f, r0, r1);
-    });
+    share(t, steps - 1, V, rows_per_chunk(C, V), [&] { norm_rows(xb, w_.normf_w, w_.normf_b); },
+          [&](i64 r0, i64 r1) { gemv(w_.wcls, wcls_bf16_, nullptr, logits, V, xb, C, 0.0f, r0, r1); });
   });
   if (error) std::rethrow_exception(error);
   for (KvCache* cache : caches) cache->len += 1;
@@ -733,7 +774,7 @@ void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
                c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 2, S, c.dim}, 4) +
                              bytes_of({c.n_heads + c.n_kv_heads, S, c.head_dim()}, 4)) +
                    bytes_of({S, c.dim}, 4) + bytes_of({S, c.vocab_size}, 4));
-  const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity());
+  const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity(), kPrefillSharedFlops);
   KvCache cache(c, S);
   reserve(S);
   trace.layers.clear();

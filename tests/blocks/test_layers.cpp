@@ -119,6 +119,18 @@ TEST(Layers, RopeMatchesF64AndIsRelative) {
     return s;
   };
   EXPECT_NEAR(dot_at(2, 0), dot_at(9, 7), 1e-5);
+
+  // Decoding's split form (angles once, then applied to each head) within the same f64 bound, and
+  // the same bits as rope_forward (the greedy story must not move with the path).
+  for (std::int64_t n = 0; n < N; ++n) {
+    std::vector<float> cs(hs), z(x.begin() + n * nh * hs, x.begin() + (n + 1) * nh * hs);
+    rope_angles(cs.data(), hs, pos0 + n, 10000.0f);
+    rope_apply(z.data(), nh, hs, cs.data());
+    for (std::int64_t j = 0; j < nh * hs; ++j) {
+      EXPECT_NEAR(z[j], ref[n * nh * hs + j], 1e-5) << "n " << n << " j " << j;
+      EXPECT_EQ(z[j], y[n * nh * hs + j]) << "n " << n << " j " << j;
+    }
+  }
 }
 
 TEST(Layers, GeluSwigluSoftmaxResidualMatchF64) {

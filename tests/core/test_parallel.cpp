@@ -1,5 +1,5 @@
 // qkv's thread pool (src/core/parallel.hpp): every index exactly once, thread indices in range,
-// teams that meet at barriers, nesting, exceptions, concurrent callers, and fork().
+// nesting, exceptions, concurrent callers, and fork().
 // Exact integer results throughout: a loop either visits each index once or it does not.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "core/parallel.hpp"
-#include "core/spin_barrier.hpp"
 #include "support/sanitizers.hpp"
 
 namespace {
@@ -58,28 +57,6 @@ TEST(Parallel, ThreadIndexInRangeAndUniquePerCall) {
   }
 }
 
-TEST(Parallel, TeamMeetsAtBarriers) {
-  // Each round r: every member writes slot[t] = r·100 + t, meets, checks every slot, meets.
-  constexpr int kThreads = 3, kRounds = qkv::testing::tsan_rounds(200);
-  std::vector<std::atomic<int>> slot(kThreads);
-  std::atomic<int> wrong{0}, members{0};
-  qkv::SpinBarrier meet;
-  qkv::run_team(kThreads, [&](int t) {
-    members.fetch_add(1);
-    if (qkv::team_size() != kThreads) wrong.fetch_add(1);
-    for (int r = 0; r < kRounds; ++r) {
-      slot[static_cast<std::size_t>(t)].store(r * 100 + t, std::memory_order_relaxed);
-      meet.wait();
-      for (int u = 0; u < kThreads; ++u)
-        if (slot[static_cast<std::size_t>(u)].load(std::memory_order_relaxed) != r * 100 + u) wrong.fetch_add(1);
-      meet.wait();
-    }
-  });
-  EXPECT_EQ(members.load(), kThreads);
-  EXPECT_EQ(wrong.load(), 0);
-  EXPECT_EQ(qkv::team_size(), 1) << "outside a team";
-}
-
 TEST(Parallel, NestedCallsRunOnTheCallingThread) {
   std::atomic<int> wrong{0};
   std::atomic<std::int64_t> total{0};
@@ -92,15 +69,6 @@ TEST(Parallel, NestedCallsRunOnTheCallingThread) {
   });
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(total.load(), 8 * 4950);
-  // A team inside a parallel call is a team of one: its barriers must not wait for absent members.
-  qkv::parallel_for(4, 2, [&](std::int64_t) {
-    qkv::SpinBarrier meet;
-    qkv::run_team(2, [&](int t) {
-      if (t != 0 || qkv::team_size() != 1) wrong.fetch_add(1);
-      meet.wait();
-    });
-  });
-  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST(Parallel, ExceptionReachesTheCallerAndThePoolStillWorks) {
