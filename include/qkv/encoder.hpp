@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,7 +28,7 @@ namespace qkv {
 
 enum class Pooling : std::uint8_t { mean, cls, max };
 
-// dtype f32: every GEMM in f32 (oneDNN's sgemm). dtype bf16: the projection matrices rounded once
+// dtype f32: every GEMM in f32 (oneDNN's f32 matmul). dtype bf16: the projection matrices rounded once
 // to bf16 and each GEMM's input rows rounded to bf16 (oneDNN's bf16 matmul, f32 accumulation):
 // norms, attention, GELU, pooling and the residual stream stay f32. num_threads 0: the library
 // default (set_num_threads / QKV_NUM_THREADS).
@@ -75,19 +76,23 @@ class Encoder {
   bool normalize_;
   std::int64_t max_len_;
   EncoderOptions opt_;
-  // Per layer: [W_Q; W_K; W_V] as one [3·C, C] matrix with its bias [3·C] (one GEMM for the three),
-  // in f32, and in bf16 when dtype = bf16 (with W_O, W1, W2 in bf16 too).
-  struct Layer {
-    Buffer wqkv, bqkv;
-    Buffer wqkv_b, wo_b, w1_b, w2_b;
-  };
-  std::vector<Layer> layers_;
-  // Work buffers for up to rows_ tokens: x, h [T, C]; qkv [T, 3·C]; att [T, C]; ff [T, Hd].
-  Buffer x_, h_, qkv_, att_, ff_;
+  // Per layer: the projection matrices packed for the GEMMs (encoder.cpp).
+  struct PackedLayer;
+  std::vector<std::shared_ptr<const PackedLayer>> layers_;
+  // Every projection runs on blocks of kRows rows, one block per task of the thread pool with one
+  // oneDNN thread each: a fixed M compiles each projection's primitive once (oneDNN compiles per
+  // shape), the weights are read once per 128 rows, and 128 rows keep a block's MLP rows
+  // ([128, Hd] f32, 768 KiB for Hd = 1536) within this machine's 1 MiB L2. A batch's T rows are
+  // padded up to a multiple of kRows.
+  static constexpr std::int64_t kRows = 128;
+  // Work buffers for up to rows_ tokens (a multiple of kRows): x, h, att [Tp, C] f32; qkv [Tp, 3·C]
+  // f32; ff [Tp, Hd] f32 (bf16 bits in its first half when dtype = bf16); xb [Tp, C] bf16 (the
+  // GEMMs' rounded inputs).
+  Buffer x_, h_, qkv_, att_, ff_, xb_;
   std::int64_t rows_ = 0;
-  void reserve(std::int64_t T);
-  void project(const float* x, const float* W, const Buffer& Wb, const float* b, float* y, std::int64_t T,
-               std::int64_t in, std::int64_t out, float beta) const;
+  void reserve(std::int64_t Tp);
+  void qkv_block(std::int64_t l, std::int64_t r0);
+  void tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float* hidden);
 };
 
 }  // namespace qkv

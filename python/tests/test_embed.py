@@ -153,6 +153,15 @@ def test_missing_pooling_config_is_named(tmp_path):
         qkv.Encoder.load(copy_folder(tmp_path, skip=("1_Pooling",)))
 
 
+@pytest.mark.parametrize("skip, named", [(("modules.json",), "modules.json"),
+                                         (("sentence_bert_config.json",), "sentence_bert_config.json"),
+                                         (("config.json",), "config.json"),
+                                         (("tokenizer.json", "vocab.txt"), "tokenizer.json or vocab.txt")])
+def test_each_missing_file_is_named(tmp_path, skip, named):
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        qkv.Encoder.load(copy_folder(tmp_path, skip=skip))
+
+
 def test_unsupported_model_type_is_named(tmp_path):
     d = copy_folder(tmp_path, skip=("config.json",))
     with open(os.path.join(MODEL, "config.json")) as f:
@@ -198,3 +207,59 @@ def test_cli_invalid_utf8_names_the_line(tmp_path):
     assert r.returncode != 0
     assert f"--input '{bad}' is not UTF-8: line 4, character 8 starts with the byte 0xFF" in r.stderr
     assert not (tmp_path / "e.npy").exists()
+
+
+def test_cli_bad_out_is_refused_before_the_model_loads(tmp_path):
+    # The model folder is missing its weights: had --out been checked after loading, the error would
+    # name model.safetensors instead.
+    d = copy_folder(tmp_path, skip=("model.safetensors",))
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a\n")
+    for out, why in ((str(tmp_path / "no" / "such" / "e.npy"), "cannot create a file there"),
+                     (str(tmp_path / "e.txt"), "must end in .npy or .jsonl")):
+        r = subprocess.run([qkv_cli(), "embed", "--model", d, "--input", str(lines), "--out", out],
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and f"--out '{out}'" in r.stderr and why in r.stderr, r.stderr
+    assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]
+
+
+def test_cli_empty_input_gives_zero_rows(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    r = subprocess.run([qkv_cli(), "embed", "--model", MODEL, "--input", str(empty), "--out", str(tmp_path / "e.npy")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path / "e.npy").shape == (0, 384)
+
+
+def test_cli_progress_bar_on_a_terminal(tmp_path):
+    # stderr on a pseudo-terminal: one redraw per batch, counts rising to N, the bar's '#' share equal
+    # to done / N (rounded to 24 cells), a rate in sentences/s.
+    import pty
+    import re
+    n, batch = 37, 8
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join("word " * (1 + i % 9) + "\n" for i in range(n)))
+    master, slave = pty.openpty()
+    p = subprocess.Popen([qkv_cli(), "embed", "--model", MODEL, "--input", str(lines), "--out",
+                          str(tmp_path / "e.npy"), "--batch", str(batch), "--threads", "2"],
+                         stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert p.wait() == 0
+    text = b"".join(chunks).decode()
+    frames = re.findall(r"\r\[([#.]{24})\] (\d+)/(\d+) texts, ([0-9.]+) sentences/s, \d+:\d\d left", text)
+    done = [int(f[1]) for f in frames]
+    assert done == [min(n, batch * (k + 1)) for k in range((n + batch - 1) // batch)], text
+    for bar, d, total, rate in frames:
+        assert int(total) == n and bar.count("#") == (24 * int(d) + n // 2) // n and float(rate) > 0
+    assert f"embedded {n} texts" in text

@@ -111,17 +111,36 @@ void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* 
 // W of that shape; on oneDNN 2.6 the same for every row count M). Empty (default) means none.
 // gemm_bf16_in checks the layout against each primitive it builds and reads the plain W when a
 // primitive wants another one. Holds in·out bf16 (or a little more: blocks are padded).
+struct PackedImpl;  // gemm_bf16.cpp: oneDNN's memory and its descriptor
 class PackedBf16 {
  public:
   PackedBf16() = default;
   PackedBf16(const std::uint16_t* W, std::int64_t in, std::int64_t out);
   bool empty() const { return !impl_; }
-  struct Impl;  // gemm_bf16.cpp: oneDNN's memory and its descriptor
-  const Impl* impl() const { return impl_.get(); }
+  const PackedImpl* impl() const { return impl_.get(); }
 
  private:
-  std::shared_ptr<const Impl> impl_;
+  std::shared_ptr<const PackedImpl> impl_;
 };
+
+// The f32 GEMM on W packed once, with the same epilogues (the encoder's projections, qkv embed):
+//   y [M, out] = act(x [M, in] · Wᵀ + b)    or    y [M, out] += x · Wᵀ + b   (beta = 1, act none)
+// x, W, b, y f32 (oneDNN's f32 matmul, f32 accumulation). W [out, in] is packed by PackedF32 in
+// the blocked layout oneDNN's f32 matmul asks for (its plain copy is not kept: the packed one is
+// all this GEMM reads). Primitives are compiled once per M, so callers run a fixed M (row blocks).
+// Its twin: gemv_reference, then the activation.
+class PackedF32 {
+ public:
+  PackedF32() = default;
+  PackedF32(const float* W, std::int64_t in, std::int64_t out);
+  bool empty() const { return !impl_; }
+  const PackedImpl* impl() const { return impl_.get(); }
+
+ private:
+  std::shared_ptr<const PackedImpl> impl_;
+};
+void gemm_f32_packed(const float* x, const PackedF32& W, const float* b, float* y, std::int64_t M, std::int64_t in,
+                     std::int64_t out, float beta, GemmAct act);
 
 // out [n] (may equal x), split over `threads`.
 void gelu_fast(float* out, const float* x, std::int64_t n, int threads, Isa isa);

@@ -1,12 +1,15 @@
-// gemm_bf16 and gemm_bf16_in (dense.hpp): bf16 × bf16 GEMM on oneDNN's matmul primitive.
+// gemm_bf16 and gemm_bf16_in (dense.hpp): bf16 × bf16 GEMM on oneDNN's matmul primitive, and
+// gemm_f32_packed, its f32 twin on a packed W.
 //   xb [M, in] bf16 (gemm_bf16 rounds its f32 x into a per-thread copy first)
 //   W [out, in] bf16 (read as the [in, out] matrix Wᵀ in oneDNN's "ba" layout, nothing copied),
 //     or its PackedBf16 copy in the blocked layout the primitive asks for
 //   b [1, out] f32   y [M, out] f32, or bf16 when the caller asks for it
 // The epilogue runs inside the primitive while each tile of y is still in registers:
 //   bias → (sum: y += …, beta = 1) → eltwise (GELU, tanh or erf form) → rounding to bf16 (bf16 y).
-// Primitives are compiled (JIT) once per shape and epilogue and kept: a model uses a handful of
-// shapes per prompt length.
+// Primitives are compiled (JIT) once per shape, epilogue and thread count and kept: a model uses a
+// handful of shapes per prompt length, the encoder one row-block size. The thread count is part of
+// the key because oneDNN fixes a primitive's work split when it compiles it, and a primitive run
+// inside one of qkv's parallel calls (one oneDNN thread) must not open a team of two.
 // Threads and fork(): every function below that reaches oneDNN does so inside a OneDnnCall
 // (onednn_call.hpp), so a fork() never happens while this file's primitive list, its mutex, or
 // oneDNN's own caches are being changed by another thread.
@@ -16,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "blocks/dense.hpp"
@@ -28,12 +32,21 @@ using i64 = std::int64_t;
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-// M, in, out, bias, sum, act, bf16 y, packed W
-using Key = std::tuple<i64, i64, i64, bool, bool, GemmAct, bool, bool>;
+// M, in, out, bias, sum, act, bf16 y, packed W, input dtype (bf16 or f32), oneDNN threads
+using Key = std::tuple<i64, i64, i64, bool, bool, GemmAct, bool, bool, dt, int>;
+
+// A compiled primitive and the scratchpad it asks for. The scratchpad is the caller's (user mode):
+// oneDNN's own ("library" mode, built without DNNL_ENABLE_CONCURRENT_EXEC) is one buffer shared by
+// every primitive, so two threads running GEMMs at once (the encoder's row blocks) would overwrite
+// each other's.
+struct Prim {
+  dnnl::matmul prim;
+  dnnl::memory::desc scratch;
+};
 
 struct Cached {
   Key key;
-  dnnl::matmul prim;
+  Prim p;
 };
 
 dnnl::engine& engine() {
@@ -42,13 +55,13 @@ dnnl::engine& engine() {
 }
 
 // Wᵀ [in, out] as oneDNN sees W [out, in]: plain ("ba") or the layout the matmul chooses ("any").
-dnnl::memory::desc weights_desc(i64 in, i64 out, bool any) {
-  return dnnl::memory::desc({in, out}, dt::bf16, any ? tag::any : tag::ba);
+dnnl::memory::desc weights_desc(i64 in, i64 out, bool any, dt type = dt::bf16) {
+  return dnnl::memory::desc({in, out}, type, any ? tag::any : tag::ba);
 }
 
-// The layout a matmul of 512 rows asks for Wᵀ [in, out] (PackedBf16's layout).
-dnnl::memory::desc packed_desc(i64 in, i64 out) {
-  const dnnl::matmul::desc d(dnnl::memory::desc({512, in}, dt::bf16, tag::ab), weights_desc(in, out, true),
+// The layout a matmul of 512 rows asks for Wᵀ [in, out] (PackedBf16's and PackedF32's layout).
+dnnl::memory::desc packed_desc(i64 in, i64 out, dt type) {
+  const dnnl::matmul::desc d(dnnl::memory::desc({512, in}, type, tag::ab), weights_desc(in, out, true, type),
                              dnnl::memory::desc({512, out}, dt::f32, tag::ab));
   return dnnl::matmul::primitive_desc(d, engine()).weights_desc();
 }
@@ -57,14 +70,15 @@ dnnl::memory::desc packed_desc(i64 in, i64 out) {
 // W's layout is not the one this primitive asks for (the caller then takes the plain W). Kept in
 // a short list (a model needs ≈ 5 entries per prompt length); past 64 entries it starts again.
 // Called inside a OneDnnCall.
-dnnl::matmul primitive(const Key& key, const dnnl::memory::desc* packed) {
+Prim primitive(const Key& key, const dnnl::memory::desc* packed) {
   static std::mutex mu;
   static std::vector<Cached> cache;
   const std::lock_guard<std::mutex> lock(mu);
   for (const Cached& c : cache)
-    if (c.key == key) return c.prim;
-  const auto [M, in, out, bias, sum, act, y_bf16, is_packed] = key;
-  const dnnl::memory::desc xd({M, in}, dt::bf16, tag::ab), wd = weights_desc(in, out, is_packed),
+    if (c.key == key) return c.p;
+  // threads is only a key: the primitive takes this thread's oneDNN thread count when it compiles.
+  [[maybe_unused]] const auto [M, in, out, bias, sum, act, y_bf16, is_packed, x_type, threads] = key;
+  const dnnl::memory::desc xd({M, in}, x_type, tag::ab), wd = weights_desc(in, out, is_packed, x_type),
       bd({1, out}, dt::f32, tag::ab), yd({M, out}, y_bf16 ? dt::bf16 : dt::f32, tag::ab);
   dnnl::post_ops ops;
   if (sum) ops.append_sum(1.0f);
@@ -74,44 +88,65 @@ dnnl::matmul primitive(const Key& key, const dnnl::memory::desc* packed) {
                        0.0f, 0.0f);
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const auto desc = bias ? dnnl::matmul::desc(xd, wd, bd, yd) : dnnl::matmul::desc(xd, wd, yd);
   const dnnl::matmul::primitive_desc pd(desc, attr, engine());
-  dnnl::matmul prim;
-  if (!packed || pd.weights_desc() == *packed) prim = dnnl::matmul(pd);
+  Prim p;
+  if (!packed || pd.weights_desc() == *packed) p = {dnnl::matmul(pd), pd.scratchpad_desc()};
   if (cache.size() >= 64) cache.clear();
-  cache.push_back({key, prim});
-  return prim;
+  cache.push_back({key, p});
+  return p;
+}
+
+// Runs p with a scratchpad of this thread's own.
+void execute(const Prim& p, dnnl::stream& s, std::unordered_map<int, dnnl::memory>& args) {
+  thread_local std::vector<std::uint8_t> scratch;
+  const std::size_t bytes = p.scratch.get_size();
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(p.scratch, engine(), scratch.data()));
+  p.prim.execute(s, args);
+  s.wait();
 }
 
 }  // namespace
 
-struct PackedBf16::Impl {
+struct PackedImpl {
   i64 in, out;
   dnnl::memory::desc desc;
   dnnl::memory mem;  // owns the packed copy
 };
 
-PackedBf16::PackedBf16(const std::uint16_t* W, i64 in, i64 out) {
+namespace {
+
+// W [out, in] of `type` (bf16 bits or f32) reordered into the packed layout.
+std::shared_ptr<const PackedImpl> pack(const char* fn, const void* W, dt type, i64 in, i64 out) {
   if (!W || in < 1 || out < 1)
-    fail("qkv::blocks::PackedBf16", "W, in, out: need a matrix, got " + std::string(W ? "" : "null W, ") +
-                                        "in = " + std::to_string(in) + ", out = " + std::to_string(out));
+    fail(fn, "W, in, out: need a matrix, got " + std::string(W ? "" : "null W, ") + "in = " + std::to_string(in) +
+                 ", out = " + std::to_string(out));
   try {
     const OneDnnCall call;
-    auto impl = std::make_shared<Impl>();
+    auto impl = std::make_shared<PackedImpl>();
     impl->in = in;
     impl->out = out;
-    impl->desc = packed_desc(in, out);
+    impl->desc = packed_desc(in, out, type);
     impl->mem = dnnl::memory(impl->desc, engine());
-    dnnl::memory plain(weights_desc(in, out, false), engine(), const_cast<std::uint16_t*>(W));
+    dnnl::memory plain(weights_desc(in, out, false, type), engine(), const_cast<void*>(W));
     dnnl::stream s(engine());
     dnnl::reorder(plain, impl->mem).execute(s, plain, impl->mem);
     s.wait();
-    impl_ = std::move(impl);
+    return impl;
   } catch (const dnnl::error& err) {
-    fail("qkv::blocks::PackedBf16", std::string("oneDNN reorder failed: ") + err.what() + " (in = " +
-                                        std::to_string(in) + ", out = " + std::to_string(out) + ")");
+    fail(fn, std::string("oneDNN reorder failed: ") + err.what() + " (in = " + std::to_string(in) + ", out = " +
+                 std::to_string(out) + ")");
   }
 }
+
+}  // namespace
+
+PackedBf16::PackedBf16(const std::uint16_t* W, i64 in, i64 out)
+    : impl_(pack("qkv::blocks::PackedBf16", W, dt::bf16, in, out)) {}
+
+PackedF32::PackedF32(const float* W, i64 in, i64 out) : impl_(pack("qkv::blocks::PackedF32", W, dt::f32, in, out)) {}
 
 void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* b, void* y, DType y_dtype, i64 M,
                   i64 in, i64 out, float beta, GemmAct act, const PackedBf16* packed) {
@@ -124,18 +159,19 @@ void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* 
   if (beta != 0.0f && (y_dtype != DType::f32 || act != GemmAct::none))
     fail(fn, std::string("beta: 1 (y += …) needs an f32 y and no activation, got y_dtype = ") +
                  dtype_name(y_dtype) + (act == GemmAct::none ? "" : " with an activation"));
-  const PackedBf16::Impl* pk = packed ? packed->impl() : nullptr;
+  const PackedImpl* pk = packed ? packed->impl() : nullptr;
   if (pk && (pk->in != in || pk->out != out))
     fail(fn, "packed: made for in = " + std::to_string(pk->in) + ", out = " + std::to_string(pk->out) +
                  ", got in = " + std::to_string(in) + ", out = " + std::to_string(out));
   const bool y_bf16 = y_dtype == DType::bf16;
   try {
     const OneDnnCall call;
-    const Key key{M, in, out, b != nullptr, beta != 0.0f, act, y_bf16, pk != nullptr};
-    dnnl::matmul prim = primitive(key, pk ? &pk->desc : nullptr);
-    if (!prim) {  // this primitive wants W in another layout than the packed one: the plain W
+    const int threads = omp_get_max_threads();
+    const Key key{M, in, out, b != nullptr, beta != 0.0f, act, y_bf16, pk != nullptr, dt::bf16, threads};
+    Prim prim = primitive(key, pk ? &pk->desc : nullptr);
+    if (!prim.prim) {  // this primitive wants W in another layout than the packed one: the plain W
       pk = nullptr;
-      prim = primitive({M, in, out, b != nullptr, beta != 0.0f, act, y_bf16, false}, nullptr);
+      prim = primitive({M, in, out, b != nullptr, beta != 0.0f, act, y_bf16, false, dt::bf16, threads}, nullptr);
     }
     dnnl::engine& e = engine();
     dnnl::stream s(e);
@@ -144,8 +180,45 @@ void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* 
     const dnnl::memory ym({{M, out}, y_bf16 ? dt::bf16 : dt::f32, tag::ab}, e, y);
     std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};
     if (b) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, out}, dt::f32, tag::ab}, e, const_cast<float*>(b)));
-    prim.execute(s, args);
-    s.wait();
+    execute(prim, s, args);
+  } catch (const dnnl::error& err) {
+    fail(fn, std::string("oneDNN matmul failed: ") + err.what() + " (M = " + std::to_string(M) + ", in = " +
+                 std::to_string(in) + ", out = " + std::to_string(out) + ")");
+  }
+}
+
+void gemm_f32_packed(const float* x, const PackedF32& W, const float* b, float* y, i64 M, i64 in, i64 out,
+                     float beta, GemmAct act) {
+  const char* fn = "qkv::blocks::gemm_f32_packed";
+  if (M < 1 || in < 1 || out < 1 || (beta != 0.0f && beta != 1.0f))
+    fail(fn, "M, in, out, beta: need sizes ≥ 1 and beta ∈ {0, 1}, got M = " + std::to_string(M) + ", in = " +
+                 std::to_string(in) + ", out = " + std::to_string(out) + ", beta = " + std::to_string(beta));
+  if (beta != 0.0f && act != GemmAct::none) fail(fn, "beta: 1 (y += …) needs no activation");
+  const PackedImpl* pk = W.impl();
+  if (!pk) fail(fn, "W: empty (construct it from a matrix)");
+  if (pk->in != in || pk->out != out)
+    fail(fn, "W: packed for in = " + std::to_string(pk->in) + ", out = " + std::to_string(pk->out) + ", got in = " +
+                 std::to_string(in) + ", out = " + std::to_string(out));
+  try {
+    const OneDnnCall call;
+    const int threads = omp_get_max_threads();
+    Prim prim = primitive({M, in, out, b != nullptr, beta != 0.0f, act, false, true, dt::f32, threads}, &pk->desc);
+    dnnl::engine& e = engine();
+    dnnl::stream s(e);
+    dnnl::memory wm = pk->mem;
+    if (!prim.prim) {
+      // This primitive wants another layout than the packed one (not seen on oneDNN 2.6): unpack
+      // W for this call and run the plain-W primitive.
+      prim = primitive({M, in, out, b != nullptr, beta != 0.0f, act, false, false, dt::f32, threads}, nullptr);
+      dnnl::memory packed_w = pk->mem;
+      wm = dnnl::memory(weights_desc(in, out, false, dt::f32), e);
+      dnnl::reorder(packed_w, wm).execute(s, packed_w, wm);
+    }
+    const dnnl::memory xm({{M, in}, dt::f32, tag::ab}, e, const_cast<float*>(x));
+    const dnnl::memory ym({{M, out}, dt::f32, tag::ab}, e, y);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};
+    if (b) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, out}, dt::f32, tag::ab}, e, const_cast<float*>(b)));
+    execute(prim, s, args);
   } catch (const dnnl::error& err) {
     fail(fn, std::string("oneDNN matmul failed: ") + err.what() + " (M = " + std::to_string(M) + ", in = " +
                  std::to_string(in) + ", out = " + std::to_string(out) + ")");

@@ -5,11 +5,15 @@
 //   qkv embed ... --batch 32 --threads 2 --dtype bf16
 //
 // An empty line is embedded as the empty text (as sentence-transformers does); a line that is not
-// valid UTF-8 is an error naming its number. Progress (texts done, sentences/s) goes to stderr.
+// valid UTF-8 is an error naming its number. On a terminal a progress bar (texts done, sentences/s,
+// time left) is redrawn on stderr after each batch; the closing summary line is always printed.
+#include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -30,12 +34,34 @@ struct EmbedArgs {
   std::string dtype = "f32";
 };
 
+// --out is checked before the model loads: its suffix, and that a file can be created beside it
+// (the temporary name write_embeddings writes first), so a bad path costs no embedding time.
+void check_out(const std::string& path) {
+  if (!path.ends_with(".npy") && !path.ends_with(".jsonl")) fail(kFn, "--out '" + path + "': must end in .npy or .jsonl");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail(kFn, "--out '" + path + "': cannot create a file there: " + std::strerror(errno));
+  }
+  std::remove(tmp.c_str());
+}
+
+// The progress line on a terminal: "[#########...............] 640/2000 texts, 21.3 sentences/s, 1:04 left".
+void print_progress(std::int64_t done, std::int64_t total, double seconds) {
+  constexpr int kWidth = 24;
+  const int full = total > 0 ? static_cast<int>((kWidth * done + total / 2) / total) : kWidth;
+  const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
+  const long left = rate > 0 ? std::lround(static_cast<double>(total - done) / rate) : 0;
+  std::fprintf(stderr, "\r[%s%s] %lld/%lld texts, %.1f sentences/s, %ld:%02ld left ", std::string(full, '#').c_str(),
+               std::string(kWidth - full, '.').c_str(), static_cast<long long>(done), static_cast<long long>(total),
+               rate, left / 60, left % 60);
+}
+
 // e [N, C] to `path` (.npy: NumPy format 1.0, little-endian float32, C order; .jsonl: one array per
 // line, each value with 9 significant digits, which round-trips a float32), written to a
 // temporary name and renamed.
 void write_embeddings(const std::string& path, const float* e, std::int64_t N, std::int64_t C) {
-  const bool npy = path.ends_with(".npy"), jsonl = path.ends_with(".jsonl");
-  if (!npy && !jsonl) fail(kFn, "--out '" + path + "': must end in .npy or .jsonl");
+  const bool npy = path.ends_with(".npy");  // else .jsonl (check_out)
   std::string bytes;
   if (npy) {
     std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(N) + ", " +
@@ -67,6 +93,8 @@ void run(const EmbedArgs& a) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   check_input(kFn, "--model", a.model, /*allow_folder=*/true);
+  if (a.input != "-") check_input(kFn, "--input", a.input);
+  check_out(a.out);
   EncoderOptions o;
   o.dtype = a.dtype == "bf16" ? DType::bf16 : DType::f32;
   o.num_threads = a.threads;
@@ -85,13 +113,8 @@ void run(const EmbedArgs& a) {
   std::vector<float> e(static_cast<std::size_t>(N * enc.dim()));
   const bool tty = ::isatty(2) != 0;
   const auto t1 = clock::now();
-  auto rate = [&](std::int64_t done) {
-    const double s = std::chrono::duration<double>(clock::now() - t1).count();
-    return s > 0 ? static_cast<double>(done) / s : 0.0;
-  };
   enc.embed(lines, e.data(), a.batch, [&](std::int64_t done, std::int64_t total) {
-    if (tty) std::fprintf(stderr, "\rembedding: %lld/%lld texts, %.1f sentences/s", static_cast<long long>(done),
-                          static_cast<long long>(total), rate(done));
+    if (tty) print_progress(done, total, std::chrono::duration<double>(clock::now() - t1).count());
   });
   if (tty && N > 0) std::fputc('\n', stderr);
   const double embed_s = std::chrono::duration<double>(clock::now() - t1).count();

@@ -20,14 +20,22 @@
 
 #include "blocks/dense.hpp"
 #include "blocks/layers.hpp"
-#include "blocks/linear.hpp"
-#include "blocks/training_layers.hpp"
 #include "core/parallel.hpp"
 #include "model/input_file.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/memory.hpp"
 
 namespace qkv {
+
+// Per layer: [W_Q; W_K; W_V] as one [3·C, C] matrix with its bias [3·C] (one GEMM for the three).
+// dtype f32: the four matrices packed for oneDNN's f32 matmul. dtype bf16: rounded to bf16 (plain
+// copies) and packed for its bf16 matmul.
+struct Encoder::PackedLayer {
+  Buffer bqkv;
+  blocks::PackedF32 pqkv, po, p1, p2;
+  Buffer wqkv_b, wo_b, w1_b, w2_b;
+  blocks::PackedBf16 pqkv_b, po_b, p1_b, p2_b;
+};
 
 Encoder::Encoder(Weights w, Tokenizer tok, Pooling pooling, bool normalize, std::int64_t max_seq_length,
                  const EncoderOptions& options)
@@ -54,11 +62,11 @@ Encoder::Encoder(Weights w, Tokenizer tok, Pooling pooling, bool normalize, std:
     fail(fn, "options.num_threads: must be ≥ 0 (0: the library default), got " + std::to_string(opt_.num_threads));
   const std::int64_t C = c.dim, Hd = c.hidden_dim;
   for (const LayerWeights& L : w_.layers) {
-    Layer e;
-    e.wqkv = Buffer(DType::f32, {3 * C, C});
-    e.bqkv = Buffer(DType::f32, {3 * C});
-    float* W = e.wqkv.ptr<float>();
-    float* b = e.bqkv.ptr<float>();
+    auto e = std::make_shared<PackedLayer>();
+    Buffer wqkv(DType::f32, {3 * C, C});
+    e->bqkv = Buffer(DType::f32, {3 * C});
+    float* W = wqkv.ptr<float>();
+    float* b = e->bqkv.ptr<float>();
     std::copy_n(L.wq, C * C, W);
     std::copy_n(L.wk, C * C, W + C * C);
     std::copy_n(L.wv, C * C, W + 2 * C * C);
@@ -71,10 +79,19 @@ Encoder::Encoder(Weights w, Tokenizer tok, Pooling pooling, bool normalize, std:
         blocks::f32_to_bf16(out.ptr<std::uint16_t>(), src, rows * cols);
         return out;
       };
-      e.wqkv_b = round(W, 3 * C, C);
-      e.wo_b = round(L.wo, C, C);
-      e.w1_b = round(L.w1, Hd, C);
-      e.w2_b = round(L.w2, C, Hd);
+      e->wqkv_b = round(W, 3 * C, C);
+      e->wo_b = round(L.wo, C, C);
+      e->w1_b = round(L.w1, Hd, C);
+      e->w2_b = round(L.w2, C, Hd);
+      e->pqkv_b = blocks::PackedBf16(e->wqkv_b.ptr<std::uint16_t>(), C, 3 * C);
+      e->po_b = blocks::PackedBf16(e->wo_b.ptr<std::uint16_t>(), C, C);
+      e->p1_b = blocks::PackedBf16(e->w1_b.ptr<std::uint16_t>(), C, Hd);
+      e->p2_b = blocks::PackedBf16(e->w2_b.ptr<std::uint16_t>(), Hd, C);
+    } else {
+      e->pqkv = blocks::PackedF32(W, C, 3 * C);
+      e->po = blocks::PackedF32(L.wo, C, C);
+      e->p1 = blocks::PackedF32(L.w1, C, Hd);
+      e->p2 = blocks::PackedF32(L.w2, Hd, C);
     }
     layers_.push_back(std::move(e));
   }
@@ -88,54 +105,88 @@ std::vector<int> Encoder::tokenize(std::string_view text) const {
   return ids;
 }
 
-void Encoder::reserve(std::int64_t T) {
-  if (T <= rows_) return;
+void Encoder::reserve(std::int64_t Tp) {
+  if (Tp <= rows_) return;
   const Config& c = w_.config;
-  check_memory("qkv::Encoder::forward", "work buffers for " + std::to_string(T) + " tokens",
-               bytes_of({T, 6 * c.dim + c.hidden_dim}, 4));
-  x_ = Buffer(DType::f32, {T, c.dim});
-  h_ = Buffer(DType::f32, {T, c.dim});
-  att_ = Buffer(DType::f32, {T, c.dim});
-  qkv_ = Buffer(DType::f32, {T, 3 * c.dim});
-  ff_ = Buffer(DType::f32, {T, c.hidden_dim});
-  rows_ = T;
-}
-
-// y [T, out] = beta·y + x [T, in] · Wᵀ + b: oneDNN's sgemm on the f32 W, or its bf16 matmul on the
-// bf16 copy Wb (x rounded to bf16 row by row) when dtype = bf16.
-void Encoder::project(const float* x, const float* W, const Buffer& Wb, const float* b, float* y, std::int64_t T,
-                      std::int64_t in, std::int64_t out, float beta) const {
-  const int threads = max_threads();
-  if (opt_.dtype == DType::bf16) {
-    blocks::gemm_bf16(x, Wb.ptr<std::uint16_t>(), b, y, T, in, out, beta, threads, active_isa());
-    return;
-  }
-  // The bias goes into y first, rows shared over the threads, then sgemm adds x·Wᵀ to it.
-  parallel_for(T, threads, [&](std::int64_t s) {
-    float* row = y + s * out;
-    for (std::int64_t o = 0; o < out; ++o) row[o] = (beta == 0.0f ? 0.0f : row[o]) + b[o];
-  });
-  blocks::linear_forward(x, W, nullptr, y, T, in, out, 1.0f);
+  check_memory("qkv::Encoder::forward", "work buffers for " + std::to_string(Tp) + " tokens",
+               bytes_of({Tp, 7 * c.dim + c.hidden_dim}, 4));
+  x_ = Buffer(DType::f32, {Tp, c.dim});
+  h_ = Buffer(DType::f32, {Tp, c.dim});
+  att_ = Buffer(DType::f32, {Tp, c.dim});
+  qkv_ = Buffer(DType::f32, {Tp, 3 * c.dim});
+  ff_ = Buffer(DType::f32, {Tp, c.hidden_dim});
+  xb_ = Buffer(DType::bf16, {Tp, c.dim});
+  rows_ = Tp;
 }
 
 namespace {
 
-// out [N, C] = layernorm(x [N, C]), 16 rows per task over the threads (rows are independent).
-void layer_norm(float* out, const float* x, const float* w, const float* b, std::int64_t N, std::int64_t C, float eps) {
-  constexpr std::int64_t kRows = 16;
-  parallel_for((N + kRows - 1) / kRows, max_threads(), [&](std::int64_t k) {
-    const std::int64_t r0 = k * kRows, n = std::min(kRows, N - r0);
-    blocks::layernorm_forward(out + r0 * C, nullptr, nullptr, x + r0 * C, w, b, n, C, eps);
-  });
+// One row block of `rows` rows of a projection, on the calling thread (one oneDNN thread):
+//   y = act(x · Wᵀ + b)   (beta 0)     or     y += x · Wᵀ + b   (beta 1)
+// f32: oneDNN's f32 matmul on the packed W. bf16: x rounded to bf16 into xb's rows (nearest even),
+// unless x is null and xb already holds them, then the bf16 matmul on the packed bf16 W (Wb, its
+// plain copy, is read only if a primitive wants another layout); y is f32, or bf16 bits when
+// y_bf16 (the MLP's hidden rows, handed to W2 as they are).
+void project_block(DType dtype, const float* x, std::uint16_t* xb, const blocks::PackedF32& W, const Buffer& Wb,
+                   const blocks::PackedBf16& Pb, const float* b, void* y, bool y_bf16, std::int64_t rows,
+                   std::int64_t in, std::int64_t out, float beta, blocks::GemmAct act) {
+  if (dtype == DType::bf16) {
+    if (x) blocks::f32_to_bf16(xb, x, rows * in, active_isa());
+    blocks::gemm_bf16_in(xb, Wb.ptr<std::uint16_t>(), b, y, y_bf16 ? DType::bf16 : DType::f32, rows, in, out, beta,
+                         act, &Pb);
+  } else {
+    blocks::gemm_f32_packed(x, W, b, static_cast<float*>(y), rows, in, out, beta, act);
+  }
 }
 
 }  // namespace
+
+// Rows [r0, r0 + kRows) of qkv = x · [W_Q; W_K; W_V]ᵀ + b for layer l.
+void Encoder::qkv_block(std::int64_t l, std::int64_t r0) {
+  const std::int64_t C = w_.config.dim;
+  const PackedLayer& P = *layers_[static_cast<std::size_t>(l)];
+  project_block(opt_.dtype, x_.ptr<float>() + r0 * C, xb_.ptr<std::uint16_t>() + r0 * C, P.pqkv, P.wqkv_b,
+                P.pqkv_b, P.bqkv.ptr<float>(), qkv_.ptr<float>() + r0 * 3 * C, false, kRows, C, 3 * C, 0.0f,
+                blocks::GemmAct::none);
+}
+
+// Rows [r0, r0 + kRows) of layer l after its attention: everything from W_O on is row by row,
+// so one task runs it all on its block while the rows are in cache, ending with the next
+// layer's qkv projection (or, after the last layer, the rows < T of `hidden`).
+void Encoder::tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float* hidden) {
+  const Config& c = w_.config;
+  const std::int64_t C = c.dim, Hd = c.hidden_dim, n = std::min(kRows, T - r0);
+  const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+  const PackedLayer& P = *layers_[static_cast<std::size_t>(l)];
+  float *x = x_.ptr<float>() + r0 * C, *h = h_.ptr<float>() + r0 * C, *att = att_.ptr<float>() + r0 * C;
+  float* ff = ff_.ptr<float>() + r0 * Hd;
+  std::uint16_t* xb = xb_.ptr<std::uint16_t>() + r0 * C;
+  const bool bf16 = opt_.dtype == DType::bf16;
+  // bf16: the MLP's hidden rows are bf16 bits in ff's memory, [kRows, Hd] from the block's start.
+  std::uint16_t* ffb = ff_.ptr<std::uint16_t>() + r0 * Hd;
+  const blocks::GemmAct act = c.mlp == MlpKind::gelu_exact ? blocks::GemmAct::gelu_erf : blocks::GemmAct::gelu_tanh;
+
+  std::copy_n(x, kRows * C, h);  // h = x + att · W_Oᵀ + b_O
+  project_block(opt_.dtype, att, xb, P.po, P.wo_b, P.po_b, L.bo, h, false, kRows, C, C, 1.0f, blocks::GemmAct::none);
+  blocks::layernorm_forward(x, nullptr, nullptr, h, L.norm1_w, L.norm1_b, kRows, C, c.norm_eps);
+  project_block(opt_.dtype, x, xb, P.p1, P.w1_b, P.p1_b, L.b1, bf16 ? static_cast<void*>(ffb) : ff, bf16, kRows, C,
+                Hd, 0.0f, act);
+  std::copy_n(x, kRows * C, h);  // h = x + ff · W2ᵀ + b2
+  project_block(opt_.dtype, bf16 ? nullptr : ff, ffb, P.p2, P.w2_b, P.p2_b, L.b2, h, false, kRows, Hd, C, 1.0f,
+                blocks::GemmAct::none);
+  if (l + 1 == c.n_layers) {
+    if (n > 0) blocks::layernorm_forward(hidden + r0 * C, nullptr, nullptr, h, L.norm2_w, L.norm2_b, n, C, c.norm_eps);
+    return;
+  }
+  blocks::layernorm_forward(x, nullptr, nullptr, h, L.norm2_w, L.norm2_b, kRows, C, c.norm_eps);
+  qkv_block(l + 1, r0);
+}
 
 void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden) {
   const char* fn = "qkv::Encoder::forward";
   const Config& c = w_.config;
   const auto T = static_cast<std::int64_t>(tokens.size());
-  const std::int64_t B = static_cast<std::int64_t>(cu.size()) - 1, C = c.dim, Hd = c.hidden_dim;
+  const std::int64_t B = static_cast<std::int64_t>(cu.size()) - 1, C = c.dim;
   const std::int64_t H = c.n_heads, D = c.head_dim();
   if (B < 1 || cu[0] != 0 || cu[static_cast<std::size_t>(B)] != T)
     fail(fn, "cu_seqlens: must hold B + 1 ≥ 2 offsets from 0 to T = " + std::to_string(T));
@@ -153,9 +204,13 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
   if (T == 0) return;
   const ScopedThreads scope(opt_.num_threads > 0 ? opt_.num_threads : max_threads());
   const int threads = max_threads();
-  reserve(T);
+  // Rows are padded up to whole blocks: rows [T, Tp) of x and att are zeros, and stay finite
+  // through every layer (no token reads them: attention runs on cu_seqlens, pooling on T rows).
+  const std::int64_t blocks_n = (T + kRows - 1) / kRows, Tp = blocks_n * kRows;
+  reserve(Tp);
   float *x = x_.ptr<float>(), *h = h_.ptr<float>(), *qkv = qkv_.ptr<float>(), *att = att_.ptr<float>();
-  float* ff = ff_.ptr<float>();
+  std::fill(x + T * C, x + Tp * C, 0.0f);
+  std::fill(att + T * C, att + Tp * C, 0.0f);
 
   // Embedding: each text's positions start at 0; every token has type 0 (one text per input).
   parallel_for(B, threads, [&](std::int64_t b) {
@@ -164,42 +219,23 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
     if (w_.wtt)
       for (std::int64_t i = 0; i < n; ++i) blocks::residual_forward(h + (t0 + i) * C, h + (t0 + i) * C, w_.wtt, C);
   });
-  layer_norm(x, h, w_.norme_w, w_.norme_b, T, C, c.norm_eps);
+  parallel_for(blocks_n, threads, [&](std::int64_t k) {
+    const std::int64_t r0 = k * kRows, n = std::min(kRows, T - r0);
+    blocks::layernorm_forward(x + r0 * C, nullptr, nullptr, h + r0 * C, w_.norme_w, w_.norme_b, n, C, c.norm_eps);
+    qkv_block(0, r0);
+  });
 
-  // q, k, v are the column blocks of qkv [T, 3C]; attention reads them as [T, H, D] views.
+  // q, k, v are the column blocks of qkv [Tp, 3C]; attention reads rows < T as [T, H, D] views.
   const View cu_view = View::strided(const_cast<std::int32_t*>(cu.data()), DType::i32, {B + 1}, {1});
   AttentionOptions ao;
   ao.num_threads = threads;
   ao.causal = false;
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
-    const Layer& E = layers_[static_cast<std::size_t>(l)];
-    project(x, E.wqkv.ptr<float>(), E.wqkv_b, E.bqkv.ptr<float>(), qkv, T, C, 3 * C, 0.0f);
     attention_varlen(View::strided(qkv, DType::f32, {T, H, D}, {3 * C, D, 1}),
                      View::strided(qkv + C, DType::f32, {T, H, D}, {3 * C, D, 1}),
                      View::strided(qkv + 2 * C, DType::f32, {T, H, D}, {3 * C, D, 1}),
                      View::strided(att, DType::f32, {T, H, D}, {C, D, 1}), cu_view, cu_view, ao);
-    std::copy_n(x, T * C, h);  // the residual, to which the projection adds
-    project(att, L.wo, E.wo_b, L.bo, h, T, C, C, 1.0f);
-    layer_norm(x, h, L.norm1_w, L.norm1_b, T, C, c.norm_eps);
-    project(x, L.w1, E.w1_b, L.b1, ff, T, C, Hd, 0.0f);
-    // GELU in chunks of 16 Ki elements (64 KiB, in L2). The erf form is the training layers'
-    // vectorised one (|error| ≤ 0.75e-7·|x|, training_layers.cpp): it writes gelu into `g` and its
-    // slope over its input, so the chunk is computed into g and copied back.
-    constexpr std::int64_t kChunk = 1 << 14;
-    parallel_for((T * Hd + kChunk - 1) / kChunk, threads, [&](std::int64_t k) {
-      const std::int64_t i0 = k * kChunk, n = std::min(kChunk, T * Hd - i0);
-      if (c.mlp == MlpKind::gelu_exact) {
-        thread_local std::vector<float> g(kChunk);
-        blocks::typed::gelu_forward<float>(g.data(), ff + i0, ff + i0, n);
-        std::copy_n(g.data(), n, ff + i0);
-      } else {
-        blocks::gelu_fast(ff + i0, ff + i0, n, 1, active_isa());
-      }
-    });
-    std::copy_n(x, T * C, h);
-    project(ff, L.w2, E.w2_b, L.b2, h, T, Hd, C, 1.0f);
-    layer_norm(l + 1 == c.n_layers ? hidden : x, h, L.norm2_w, L.norm2_b, T, C, c.norm_eps);
+    parallel_for(blocks_n, threads, [&](std::int64_t k) { tail_block(l, k * kRows, T, hidden); });
   }
 }
 

@@ -1,5 +1,7 @@
 // The dense kernels (blocks/dense.hpp) on every ISA this CPU runs, against their f64 twins:
 // GEMV with f32 and bf16 weights at awkward sizes, and the vectorised GELU.
+#include <atomic>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +13,7 @@
 #include "blocks/dense.hpp"
 #include "blocks/dense_kernels.hpp"
 #include "blocks/layers.hpp"
+#include "core/parallel.hpp"
 #include "kernels/cpu/simd_common.hpp"
 #include "qkv/attention.hpp"
 #include "support/fork_testing.hpp"
@@ -304,6 +307,106 @@ TEST(Dense, GemmBf16InEpilogueMatchesReference) {
   EXPECT_THROW(qkv::blocks::gemm_bf16_in(xb, W, nullptr, y, qkv::DType::f32, 2, 1, 4, 0.0f, GemmAct::none, &p2x2),
                std::invalid_argument);
   EXPECT_THROW(qkv::blocks::PackedBf16(nullptr, 2, 2), std::invalid_argument);
+}
+
+// gemm_f32_packed, the encoder's f32 GEMM on a packed W with its epilogue, against the f64 twin
+// gemv_reference, then the activation in f64. Tolerance as gemm_bf16_in's above (f32 y):
+//   1.13 · (in + 2)·2^-24 · mag  (+ 16·2^-24 · max(1, |r|) with a GELU).
+TEST(Dense, GemmF32PackedEpilogueMatchesReference) {
+  using qkv::blocks::GemmAct;
+  double worst = 0;
+  for (std::int64_t M : {5, 128})
+    for (std::int64_t in : {7, 300})
+      for (std::int64_t out : {3, 33, 70})
+        for (GemmAct act : {GemmAct::none, GemmAct::gelu_tanh, GemmAct::gelu_erf})
+          for (float beta : {0.0f, 1.0f}) {
+            if (beta != 0.0f && act != GemmAct::none) continue;
+            const auto x = randn(static_cast<std::size_t>(M * in), 61);
+            const auto W = randn(static_cast<std::size_t>(out * in), 62);
+            const auto b = randn(static_cast<std::size_t>(out), 63);
+            const std::size_t n = static_cast<std::size_t>(M * out);
+            const auto y0 = beta == 0.0f ? std::vector<float>(n, std::nanf("")) : randn(n, 64);
+            std::vector<float> y = y0, r = y0;
+            const float* bias = (out != 33) ? b.data() : nullptr;
+            const qkv::blocks::PackedF32 packed(W.data(), in, out);
+            qkv::blocks::gemm_f32_packed(x.data(), packed, bias, y.data(), M, in, out, beta, act);
+            qkv::blocks::gemv_reference(x.data(), W.data(), nullptr, bias, r.data(), M, in, out, beta);
+            for (std::int64_t m = 0; m < M; ++m)
+              for (std::int64_t o = 0; o < out; ++o) {
+                const std::size_t e = static_cast<std::size_t>(m * out + o);
+                double mag = (bias ? std::abs(bias[o]) : 0.0) + (beta != 0.0f ? std::abs(y0[e]) : 0.0);
+                for (std::int64_t i = 0; i < in; ++i) mag += std::abs(double(x[m * in + i]) * W[o * in + i]);
+                const double z = r[e];
+                const double u = std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z);
+                const double ref = act == GemmAct::none        ? z
+                                   : act == GemmAct::gelu_tanh ? 0.5 * z * (1.0 + std::tanh(u))
+                                                               : 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+                double bound = 1.13 * (in + 2) * std::ldexp(1.0, -24) * mag;
+                if (act != GemmAct::none) bound += 16 * std::ldexp(1.0, -24) * std::max(1.0, std::abs(z));
+                const double err = std::abs(double(y[e]) - ref);
+                ASSERT_LE(err, bound) << "M=" << M << " in=" << in << " out=" << out << " act=" << static_cast<int>(act)
+                                      << " beta=" << beta << " at " << m << "," << o;
+                worst = std::max(worst, err / bound);
+              }
+          }
+  std::printf("gemm_f32_packed: max |err| / bound = %.3f\n", worst);
+  const float W[4] = {1, 2, 3, 4};
+  float x[8] = {}, y[8] = {};
+  const qkv::blocks::PackedF32 p2x2(W, 2, 2);
+  EXPECT_THROW(qkv::blocks::gemm_f32_packed(x, p2x2, nullptr, y, 2, 1, 4, 0.0f, GemmAct::none),
+               std::invalid_argument);  // packed for in = 2, out = 2
+  EXPECT_THROW(qkv::blocks::gemm_f32_packed(x, p2x2, nullptr, y, 2, 2, 2, 1.0f, GemmAct::gelu_erf),
+               std::invalid_argument);  // y += … takes no activation
+  EXPECT_THROW(qkv::blocks::gemm_f32_packed(x, qkv::blocks::PackedF32(), nullptr, y, 2, 2, 2, 0.0f, GemmAct::none),
+               std::invalid_argument);  // empty W
+  EXPECT_THROW(qkv::blocks::PackedF32(nullptr, 2, 2), std::invalid_argument);
+}
+
+// Two threads running the same packed GEMM primitives at once (the encoder's row blocks) must get
+// what each gets alone, bit for bit: each run has its own scratchpad. With oneDNN's shared
+// ("library") scratchpad the two overwrote each other's partial sums (the encoder's embeddings
+// came out with cosine 0.2 and NaN).
+TEST(Dense, PackedGemmsRunConcurrently) {
+  using qkv::blocks::GemmAct;
+  const std::int64_t M = 128, in = 384, out = 1152;
+  const auto W = randn(static_cast<std::size_t>(out * in), 71);
+  std::vector<std::uint16_t> Wb(W.size());
+  qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
+  const qkv::blocks::PackedF32 pf(W.data(), in, out);
+  const qkv::blocks::PackedBf16 pb(Wb.data(), in, out);
+  std::vector<std::vector<float>> xs, want_f, want_b;
+  std::vector<std::vector<std::uint16_t>> xbs;
+  for (unsigned t = 0; t < 2; ++t) {
+    xs.push_back(randn(static_cast<std::size_t>(M * in), 72 + t));
+    xbs.emplace_back(xs.back().size());
+    qkv::blocks::f32_to_bf16(xbs.back().data(), xs.back().data(), M * in);
+  }
+  auto run = [&](unsigned t, std::vector<float>& yf, std::vector<float>& yb) {
+    const qkv::ScopedThreads one(1);  // one oneDNN thread, as inside the encoder's blocks
+    yf.assign(static_cast<std::size_t>(M * out), 0.0f);
+    yb.assign(static_cast<std::size_t>(M * out), 0.0f);
+    qkv::blocks::gemm_f32_packed(xs[t].data(), pf, nullptr, yf.data(), M, in, out, 0.0f, GemmAct::none);
+    qkv::blocks::gemm_bf16_in(xbs[t].data(), Wb.data(), nullptr, yb.data(), qkv::DType::f32, M, in, out, 0.0f,
+                              GemmAct::none, &pb);
+  };
+  want_f.resize(2);
+  want_b.resize(2);
+  for (unsigned t = 0; t < 2; ++t) run(t, want_f[t], want_b[t]);
+  const int rounds = 40;
+  int mismatches = 0;
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (unsigned t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<float> yf, yb;
+      for (int r = 0; r < rounds; ++r) {
+        run(t, yf, yb);
+        if (yf != want_f[t] || yb != want_b[t]) ++bad;
+      }
+    });
+  for (auto& th : threads) th.join();
+  mismatches = bad.load();
+  EXPECT_EQ(mismatches, 0) << "of " << 2 * rounds << " concurrent runs";
 }
 
 // The vectorised f32 → bf16 rounding, bit for bit against the scalar one on every ISA: random

@@ -3,6 +3,7 @@
 // Tolerance: 2e-5 absolute on pooled, unit-norm embeddings — f32 GEMMs and flash attention over
 // C = 32, Hd = 64 sums of two layers measured ≈ 1.6e-7; a wrong mask, position or norm is off by ≫ 1e-2.
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -132,6 +133,42 @@ TEST(Encoder, PackedBatchesEqualTheNaiveTwinTextByText) {
     }
     std::printf("batch %lld: max |error| %.2e\n", static_cast<long long>(batch), worst);
     EXPECT_LT(worst, 2e-5) << "batch " << batch;
+  }
+}
+
+// Batches of several row blocks (the encoder runs its projections on blocks of 128 rows, one block
+// per task, two threads here), in f32 and bf16: every text against the f64 twin. 60 texts of 3–10
+// tokens make T up to 367 rows, so blocks run at once and the last block is padded.
+// bf16 bound: 2e-2 absolute on the unit-norm embedding — each GEMM input rounded to bf16 (relative
+// 2^-9 per element) through 2 layers of C = 32 measured ≈ 4e-3; a wrong row or block is off by ≫ 0.1.
+TEST(Encoder, RowBlocksOnTwoThreadsEqualTheNaiveTwin) {
+  const qkv::Config c = tiny_bert();
+  qkv::Weights w = qkv::Weights::random(c, 11, 0.3f);
+  const char* words[] = {"the", "cat", "sat", "on", "mat", ".", "cats", "dog"};
+  std::vector<std::string> texts;
+  for (int i = 0; i < 60; ++i) {
+    std::string t;
+    for (int j = 0; j < 1 + (i * 7) % 9; ++j) t += std::string(j ? " " : "") + words[(i + 3 * j) % 8];
+    texts.push_back(t);
+  }
+  for (qkv::DType dt : {qkv::DType::f32, qkv::DType::bf16}) {
+    qkv::EncoderOptions opt;
+    opt.dtype = dt;
+    opt.num_threads = 2;
+    qkv::Encoder enc(w, tiny_tokenizer(), qkv::Pooling::mean, true, 10, opt);
+    for (std::int64_t batch : {60, 17}) {
+      std::vector<float> out(texts.size() * static_cast<std::size_t>(c.dim));
+      enc.embed(texts, out.data(), batch);
+      double worst = 0;
+      for (std::size_t i = 0; i < texts.size(); ++i) {
+        const std::vector<double> want = reference(w, enc.tokenize(texts[i]));
+        for (std::int64_t k = 0; k < c.dim; ++k)
+          worst = std::max(worst, std::abs(out[i * static_cast<std::size_t>(c.dim) + static_cast<std::size_t>(k)] -
+                                           want[static_cast<std::size_t>(k)]));
+      }
+      std::printf("%s batch %lld: max |error| %.2e\n", qkv::dtype_name(dt), static_cast<long long>(batch), worst);
+      EXPECT_LT(worst, dt == qkv::DType::f32 ? 2e-5 : 2e-2) << qkv::dtype_name(dt) << " batch " << batch;
+    }
   }
 }
 
