@@ -27,8 +27,37 @@ constexpr const char* kFn = "qkv inspect";
 
 struct InspectArgs {
   std::string model;  // default: the one `qkv generate` runs (io.hpp: default_model)
-  std::string tokenizer, config, prompt, out, format = "html";
+  std::string tokenizer, config, prompt, out, format = "html", ablation_table = "auto";
+  std::vector<std::string> ablate;  // "L.H" or "L.H:mean"
 };
+
+// The single-head ablation table reruns the model 2·L·H times, ≈ 2·params·S FLOP each; `auto`
+// computes it when that is at most this many FLOP (stories260K: 80 reruns of 0.5 MFLOP a token).
+constexpr double kAblationTableBudget = 1e11;
+
+// "L.H" (zero ablation) or "L.H:zero" / "L.H:mean", range-checked by the model.
+HeadAblation parse_ablation(const std::string& s) {
+  HeadAblation a;
+  std::string head = s, kind = "zero";
+  if (const auto colon = s.find(':'); colon != std::string::npos) {
+    head = s.substr(0, colon);
+    kind = s.substr(colon + 1);
+  }
+  const auto dot = head.find('.');
+  std::size_t n1 = 0, n2 = 0;
+  try {
+    if (dot == std::string::npos) throw std::invalid_argument(s);
+    a.layer = std::stoi(head.substr(0, dot), &n1);
+    a.head = std::stoi(head.substr(dot + 1), &n2);
+  } catch (const std::exception&) {
+    n1 = 0;
+  }
+  if (n1 == 0 || n1 != dot || n2 != head.size() - dot - 1 || (kind != "zero" && kind != "mean")) {
+    fail(kFn, "--ablate: '" + s + "' is not LAYER.HEAD or LAYER.HEAD:zero|mean (e.g. 2.5:mean)");
+  }
+  a.kind = kind == "mean" ? HeadAblation::Kind::mean : HeadAblation::Kind::zero;
+  return a;
+}
 
 // Beside the model: tokenizer.json (written by `qkv train`), else tokenizer.bin, else the one
 // tok*.bin (llama2.c names it tok<V>.bin).
@@ -134,8 +163,10 @@ void run(InspectArgs a) {
     fail(kFn, "--prompt: " + std::to_string(ids.size()) + " tokens, more than the model's context of " +
                   std::to_string(c.seq_len));
   }
+  std::vector<HeadAblation> ablated;
+  for (const std::string& x : a.ablate) ablated.push_back(parse_ablation(x));
   Trace trace;
-  model.forward_trace(ids, trace);
+  model.forward_trace(ids, trace, ablated);
 
   std::vector<inspect::Token> tokens;
   for (int id : ids) tokens.push_back({id, prompt.piece(id)});
@@ -157,6 +188,17 @@ void run(InspectArgs a) {
     tail.out_bias.push_back(w.layers[l].bo);
   }
   inspect::add_attribution(report, tail, prompt.piece);
+  report.ablated = ablated;
+  const double table_flop = 2.0 * static_cast<double>(c.n_layers * c.n_heads) * 2.0 *
+                            static_cast<double>(model.weights().num_params()) * static_cast<double>(S);
+  if (a.ablation_table == "on" || (a.ablation_table == "auto" && table_flop <= kAblationTableBudget)) {
+    std::vector<HeadAblation> heads = ablated;  // the run's own ablations, then one more head
+    heads.emplace_back();
+    inspect::add_ablation_table(report, trace.logits.ptr<float>(), [&](const HeadAblation& h, float* logits) {
+      heads.back() = h;
+      model.forward_ablated(ids, heads, logits);
+    }, prompt.piece);
+  }
   std::cout << (a.format == "json" ? inspect::write_json(report, a.out) : inspect::write_page(report, a.out)) << "\n";
 }
 
@@ -174,6 +216,13 @@ void add_inspect(CLI::App& app) {
   cmd->add_option("--out", args->out, "output directory (created if missing)")->required();
   cmd->add_option("--format", args->format, "html: index.html and layer PNGs; json: inspect.json")
       ->check(CLI::IsMember({"html", "json"}));
+  cmd->add_option("--ablate", args->ablate,
+                  "knock a head out of the run: LAYER.HEAD (output zeroed) or LAYER.HEAD:mean (output replaced by "
+                  "its mean over the prompt); repeatable");
+  cmd->add_option("--ablation-table", args->ablation_table,
+                  "rerun the model once per head and kind to tabulate each single-head ablation's effect: on, off, "
+                  "or auto (on when it costs at most 1e11 FLOP)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->callback([args] { run(*args); });
 }
 

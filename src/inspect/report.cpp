@@ -343,6 +343,19 @@ json attribution_json(const Report& r, Encoding enc) {
   return out;
 }
 
+const char* kind_name(HeadAblation::Kind k) { return k == HeadAblation::Kind::zero ? "zero" : "mean"; }
+
+json ablation_json(const Report& r) {
+  const AblationTable& t = *r.ablation;
+  const auto effect = [](const AblationEffect& e) {
+    return json{{"p_predicted", e.p_predicted},
+                {"loss", num(e.loss)},
+                {"top", {{"id", e.top.id}, {"text", e.top.text}, {"prob", e.top.prob}, {"logit", e.top.logit}}}};
+  };
+  return {{"p_predicted", t.p_predicted}, {"loss", num(t.loss)}, {"zero", by_head(r, t.zero, effect)},
+          {"mean", by_head(r, t.mean, effect)}};
+}
+
 json lens_json(const Report& r) {
   json rows = json::array();
   for (const LensRow& lr : r.lens) rows.push_back({{"top", tokens_json(lr.top)}, {"positions", tokens_json(lr.positions)}});
@@ -375,6 +388,10 @@ std::string to_json(const Report& r, Encoding enc) {
   if (!r.q_last.empty()) out += ",\"qk_q0\":" + std::to_string(r.qk_q0);
   if (r.attribution) out += ",\"attribution\":" + dump(attribution_json(r, enc));
   if (!r.lens.empty()) out += ",\"lens\":" + dump(lens_json(r));
+  json ablated = json::array();
+  for (const HeadAblation& a : r.ablated) ablated.push_back({{"layer", a.layer}, {"head", a.head}, {"kind", kind_name(a.kind)}});
+  out += ",\"ablated\":" + dump(ablated);
+  if (r.ablation) out += ",\"ablation\":" + dump(ablation_json(r));
   KeySpans ks;
   if (enc == Encoding::kPage) {
     ks = key_spans(r);

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qkv/model.hpp"   // HeadAblation
 #include "qkv/params.hpp"  // NormKind
 #include "qkv/types.hpp"
 
@@ -122,6 +123,20 @@ inline constexpr std::int64_t kAnatomyQueries = 4;
 inline constexpr std::int64_t kLensPositions = 64;
 inline constexpr double kLensBudget = 2e9;
 
+// ---- Head ablation (ablation.cpp) --------------------------------------------------------------
+// Knocking head (l, h) out (qkv::HeadAblation: its output zeroed, or replaced by its mean over the
+// prompt's positions) and rerunning the model gives new logits [S, V]; the page shows what that
+// does to the prediction at the last position and to the prompt's loss.
+struct AblationEffect {
+  double p_predicted = 0;          // the new probability of the unablated prediction (next_tokens[0])
+  NextToken top;                   // the ablated model's own most likely next token
+  double loss = 0;                 // mean −ln p(token s + 1) over s = 0 … S − 2 (NaN when S = 1)
+};
+struct AblationTable {
+  double p_predicted = 0, loss = 0;        // the unablated model's (the baseline)
+  std::vector<AblationEffect> zero, mean;  // [L·H] layer-major, one per kind
+};
+
 struct Report {
   ModelInfo model;
   std::string prompt;
@@ -141,6 +156,8 @@ struct Report {
   std::optional<Attribution> attribution;          // add_attribution() fills these two
   std::int64_t lens_pos0 = 0;
   std::vector<LensRow> lens;                       // [L + 1], empty without add_attribution()
+  std::vector<HeadAblation> ablated;               // heads knocked out in the run this report shows
+  std::optional<AblationTable> ablation;           // add_ablation_table() fills it
 
   float score(std::int64_t l, std::int64_t h, std::int64_t q, std::int64_t k) const {
     return scores[static_cast<std::size_t>(l)][static_cast<std::size_t>((h * S + q) * S + k)];
@@ -173,6 +190,15 @@ struct ModelTail {
 // Fills r.attribution (for every token of r.next_tokens) and r.lens from a report made by
 // make_report; throws std::invalid_argument if a pointer is null or the sizes disagree.
 void add_attribution(Report& r, const ModelTail& m, const std::function<std::string(std::int32_t)>& token_text);
+
+// The effect read from logits [S, V] (row s: the prediction after token s).
+AblationEffect ablation_effect(const Report& r, const float* logits,
+                               const std::function<std::string(std::int32_t)>& token_text);
+// Fills r.ablation: the baseline from the unablated logits [S, V], then for every head and both
+// kinds forward(a, logits) must write the logits [S, V] of the model with head a knocked out.
+using AblatedForward = std::function<void(const HeadAblation& a, float* logits)>;
+void add_ablation_table(Report& r, const float* logits, const AblatedForward& forward,
+                        const std::function<std::string(std::int32_t)>& token_text);
 
 // A softmax row of S ≤ 4096 f32 weights computed in f32 sums to 1 within S·2^-24 ≈ 2.4e-4;
 // a row further off than 1e-3 is not a distribution and is refused.

@@ -228,7 +228,51 @@ def test_real_model_page(browser, tmp_path):
     browser.screenshot(close)
     attr, lens = check_attribution_and_lens(browser, doc, shot)
     anatomy = check_anatomy(browser, doc, shot)
-    print(f"screenshots: {shot}, {close}, {attr}, {lens}, {anatomy}")
+    ablation = check_ablation(browser, doc, shot)
+    print(f"screenshots: {shot}, {close}, {attr}, {lens}, {anatomy}, {ablation}")
+
+
+def check_ablation(browser, doc, shot):
+    """The ablation map shows each single-head knock-out's change of p(prediction) as the JSON
+    has it (3 decimals shown), for both kinds and for the loss; clicking a head shows its new
+    prediction. The numbers themselves are checked against the torch twin in test_attribution.py."""
+    T, L, H = doc["ablation"], len(doc["layers"]), len(doc["layers"][0]["heads"])
+    assert browser.eval("document.querySelectorAll('#abl-map td.v').length") == L * H
+
+    def shown(l, h):
+        return float(browser.eval(f"document.querySelector('#abl-map td.v[data-l=\"{l}\"][data-h=\"{h}\"]').textContent"))
+
+    for kind, what in (("zero", "p"), ("mean", "p"), ("mean", "loss")):
+        browser.eval(f"(() => {{ document.querySelector('input[name=abl-kind][value={kind}]').click();"
+                     f"const w = document.getElementById('abl-what'); w.value = '{what}'; w.dispatchEvent(new Event('change')); }})()")
+        for l in range(L):
+            for h in range(H):
+                e = T[kind][l][h]
+                want = e["p_predicted"] - T["p_predicted"] if what == "p" else e["loss"] - T["loss"]
+                assert abs(shown(l, h) - want) <= 5e-4 + 1e-9, (kind, what, l, h, shown(l, h), want)
+    browser.eval("(() => { document.querySelector('input[name=abl-kind][value=zero]').click();"
+                 "const w = document.getElementById('abl-what'); w.value = 'p'; w.dispatchEvent(new Event('change')); })()")
+    # It opens the head whose zero ablation costs the prediction most, with its new numbers.
+    worst = min(((l, h) for l in range(L) for h in range(H)), key=lambda x: T["zero"][x[0]][x[1]]["p_predicted"])
+    detail = browser.eval("document.getElementById('abl-detail').textContent")
+    assert detail.startswith(f"Without layer {worst[0]}, head {worst[1]} (zero ablation)"), detail
+    assert f"{T['zero'][worst[0]][worst[1]]['p_predicted']:.4f}" in detail, detail
+    browser.eval("window.scrollTo(0, document.getElementById('abl-section').getBoundingClientRect().top + window.scrollY - 8)")
+    path = shot[:-4] + "-ablation.png"
+    browser.screenshot(path)
+    return path
+
+
+def test_ablated_page(browser, tmp_path):
+    """`--ablate` names the knocked-out heads at the top of the page; the table is still drawn
+    (each head knocked out on top of those)."""
+    model = os.path.join(MODEL_DIR, "stories260K.bin")
+    subprocess.run([QKV, "inspect", "--model", model, "--prompt", SEED_PROMPT, "--out", str(tmp_path),
+                    "--ablate", "3.3", "--ablate", "1.2:mean"], check=True, capture_output=True)
+    browser.open(tmp_path / "index.html")
+    banner = browser.eval("document.getElementById('ablated-banner').textContent")
+    assert banner == "This run has heads knocked out: layer 3 head 3 (zero), layer 1 head 2 (mean).", banner
+    assert browser.eval("document.querySelectorAll('#abl-map td.v').length") == 40
 
 
 def check_anatomy(browser, doc, shot):
