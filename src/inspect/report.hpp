@@ -9,7 +9,8 @@
 //   pattern      [H, S, S]   softmax of each score row; 0 exactly where masked
 //   head_delta   [H, S, d]   Δe_h: the change head h proposes for each token's embedding
 //   block_delta  [S, d]      Σ_h Δe_h (plus the output bias, if the model has one)
-//   last_logits  [V]         next-token logits read from the last token's final vector
+//   last_logits  [V]         next-token logits read from the last token's final vector; null
+//                            data for a model without a head (an encoder): no next tokens
 //
 // The Report keeps the scores and patterns (f32, row per query, as PyTorch stores them) and
 // replaces the rest by the numbers the page draws: norms, entropies, argmax keys, top-10.
@@ -39,7 +40,15 @@ struct ModelInfo {
 
 struct Token {
   std::int32_t id = 0;
-  std::string text;  // the token's piece as the tokenizer decodes it (may be invalid UTF-8)
+  std::string text;      // the token's piece as the tokenizer decodes it (may be invalid UTF-8)
+  bool special = false;  // a marker the tokenizer adds: BOS, or an encoder's [CLS] / [SEP]
+};
+
+// An encoder's pooled embedding of another input line, and its cosine with the traced line's.
+struct Neighbour {
+  std::int64_t line = 0;  // 0-based index among the input lines
+  std::string text;
+  double cosine = 0;
 };
 
 struct LayerInput {
@@ -156,6 +165,8 @@ struct Report {
   std::optional<Attribution> attribution;          // add_attribution() fills these two
   std::int64_t lens_pos0 = 0;
   std::vector<LensRow> lens;                       // [L + 1], empty without add_attribution()
+  bool bidirectional = false;                      // an encoder: every query sees every key
+  std::vector<Neighbour> neighbours;               // encoders: the other lines, nearest first
   std::vector<HeadAblation> ablated;               // heads knocked out in the run this report shows
   std::optional<AblationTable> ablation;           // add_ablation_table() fills it
 

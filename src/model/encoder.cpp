@@ -131,7 +131,8 @@ void layer_norm(float* out, const float* x, const float* w, const float* b, std:
 
 }  // namespace
 
-void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden) {
+void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden,
+                      const LayerHook& on_layer) {
   const char* fn = "qkv::Encoder::forward";
   const Config& c = w_.config;
   const auto T = static_cast<std::int64_t>(tokens.size());
@@ -179,6 +180,7 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
                      View::strided(qkv + C, DType::f32, {T, H, D}, {3 * C, D, 1}),
                      View::strided(qkv + 2 * C, DType::f32, {T, H, D}, {3 * C, D, 1}),
                      View::strided(att, DType::f32, {T, H, D}, {C, D, 1}), cu_view, cu_view, ao);
+    if (on_layer) on_layer(l, qkv, att);
     std::copy_n(x, T * C, h);  // the residual, to which the projection adds
     project(att, L.wo, E.wo_b, L.bo, h, T, C, C, 1.0f);
     layer_norm(x, h, L.norm1_w, L.norm1_b, T, C, c.norm_eps);

