@@ -33,7 +33,34 @@ struct InspectArgs {
   std::string model;  // default: the one `qkv generate` runs (io.hpp: default_model)
   std::string tokenizer, config, prompt, out, format = "html", ablation_table = "auto";
   std::vector<std::string> ablate;  // "L.H" or "L.H:mean"
+  std::string tokens;               // "5,17,3": ids instead of --prompt
 };
+
+// --tokens "5, 17, 3" → ids (range-checked by the model).
+std::vector<int> parse_ids(const std::string& s) {
+  std::vector<int> ids;
+  std::size_t at = 0;
+  while (at < s.size()) {
+    const std::size_t end = std::min(s.find(',', at), s.size());
+    std::string item = s.substr(at, end - at);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    std::size_t used = 0;
+    int id = -1;
+    try {
+      id = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size()) {
+      fail(kFn, "--tokens: '" + item + "' is not a token id (expected ids separated by commas, e.g. 1,345,22)");
+    }
+    ids.push_back(id);
+    at = end + 1;
+  }
+  if (ids.empty()) fail(kFn, "--tokens: no token ids given");
+  return ids;
+}
 
 // The single-head ablation table reruns the model 2·L·H times, ≈ 2·params·S FLOP each; `auto`
 // computes it when that is at most this many FLOP (stories260K: 80 reruns of 0.5 MFLOP a token).
@@ -211,6 +238,10 @@ void run_encoder(const InspectArgs& a) {
 }
 
 void run(InspectArgs a) {
+  if (a.prompt.empty() == a.tokens.empty()) {
+    if (a.tokens.empty()) throw CLI::RequiredError("--prompt");
+    throw CLI::ExcludesError("--prompt", "--tokens");
+  }
   read_if_stdin(kFn, "--prompt", a.prompt);
   if (a.model.empty()) a.model = default_model(kFn);
   if (fs::is_directory(a.model) && fs::exists(fs::path(a.model) / "modules.json")) {
@@ -219,12 +250,19 @@ void run(InspectArgs a) {
     return;
   }
   check_input(kFn, "--model", a.model, /*allow_folder=*/true);
-  const std::string tok_path = a.tokenizer.empty() ? find_tokenizer(a.model) : a.tokenizer;
-  check_input(kFn, "--tokenizer", tok_path);
   if (!a.config.empty()) check_input(kFn, "--config", a.config);
+  std::string tok_path;
+  if (a.tokens.empty()) {
+    tok_path = a.tokenizer.empty() ? find_tokenizer(a.model) : a.tokenizer;
+    check_input(kFn, "--tokenizer", tok_path);
+  }
   Model model(load_weights(a.model, a.config));
   const Config& c = model.config();
-  const Tokens prompt = tokenize(tok_path, a.prompt, c.vocab_size);
+  // With --tokens the pieces are not known (a tokenizer qkv does not read): each shows as #id.
+  const Tokens prompt = a.tokens.empty()
+                            ? tokenize(tok_path, a.prompt, c.vocab_size)
+                            : Tokens{parse_ids(a.tokens), [](std::int32_t id) { return "#" + std::to_string(id); }, -1};
+  if (!a.tokens.empty()) a.prompt = a.tokens;
   const std::vector<int>& ids = prompt.ids;
   if (static_cast<std::int64_t>(ids.size()) > c.seq_len) {
     fail(kFn, "--prompt: " + std::to_string(ids.size()) + " tokens, more than the model's context of " +
@@ -279,7 +317,11 @@ void add_inspect(CLI::App& app) {
                   "installed with qkv)");
   cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json (qkv train) or llama2.c .bin; default: the one beside the model");
   cmd->add_option("--config", args->config, "config JSON of a .safetensors model; default: the one beside it");
-  cmd->add_option("--prompt", args->prompt, "the text to run; - reads it from stdin")->required();
+  cmd->add_option("--prompt", args->prompt,
+                  "the text to run; - reads it from stdin (an encoder: one text per line, the first traced)");
+  cmd->add_option("--tokens", args->tokens,
+                  "token ids, comma-separated, instead of --prompt: for a model whose tokenizer qkv does not read "
+                  "(a Hugging Face GPT-2 or Llama folder); tokens show as #id");
   cmd->add_option("--out", args->out, "output directory (created if missing)")->required();
   cmd->add_option("--format", args->format, "html: index.html and layer PNGs; json: inspect.json")
       ->check(CLI::IsMember({"html", "json"}));
