@@ -41,9 +41,10 @@ def browser():
     b.close()
 
 
-def fixture_page(out, S):
+def fixture_page(out, S, exact_bytes=None):
     assert FIXTURE, "QKV_INSPECT_FIXTURE must name the inspect_fixture program (ctest sets it)"
-    subprocess.run([FIXTURE, str(out), str(S)], check=True, capture_output=True)
+    extra = [] if exact_bytes is None else [str(exact_bytes)]
+    subprocess.run([FIXTURE, str(out), str(S)] + extra, check=True, capture_output=True)
     return out / "index.html", json.loads((out / "inspect.json").read_text())
 
 
@@ -51,7 +52,7 @@ def checks_of(browser):
     return json.loads(browser.eval("document.getElementById('qkv-checks').textContent"))
 
 
-def verify(checks, doc, shape=None):
+def verify(checks, doc, shape=None, tol=COLUMN_TOL):
     """The page drew every head with S×S cells and every column sums to 1; its counts agree
     with the JSON document (decoded here, not by the page). Without a document, `shape` gives
     (S, L, H) of a causal model: S(S−1)/2 masked cells per head."""
@@ -66,7 +67,7 @@ def verify(checks, doc, shape=None):
         assert g["missing"] == 0, f"{where}: {g['missing']} cells missing"
         assert g["cells"] == S * S, f"{where}: {g['cells']} cells drawn, expected {S * S}"
         err = g["max_column_error"]
-        assert err is not None and err <= COLUMN_TOL, f"{where}: a column sums to 1 ± {err}"
+        assert err is not None and err <= tol, f"{where}: a column sums to 1 ± {err}"
         if doc is None:
             assert g["masked"] == S * (S - 1) // 2, f"{where}: {g['masked']} masked cells, not the causal triangle"
             continue
@@ -159,6 +160,44 @@ def test_checks_catch_bad_pages(browser, tmp_path):
         browser.open(bad)
         with pytest.raises(AssertionError, match=expect):
             verify(checks_of(browser), doc)
+
+
+WEIGHT_STEP = 0.5 / 65535 + 2.0 ** -24
+
+
+def compact_tol(S):
+    """A compact page's weights are u16 codes round(p · 65535), decoded into f32: each off by
+    ≤ 0.5/65535 + 2^-24, a column of S by S times that."""
+    return S * WEIGHT_STEP
+
+
+def test_compact_page_decodes_to_the_json(browser, tmp_path):
+    """The compact layout (forced here with a budget of 0 bytes) decodes, cell by cell, to the
+    JSON's exact numbers within its rounding: weights within 0.5/65535 + 2^-24 (the code's half
+    step, then f32), scores within 2^-8 relative (bf16, nearest even), −∞ kept exactly."""
+    S = 40
+    page, doc = fixture_page(tmp_path, S, exact_bytes=0)
+    browser.open(page)
+    checks = checks_of(browser)
+    assert checks["layout"] == "packed-u16-deflate-base64"
+    verify(checks, doc, tol=compact_tol(S))
+    worst_p = worst_s = 0.0
+    for l, layer in enumerate(doc["layers"]):
+        for h, head in enumerate(layer["heads"]):
+            got = browser.eval(f"""(() => {{ const o = [];
+                for (let q = 0; q < S; q++) for (let k = 0; k < S; k++) {{
+                  const st = cell({l}, {h}, q, k); o.push([st, cellW, cellS === -Infinity ? null : cellS]); }}
+                return o; }})()""")
+            for i, (st, w, sc) in enumerate(got):
+                q, k = divmod(i, S)
+                want_p, want_s = head["pattern"][q][k], head["scores"][q][k]
+                assert st != 0, (l, h, q, k)
+                assert (sc is None) == (want_s is None), (l, h, q, k, sc, want_s)
+                worst_p = max(worst_p, abs(w - want_p))
+                if want_s is not None:
+                    worst_s = max(worst_s, abs(sc - want_s) / max(abs(want_s), 1e-30))
+    print(f"compact page: max |weight − json| = {worst_p:.3g} (≤ {WEIGHT_STEP:.4g}), max score relative error {worst_s:.3g} (≤ 2^-8)")
+    assert worst_p <= WEIGHT_STEP and worst_s <= 2.0 ** -8
 
 
 def test_long_prompt_stays_usable(browser, tmp_path):
@@ -358,8 +397,13 @@ def check_attribution_and_lens(browser, doc, shot):
 def test_real_model_512_tokens(browser, tmp_path):
     # The page alone (the JSON of 512 tokens is 160 MB; the 31-token test compares with it).
     page, _ = inspect_real(tmp_path, LONG_PROMPT, formats=("html",))
+    size = page.stat().st_size
+    print(f"stories260K, 512 tokens: index.html {size / 1e6:.2f} MB")
+    assert size < 10e6, f"the 512-token page is {size / 1e6:.1f} MB (issue bound: 10 MB)"
     seconds = browser.open(page)
-    verify(checks_of(browser), None, shape=(512, 5, 8))
+    checks = checks_of(browser)
+    assert checks["layout"] == "packed-u16-deflate-base64"
+    verify(checks, None, shape=(512, 5, 8), tol=compact_tol(512))
     ms = browser.eval("""(() => { const t = performance.now();
         for (let i = 0; i < 10; i++) { wrap.scrollTop = 300 * i; wrap.scrollLeft = 200 * i; drawDetail(); }
         return (performance.now() - t) / 10; })()""")
