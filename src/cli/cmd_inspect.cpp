@@ -186,6 +186,7 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
 // No next-token head, so no attribution, lens or ablation.
 void run_encoder(const InspectArgs& a) {
   if (!a.ablate.empty()) fail(kFn, "--ablate: an encoder has no next-token prediction to ablate (" + a.model + ")");
+  if (!a.tokens.empty()) fail(kFn, "--tokens: an encoder reads text (give --prompt) (" + a.model + ")");
   Encoder enc = Encoder::load(a.model);
   const Config& c = enc.config();
   std::vector<std::string> lines;

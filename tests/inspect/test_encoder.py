@@ -78,3 +78,10 @@ def test_neighbours_are_sentence_transformers_cosines(doc, hf):
     worst = max(abs(n["cosine"] - c) for n, (c, _) in zip(got, want))
     print(f"neighbour cosines: max |qkv − transformers| = {worst:.3g} (allowed 1e-5)")
     assert worst <= 1e-5
+
+
+@pytest.mark.parametrize("extra, message", [(["--tokens", "101,102"], "--tokens: an encoder reads text"),
+                                            (["--prompt", "hi", "--ablate", "0.0"], "--ablate: an encoder has no next-token")])
+def test_encoder_refuses_what_it_cannot_do(tmp_path, extra, message):
+    res = subprocess.run([QKV, "inspect", "--model", MODEL, "--out", str(tmp_path)] + extra, capture_output=True, text=True)
+    assert res.returncode == 1 and message in res.stderr, res.stderr
