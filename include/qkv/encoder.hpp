@@ -66,8 +66,14 @@ class Encoder {
              const std::function<void(std::int64_t, std::int64_t)>& progress = {});
 
   // The encoder on one packed batch: tokens [T], cu_seqlens [B + 1] (0 = cu[0] ≤ … ≤ cu[B] = T,
-  // each text at most seq_len tokens) → hidden [T, C], the last layer's output.
-  void forward(std::span<const int> tokens, std::span<const std::int32_t> cu_seqlens, float* hidden);
+  // each text at most seq_len tokens) → hidden [T, C], the last layer's output. When given,
+  // on_layer(l, qkv, att) is called after layer l's attention (for the inspector): qkv [T, 3·C]
+  // holds q, k, v as column blocks (head h: columns h·D … h·D + D − 1 of each), att [T, C] the
+  // attention's output before W_O.
+  using LayerHook = std::function<void(std::int64_t l, const float* qkv, const float* att)>;
+  void forward(std::span<const int> tokens, std::span<const std::int32_t> cu_seqlens, float* hidden,
+               const LayerHook& on_layer = {});
+  const Weights& weights() const { return w_; }
 
  private:
   Weights w_;

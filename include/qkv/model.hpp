@@ -260,6 +260,16 @@ struct Trace {
   Buffer logits;       // f32 [S, V]
 };
 
+// Knocks one head out of a forward pass (the inspector's ablation): the head's output (P·V)_h,
+// and with it Δe_h = W_O[:, head h] · (P·V)_h, is replaced at every position by zero (zero
+// ablation) or by its mean over the positions of the call (mean ablation over this prompt).
+// Every later layer then sees the changed residual stream.
+struct HeadAblation {
+  enum class Kind : std::uint8_t { zero, mean };
+  int layer = 0, head = 0;  // 0 ≤ layer < n_layers, 0 ≤ head < n_heads
+  Kind kind = Kind::zero;
+};
+
 // How the model computes. weights = f32 (the default, exact against the PyTorch oracle) or bf16:
 // every projection matrix (W_Q, W_K, W_V, W_O, W1, W2, W3, the classifier) is rounded once, at
 // construction, to bf16 (nearest even) and read as bf16 from then on, which halves the bytes a
@@ -310,8 +320,12 @@ class Model {
   // alone gives (a one-token forward runs this path with B = 1).
   void forward_batch(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits);
 
-  // The whole sequence from position 0, recording every layer (see LayerTrace).
-  void forward_trace(const std::vector<int>& tokens, Trace& trace);
+  // The whole sequence from position 0, recording every layer (see LayerTrace), with the heads in
+  // `ablate` knocked out (none by default).
+  void forward_trace(const std::vector<int>& tokens, Trace& trace, std::span<const HeadAblation> ablate = {});
+  // Logits [S, V] of the whole sequence from position 0 with the heads in `ablate` knocked out:
+  // forward_trace's computation without the trace (an f32 cache of its own, f32 attention).
+  void forward_ablated(const std::vector<int>& tokens, std::span<const HeadAblation> ablate, float* logits);
 
  private:
   Weights w_;
@@ -351,6 +365,13 @@ class Model {
   void reserve(std::int64_t S);
   // One layer on x_ [S, C]; its output only for rows r0 … S − 1 (model.cpp).
   void block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerTrace* trace);
+  // The heads that block() knocks out (set only for the length of a forward_trace or
+  // forward_ablated call, which run every row: r0 = 0), and the knocking out on att [S, H·D].
+  std::span<const HeadAblation> ablate_;
+  void ablate_heads(int l, float* att, std::int64_t S) const;
+  // forward_trace and forward_ablated: layers from position 0 on a fresh f32 cache, then logits [S, V].
+  void forward_from_start(const char* fn, const std::vector<int>& tokens, Trace* trace,
+                          std::span<const HeadAblation> ablate, float* logits);
   // block() for prefill with gemm_inputs = bf16: fused W_Q/W_K/W_V, GEMM epilogues (model.cpp).
   void block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cache);
   // Rotary on q and k (rows of ld_q, ld_kv floats: q [S, H·D], k, v [S, Hkv·D] in their first

@@ -32,11 +32,13 @@ from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, K
 from .mha import MhaResult, MultiHeadAttention
 from .encoder import Encoder
 from .model import BatchGeneration, Generation, LayerTrace, Model, ModelTrace, Tokenizer
+from ._inspect import Inspection, inspect
 
 __all__ = [
-    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "BatchGeneration", "Encoder", "Generation", "KernelInfo",
+    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "BatchGeneration", "Encoder", "Generation", "Inspection",
+    "KernelInfo",
     "LayerTrace", "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes",
-    "attention", "attention_backward", "cpu_isa", "dropout_mask", "num_threads",
+    "attention", "attention_backward", "cpu_isa", "dropout_mask", "inspect", "num_threads",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
 from ._qkv import __version__  # noqa: E402  (CMakeLists.txt's project VERSION, through the module)

@@ -20,6 +20,12 @@ Shapes (S = tokens traced, H = query heads, C = d_model, V = vocabulary), all fl
                            .pattern  [H, S, S]  softmax of each row of scores
                         .head_delta  [H, S, C]  each head's proposed change to every embedding
                        .block_delta  [S, C]     their sum, the attention block's update (before b_O)
+                             .resid  [S, C]     the residual stream after the whole block (attention and MLP)
+                                 .q  [H, S, D]  queries after rotary: scores[h, i, j] = q[h, i] · k[h // (H / Hkv), j] / √D
+                                 .k  [Hkv, S, D] keys after rotary
+    trace(tokens).embed              [S, C]     the residual stream before the first block
+    trace(tokens, ablate=[(l, h), (l2, h2, "mean")])  the same with those heads knocked out: their output
+                                     zeroed, or replaced by its mean over the positions ("mean")
 """
 
 from __future__ import annotations
@@ -39,13 +45,18 @@ class LayerTrace(NamedTuple):
     pattern: np.ndarray
     head_delta: np.ndarray
     block_delta: np.ndarray
+    resid: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
 
 
 class ModelTrace(NamedTuple):
-    """What :meth:`Model.trace` returns: one :class:`LayerTrace` per block, and the logits [S, V]."""
+    """What :meth:`Model.trace` returns: one :class:`LayerTrace` per block, the logits [S, V] and
+    the embedding [S, C] (the residual stream before the first block)."""
 
     layers: List[LayerTrace]
     logits: np.ndarray
+    embed: np.ndarray
 
 
 class Generation(NamedTuple):
@@ -191,10 +202,19 @@ class Model:
 
     __call__ = forward
 
-    def trace(self, tokens: Sequence[int]) -> ModelTrace:
-        """Runs ``tokens`` from position 0 (cache untouched) and records every layer."""
-        layers, logits = self._m.trace(_tokens("qkv.Model.trace", tokens))
-        return ModelTrace([LayerTrace(**d) for d in layers], logits)
+    def trace(self, tokens: Sequence[int], ablate: Sequence[Sequence[Any]] = ()) -> ModelTrace:
+        """Runs ``tokens`` from position 0 (cache untouched) and records every layer. ``ablate``:
+        heads to knock out, each ``(layer, head)`` (output zeroed) or ``(layer, head, "mean")``
+        (output replaced by its mean over the positions); a layer or head out of range is a
+        ValueError naming it."""
+        heads = []
+        for a in ablate:
+            kind = a[2] if len(a) == 3 else "zero"
+            if len(a) not in (2, 3) or kind not in ("zero", "mean"):
+                raise ValueError(f"[qkv.Model.trace] ablate: {a!r} is not (layer, head) or (layer, head, 'zero' | 'mean')")
+            heads.append((int(a[0]), int(a[1]), kind == "mean"))
+        layers, logits, embed = self._m.trace(_tokens("qkv.Model.trace", tokens), heads)
+        return ModelTrace([LayerTrace(**d) for d in layers], logits, embed)
 
     def generate(self, tokenizer: Tokenizer, prompt: str = "", steps: int = 256, temperature: float = 1.0,
                  top_p: float = 0.9, top_k: int = 0, seed: int = 1, return_stats: bool = False):

@@ -371,15 +371,21 @@ F32Array encoder_embed(PyEncoder& self, const std::vector<std::string>& texts, s
   return to_numpy(std::move(out));
 }
 
-// forward_trace as Python data: ([{scores, pattern, head_delta, block_delta} per layer], logits).
-std::tuple<nb::list, F32Array> model_trace(PyModel& self, const std::vector<std::int64_t>& tokens) {
+// forward_trace as Python data: ([{scores, pattern, head_delta, block_delta, resid, q, k} per
+// layer], logits, embed), with the heads in `ablate` ((layer, head, mean?) each) knocked out.
+std::tuple<nb::list, F32Array, F32Array> model_trace(PyModel& self, const std::vector<std::int64_t>& tokens,
+                                                     const std::vector<std::tuple<int, int, bool>>& ablate) {
   const std::vector<int> t = to_tokens("qkv.Model.trace", tokens);
+  std::vector<qkv::HeadAblation> heads;
+  for (const auto& [layer, head, mean] : ablate) {
+    heads.push_back({layer, head, mean ? qkv::HeadAblation::Kind::mean : qkv::HeadAblation::Kind::zero});
+  }
   qkv::Trace tr;
   {
     nb::gil_scoped_release unlocked;
     const qkv::ForkGate::Pass no_fork_meanwhile(model_gate());
     const std::lock_guard<std::mutex> one_at_a_time(self.mu);
-    self.model.forward_trace(t, tr);
+    self.model.forward_trace(t, tr, heads);
   }
   nb::list layers;
   for (qkv::LayerTrace& l : tr.layers) {
@@ -388,9 +394,12 @@ std::tuple<nb::list, F32Array> model_trace(PyModel& self, const std::vector<std:
     d["pattern"] = to_numpy(std::move(l.pattern));
     d["head_delta"] = to_numpy(std::move(l.head_delta));
     d["block_delta"] = to_numpy(std::move(l.block_delta));
+    d["resid"] = to_numpy(std::move(l.resid));
+    d["q"] = to_numpy(std::move(l.q));
+    d["k"] = to_numpy(std::move(l.k));
     layers.append(d);
   }
-  return {layers, to_numpy(std::move(tr.logits))};
+  return {layers, to_numpy(std::move(tr.logits)), to_numpy(std::move(tr.embed))};
 }
 
 // llama2.c's generation loop; the text comes back as bytes (pieces may split UTF-8 characters).
@@ -606,7 +615,8 @@ NB_MODULE(_qkv, m) {
            })
       .def("forward", &model_forward, "tokens"_a, "all_logits"_a,
            "Runs tokens after the cached positions; logits [V] for the last, or [S, V].")
-      .def("trace", &model_trace, "tokens"_a, "The whole sequence from position 0, every layer recorded.")
+      .def("trace", &model_trace, "tokens"_a, "ablate"_a,
+           "The whole sequence from position 0, every layer recorded; ablate: (layer, head, mean) heads knocked out.")
       .def("generate_batch", &model_generate_batch, "tokenizer"_a, "prompts"_a, "steps"_a, "temperature"_a,
            "top_p"_a, "top_k"_a, "seed"_a,
            "generate_batch: ([text bytes], prompt tokens, generated, prefill s, decode s), summed over the prompts.")

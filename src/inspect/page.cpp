@@ -30,11 +30,11 @@ fs::path make_dir(const std::string& dir, const char* fn) {
 
 }  // namespace
 
-std::string render_page(const Report& r) {
+std::string render_page(const Report& r, double exact_bytes) {
   // Inside <script type="application/json"> the only danger is markup: every '<' (which JSON
   // only has inside strings) becomes the escape \u003c, so no string can close the element.
   std::string data;
-  for (char c : to_json(r, Encoding::kPage)) {
+  for (char c : to_json(r, Encoding::kPage, exact_bytes)) {
     if (c == '<') data += "\\u003c";
     else data += c;
   }
@@ -45,13 +45,13 @@ std::string render_page(const Report& r) {
   return tpl.substr(0, at) + data + tpl.substr(at + marker.size());
 }
 
-std::string write_page(const Report& r, const std::string& dir) {
+std::string write_page(const Report& r, const std::string& dir, double exact_bytes) {
   const fs::path d = make_dir(dir, "qkv::inspect::write_page");
   for (std::int64_t l = 0; l < r.L; ++l) {
     write_file(d / ("layer_" + std::to_string(l) + ".png"), detail::encode_png(render_layer(r, l)));
   }
   const fs::path page = d / "index.html";
-  write_file(page, render_page(r));
+  write_file(page, render_page(r, exact_bytes));
   return page.string();
 }
 

@@ -13,10 +13,11 @@
 
 namespace qkv::inspect {
 
-std::string write_page(const Report& r, const std::string& dir);
+// exact_bytes: see to_json (above it, the page stores the patterns compactly).
+std::string write_page(const Report& r, const std::string& dir, double exact_bytes = kExactPageBytes);
 std::string write_json(const Report& r, const std::string& dir);
 
 // The page's HTML for `r` (what write_page puts in index.html).
-std::string render_page(const Report& r);
+std::string render_page(const Report& r, double exact_bytes = kExactPageBytes);
 
 }  // namespace qkv::inspect

@@ -9,6 +9,8 @@
 #include <numeric>
 #include <sstream>
 
+#include <zlib.h>
+
 namespace qkv::inspect {
 namespace {
 
@@ -72,7 +74,7 @@ Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token
     fail(kFn, "layers[0]: need H ≥ 1 heads and d_model ≥ 1 (got pattern " +
                   layers[0].pattern.shape_str() + ", block_delta " + layers[0].block_delta.shape_str() + ")");
   }
-  expect_shape(last_logits, {model.vocab}, "last_logits");
+  if (last_logits.data) expect_shape(last_logits, {model.vocab}, "last_logits");
 
   const auto HS = static_cast<std::size_t>(H * S * S);
   for (std::int64_t l = 0; l < r.L; ++l) {
@@ -168,6 +170,7 @@ Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token
     r.block_delta_norm.push_back(std::move(bn));
   }
 
+  if (!last_logits.data) return r;
   // Top 10 of softmax(last_logits), computed in f64 with the max subtracted.
   const std::int64_t V = model.vocab;
   std::vector<double> z(static_cast<std::size_t>(V));
@@ -284,6 +287,42 @@ std::string packed_b64(const std::vector<float>& m, const Report& r, const KeySp
   return out;
 }
 
+// The compact layout of one layer's matrix m, packed by KeySpans: u16 codes (pattern: round(p ·
+// 65535); scores: the f32's high half rounded to nearest even = bf16), as two byte planes (all
+// high bytes, then all low bytes: the high bytes of small weights are mostly 0 and deflate well),
+// deflated in zlib format and base64-encoded.
+std::string packed_compact_b64(const std::vector<float>& m, const Report& r, const KeySpans& ks, bool is_pattern) {
+  const std::size_t n = static_cast<std::size_t>(r.H * ks.row_offset.back());
+  std::vector<unsigned char> planes(2 * n);
+  std::size_t i = 0;
+  for (std::int64_t h = 0; h < r.H; ++h) {
+    for (std::int64_t q = 0; q < r.S; ++q) {
+      for (std::int64_t k = ks.key_lo[static_cast<std::size_t>(q)]; k < ks.key_hi[static_cast<std::size_t>(q)]; ++k, ++i) {
+        const float x = m[static_cast<std::size_t>((h * r.S + q) * r.S + k)];
+        std::uint16_t code;
+        if (is_pattern) {
+          code = static_cast<std::uint16_t>(std::lround(std::clamp(x, 0.0f, 1.0f) * 65535.0f));
+        } else {
+          std::uint32_t u;
+          std::memcpy(&u, &x, 4);
+          if (std::isnan(x)) code = 0x7FC0;
+          else code = static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);  // nearest even; ±∞ stays
+        }
+        planes[i] = static_cast<unsigned char>(code >> 8);
+        planes[n + i] = static_cast<unsigned char>(code & 0xFF);
+      }
+    }
+  }
+  uLongf zlen = compressBound(static_cast<uLong>(planes.size()));
+  std::vector<unsigned char> z(zlen);
+  if (compress2(z.data(), &zlen, planes.data(), static_cast<uLong>(planes.size()), 9) != Z_OK) {
+    fail("qkv::inspect::to_json", "zlib compress2 failed on " + std::to_string(planes.size()) + " bytes");
+  }
+  std::string out;
+  base64(out, z.data(), zlen);
+  return out;
+}
+
 void put_matrix(std::string& out, const std::vector<float>& m, std::int64_t h, std::int64_t S) {
   out += '[';
   for (std::int64_t q = 0; q < S; ++q) {
@@ -343,6 +382,19 @@ json attribution_json(const Report& r, Encoding enc) {
   return out;
 }
 
+const char* kind_name(HeadAblation::Kind k) { return k == HeadAblation::Kind::zero ? "zero" : "mean"; }
+
+json ablation_json(const Report& r) {
+  const AblationTable& t = *r.ablation;
+  const auto effect = [](const AblationEffect& e) {
+    return json{{"p_predicted", e.p_predicted},
+                {"loss", num(e.loss)},
+                {"top", {{"id", e.top.id}, {"text", e.top.text}, {"prob", e.top.prob}, {"logit", e.top.logit}}}};
+  };
+  return {{"p_predicted", t.p_predicted}, {"loss", num(t.loss)}, {"zero", by_head(r, t.zero, effect)},
+          {"mean", by_head(r, t.mean, effect)}};
+}
+
 json lens_json(const Report& r) {
   json rows = json::array();
   for (const LensRow& lr : r.lens) rows.push_back({{"top", tokens_json(lr.top)}, {"positions", tokens_json(lr.positions)}});
@@ -351,22 +403,31 @@ json lens_json(const Report& r) {
 
 }  // namespace
 
-std::string to_json(const Report& r, Encoding enc) {
+std::string to_json(const Report& r, Encoding enc, double exact_bytes) {
   json model = {{"name", r.model.name},         {"n_layers", r.model.n_layers},
                 {"n_heads", r.model.n_heads},   {"n_kv_heads", r.model.n_kv_heads},
                 {"head_dim", r.model.head_dim}, {"d_model", r.model.d_model},
                 {"vocab", r.model.vocab},       {"max_seq", r.model.max_seq}};
   json tokens = json::array();
-  for (const Token& t : r.tokens) tokens.push_back({{"id", t.id}, {"text", t.text}});
+  for (const Token& t : r.tokens) {
+    tokens.push_back({{"id", t.id}, {"text", t.text}});
+    if (t.special) tokens.back()["special"] = true;
+  }
   json next = json::array();
   for (const NextToken& t : r.next_tokens) {
     next.push_back({{"id", t.id}, {"text", t.text}, {"prob", t.prob}, {"logit", t.logit}});
   }
   const auto dump = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
 
+  KeySpans ks;
+  bool compact = false;
+  if (enc == Encoding::kPage) {
+    ks = key_spans(r);
+    compact = 8.0 * static_cast<double>(r.L * r.H * ks.row_offset.back()) > exact_bytes;
+  }
   std::string out;
   out += "{\"format\":\"qkv-inspect\",\"version\":1,\"layout\":";
-  out += enc == Encoding::kJson ? "\"nested\"" : "\"packed-f32-base64\"";
+  out += enc == Encoding::kJson ? "\"nested\"" : compact ? "\"packed-u16-deflate-base64\"" : "\"packed-f32-base64\"";
   out += ",\"model\":" + dump(model);
   out += ",\"prompt\":" + str(r.prompt);
   out += ",\"tokens\":" + dump(tokens);
@@ -375,9 +436,17 @@ std::string to_json(const Report& r, Encoding enc) {
   if (!r.q_last.empty()) out += ",\"qk_q0\":" + std::to_string(r.qk_q0);
   if (r.attribution) out += ",\"attribution\":" + dump(attribution_json(r, enc));
   if (!r.lens.empty()) out += ",\"lens\":" + dump(lens_json(r));
-  KeySpans ks;
+  if (r.bidirectional) out += ",\"bidirectional\":true";
+  if (!r.neighbours.empty()) {
+    json nb = json::array();
+    for (const Neighbour& n : r.neighbours) nb.push_back({{"line", n.line}, {"text", n.text}, {"cosine", n.cosine}});
+    out += ",\"neighbours\":" + dump(nb);
+  }
+  json ablated = json::array();
+  for (const HeadAblation& a : r.ablated) ablated.push_back({{"layer", a.layer}, {"head", a.head}, {"kind", kind_name(a.kind)}});
+  out += ",\"ablated\":" + dump(ablated);
+  if (r.ablation) out += ",\"ablation\":" + dump(ablation_json(r));
   if (enc == Encoding::kPage) {
-    ks = key_spans(r);
     out += ",\"key_lo\":" + dump(ks.key_lo) + ",\"key_hi\":" + dump(ks.key_hi);
   }
   out += ",\"layers\":[";
@@ -401,7 +470,10 @@ std::string to_json(const Report& r, Encoding enc) {
       out += ",\"q\":" + dump(nest(r.q_last[li], r.H, r.S - r.qk_q0));
       out += ",\"k\":" + dump(nest(r.k_all[li], r.qk_Hkv, r.S));
     }
-    if (enc == Encoding::kPage) {
+    if (enc == Encoding::kPage && compact) {
+      out += ",\"pattern_u16\":\"" + packed_compact_b64(r.pattern[li], r, ks, true) + '"';
+      out += ",\"scores_bf16\":\"" + packed_compact_b64(r.scores[li], r, ks, false) + '"';
+    } else if (enc == Encoding::kPage) {
       out += ",\"pattern_f32\":\"" + packed_b64(r.pattern[li], r, ks) + '"';
       out += ",\"scores_f32\":\"" + packed_b64(r.scores[li], r, ks) + '"';
     }

@@ -9,7 +9,8 @@
 //   pattern      [H, S, S]   softmax of each score row; 0 exactly where masked
 //   head_delta   [H, S, d]   Δe_h: the change head h proposes for each token's embedding
 //   block_delta  [S, d]      Σ_h Δe_h (plus the output bias, if the model has one)
-//   last_logits  [V]         next-token logits read from the last token's final vector
+//   last_logits  [V]         next-token logits read from the last token's final vector; null
+//                            data for a model without a head (an encoder): no next tokens
 //
 // The Report keeps the scores and patterns (f32, row per query, as PyTorch stores them) and
 // replaces the rest by the numbers the page draws: norms, entropies, argmax keys, top-10.
@@ -25,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "qkv/model.hpp"   // HeadAblation
 #include "qkv/params.hpp"  // NormKind
 #include "qkv/types.hpp"
 
@@ -38,7 +40,15 @@ struct ModelInfo {
 
 struct Token {
   std::int32_t id = 0;
-  std::string text;  // the token's piece as the tokenizer decodes it (may be invalid UTF-8)
+  std::string text;      // the token's piece as the tokenizer decodes it (may be invalid UTF-8)
+  bool special = false;  // a marker the tokenizer adds: BOS, or an encoder's [CLS] / [SEP]
+};
+
+// An encoder's pooled embedding of another input line, and its cosine with the traced line's.
+struct Neighbour {
+  std::int64_t line = 0;  // 0-based index among the input lines
+  std::string text;
+  double cosine = 0;
 };
 
 struct LayerInput {
@@ -122,6 +132,20 @@ inline constexpr std::int64_t kAnatomyQueries = 4;
 inline constexpr std::int64_t kLensPositions = 64;
 inline constexpr double kLensBudget = 2e9;
 
+// ---- Head ablation (ablation.cpp) --------------------------------------------------------------
+// Knocking head (l, h) out (qkv::HeadAblation: its output zeroed, or replaced by its mean over the
+// prompt's positions) and rerunning the model gives new logits [S, V]; the page shows what that
+// does to the prediction at the last position and to the prompt's loss.
+struct AblationEffect {
+  double p_predicted = 0;          // the new probability of the unablated prediction (next_tokens[0])
+  NextToken top;                   // the ablated model's own most likely next token
+  double loss = 0;                 // mean −ln p(token s + 1) over s = 0 … S − 2 (NaN when S = 1)
+};
+struct AblationTable {
+  double p_predicted = 0, loss = 0;        // the unablated model's (the baseline)
+  std::vector<AblationEffect> zero, mean;  // [L·H] layer-major, one per kind
+};
+
 struct Report {
   ModelInfo model;
   std::string prompt;
@@ -141,6 +165,10 @@ struct Report {
   std::optional<Attribution> attribution;          // add_attribution() fills these two
   std::int64_t lens_pos0 = 0;
   std::vector<LensRow> lens;                       // [L + 1], empty without add_attribution()
+  bool bidirectional = false;                      // an encoder: every query sees every key
+  std::vector<Neighbour> neighbours;               // encoders: the other lines, nearest first
+  std::vector<HeadAblation> ablated;               // heads knocked out in the run this report shows
+  std::optional<AblationTable> ablation;           // add_ablation_table() fills it
 
   float score(std::int64_t l, std::int64_t h, std::int64_t q, std::int64_t k) const {
     return scores[static_cast<std::size_t>(l)][static_cast<std::size_t>((h * S + q) * S + k)];
@@ -174,6 +202,15 @@ struct ModelTail {
 // make_report; throws std::invalid_argument if a pointer is null or the sizes disagree.
 void add_attribution(Report& r, const ModelTail& m, const std::function<std::string(std::int32_t)>& token_text);
 
+// The effect read from logits [S, V] (row s: the prediction after token s).
+AblationEffect ablation_effect(const Report& r, const float* logits,
+                               const std::function<std::string(std::int32_t)>& token_text);
+// Fills r.ablation: the baseline from the unablated logits [S, V], then for every head and both
+// kinds forward(a, logits) must write the logits [S, V] of the model with head a knocked out.
+using AblatedForward = std::function<void(const HeadAblation& a, float* logits)>;
+void add_ablation_table(Report& r, const float* logits, const AblatedForward& forward,
+                        const std::function<std::string(std::int32_t)>& token_text);
+
 // A softmax row of S ≤ 4096 f32 weights computed in f32 sums to 1 within S·2^-24 ≈ 2.4e-4;
 // a row further off than 1e-3 is not a distribution and is refused.
 inline constexpr double kRowSumTolerance = 1e-3;
@@ -187,8 +224,13 @@ KeySpans key_spans(const Report& r);
 
 // The report as one JSON document (schema in docs/inspect.md). kJson writes the
 // scores and patterns as nested arrays [L][H][S][S] (null for a masked score); kPage writes
-// them as base64 little-endian f32, packed by KeySpans, for the HTML page to decode.
+// them packed by KeySpans for the HTML page to decode: as base64 little-endian f32 (exact) when
+// the two matrices' stored cells take at most `exact_bytes` as f32, else compact — the weight as
+// u16 round(p · 65535) (|error| ≤ 0.5/65535), the score as bf16 (nearest even: relative error ≤ 2^-8,
+// −∞ kept), each array split into its high-byte and low-byte planes and deflated (zlib), then
+// base64. The 512-token stories260K page: 58.7 MB exact, under 10 MB compact.
 enum class Encoding { kJson, kPage };
-std::string to_json(const Report& r, Encoding enc);
+inline constexpr double kExactPageBytes = 8e6;
+std::string to_json(const Report& r, Encoding enc, double exact_bytes = kExactPageBytes);
 
 }  // namespace qkv::inspect

@@ -182,7 +182,8 @@ void Encoder::tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float*
   qkv_block(l + 1, r0);
 }
 
-void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden) {
+void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden,
+                      const LayerHook& on_layer) {
   const char* fn = "qkv::Encoder::forward";
   const Config& c = w_.config;
   const auto T = static_cast<std::int64_t>(tokens.size());
@@ -235,6 +236,7 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
                      View::strided(qkv + C, DType::f32, {T, H, D}, {3 * C, D, 1}),
                      View::strided(qkv + 2 * C, DType::f32, {T, H, D}, {3 * C, D, 1}),
                      View::strided(att, DType::f32, {T, H, D}, {C, D, 1}), cu_view, cu_view, ao);
+    if (on_layer) on_layer(l, qkv, att);
     parallel_for(blocks_n, threads, [&](std::int64_t k) { tail_block(l, k * kRows, T, hidden); });
   }
 }

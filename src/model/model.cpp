@@ -361,6 +361,7 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
     trace->scores = Buffer(DType::f32, {H, S, S});
     attention(qv, kv, vv, ov, opt, std::nullopt,
               View::contiguous(trace->pattern.data(), DType::f32, {1, H, S, S}));
+    ablate_heads(l, att, S);
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     float* sc = trace->scores.ptr<float>();
     for (std::int64_t h = 0; h < H; ++h)
@@ -404,6 +405,7 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
   } else {
     attention(qv, kv, vv, ov, opt);
     if (bf16_kv) blocks::bf16_to_f32(att, ob_.ptr<std::uint16_t>(), n * H * D, S > blocks::kGemvMaxRows ? opt.num_threads : 1);
+    ablate_heads(l, att, S);
   }
   project(att, L.wo, Lb.wo, L.bo, xo, n, H * D, C, 1.0f);  // residual: x += att·W_Oᵀ + b_O
 
@@ -763,7 +765,62 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
   for (KvCache* cache : caches) cache->len += 1;
 }
 
-void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
+void Model::ablate_heads(int l, float* att, std::int64_t S) const {
+  const std::int64_t H = w_.config.n_heads, D = w_.config.head_dim();
+  for (const HeadAblation& a : ablate_) {
+    if (a.layer != l) continue;
+    float* col = att + static_cast<std::int64_t>(a.head) * D;  // rows of H·D floats, head h's D columns
+    std::vector<double> mean(static_cast<std::size_t>(D), 0.0);
+    if (a.kind == HeadAblation::Kind::mean) {
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t d = 0; d < D; ++d) mean[static_cast<std::size_t>(d)] += col[s * H * D + d];
+      for (double& m : mean) m /= static_cast<double>(S);
+    }
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t d = 0; d < D; ++d) col[s * H * D + d] = static_cast<float>(mean[static_cast<std::size_t>(d)]);
+  }
+}
+
+void Model::forward_from_start(const char* fn, const std::vector<int>& tokens, Trace* trace,
+                               std::span<const HeadAblation> ablate, float* logits) {
+  check_tokens(fn, tokens, 0);
+  const Config& c = w_.config;
+  for (const HeadAblation& a : ablate) {
+    if (a.layer < 0 || a.layer >= c.n_layers || a.head < 0 || a.head >= c.n_heads) {
+      fail(fn, "ablate: head (layer " + std::to_string(a.layer) + ", head " + std::to_string(a.head) +
+                   ") is not in the model's " + std::to_string(c.n_layers) + " layers × " + std::to_string(c.n_heads) +
+                   " heads");
+    }
+  }
+  const auto S = static_cast<std::int64_t>(tokens.size());
+  const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity(), kPrefillSharedFlops);
+  KvCache cache(c, S);
+  reserve(S);
+  ablate_ = ablate;
+  struct Reset {
+    std::span<const HeadAblation>& a;
+    ~Reset() { a = {}; }
+  } reset{ablate_};
+  blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, 0);
+  const auto copy_x = [&](Buffer& to) {
+    to = Buffer(DType::f32, {S, c.dim});
+    std::memcpy(to.data(), x_.data(), sizeof(float) * static_cast<std::size_t>(S * c.dim));
+  };
+  if (trace) {
+    trace->layers.clear();
+    trace->layers.resize(static_cast<std::size_t>(c.n_layers));
+    copy_x(trace->embed);
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerTrace* lt = trace ? &trace->layers[static_cast<std::size_t>(l)] : nullptr;
+    block(l, S, 0, cache, lt);
+    if (lt) copy_x(lt->resid);
+  }
+  norm(c, xb_.ptr<float>(), x_.ptr<float>(), w_.normf_w, w_.normf_b, S);
+  project(xb_.ptr<float>(), w_.wcls, wcls_bf16_, nullptr, logits, S, c.dim, c.vocab_size);
+}
+
+void Model::forward_trace(const std::vector<int>& tokens, Trace& trace, std::span<const HeadAblation> ablate) {
   const char* fn = "qkv::Model::forward_trace";
   check_tokens(fn, tokens, 0);
   const Config& c = w_.config;
@@ -774,25 +831,12 @@ void Model::forward_trace(const std::vector<int>& tokens, Trace& trace) {
                c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 2, S, c.dim}, 4) +
                              bytes_of({c.n_heads + c.n_kv_heads, S, c.head_dim()}, 4)) +
                    bytes_of({S, c.dim}, 4) + bytes_of({S, c.vocab_size}, 4));
-  const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity(), kPrefillSharedFlops);
-  KvCache cache(c, S);
-  reserve(S);
-  trace.layers.clear();
-  trace.layers.resize(static_cast<std::size_t>(c.n_layers));
-  blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, 0);
-  const auto copy_x = [&](Buffer& to) {
-    to = Buffer(DType::f32, {S, c.dim});
-    std::memcpy(to.data(), x_.data(), sizeof(float) * static_cast<std::size_t>(S * c.dim));
-  };
-  copy_x(trace.embed);
-  for (int l = 0; l < c.n_layers; ++l) {
-    LayerTrace& lt = trace.layers[static_cast<std::size_t>(l)];
-    block(l, S, 0, cache, &lt);
-    copy_x(lt.resid);
-  }
   trace.logits = Buffer(DType::f32, {S, c.vocab_size});
-  norm(c, xb_.ptr<float>(), x_.ptr<float>(), w_.normf_w, w_.normf_b, S);
-  project(xb_.ptr<float>(), w_.wcls, wcls_bf16_, nullptr, trace.logits.ptr<float>(), S, c.dim, c.vocab_size);
+  forward_from_start(fn, tokens, &trace, ablate, trace.logits.ptr<float>());
+}
+
+void Model::forward_ablated(const std::vector<int>& tokens, std::span<const HeadAblation> ablate, float* logits) {
+  forward_from_start("qkv::Model::forward_ablated", tokens, nullptr, ablate, logits);
 }
 
 }  // namespace qkv

@@ -16,8 +16,8 @@
 #include "inspect/page.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: inspect_fixture OUTDIR S\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: inspect_fixture OUTDIR S [EXACT_PAGE_BYTES]\n");
     return 2;
   }
   const std::string dir = argv[1];
@@ -86,7 +86,9 @@ int main(int argc, char** argv) {
     auto report = qkv::inspect::make_report(info, "synthetic", tokens, layers,
                                             qkv::View::contiguous(logits.data(), qkv::DType::f32, {V}),
                                             piece, params);
-    std::printf("%s\n", qkv::inspect::write_page(report, dir).c_str());
+    // An optional third argument: the exact-page budget in bytes (0: always the compact layout).
+    const double exact = argc > 3 ? std::atof(argv[3]) : qkv::inspect::kExactPageBytes;
+    std::printf("%s\n", qkv::inspect::write_page(report, dir, exact).c_str());
     std::printf("%s\n", qkv::inspect::write_json(report, dir).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

