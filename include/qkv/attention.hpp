@@ -13,6 +13,7 @@
 //   out           same as q             [B, H,   Sq,  Dv]     written; must not overlap the inputs
 //   lse           f32 | f64  (opt.)     [B, H,   Sq]          log Σ_j exp(score_ij) over allowed keys
 //   pattern       f32 | f64  (opt.)     [B, H,   Sq,  Skv]    softmax probabilities; each row sums to 1
+//   scores.scores f32 | f64  (opt.)     [B, H,   Sq,  Skv]    the scores at scores.stage (below)
 //   opt.mask      u8 | f32 | bf16 | f64 [Bm, Hm, Sq, Skv]     Bm ∈ {1, B}, Hm ∈ {1, H} (stride 0 also ok)
 //   opt.key_lengths  i32 | i64          [B]                   0 ≤ len ≤ Skv
 //   opt.alibi_slopes f32 | bf16 | f64   [H]                   finite; alibi_standard_slopes(H) for the usual ones
@@ -87,6 +88,14 @@
 //     q 2    x x x . .                 q 2    x x x x x
 //
 // With bottom_right and Sq > Skv the first Sq − Skv queries see no key and give zeros.
+//
+// Score outputs (ONNX Attention's qk_matmul_output; the pattern is its mode 3). scores[b,h,i,j] is
+//   stage        value                                         ONNX qk_matmul_output_mode (onnx ≥ 1.23)
+//   scaled       scale · q_i · k_j, every (i, j)               0
+//   softcapped   c · tanh(scaled / c) (scaled without softcap) 1
+//   masked       what the softmax sees: softcapped + additive  2 (plus ALiBi, which ONNX lacks)
+//                mask − ALiBi bias on allowed keys, −∞ on the others
+// The first two are computed for masked keys too (as a matmul would); they run on the reference.
 #pragma once
 
 #include <cstdint>
@@ -99,6 +108,14 @@
 namespace qkv {
 
 enum class Align : std::uint8_t { top_left, bottom_right, bottom_right_key_lengths };
+
+// The stage of the score output (the table above).
+enum class ScoreStage : std::uint8_t { scaled, softcapped, masked };
+
+struct ScoresOutput {
+  View scores;                      // f32 | f64 [B, H, Sq, Skv], written
+  ScoreStage stage = ScoreStage::masked;
+};
 
 // Which implementation runs. `automatic` takes the fastest kernel that supports the call
 // and falls back to the reference for anything the fast kernels do not take.
@@ -136,7 +153,8 @@ struct KernelInfo {
 // Forward attention. Throws std::invalid_argument on any inconsistent argument.
 KernelInfo attention(const View& q, const View& k, const View& v, const View& out,
                      const AttentionOptions& opt = {}, const std::optional<View>& lse = std::nullopt,
-                     const std::optional<View>& pattern = std::nullopt);
+                     const std::optional<View>& pattern = std::nullopt,
+                     const std::optional<ScoresOutput>& scores = std::nullopt);
 
 // Backward attention: given dout = ∂L/∂out, writes dq = ∂L/∂q, dk, dv.
 //   q, k, v, out, dout: as in attention(); lse: f32 [B, H, Sq] from the forward of the same call.
@@ -169,6 +187,46 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
                                      const View& dv, const View& cu_seqlens_q, const View& cu_seqlens_k,
                                      const AttentionOptions& opt = {},
                                      const std::optional<View>& dsinks = std::nullopt);
+
+// Attention against a KV cache in the layout of FlashAttention's flash_attn_with_kvcache and vLLM
+// (token-major: one row per position holds every kv head):
+//
+//   argument          dtype                 shape                    notes
+//   q                 f32 | bf16 | f64      [B, H, Sq, D]            as attention()
+//   cache.k           q's dtype, or i8      [Bc, Sc, Hkv, D]         any strides ≥ 0
+//   cache.v           cache.k's dtype       [Bc, Sc, Hkv, Dv]
+//   cache.block_table i32 (opt.)            [B, max_blocks]          paged: see below
+//   cache.k_scale     f32 (with i8)         [Bc, Sc, Hkv]            key (c, s, hk) = k_scale · k
+//   cache.v_scale     f32 (with i8)         [Bc, Sc, Hkv]            (per token and head)
+//   out, lse                                as attention()
+//
+// Contiguous (no block_table): Bc = B, Sc = Skv; key j of sequence b is row (b, j).
+// Paged (block_table): a pool of Bc blocks of Sc rows each (Sc a power of two, 16–256 as vLLM's
+// and FlashAttention's page sizes); key j of sequence b is row j % Sc of block
+// block_table[b, j / Sc], and Skv = max_blocks · Sc. opt.key_lengths (FlashAttention's
+// cache_seqlens) says how many keys each sequence has: only the blocks holding keys
+// [0, key_lengths[b]) are read, and their entries must be in [0, Bc); the rest of a row of the
+// table is never read (vLLM pads it with anything).
+// int8 (cache.k.dtype i8, q f32 or bf16): each row of K and V is dequantised by its scale inside
+// the kernel; the result is attention() on the dequantised cache (in f32).
+// Every other option is attention()'s (causal alignments, masks [.., Sq, Skv], variants,
+// dropout). The fast path is the flash_decode kernel (keys split into chunks, every ISA), for
+// prefill too; Kernel::reference gathers the dequantised cache in f64 and runs the reference.
+struct KvCacheView {
+  View k, v;
+  std::optional<View> block_table;
+  std::optional<View> k_scale, v_scale;
+};
+
+KernelInfo attention_kvcache(const View& q, const KvCacheView& cache, const View& out, const AttentionOptions& opt = {},
+                             const std::optional<View>& lse = std::nullopt);
+
+// Writes new keys and values into a cache at each sequence's next positions: rows
+// [pos[b], pos[b] + Snew) of sequence b ← k_new [B, Snew, Hkv, D], v_new [B, Snew, Hkv, Dv]
+// (through the block table when paged; those blocks must be in the table). For an i8 cache each
+// (row, head) is quantised symmetrically: scale = max|x| / 127 (1 for a zero row), q = round(x / scale),
+// the scale written to k_scale / v_scale. pos: i32 | i64 [B], pos[b] + Snew ≤ Skv.
+void kvcache_append(const KvCacheView& cache, const View& k_new, const View& v_new, const View& pos);
 
 // The ALiBi slopes of the paper (Press et al., 2022) for H heads, as BLOOM and MPT build them:
 // for H a power of two, slope_h = 2^(−8 (h + 1) / H); otherwise the slopes of the largest power

@@ -29,6 +29,7 @@ enum class DType : std::uint8_t {
   u8,    // booleans in masks: nonzero = true
   i32,
   i64,
+  i8,    // int8 KV caches (qkv::attention_kvcache), dequantised by a scale per row and head
 };
 
 std::size_t dtype_size(DType t);

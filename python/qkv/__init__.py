@@ -27,16 +27,16 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "2000"
 
 from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
-from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, KernelInfo, alibi_slopes, attention,
-                         attention_backward, dropout_mask, scaled_dot_product_attention)
+from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, AttentionResultScores, KernelInfo,
+                         alibi_slopes, attention, attention_backward, dropout_mask, scaled_dot_product_attention)
 from .mha import MhaResult, MultiHeadAttention
 from .encoder import Encoder
 from .model import BatchGeneration, Generation, LayerTrace, Model, ModelTrace, Tokenizer
 from ._inspect import Inspection, inspect
 
 __all__ = [
-    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "BatchGeneration", "Encoder", "Generation", "Inspection",
-    "KernelInfo",
+    "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "AttentionResultScores", "BatchGeneration", "Encoder",
+    "Generation", "Inspection", "KernelInfo",
     "LayerTrace", "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes",
     "attention", "attention_backward", "cpu_isa", "dropout_mask", "inspect", "num_threads",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",

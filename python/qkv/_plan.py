@@ -37,6 +37,15 @@ def check_scale(fn: str, scale: Optional[float]) -> Optional[float]:
         raise TypeError(f"[{fn}] scale: must be None or a float, got {type(scale).__name__}") from None
 
 
+SCORE_STAGES = ("scaled", "softcapped", "masked")  # ONNX Attention's qk_matmul_output modes 0, 1, 2
+
+
+def check_return_scores(fn: str, mode: Any) -> None:
+    """return_scores: None (no scores) or one of SCORE_STAGES."""
+    if mode is not None and mode not in SCORE_STAGES:
+        raise ValueError(f"[{fn}] return_scores: must be None, 'scaled', 'softcapped' or 'masked', got {mode!r}")
+
+
 def check_dropout_p(fn: str, p: Any) -> float:
     if isinstance(p, bool):
         raise TypeError(f"[{fn}] dropout_p: must be a float in [0, 1), got {p!r}")

@@ -39,6 +39,16 @@ class AttentionResult(NamedTuple):
     kernel: KernelInfo
 
 
+class AttentionResultScores(NamedTuple):
+    """What :func:`attention` returns when ``return_scores`` is given: also the scores [B, H, Sq, Skv]."""
+
+    out: Array
+    lse: Optional[Array]
+    pattern: Optional[Array]
+    scores: Array
+    kernel: KernelInfo
+
+
 class AttentionGrads(NamedTuple):
     """What :func:`attention_backward` returns."""
 
@@ -206,7 +216,8 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
               return_pattern: bool = False, num_threads: int = 0, kernel: str = "automatic",
               dropout_p: float = 0.0, seed: Optional[int] = None, offset: int = 0,
               softcap: Optional[float] = None, alibi_slopes: Any = None,
-              sinks: Optional[Array] = None) -> AttentionResult:
+              sinks: Optional[Array] = None,
+              return_scores: Optional[str] = None) -> Union[AttentionResult, AttentionResultScores]:
     """Attention with every option of qkv's C++ API.
 
     Layout (strides are free; nothing is copied):
@@ -247,10 +258,17 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
             score -= slope[h] * |diag(i) - j| (BLOOM, MPT; after softcap, as FlashAttention).
         sinks: float [H] sink logits (gpt-oss): each row's softmax denominator gains exp(sinks[h])
             for a key without a value; lse includes it.
+        return_scores: also return the scores [B, H, Sq, Skv] (float32; float64 for float64 inputs)
+            at one stage, ONNX Attention's qk_matmul_output (the pattern is its mode 3):
+            'scaled' (scale * q_i . k_j for every pair, mode 0), 'softcapped' (after softcap, before
+            the mask; 'scaled' without softcap; mode 1), 'masked' (what the softmax sees: softcapped,
+            plus the additive mask and the ALiBi bias, -inf on keys the row may not attend; mode 2).
+            Runs on the reference kernel; not with packed sequences. No gradient flows through them.
 
     Returns:
-        AttentionResult(out, lse, pattern, kernel): arrays in the framework of q, and the
-        KernelInfo of what ran. A row with no allowed key gives zeros. No autograd here: use
+        AttentionResult(out, lse, pattern, kernel), or AttentionResultScores(out, lse, pattern,
+        scores, kernel) with return_scores: arrays in the framework of q, and the KernelInfo of
+        what ran. A row with no allowed key gives zeros. No autograd here: use
         :func:`attention_backward`, or ``qkv.torch.scaled_dot_product_attention`` inside torch models.
 
     Non-finite values (as torch, so that a diverging model shows NaN): a NaN or +inf score on a
@@ -273,9 +291,9 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         if len(qs) != 3 or len(vs) != 3:
             raise ValueError(f"[{fn}] packed q, k, v must have rank 3 [T, H, D], got q {list(qs)}, "
                              f"k {list(A.shape_of(k_))}, v {list(vs)}")
-        if mask is not None or key_lengths is not None or return_pattern:
-            raise ValueError(f"[{fn}] mask, key_lengths and return_pattern are not available with packed "
-                             f"sequences (cu_seqlens_q / cu_seqlens_k)")
+        if mask is not None or key_lengths is not None or return_pattern or return_scores is not None:
+            raise ValueError(f"[{fn}] mask, key_lengths, return_pattern and return_scores are not available with "
+                             f"packed sequences (cu_seqlens_q / cu_seqlens_k)")
         P.reserve(fn, "out and lse", q_, ((qs[0], qs[1], vs[2]), None), ((qs[1], qs[0]) if return_lse else (0,), aux))
         out = kind.empty((qs[0], qs[1], vs[2]), q_)
         lse = kind.empty((qs[1], qs[0]), q_, aux) if return_lse else None
@@ -288,16 +306,22 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     if len(qs) != 4 or len(vs) != 4 or len(A.shape_of(k_)) != 4:
         raise ValueError(f"[{fn}] q, k, v must have rank 4 [B, H, S, D] (rank 3 with cu_seqlens), got "
                          f"q {list(qs)}, k {list(A.shape_of(k_))}, v {list(vs)}")
-    P.reserve(fn, "out, lse and pattern" if return_pattern else "out and lse", q_, ((qs[0], qs[1], qs[2], vs[3]), None),
-             (qs[:3] if return_lse else (0,), aux), (qs[:3] + (A.shape_of(k_)[2],) if return_pattern else (0,), aux))
+    P.check_return_scores(fn, return_scores)
+    square = qs[:3] + (A.shape_of(k_)[2],)
+    P.reserve(fn, "out, lse, pattern and scores", q_, ((qs[0], qs[1], qs[2], vs[3]), None),
+              (qs[:3] if return_lse else (0,), aux), (square if return_pattern else (0,), aux),
+              (square if return_scores is not None else (0,), aux))
     out = kind.empty((qs[0], qs[1], qs[2], vs[3]), q_)
     lse = kind.empty(qs[:3], q_, aux) if return_lse else None
-    pattern = kind.empty(qs[:3] + (A.shape_of(k_)[2],), q_, aux) if return_pattern else None
+    pattern = kind.empty(square, q_, aux) if return_pattern else None
+    scores = kind.empty(square, q_, aux) if return_scores is not None else None
     m = None if mask is None else n(P.check_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
     var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks)
     info = _qkv.attention(n(q_), n(k_), n(v_), n(out), m, kl, lse, pattern, P.check_scale(fn, scale), bool(causal),
-                          align, wl, wr, int(num_threads), kernel, *drop, *var)
+                          align, wl, wr, int(num_threads), kernel, *drop, *var, scores, return_scores or "masked")
+    if scores is not None:
+        return AttentionResultScores(out, lse, pattern, scores, KernelInfo(*info))
     return AttentionResult(out, lse, pattern, KernelInfo(*info))
 
 

@@ -59,6 +59,7 @@ qkv::DType to_dtype(const char* fn, const char* name, nb::dlpack::dtype t) {
     if ((code == C::Bool || code == C::UInt) && t.bits == 8) return qkv::DType::u8;
     if (code == C::Int && t.bits == 32) return qkv::DType::i32;
     if (code == C::Int && t.bits == 64) return qkv::DType::i64;
+    if (code == C::Int && t.bits == 8) return qkv::DType::i8;
   }
   throw nb::type_error((std::string("[") + fn + "] " + name + ": unsupported dtype (DLPack code " +
                         std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits)")
@@ -95,6 +96,14 @@ qkv::Align to_align(const std::string& s) {
   throw nb::value_error(
       ("[qkv.attention] align: must be 'top_left', 'bottom_right' or 'bottom_right_key_lengths', got '" + s + "'")
           .c_str());
+}
+
+qkv::ScoreStage to_score_stage(const std::string& s) {
+  if (s == "scaled") return qkv::ScoreStage::scaled;
+  if (s == "softcapped") return qkv::ScoreStage::softcapped;
+  if (s == "masked") return qkv::ScoreStage::masked;
+  throw nb::value_error(
+      ("[qkv.attention] return_scores: must be 'scaled', 'softcapped' or 'masked', got '" + s + "'").c_str());
 }
 
 qkv::Kernel to_kernel(const std::string& s) {
@@ -151,7 +160,8 @@ Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<
                std::optional<Out> lse, std::optional<Out> pattern, std::optional<double> scale, bool causal,
                const std::string& align, std::int64_t window_left, std::int64_t window_right, int num_threads,
                const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset,
-               std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks) {
+               std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks,
+               std::optional<Out> scores, const std::string& scores_stage) {
   const char* fn = "qkv.attention";
   qkv::AttentionOptions o = with_dropout(
       options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel), dropout_p,
@@ -160,10 +170,12 @@ Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out);
   const auto lv = to_view(fn, "lse", lse), pv = to_view(fn, "pattern", pattern);
+  std::optional<qkv::ScoresOutput> sv;
+  if (scores) sv = qkv::ScoresOutput{*to_view(fn, "scores", scores), to_score_stage(scores_stage)};
   qkv::KernelInfo info;
   {
     nb::gil_scoped_release unlocked;
-    info = qkv::attention(qv, kv, vv, ov, o, lv, pv);
+    info = qkv::attention(qv, kv, vv, ov, o, lv, pv, sv);
   }
   return info_tuple(info);
 }
@@ -494,8 +506,8 @@ NB_MODULE(_qkv, m) {
         "lse"_a.none(), "pattern"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a,
         "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,
         "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
-        "sinks"_a.none() = nb::none(),
-        "Forward attention over [B, H, S, D] arrays into `out` (and `lse`, `pattern` when given).\n"
+        "sinks"_a.none() = nb::none(), "scores"_a.none() = nb::none(), "scores_stage"_a = "masked",
+        "Forward attention over [B, H, S, D] arrays into `out` (and `lse`, `pattern`, `scores` when given).\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
   m.def("attention_varlen", &attention_varlen, "q"_a, "k"_a, "v"_a, "out"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
         "lse"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a, "window_right"_a,

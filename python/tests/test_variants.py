@@ -254,3 +254,117 @@ def test_custom_op_opcheck():
     torch.library.opcheck(torch.ops.qkv.attention.default,
                           (q, k, v, None, None, None, False, "top_left", -1, -1, 0.0, None, 2.0,
                            torch.from_numpy(qkv.alibi_slopes(2)), sinks))
+
+
+def onnx_attention_outputs(q, k, v, *, mask=None, nonpad=None, causal=False, softcap=None, mode=0):
+    """onnx.reference's Attention (opset 24): (Y, qk_matmul_output) for qk_matmul_output_mode = mode."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    names, feeds = ["Q", "K", "V"], {"Q": q, "K": k, "V": v}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.DOUBLE, None) for n in names]
+    if mask is not None:
+        names.append("mask")
+        feeds["mask"] = mask
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL if mask.dtype == bool else TensorProto.DOUBLE,
+                                                    None))
+    if nonpad is not None:
+        names += [""] * (4 - len(names)) + ["", "", "nonpad"]
+        feeds["nonpad"] = nonpad
+        inputs.append(helper.make_tensor_value_info("nonpad", TensorProto.INT64, None))
+    attrs = dict(is_causal=int(causal), qk_matmul_output_mode=mode)
+    if softcap is not None:
+        attrs["softcap"] = float(softcap)
+    node = helper.make_node("Attention", names, ["Y", "", "", "S"], **attrs)
+    outs = [helper.make_tensor_value_info(n, TensorProto.DOUBLE, None) for n in ("Y", "S")]
+    model = helper.make_model(helper.make_graph([node], "g", inputs, outs), opset_imports=[helper.make_opsetid("", 24)])
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+STAGES = {0: "scaled", 1: "softcapped", 2: "masked"}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_score_outputs_against_onnx_reference(seed):
+    """A seeded sweep: GQA, bool/float masks of rank 2–4, key lengths (nonpad_kv_seqlen) with the
+    per-batch causal alignment, softcap; every qk_matmul_output_mode (3 is return_pattern) at 1e-12
+    (float64 on both sides; scores are a few units, the sums' rounding ~1e-15).
+    ONNX's mode 0 with a softcap is skipped here: onnx 1.23.2's reference returns the capped scores
+    there, against its own schema ("the output of qk matmul"); test_score_outputs_against_torch covers it."""
+    rng = np.random.default_rng(seed)
+    B, Hkv, group = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.choice([1, 2, 3]))
+    H, Sq, Skv, D = Hkv * group, int(rng.integers(1, 9)), int(rng.integers(1, 14)), int(rng.choice([4, 8, 16]))
+    q = 1.5 * rng.standard_normal((B, H, Sq, D))
+    k, v = 1.5 * rng.standard_normal((B, Hkv, Skv, D)), rng.standard_normal((B, Hkv, Skv, D))
+    softcap = [None, 1.5][seed % 2]
+    causal = bool(seed % 3 == 0)
+    nonpad = rng.integers(0, Skv + 1, size=B).astype(np.int64) if seed % 4 >= 2 else None
+    mask = None
+    if seed % 5 != 4:
+        rank = 2 + seed % 3
+        shape = [B, H, Sq, Skv][4 - rank:]
+        shape = [1 if (i < rank - 2 and rng.random() < 0.5) else d for i, d in enumerate(shape)]
+        mask = rng.random(shape) < 0.8 if seed % 2 else np.where(rng.random(shape) < 0.15, -np.inf,
+                                                                   rng.standard_normal(shape))
+    kw = dict(mask=mask, key_lengths=nonpad, causal=causal, softcap=softcap, kernel="reference",
+              align="bottom_right_key_lengths" if nonpad is not None else "top_left")
+    for mode in range(4):
+        if mode == 0 and softcap is not None:
+            continue
+        y, want = onnx_attention_outputs(q, k, v, mask=mask, nonpad=nonpad, causal=causal, softcap=softcap, mode=mode)
+        if mode == 3:
+            r = qkv.attention(q, k, v, return_pattern=True, **kw)
+            got = r.pattern
+        else:
+            r = qkv.attention(q, k, v, return_scores=STAGES[mode], **kw)
+            got = r.scores
+            assert r.pattern is None and got.dtype == np.float64 and got.shape == (B, H, Sq, Skv)
+        np.testing.assert_allclose(r.out, y, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"mode {mode}")
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, err_msg=f"mode {mode}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_score_outputs_against_torch(dtype):
+    """scaled = scale·q·kᵀ for every pair (masked or not), softcapped = c·tanh(scaled / c),
+    masked = softcapped + float mask − ALiBi, −inf where causal/key lengths deny: against torch's
+    float64 matmul on the same (dtype-rounded) values. qkv computes in float64 and rounds once to
+    the output (float32 for float32/bfloat16 inputs): error ≤ 2^-24 relative, plus 1e-12."""
+    B, H, Hkv, Sq, Skv, D = 2, 4, 2, 5, 11, 16
+    q, k, v = rand(B, H, Sq, D, seed=101, dtype=dtype), rand(B, Hkv, Skv, D, seed=102, dtype=dtype), \
+        rand(B, Hkv, Skv, D, seed=103, dtype=dtype)
+    mask = rand(Sq, Skv, seed=104, dtype=dtype).double()  # the values qkv reads
+    slopes = torch.from_numpy(qkv.alibi_slopes(H))
+    kl = torch.tensor([11, 6])
+    s = (q.double() @ k.double().repeat_interleave(H // Hkv, 1).transpose(-1, -2)) / math.sqrt(D)
+    capped = 2.0 * torch.tanh(s / 2.0)
+    i, j = torch.arange(Sq)[:, None], torch.arange(Skv)[None, :]
+    diag = i + kl[:, None, None, None] - Sq  # bottom_right_key_lengths
+    masked = capped + mask - slopes[None, :, None, None] * (diag - j).abs()
+    masked = masked.masked_fill((j > diag) | (j >= kl[:, None, None, None]), -math.inf)
+    out_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    for stage, want in [("scaled", s), ("softcapped", capped), ("masked", masked)]:
+        r = qkv.attention(q, k, v, mask=mask.to(dtype), causal=True, align="bottom_right_key_lengths", key_lengths=kl,
+                          softcap=2.0, alibi_slopes=slopes, return_scores=stage, return_lse=True)
+        assert isinstance(r.scores, torch.Tensor) and r.scores.dtype == out_dtype
+        tol = 1e-12 + (0 if dtype == torch.float64 else 2.0**-24 * want[want.isfinite()].abs().max().item())
+        assert torch.equal(r.scores.isneginf(), want.isneginf()), stage
+        fin = want.isfinite()
+        assert (r.scores.double()[fin] - want[fin]).abs().max() <= tol, stage
+        # The softmax of the masked scores is the pattern; their logsumexp is lse.
+        if stage == "masked":
+            lse = torch.logsumexp(want, -1)
+            assert (r.lse.double() - lse)[lse.isfinite()].abs().max() < 1e-5
+
+
+def test_score_output_errors():
+    q = np.zeros((1, 2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"\[qkv.attention\] return_scores: must be None, 'scaled', 'softcapped' or "
+                                         r"'masked', got 'raw'"):
+        qkv.attention(q, q, q, return_scores="raw")
+    cu = np.array([0, 3], np.int32)
+    with pytest.raises(ValueError, match="return_scores are not available with packed sequences"):
+        qkv.attention(q[0].transpose(1, 0, 2), q[0].transpose(1, 0, 2), q[0].transpose(1, 0, 2), cu_seqlens_q=cu,
+                      cu_seqlens_k=cu, return_scores="scaled")
+    with pytest.raises(ValueError, match="opt.kernel: flash takes .* no pattern or scores output .*scores requested"):
+        qkv.attention(q, q, q, return_scores="scaled", kernel="flash")

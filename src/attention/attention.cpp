@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/dispatch.hpp"
@@ -147,15 +148,17 @@ void resolve_score_variants(const char* fn, AttnParams& p, const AttentionOption
 }
 
 // Validates q/k/v/out and the options; fills everything of AttnParams but lse/pattern.
+// With `cache` (attention_kvcache: k, v are its logical [B, Hkv, Skv, D] views), k and v may be
+// i8, and out is checked against the cache's own tensors.
 AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, const View& out,
-                   const AttentionOptions& opt) {
+                   const AttentionOptions& opt, const KvCacheView* cache = nullptr) {
   check_view(fn, "q", q, 4, "[B, H, Sq, D]");
   check_view(fn, "k", k, 4, "[B, Hkv, Skv, D]");
   check_view(fn, "v", v, 4, "[B, Hkv, Skv, Dv]");
   check_view(fn, "out", out, 4, "[B, H, Sq, Dv]");
   if (!is_float(q.dtype)) fail(fn, "q: dtype must be f32, bf16 or f64, got " + std::string(dtype_name(q.dtype)));
   for (auto [name, t] : {std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"out", &out}})
-    if (t->dtype != q.dtype)
+    if (t->dtype != q.dtype && !(cache && t != &out && t->dtype == DType::i8))
       fail(fn, std::string(name) + ": dtype " + dtype_name(t->dtype) + " differs from q's " + dtype_name(q.dtype));
 
   AttnParams p;
@@ -172,7 +175,8 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
                  std::to_string(p.Hkv));
   expect_shape(fn, "out", out, {p.B, p.H, p.Sq, p.Dv}, "[B, H, Sq, Dv]");
   check_writable(fn, "out", out);
-  check_no_overlap(fn, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}});
+  if (cache) check_no_overlap(fn, "out", out, {{"q", &q}, {"cache.k", &cache->k}, {"cache.v", &cache->v}});
+  else check_no_overlap(fn, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}});
   p.q = q, p.k = k, p.v = v, p.out = out;
 
   if (opt.scale) {
@@ -285,18 +289,33 @@ std::vector<double> alibi_standard_slopes(std::int64_t H) {
 }
 
 KernelInfo attention(const View& q, const View& k, const View& v, const View& out, const AttentionOptions& opt,
-                     const std::optional<View>& lse, const std::optional<View>& pattern) {
+                     const std::optional<View>& lse, const std::optional<View>& pattern,
+                     const std::optional<ScoresOutput>& scores) {
   const char* fn = "qkv::attention";
   AttnParams p = resolve(fn, q, k, v, out, opt);
   attach_lse(fn, p, lse);
+  // pattern and scores: f32|f64 [B, H, Sq, Skv], apart from the inputs, out, lse and each other.
+  auto check_square = [&](const char* name, const View& t) {
+    check_view(fn, name, t, 4, "[B, H, Sq, Skv]");
+    if (t.dtype != DType::f32 && t.dtype != DType::f64)
+      fail(fn, std::string(name) + ": dtype must be f32 or f64, got " + dtype_name(t.dtype));
+    expect_shape(fn, name, t, {p.B, p.H, p.Sq, p.Skv}, "[B, H, Sq, Skv]");
+    check_writable(fn, name, t);
+    check_no_overlap(fn, name, t, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &p.lse}});
+  };
   if (pattern) {
-    check_view(fn, "pattern", *pattern, 4, "[B, H, Sq, Skv]");
-    if (pattern->dtype != DType::f32 && pattern->dtype != DType::f64)
-      fail(fn, "pattern: dtype must be f32 or f64, got " + std::string(dtype_name(pattern->dtype)));
-    expect_shape(fn, "pattern", *pattern, {p.B, p.H, p.Sq, p.Skv}, "[B, H, Sq, Skv]");
-    check_writable(fn, "pattern", *pattern);
-    check_no_overlap(fn, "pattern", *pattern, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
+    check_square("pattern", *pattern);
     p.pattern = *pattern;
+  }
+  if (scores) {
+    check_square("scores.scores", scores->scores);
+    if (scores->stage != ScoreStage::scaled && scores->stage != ScoreStage::softcapped &&
+        scores->stage != ScoreStage::masked)
+      fail(fn, "scores.stage: unknown value " + std::to_string(static_cast<int>(scores->stage)));
+    if (pattern && overlaps(*pattern, scores->scores)) fail(fn, "scores.scores: output memory overlaps pattern");
+    p.scores = scores->scores;
+    p.scores_masked = scores->stage == ScoreStage::masked;
+    p.scores_softcap = scores->stage == ScoreStage::softcapped;
   }
   return detail::run_forward(fn, p, opt.kernel);
 }
@@ -501,6 +520,169 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
   if (dsinks)
     for (std::int64_t h = 0; h < q.dim(1); ++h) dsinks->store(dsinks->offset(h), dsink_acc[static_cast<std::size_t>(h)]);
   return info;
+}
+
+namespace {
+
+// [Bc, Sc, Hkv, X] (a cache tensor or, with X absent, its scales [Bc, Sc, Hkv]) as the kernels'
+// [Bc, Hkv, Sc, X] view, no copy.
+View heads_first(const View& t) {
+  View r = t;
+  std::swap(r.shape[1], r.shape[2]);
+  std::swap(r.strides[1], r.strides[2]);
+  return r;
+}
+
+// The checks shared by attention_kvcache and kvcache_append. Returns the pool's block count Bc,
+// rows per block (or sequence) Sc, and the logical Skv; reads nothing but shapes and the table.
+struct CacheShape {
+  std::int64_t Bc, Sc, Hkv, D, Dv, Skv;
+  int page_shift = 0;
+};
+
+CacheShape check_cache(const char* fn, const KvCacheView& c, std::int64_t B, DType q_dtype) {
+  check_view(fn, "cache.k", c.k, 4, "[Bc, Sc, Hkv, D]");
+  check_view(fn, "cache.v", c.v, 4, "[Bc, Sc, Hkv, Dv]");
+  CacheShape s{c.k.dim(0), c.k.dim(1), c.k.dim(2), c.k.dim(3), c.v.dim(3), c.k.dim(1)};
+  if (c.v.dim(0) != s.Bc || c.v.dim(1) != s.Sc || c.v.dim(2) != s.Hkv)
+    fail(fn, "cache.v: [Bc, Sc, Hkv] must match cache.k's: " + str("cache.k", c.k) + ", " + str("cache.v", c.v));
+  if (c.v.dtype != c.k.dtype)
+    fail(fn, std::string("cache.v: dtype ") + dtype_name(c.v.dtype) + " differs from cache.k's " + dtype_name(c.k.dtype));
+  const bool i8 = c.k.dtype == DType::i8;
+  if (!i8 && c.k.dtype != q_dtype)
+    fail(fn, std::string("cache.k: dtype must be q's (") + dtype_name(q_dtype) + ") or i8, got " + dtype_name(c.k.dtype));
+  if (i8 && q_dtype != DType::f32 && q_dtype != DType::bf16)
+    fail(fn, std::string("q: an i8 cache takes f32 or bf16 queries, got ") + dtype_name(q_dtype));
+  if (i8 != (c.k_scale.has_value() && c.v_scale.has_value()) || c.k_scale.has_value() != c.v_scale.has_value())
+    fail(fn, i8 ? "cache.k_scale, cache.v_scale: an i8 cache needs both scales [Bc, Sc, Hkv]"
+                : "cache.k_scale, cache.v_scale: given for a cache that is not i8");
+  if (i8)
+    for (auto [name, t] : {std::pair{"cache.k_scale", &*c.k_scale}, std::pair{"cache.v_scale", &*c.v_scale}}) {
+      check_view(fn, name, *t, 3, "[Bc, Sc, Hkv]");
+      if (t->dtype != DType::f32) fail(fn, std::string(name) + ": dtype must be f32, got " + dtype_name(t->dtype));
+      expect_shape(fn, name, *t, {s.Bc, s.Sc, s.Hkv}, "[Bc, Sc, Hkv]");
+    }
+  if (c.block_table) {
+    const View& bt = *c.block_table;
+    check_view(fn, "cache.block_table", bt, 2, "[B, max_blocks]");
+    if (bt.dtype != DType::i32) fail(fn, std::string("cache.block_table: dtype must be i32, got ") + dtype_name(bt.dtype));
+    if (bt.dim(0) != B)
+      fail(fn, "cache.block_table: expected [B = " + std::to_string(B) + ", max_blocks], got " + bt.shape_str());
+    if (bt.stride(1) != 1 && bt.dim(1) > 1)
+      fail(fn, "cache.block_table: rows must be contiguous (stride 1 along max_blocks), got stride " +
+                   std::to_string(bt.stride(1)));
+    if (s.Sc < 1 || (s.Sc & (s.Sc - 1)) != 0)
+      fail(fn, "cache.k: the block size Sc = " + std::to_string(s.Sc) + " must be a power of two");
+    while ((std::int64_t{1} << s.page_shift) < s.Sc) ++s.page_shift;
+    s.Skv = bt.dim(1) * s.Sc;
+  } else if (s.Bc != B) {
+    fail(fn, "cache.k: without a block table the cache holds one sequence per batch row: expected Bc = B = " +
+                 std::to_string(B) + ", got " + c.k.shape_str());
+  }
+  return s;
+}
+
+// Every block sequence b uses for keys [0, len) must be a block of the pool.
+void check_blocks(const char* fn, const KvCacheView& c, const CacheShape& s, std::int64_t b, std::int64_t len) {
+  if (!c.block_table) return;
+  const View& bt = *c.block_table;
+  for (std::int64_t blk = 0; blk * s.Sc < len; ++blk) {
+    const auto id = static_cast<std::int64_t>(bt.ptr<std::int32_t>()[bt.offset(b, blk)]);
+    if (id < 0 || id >= s.Bc)
+      fail(fn, "cache.block_table[" + std::to_string(b) + ", " + std::to_string(blk) + "] = " + std::to_string(id) +
+                   " outside the pool [0, Bc = " + std::to_string(s.Bc) + ") (sequence " + std::to_string(b) + " holds " +
+                   std::to_string(len) + " keys)");
+  }
+}
+
+// The logical [B, Hkv, Skv, X] view of a cache tensor the kernels read through KvCacheLayout.
+View logical(const View& t, std::int64_t B, std::int64_t Skv) {
+  View r = heads_first(t);
+  r.shape[0] = B;
+  r.shape[2] = Skv;
+  return r;
+}
+
+}  // namespace
+
+KernelInfo attention_kvcache(const View& q, const KvCacheView& cache, const View& out, const AttentionOptions& opt,
+                             const std::optional<View>& lse) {
+  const char* fn = "qkv::attention_kvcache";
+  check_view(fn, "q", q, 4, "[B, H, Sq, D]");
+  const CacheShape s = check_cache(fn, cache, q.dim(0), q.dtype);
+  const bool i8 = cache.k.dtype == DType::i8;
+  // A contiguous cache of q's dtype is ordinary strided attention.
+  if (!cache.block_table && !i8) return attention(q, heads_first(cache.k), heads_first(cache.v), out, opt, lse);
+  AttnParams p = resolve(fn, q, logical(cache.k, q.dim(0), s.Skv), logical(cache.v, q.dim(0), s.Skv), out, opt, &cache);
+  attach_lse(fn, p, lse);
+  if (p.lse.data) check_no_overlap(fn, "lse", p.lse, {{"cache.k", &cache.k}, {"cache.v", &cache.v}});
+  for (std::int64_t b = 0; b < p.B; ++b) check_blocks(fn, cache, s, b, p.key_len[static_cast<std::size_t>(b)]);
+  if (cache.block_table) {
+    p.cache.table = cache.block_table->ptr<std::int32_t>();
+    p.cache.ldt = cache.block_table->stride(0);
+    p.cache.page_shift = s.page_shift;
+  }
+  if (i8) p.cache.k_scale = heads_first(*cache.k_scale), p.cache.v_scale = heads_first(*cache.v_scale);
+  return detail::run_forward(fn, p, opt.kernel);
+}
+
+void kvcache_append(const KvCacheView& cache, const View& k_new, const View& v_new, const View& pos) {
+  const char* fn = "qkv::kvcache_append";
+  check_view(fn, "k_new", k_new, 4, "[B, Snew, Hkv, D]");
+  check_view(fn, "v_new", v_new, 4, "[B, Snew, Hkv, Dv]");
+  check_view(fn, "pos", pos, 1, "[B]");
+  const std::int64_t B = k_new.dim(0), Snew = k_new.dim(1);
+  if (!is_float(k_new.dtype) || v_new.dtype != k_new.dtype)
+    fail(fn, std::string("k_new, v_new: need one float dtype, got ") + dtype_name(k_new.dtype) + " and " +
+                 dtype_name(v_new.dtype));
+  const bool i8 = cache.k.dtype == DType::i8;
+  const CacheShape s = check_cache(fn, cache, B, i8 ? DType::f32 : cache.k.dtype);
+  expect_shape(fn, "k_new", k_new, {B, Snew, s.Hkv, s.D}, "[B, Snew, Hkv, D]");
+  expect_shape(fn, "v_new", v_new, {B, Snew, s.Hkv, s.Dv}, "[B, Snew, Hkv, Dv]");
+  if (pos.dtype != DType::i32 && pos.dtype != DType::i64)
+    fail(fn, std::string("pos: dtype must be i32 or i64, got ") + dtype_name(pos.dtype));
+  expect_shape(fn, "pos", pos, {B}, "[B]");
+  std::vector<std::int64_t> p0(static_cast<std::size_t>(B));
+  for (std::int64_t b = 0; b < B; ++b) {
+    p0[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(pos.load(pos.offset(b)));
+    if (p0[static_cast<std::size_t>(b)] < 0 || p0[static_cast<std::size_t>(b)] + Snew > s.Skv)
+      fail(fn, "pos[" + std::to_string(b) + "] = " + std::to_string(p0[static_cast<std::size_t>(b)]) + ": rows [pos, pos + " +
+                   std::to_string(Snew) + ") must lie in [0, Skv = " + std::to_string(s.Skv) + ")");
+    check_blocks(fn, cache, s, b, p0[static_cast<std::size_t>(b)] + Snew);
+  }
+  kernels::KvCacheLayout lay;
+  if (cache.block_table) lay.table = cache.block_table->ptr<std::int32_t>(), lay.ldt = cache.block_table->stride(0),
+                         lay.page_shift = s.page_shift;
+  const View ck = logical(cache.k, B, s.Skv), cv = logical(cache.v, B, s.Skv);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < Snew; ++t) {
+      const std::int64_t j = p0[static_cast<std::size_t>(b)] + t;
+      for (std::int64_t hk = 0; hk < s.Hkv; ++hk)
+        for (auto [src, dst, scale] : {std::tuple{&k_new, &ck, i8 ? &*cache.k_scale : nullptr},
+                                       std::tuple{&v_new, &cv, i8 ? &*cache.v_scale : nullptr}}) {
+          const std::int64_t n = src->dim(3), row = lay.offset(*dst, b, hk, j);
+          double inv = 1.0;
+          if (scale) {  // symmetric int8: scale = max|x| / 127 (1 for an all-zero row)
+            double amax = 0.0;
+            for (std::int64_t e = 0; e < n; ++e) {
+            const double x = src->load(src->offset(b, t, hk, e));
+            if (scale && !std::isfinite(x))
+              fail(fn, std::string(src == &k_new ? "k_new" : "v_new") + "[" + std::to_string(b) + ", " + std::to_string(t) +
+                           ", " + std::to_string(hk) + ", " + std::to_string(e) + "] = " + std::to_string(x) +
+                           ": an i8 cache holds finite values only");
+            amax = std::max(amax, std::abs(x));
+          }
+            const float sc = amax > 0.0 ? static_cast<float>(amax / 127.0) : 1.0f;
+            const View sv = heads_first(*scale);
+            sv.store(lay.offset(sv, b, hk, j), sc);
+            inv = 1.0 / static_cast<double>(sc);
+          }
+          for (std::int64_t e = 0; e < n; ++e) {
+            const double x = src->load(src->offset(b, t, hk, e));
+            dst->store(row + e * dst->stride(3), scale ? std::clamp(std::nearbyint(x * inv), -127.0, 127.0) : x);
+          }
+        }
+    }
 }
 
 void dropout_mask(const View& mask, double dropout_p, std::uint64_t seed, std::uint64_t offset) {

@@ -1,5 +1,5 @@
 // Kernel choice. The reference runs anything; the fast CPU kernels take f32/bf16 calls that do
-// not ask for the N×N pattern, on the instruction set active_isa() names (chosen once from the
+// not ask for the N×N pattern or scores, on the instruction set active_isa() names (chosen once from the
 // CPU, overridable by QKV_ISA / set_isa).
 #include "attention/dispatch.hpp"
 
@@ -64,9 +64,10 @@ void run_flash_forward(Isa isa, const kernels::cpu::FlashArgs* list, std::int64_
 void require_flash(const char* fn, const kernels::AttnParams& p, Kernel requested) {
   if (kernels::cpu::flash_supports(p)) return;
   fail(fn, std::string("opt.kernel: ") + kernel_name(requested) +
-               " takes f32 or bf16 tensors, 1 ≤ D, Dv ≤ 512 and no pattern output (got " + dtype_name(p.q.dtype) +
+               " takes f32 or bf16 tensors, 1 ≤ D, Dv ≤ 512 and no pattern or scores output (got " +
+               dtype_name(p.q.dtype) +
                ", D = " + std::to_string(p.D) + ", Dv = " + std::to_string(p.Dv) +
-               (p.pattern.data ? ", pattern requested)" : ")"));
+               (p.pattern.data ? ", pattern requested)" : p.scores.data ? ", scores requested)" : ")"));
 }
 
 }  // namespace
@@ -85,6 +86,12 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
   Kernel k = requested;
   if (k == Kernel::automatic)
     k = p.Sq <= 2 || (p.Sq <= 8 && p.Skv >= 512) ? Kernel::flash_decode : Kernel::flash;
+  // A paged or int8 KV cache is read by the decode kernel only (its rows, one at a time), prefill too.
+  if (p.cache.paged() || p.cache.i8()) {
+    if (requested == Kernel::flash)
+      fail(fn, "opt.kernel: flash does not read a paged or int8 KV cache; use automatic, flash_decode or reference");
+    k = Kernel::flash_decode;
+  }
   const bool bf16 = p.q.dtype == DType::bf16;
   const Isa isa = flash_isa(bf16);
   const KernelInfo info{k, isa, flash_name(k, isa, bf16)};

@@ -18,6 +18,7 @@ std::size_t dtype_size(DType t) {
     case DType::u8: return 1;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::i8: return 1;
   }
   return 0;
 }
@@ -30,6 +31,7 @@ const char* dtype_name(DType t) {
     case DType::u8: return "u8";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::i8: return "i8";
   }
   return "?";
 }
@@ -139,6 +141,7 @@ double View::load(std::int64_t off) const {
     case DType::u8: return static_cast<const std::uint8_t*>(data)[off];
     case DType::i32: return static_cast<const std::int32_t*>(data)[off];
     case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(data)[off]);
+    case DType::i8: return static_cast<const std::int8_t*>(data)[off];
   }
   return 0.0;
 }
@@ -151,6 +154,7 @@ void View::store(std::int64_t off, double x) const {
     case DType::u8: static_cast<std::uint8_t*>(data)[off] = x != 0.0; return;
     case DType::i32: static_cast<std::int32_t*>(data)[off] = static_cast<std::int32_t>(x); return;
     case DType::i64: static_cast<std::int64_t*>(data)[off] = static_cast<std::int64_t>(x); return;
+    case DType::i8: static_cast<std::int8_t*>(data)[off] = static_cast<std::int8_t>(x); return;
   }
 }
 

@@ -49,10 +49,34 @@ struct DropoutParams {
   bool on() const { return p > 0.0; }
 };
 
+// A paged and/or int8 KV cache (qkv::attention_kvcache). AttnParams::k, v then have the logical
+// shape [B, Hkv, Skv, D] with the cache's strides, dim 0 stepping blocks when paged; their element
+// (b, hk, j, d) is at kv_offset(k, b, hk, j) + d · stride(3).
+struct KvCacheLayout {
+  const std::int32_t* table = nullptr;  // [B, ldt] block ids; null: contiguous (dim 0 = sequence)
+  std::int64_t ldt = 0;
+  int page_shift = 0;                   // rows per block = 2^page_shift
+  View k_scale, v_scale;                // f32 [Bc, Hkv, Sc] (permuted as k) for i8 k, v; else data null
+  bool paged() const { return table != nullptr; }
+  bool i8() const { return k_scale.data != nullptr; }
+  // Offset of row (b, hk, j) in a view whose strides are k's or v's (or their scales', which
+  // have k's first three dims).
+  std::int64_t offset(const View& t, std::int64_t b, std::int64_t hk, std::int64_t j) const {
+    if (!table) return b * t.stride(0) + hk * t.stride(1) + j * t.stride(2);
+    const std::int64_t blk = table[b * ldt + (j >> page_shift)];
+    return blk * t.stride(0) + hk * t.stride(1) + (j & ((std::int64_t{1} << page_shift) - 1)) * t.stride(2);
+  }
+};
+
 struct AttnParams {
   View q, k, v, out;              // [B,H,Sq,D] [B,Hkv,Skv,D] [B,Hkv,Skv,Dv] [B,H,Sq,Dv]
   View lse;                       // f32|f64 [B,H,Sq]; data == nullptr when not requested
   View pattern;                   // f32|f64 [B,H,Sq,Skv]; data == nullptr when not requested
+  View scores;                    // f32|f64 [B,H,Sq,Skv]; data == nullptr when not requested
+  // The stage of scores (qkv::ScoreStage): what the softmax sees (masked), or else scale · q·k for
+  // every key, softcapped when scores_softcap (ScoreStage::softcapped) and softcap > 0.
+  bool scores_masked = true;
+  bool scores_softcap = false;
   View mask;                      // [B,H,Sq,Skv] with stride 0 on broadcast dims; data == nullptr if none
   bool mask_is_bool = false;      // u8 mask (allow/deny) vs additive float mask
   std::vector<std::int64_t> key_len;  // [B]: valid keys per batch (Skv when no key_lengths given)
@@ -65,6 +89,7 @@ struct AttnParams {
   double softcap = 0.0;           // > 0: scores → softcap · tanh(score / softcap); 0: none
   std::vector<double> alibi;      // [H] ALiBi slopes, or empty
   std::vector<double> sinks;      // [H] sink logits, or empty
+  KvCacheLayout cache;            // paged / int8 KV cache; default: plain k, v
 
   bool has_score_mod() const { return softcap > 0.0 || !alibi.empty(); }
   std::int64_t group() const { return H / Hkv; }  // query heads per kv head
@@ -76,7 +101,8 @@ struct AttnBwdParams {
   View dq, dk, dv;                // [B,H,Sq,D] [B,Hkv,Skv,D] [B,Hkv,Skv,Dv]
 };
 
-// The oracle: straightforward loops, f64 accumulation, any strides and dtypes.
+// The oracle: straightforward loops, f64 accumulation, any strides and dtypes. A paged or int8
+// cache (p.cache) is first gathered and dequantised into f64 [B, Hkv, Skv, D] buffers.
 void attention_reference(const AttnParams& p);
 void attention_backward_reference(const AttnBwdParams& p);
 // dsink[h] += −Σ_{b,i} exp(sink_h − lse_bhi) · (dout_bhi · out_bhi) over p's rows (f64; needs p.fwd.sinks).

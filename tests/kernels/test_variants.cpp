@@ -76,10 +76,10 @@ struct Inputs {
 };
 
 // The header's definition in arithmetic T. Outputs (row-major): out [B,H,Sq,Dv], lse [B,H,Sq],
-// dq, dk, dv, dsinks [H].
+// dq, dk, dv, dsinks [H]; the score stages scaled, capped, masked [B,H,Sq,Skv] (−∞ where not allowed).
 template <class T>
 struct Naive {
-  std::vector<T> out, lse, dq, dk, dv, dsinks;
+  std::vector<T> out, lse, dq, dk, dv, dsinks, scaled, capped, masked;
 };
 
 template <class T>
@@ -92,6 +92,7 @@ Naive<T> naive(const Inputs& in) {
   r.dk.assign(static_cast<std::size_t>(c.B * c.Hkv * c.Skv * c.D), 0);
   r.dv.assign(static_cast<std::size_t>(c.B * c.Hkv * c.Skv * c.Dv), 0);
   r.dsinks.assign(static_cast<std::size_t>(c.H), 0);
+  for (auto* st : {&r.scaled, &r.capped, &r.masked}) st->assign(static_cast<std::size_t>(c.B * c.H * c.Sq * c.Skv), 0);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(c.D)));
   std::vector<T> s(static_cast<std::size_t>(c.Skv)), dcap(static_cast<std::size_t>(c.Skv)), dp(static_cast<std::size_t>(c.Skv));
   std::vector<char> ok(static_cast<std::size_t>(c.Skv));
@@ -111,12 +112,15 @@ Naive<T> naive(const Inputs& in) {
             x += static_cast<T>(in.q[static_cast<std::size_t>(((b * c.H + h) * c.Sq + i) * c.D + d)]) *
                  static_cast<T>(in.k[static_cast<std::size_t>(((b * c.Hkv + hk) * c.Skv + j) * c.D + d)]);
           x *= scale;
+          const std::size_t at = static_cast<std::size_t>(((b * c.H + h) * c.Sq + i) * c.Skv + j);
+          r.scaled[at] = x;
           T dc = 1;
           if (c.softcap > 0) {
             const T t = std::tanh(x / static_cast<T>(c.softcap));
             x = static_cast<T>(c.softcap) * t;
             dc = 1 - t * t;
           }
+          r.capped[at] = x;
           if (c.additive_mask) {
             const double mk = in.mask[static_cast<std::size_t>(i * c.Skv + j)];
             if (mk == -kInf) a = false;
@@ -124,6 +128,7 @@ Naive<T> naive(const Inputs& in) {
           }
           if (c.alibi) x -= static_cast<T>(in.slopes[static_cast<std::size_t>(h)]) * static_cast<T>(std::abs(diag - j));
           ok[static_cast<std::size_t>(j)] = a;
+          r.masked[at] = a ? x : static_cast<T>(-kInf);
           s[static_cast<std::size_t>(j)] = x;
           dcap[static_cast<std::size_t>(j)] = dc;
           if (a) m = std::max(m, x);
@@ -272,6 +277,63 @@ TEST(Variants, ReferenceMatchesNaiveF64) {
       EXPECT_LE(max_err(values(ds), want.dsinks), 1e-10) << c.name;
     }
   }
+}
+
+// Score outputs (ONNX's qk_matmul_output modes 0–2): every stage of every case from the reference
+// kernel, f64 and f32 inputs (f64 output: the reference works in f64 on the f32 values), equal to
+// naive<double> on the same inputs to 1e-10 (both exact up to the rounding of D-term sums, ~1e-14);
+// masked keys −∞ in 'masked' and finite in the other two. out and lse stay those of a call without.
+TEST(Variants, ScoreOutputsMatchNaive) {
+  for (DType t : {DType::f64, DType::f32})
+    for (const Case& c : cases()) {
+      const Inputs in(c, t, 41);
+      const Naive<double> want = naive<double>(in);
+      Call call(in, t);
+      for (auto [stage, ref] : {std::pair{qkv::ScoreStage::scaled, &want.scaled},
+                                std::pair{qkv::ScoreStage::softcapped, &want.capped},
+                                std::pair{qkv::ScoreStage::masked, &want.masked}}) {
+        Buffer out(t, {c.B, c.H, c.Sq, c.Dv}), lse(DType::f64, {c.B, c.H, c.Sq}),
+            sc(DType::f64, {c.B, c.H, c.Sq, c.Skv});
+        const auto info = qkv::attention(call.q.view(), call.k.view(), call.v.view(), out.view(), call.opt, lse.view(),
+                                         std::nullopt, qkv::ScoresOutput{sc.view(), stage});
+        EXPECT_EQ(info.kernel, qkv::Kernel::reference) << c.name;
+        const std::vector<double> got = values(sc);
+        const double e = max_err(got, *ref);
+        std::size_t inf_mismatch = 0;
+        for (std::size_t x = 0; x < got.size(); ++x) inf_mismatch += std::isinf(got[x]) != std::isinf((*ref)[x]);
+        EXPECT_LE(e, 1e-10) << c.name << " stage " << static_cast<int>(stage) << " " << qkv::dtype_name(t);
+        EXPECT_EQ(inf_mismatch, 0u) << c.name << " stage " << static_cast<int>(stage);
+        if (t == DType::f64) {
+          EXPECT_LE(max_err(values(out), want.out), 1e-10) << c.name;
+          EXPECT_LE(max_err(values(lse), want.lse), 1e-10) << c.name;
+        }
+      }
+    }
+}
+
+TEST(Variants, ScoreOutputValidation) {
+  Buffer q(DType::f32, {1, 2, 3, 4}), k(DType::f32, {1, 2, 5, 4}), out(DType::f32, {1, 2, 3, 4});
+  auto message = [&](const qkv::ScoresOutput& s, qkv::Kernel kern = qkv::Kernel::automatic,
+                     std::optional<qkv::View> pattern = std::nullopt) {
+    AttentionOptions o;
+    o.kernel = kern;
+    try {
+      qkv::attention(q.view(), k.view(), k.view(), out.view(), o, std::nullopt, pattern, s);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Buffer wrong(DType::f32, {1, 2, 3, 4}), bf(DType::bf16, {1, 2, 3, 5}), good(DType::f32, {1, 2, 3, 5});
+  EXPECT_NE(message({wrong.view()}).find("scores.scores: expected [B, H, Sq, Skv] = [1, 2, 3, 5], got [1, 2, 3, 4]"),
+            std::string::npos) << message({wrong.view()});
+  EXPECT_NE(message({bf.view()}).find("scores.scores: dtype must be f32 or f64, got bf16"), std::string::npos);
+  EXPECT_NE(message({good.view()}, qkv::Kernel::flash).find("no pattern or scores output (got f32, D = 4, Dv = 4, scores requested)"),
+            std::string::npos) << message({good.view()}, qkv::Kernel::flash);
+  EXPECT_NE(message({good.view()}, qkv::Kernel::automatic, good.view()).find("scores.scores: output memory overlaps pattern"),
+            std::string::npos);
+  EXPECT_NE(message({good.view(), static_cast<qkv::ScoreStage>(7)}).find("scores.stage: unknown value 7"),
+            std::string::npos);
 }
 
 // dL/dsink by central differences of the f64 reference forward, L = Σ dout ∘ out: checks the

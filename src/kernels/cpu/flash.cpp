@@ -7,9 +7,9 @@
 namespace qkv::kernels::cpu {
 
 bool flash_supports(const AttnParams& p) {
-  // f64 is the reference's precision; the fast kernels never write the N×N pattern.
+  // f64 is the reference's precision; the fast kernels never write the N×N pattern or scores.
   const bool dtype_ok = p.q.dtype == DType::f32 || p.q.dtype == DType::bf16;
-  return dtype_ok && !p.pattern.data && p.D >= 1 && p.D <= 512 && p.Dv >= 1 && p.Dv <= 512;
+  return dtype_ok && !p.pattern.data && !p.scores.data && p.D >= 1 && p.D <= 512 && p.Dv >= 1 && p.Dv <= 512;
 }
 
 FlashArgs make_flash_args(const AttnParams& p) {
@@ -52,6 +52,12 @@ FlashArgs make_flash_args(const AttnParams& p) {
   a.softcap_log2 = static_cast<float>(p.softcap * 1.4426950408889634);
   a.alibi = p.alibi.empty() ? nullptr : p.alibi.data();
   a.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
+  a.block_table = p.cache.table, a.ldt = p.cache.ldt, a.page_shift = p.cache.page_shift;
+  a.kv_i8 = p.cache.i8();
+  if (a.kv_i8) {
+    a.k_scale = p.cache.k_scale.ptr<float>(), a.v_scale = p.cache.v_scale.ptr<float>();
+    for (int d = 0; d < 3; ++d) a.sks[d] = p.cache.k_scale.stride(d), a.svs[d] = p.cache.v_scale.stride(d);
+  }
   return a;
 }
 

@@ -50,11 +50,23 @@ struct FlashArgs {
   float softcap_log2;
   const double* alibi;
   const double* sinks;
+  // KV caches (attention_kvcache; flash_decode only). Paged when block_table is set: key row j of
+  // (b, hk) is row j & (2^page_shift − 1) of block block_table[b·ldt + (j >> page_shift)], and
+  // sk[0] / sv[0] step blocks. kv_i8: k and v are int8, row (b|block, hk, row) scaled by
+  // k_scale / v_scale at strides sks / svs (in the order of sk's first three).
+  const std::int32_t* block_table;
+  std::int64_t ldt;
+  int page_shift;
+  bool kv_i8;
+  const float* k_scale;
+  const float* v_scale;
+  std::int64_t sks[3], svs[3];
 };
 
 FlashArgs make_flash_args(const AttnParams& p);
 
-// Whether the fast kernels take p at all (dtype f32/bf16, no pattern output, 1 ≤ D, Dv ≤ 512).
+// Whether the fast kernels take p at all (dtype f32/bf16, no pattern output, 1 ≤ D, Dv ≤ 512);
+// a paged or int8 KV cache only flash_decode takes.
 bool flash_supports(const AttnParams& p);
 
 // Entry points, one per ISA. flash_forward: parallel over (call, b, h, query block of 192 rows)

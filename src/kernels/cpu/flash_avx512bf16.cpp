@@ -223,8 +223,9 @@ struct DecodeOpsBf16 {
   static constexpr int kRowsPv = 2;
   static i64 Dp32(const FlashArgs& a) { return round_up(a.D, 32); }
   static i64 scratch_floats(const FlashArgs& a) { return kDecRows * Dp32(a) / 2 + kDecRows * kNt / 2; }
-  static bool takes_k(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1; }
-  static bool takes_v(const FlashArgs& a) { return a.bf16 && a.sv[3] == 1; }
+  // Not a paged or int8 cache: decode's generic rows read those.
+  static bool takes_k(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1 && !a.block_table && !a.kv_i8; }
+  static bool takes_v(const FlashArgs& a) { return a.bf16 && a.sv[3] == 1 && !a.block_table && !a.kv_i8; }
 
   const FlashArgs& a;
   i64 dp32;

@@ -133,14 +133,14 @@ void decode(const FlashArgs& a) {
   while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
   const i64 items = a.B * a.Hkv * ngroups * nsplit;
-  const bool k_in_place = !a.bf16 && a.sk[3] == 1 && D % L == 0;
+  const bool k_in_place = !a.bf16 && !a.kv_i8 && a.sk[3] == 1 && D % L == 0;
   const bool ops_k = Ops::kEnabled && Ops::takes_k(a);  // scores by the policy
   const bool ops_v = Ops::kEnabled && Ops::takes_v(a);  // P·V by the policy
-  const bool v_in_place = !a.bf16 && a.sv[3] == 1 && Dv % L == 0;
+  const bool v_in_place = !a.bf16 && !a.kv_i8 && a.sv[3] == 1 && Dv % L == 0;
   // Software prefetch of the K and V streams (pf_row) where rows are contiguous and this code
   // reads both: it lifts long-context decode from ≈ 70 % to 85–100 % of the read bandwidth.
   const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
-  const i64 esz = a.bf16 ? 2 : 4;  // bytes per K/V element
+  const i64 esz = a.kv_i8 ? 1 : a.bf16 ? 2 : 4;  // bytes per K/V element
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
   //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
@@ -197,13 +197,15 @@ void decode(const FlashArgs& a) {
         const i64 j_lo = imax(t0, ulo), j_hi = imin(t0 + kNt, uhi);
         if (ops_k) ops.scores(nr, kbase, vbase, t0, j_lo, j_hi, uhi, Ps);
         for (i64 j = ops_k ? j_hi : j_lo; j < j_hi; ++j) {
-          if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * (vbase + j * a.sv[2]), esz * Dv);
+          if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk, j), esz * Dv);
+          const i64 koff = kv_row(a, a.sk, b, hk, j);
           const float* kp;
           if (k_in_place) {
-            kp = static_cast<const float*>(a.k) + kbase + j * a.sk[2];
+            kp = static_cast<const float*>(a.k) + koff;
           } else {
-            if (a.bf16 && a.sk[3] == 1) widen_row<S>(static_cast<const std::uint16_t*>(a.k) + kbase + j * a.sk[2], D, Kr);
-            else load_row(a, a.k, kbase + j * a.sk[2], a.sk[3], D, 1.0f, Kr);
+            if (a.kv_i8) widen_i8_row<S>(static_cast<const std::int8_t*>(a.k) + koff, a.sk[3], D, a.k_scale[kv_row(a, a.sks, b, hk, j)], Kr);
+            else if (a.bf16 && a.sk[3] == 1) widen_row<S>(static_cast<const std::uint16_t*>(a.k) + koff, D, Kr);
+            else load_row(a, a.k, koff, a.sk[3], D, 1.0f, Kr);
             kp = Kr;
           }
           int r = 0;
@@ -227,32 +229,56 @@ void decode(const FlashArgs& a) {
           ops.pv(nr, Ps, vbase, t0, j_lo, j_hi, Od, Dvp);
           continue;
         }
-        // The tile's V rows [j_lo, j_hi) as f32 rows c = j − t0 of vt (in place, or converted into Vs).
-        const float* vt = Vs;
-        i64 ldv = Dvp;
+        // While P·V reads this tile's V rows: the next tile's K rows, those this item scores (as far
+        // as they are evenly strided: the next tile's first block when paged).
+        const char* pf = nullptr;
+        i64 pf_end = 0;
+        if (prefetch && t0 + kNt < uhi) {
+          pf = static_cast<const char*>(a.k) + esz * kv_row(a, a.sk, b, hk, t0 + kNt);
+          pf_end = imin(uhi, kv_run_end(a, t0 + kNt)) - t0 - kNt;
+        }
+        const i64 pf_ld = esz * a.sk[2], pf_bytes = esz * D;
+        // P·V over keys [c_lo, c_hi) of probabilities P (rows r at P + r·kNt) whose V rows are f32
+        // rows c of vt.
+        auto pv = [&](const float* P, const float* vt, i64 ldv, i64 c_lo, i64 c_hi) {
+          int r = 0;
+          for (; r + 2 <= nr; r += 2) {
+            dec_pv<S, 2>(P + r * kNt, vt, ldv, c_lo, c_hi, Od + r * Dvp, Dvp, pf, pf_ld, pf_end, pf_bytes);
+            pf = nullptr;
+          }
+          if (r < nr) dec_pv<S, 1>(P + r * kNt, vt, ldv, c_lo, c_hi, Od + r * Dvp, Dvp, pf, pf_ld, pf_end, pf_bytes);
+          pf = nullptr;
+        };
+        if (v_in_place && !a.block_table) {
+          pv(Ps, static_cast<const float*>(a.v) + vbase + t0 * a.sv[2], a.sv[2], j_lo - t0, j_hi - t0);
+          continue;
+        }
         if (v_in_place) {
-          vt = static_cast<const float*>(a.v) + vbase + t0 * a.sv[2];
-          ldv = a.sv[2];
-        } else {
-          for (i64 j = j_lo; j < j_hi; ++j) {
-            float* row = Vs + (j - t0) * Dvp;
-            if (a.bf16 && a.sv[3] == 1) {
-              widen_row<S>(static_cast<const std::uint16_t*>(a.v) + vbase + j * a.sv[2], Dv, row);
-            } else {
-              load_row(a, a.v, vbase + j * a.sv[2], a.sv[3], Dv, 1.0f, row);
-              for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
-            }
+          // Paged, in place: one block's run of keys [s_lo, s_hi) at a time, P and V both taken
+          // from the run's first key. Only the first call prefetches: the next tile's first
+          // s_hi − s_lo K rows.
+          for (i64 s_lo = j_lo; s_lo < j_hi;) {
+            const i64 s_hi = imin(j_hi, kv_run_end(a, s_lo));
+            pv(Ps + (s_lo - t0), static_cast<const float*>(a.v) + kv_row(a, a.sv, b, hk, s_lo), a.sv[2], 0, s_hi - s_lo);
+            s_lo = s_hi;
+          }
+          continue;
+        }
+        // Otherwise the tile's V rows [j_lo, j_hi) converted into rows c = j − t0 of Vs.
+        for (i64 j = j_lo; j < j_hi; ++j) {
+          float* row = Vs + (j - t0) * Dvp;
+          const i64 voff = kv_row(a, a.sv, b, hk, j);
+          if (a.kv_i8) {
+            widen_i8_row<S>(static_cast<const std::int8_t*>(a.v) + voff, a.sv[3], Dv, a.v_scale[kv_row(a, a.svs, b, hk, j)], row);
+            for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
+          } else if (a.bf16 && a.sv[3] == 1) {
+            widen_row<S>(static_cast<const std::uint16_t*>(a.v) + voff, Dv, row);
+          } else {
+            load_row(a, a.v, voff, a.sv[3], Dv, 1.0f, row);
+            for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
           }
         }
-        // While P·V reads this tile's V rows: the next tile's K rows, those this item scores.
-        const char* pf = prefetch ? static_cast<const char*>(a.k) + esz * (kbase + (t0 + kNt) * a.sk[2]) : nullptr;
-        const i64 pf_ld = esz * a.sk[2], pf_end = uhi - t0 - kNt, pf_bytes = esz * D;
-        int r = 0;
-        for (; r + 2 <= nr; r += 2) {
-          dec_pv<S, 2>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp, pf, pf_ld, pf_end, pf_bytes);
-          pf = nullptr;
-        }
-        if (r < nr) dec_pv<S, 1>(Ps + r * kNt, vt, ldv, j_lo - t0, j_hi - t0, Od + r * Dvp, Dvp, pf, pf_ld, pf_end, pf_bytes);
+        pv(Ps, Vs, Dvp, j_lo - t0, j_hi - t0);
       }
       for (int r = 0; r < nr; ++r) {
         const i64 row = (b * a.Hkv + hk) * GS + g * kDecRows + r;

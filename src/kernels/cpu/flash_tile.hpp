@@ -112,6 +112,31 @@ inline void widen_row(const std::uint16_t* src, i64 n, float* dst) {
   if (x < n) S::storeu(dst + x, S::load_bf16_n(src + x, static_cast<int>(n - x)));
 }
 
+// n elements of an int8 row (element stride `stride`) → dst[0, n) as f32 · scale (int8 KV caches).
+template <class S>
+inline void widen_i8_row(const std::int8_t* src, i64 stride, i64 n, float scale, float* dst) {
+  i64 x = 0;
+  if (stride == 1) {
+    const auto vs = S::set1(scale);
+    for (; x + S::L <= n; x += S::L) S::storeu(dst + x, S::mul(S::load_i8(src + x), vs));
+  }
+  for (; x < n; ++x) dst[x] = static_cast<float>(src[x * stride]) * scale;
+}
+
+// Element offset of key/value row j of (b, kv head hk) in a tensor with strides s (a.sk, a.sv,
+// or a scale's a.sks, a.svs): through the block table when the KV cache is paged (flash.hpp).
+inline i64 kv_row(const FlashArgs& a, const i64* s, i64 b, i64 hk, i64 j) {
+  if (!a.block_table) return b * s[0] + hk * s[1] + j * s[2];
+  const i64 blk = a.block_table[b * a.ldt + (j >> a.page_shift)];
+  return blk * s[0] + hk * s[1] + (j & ((i64{1} << a.page_shift) - 1)) * s[2];
+}
+
+// The end of the run of rows from j on that are evenly strided in memory: j's block's end when
+// paged, otherwise none (every row of a sequence).
+inline i64 kv_run_end(const FlashArgs& a, i64 j) {
+  return a.block_table ? ((j >> a.page_shift) + 1) << a.page_shift : INT64_MAX;
+}
+
 // A sink logit s2 (log2 units, finite) joins a row's softmax sum l, kept relative to the running
 // max m (acc likewise): with M = max(m, s2), l ← l · 2^(m − M) + 2^(s2 − M) and m ← M, *w the
 // factor 2^(m − M) the accumulators take. A row that saw no key (m = −∞, l = 0, acc = 0) gets

@@ -70,6 +70,24 @@ void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_
   }
 }
 
+// Row (b, h, i) of the score output at its stage (qkv/attention.hpp's ScoreStage). masked: the row's
+// pre-softmax scores s [Skv] as row_scores gave them; scaled and softcapped: recomputed for every
+// key, masked or not (ONNX's qk_matmul_output is a whole matmul).
+void write_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t i, const double* s) {
+  const std::int64_t hk = h / p.group();
+  for (std::int64_t j = 0; j < p.Skv; ++j) {
+    double x = s[j];
+    if (!p.scores_masked) {
+      double dot = 0.0;
+      for (std::int64_t d = 0; d < p.D; ++d)
+        dot += p.q.load(p.q.offset(b, h, i, d)) * p.k.load(p.k.offset(b, hk, j, d));
+      x = dot * p.scale;
+      if (p.scores_softcap && p.softcap > 0.0) x = p.softcap * std::tanh(x / p.softcap);
+    }
+    p.scores.store(p.scores.offset(b, h, i, j), x);
+  }
+}
+
 // The sink logit of head h, −∞ without opt.sinks (exp(−∞) = 0 leaves the softmax as it was).
 double sink_of(const AttnParams& p, std::int64_t h) {
   return p.sinks.empty() ? kNegInf : p.sinks[static_cast<std::size_t>(h)];
@@ -115,6 +133,25 @@ void dropout_weights(const AttnParams& p, std::int64_t b, std::int64_t h, std::i
 }  // namespace
 
 void attention_reference(const AttnParams& p) {
+  if (p.cache.paged() || p.cache.i8()) {
+    // A paged / int8 KV cache: its keys [0, key_len[b]) gathered and dequantised into f64
+    // [B, Hkv, Skv, D] and [.., Dv] (the rest zeros, never read: those keys are masked).
+    Buffer k(DType::f64, {p.B, p.Hkv, p.Skv, p.D}), v(DType::f64, {p.B, p.Hkv, p.Skv, p.Dv});
+    for (std::int64_t b = 0; b < p.B; ++b)
+      for (std::int64_t hk = 0; hk < p.Hkv; ++hk)
+        for (std::int64_t j = 0; j < p.key_len[static_cast<std::size_t>(b)]; ++j) {
+          const double ks = p.cache.i8() ? p.cache.k_scale.load(p.cache.offset(p.cache.k_scale, b, hk, j)) : 1.0;
+          const double vs = p.cache.i8() ? p.cache.v_scale.load(p.cache.offset(p.cache.v_scale, b, hk, j)) : 1.0;
+          const std::int64_t ko = p.cache.offset(p.k, b, hk, j), vo = p.cache.offset(p.v, b, hk, j);
+          for (std::int64_t d = 0; d < p.D; ++d) k.view().store(k.view().offset(b, hk, j, d), ks * p.k.load(ko + d * p.k.stride(3)));
+          for (std::int64_t e = 0; e < p.Dv; ++e) v.view().store(v.view().offset(b, hk, j, e), vs * p.v.load(vo + e * p.v.stride(3)));
+        }
+    AttnParams dense = p;
+    dense.k = k.view(), dense.v = v.view();
+    dense.cache = {};
+    attention_reference(dense);
+    return;
+  }
   // One task per (b, h): each writes disjoint rows of out / lse / pattern.
   parallel_for(p.B * p.H, p.threads, [&](std::int64_t bh) {
     const std::int64_t b = bh / p.H, h = bh % p.H, hk = h / p.group();
@@ -124,6 +161,7 @@ void attention_reference(const AttnParams& p) {
     std::vector<double> w(p.dropout.on() ? static_cast<std::size_t>(p.Skv) : 0);  // dropout factors
     for (std::int64_t i = 0; i < p.Sq; ++i) {
       row_scores(p, b, h, i, s.data(), allowed.data());
+      if (p.scores.data) write_scores(p, b, h, i, s.data());
       const double lse = softmax_inplace(s.data(), allowed.data(), p.Skv, sink_of(p, h));
       // Dropout after the softmax (lse stays the softmax's); a NaN row stays NaN.
       if (p.dropout.on() && !std::isnan(lse)) {

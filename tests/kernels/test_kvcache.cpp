@@ -1,0 +1,361 @@
+// KV caches (issue #19 item 6): qkv::attention_kvcache over a contiguous, a paged (block table) and
+// an int8 cache, and qkv::kvcache_append, on every instruction set this CPU has (set_isa).
+//   - paged = contiguous, bit for bit: the decode kernel reads the same rows in the same order,
+//     only their addresses differ (except bf16 on AVX-512 BF16, where the contiguous cache takes
+//     the vdpbf16ps policy and the paged one the generic rows: FlashAttention's rule there).
+//   - int8 = the f32 kernel on the dequantised cache (scale · int8, one f32 product each, as the
+//     kernel forms it), bit for bit; and against the f64 reference on the dequantised values
+//     within FlashAttention's rule (2× a naive f32 computation's error + 2 ulps of the largest).
+//   - append writes the rows it is given (f32: exactly) and int8 rows within half a step:
+//     |scale · q − x| ≤ scale / 2 with scale = max|x| / 127 (round to nearest).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "qkv/attention.hpp"
+
+namespace {
+
+using qkv::Align;
+using qkv::AttentionOptions;
+using qkv::Buffer;
+using qkv::DType;
+using qkv::Isa;
+using qkv::KvCacheView;
+
+struct IsaGuard {
+  Isa saved = qkv::active_isa();
+  ~IsaGuard() { qkv::set_isa(saved); }
+};
+
+std::vector<Isa> isas() {
+  std::vector<Isa> r;
+  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
+    if (i <= qkv::cpu_isa()) r.push_back(i);
+  return r;
+}
+
+void fill(const Buffer& b, unsigned seed, double sigma = 1.0) {
+  std::mt19937 g(seed);
+  std::normal_distribution<double> nd(0.0, sigma);
+  for (std::int64_t e = 0; e < b.numel(); ++e) b.view().store(e, nd(g));
+}
+
+std::vector<double> values(const Buffer& b) {
+  std::vector<double> r(static_cast<std::size_t>(b.numel()));
+  for (std::int64_t e = 0; e < b.numel(); ++e) r[static_cast<std::size_t>(e)] = b.view().load(e);
+  return r;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0.0;
+  for (std::size_t e = 0; e < a.size(); ++e) m = std::max(m, std::isnan(a[e]) ? INFINITY : std::abs(a[e] - b[e]));
+  return m;
+}
+
+// A shape of the tests: B sequences with their key lengths, the pool's block size Sc.
+struct Shape {
+  std::int64_t B, H, Hkv, Sq, D, Dv, Sc, max_blocks;
+  std::vector<std::int64_t> lens;
+  std::int64_t Skv() const { return Sc * max_blocks; }
+};
+
+// A contiguous cache [B, Skv, Hkv, D] and the same rows scattered over a pool of shuffled blocks
+// [Bc, Sc, Hkv, D] (one spare block never referenced, holding NaN: reading it would show).
+struct Caches {
+  Buffer k, v, pk, pv, table, key_len;
+  Caches(const Shape& s, DType t, unsigned seed) {
+    k = Buffer(t, {s.B, s.Skv(), s.Hkv, s.D});
+    v = Buffer(t, {s.B, s.Skv(), s.Hkv, s.Dv});
+    fill(k, seed, 1.5);
+    fill(v, seed + 1);
+    const std::int64_t Bc = s.B * s.max_blocks + 1;
+    pk = Buffer(t, {Bc, s.Sc, s.Hkv, s.D});
+    pv = Buffer(t, {Bc, s.Sc, s.Hkv, s.Dv});
+    for (std::int64_t e = 0; e < pk.numel(); ++e) pk.view().store(e, NAN);
+    for (std::int64_t e = 0; e < pv.numel(); ++e) pv.view().store(e, NAN);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(Bc));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(seed + 2));
+    table = Buffer(DType::i32, {s.B, s.max_blocks});
+    key_len = Buffer(DType::i64, {s.B});
+    const std::size_t row_k = static_cast<std::size_t>(s.Hkv * s.D) * qkv::dtype_size(t);
+    const std::size_t row_v = static_cast<std::size_t>(s.Hkv * s.Dv) * qkv::dtype_size(t);
+    for (std::int64_t b = 0; b < s.B; ++b) {
+      key_len.ptr<std::int64_t>()[b] = s.lens[static_cast<std::size_t>(b)];
+      for (std::int64_t blk = 0; blk < s.max_blocks; ++blk) {
+        const std::int32_t id = ids[static_cast<std::size_t>(b * s.max_blocks + blk)];
+        table.ptr<std::int32_t>()[b * s.max_blocks + blk] = id;
+        for (std::int64_t r = 0; r < s.Sc; ++r) {
+          const std::int64_t j = blk * s.Sc + r;
+          std::memcpy(static_cast<char*>(pk.data()) + static_cast<std::size_t>(id * s.Sc + r) * row_k,
+                      static_cast<char*>(k.data()) + static_cast<std::size_t>(b * s.Skv() + j) * row_k, row_k);
+          std::memcpy(static_cast<char*>(pv.data()) + static_cast<std::size_t>(id * s.Sc + r) * row_v,
+                      static_cast<char*>(v.data()) + static_cast<std::size_t>(b * s.Skv() + j) * row_v, row_v);
+        }
+      }
+    }
+    // The spare block sits in the table past every sequence's keys (vLLM pads with anything).
+    if (s.lens[0] <= (s.max_blocks - 1) * s.Sc) table.ptr<std::int32_t>()[s.max_blocks - 1] = ids.back();
+  }
+  KvCacheView contiguous() const { return {k.view(), v.view(), std::nullopt, std::nullopt, std::nullopt}; }
+  KvCacheView paged() const { return {pk.view(), pv.view(), table.view(), std::nullopt, std::nullopt}; }
+};
+
+std::vector<Shape> shapes() {
+  return {
+      {2, 8, 2, 1, 128, 128, 16, 40, {640, 333}},    // decode, GQA, vLLM's block size
+      {3, 4, 4, 1, 64, 64, 256, 3, {700, 1, 256}},    // FlashAttention's page size, a 1-key sequence
+      {2, 6, 2, 7, 40, 24, 64, 5, {300, 130}},        // prefill of 7 queries, odd head dims
+      {1, 2, 1, 3, 32, 32, 32, 9, {200}},             // lens[0] ≤ 8·32: the spare NaN block is in the table
+  };
+}
+
+AttentionOptions options(const Caches& c, bool variants) {
+  AttentionOptions o;
+  o.causal = true;
+  o.align = Align::bottom_right_key_lengths;
+  o.key_lengths = c.key_len.view();
+  if (variants) o.softcap = 4.0, o.window_left = 150;
+  return o;
+}
+
+TEST(KvCache, PagedEqualsContiguousBitForBit) {
+  IsaGuard guard;
+  for (DType t : {DType::f32, DType::bf16})
+    for (const Shape& s : shapes())
+      for (bool variants : {false, true}) {
+        const Caches c(s, t, 11);
+        Buffer q(t, {s.B, s.H, s.Sq, s.D});
+        fill(q, 3);
+        AttentionOptions o = options(c, variants);
+        for (Isa isa : isas()) {
+          qkv::set_isa(isa);
+          Buffer o1(t, {s.B, s.H, s.Sq, s.Dv}), o2(t, {s.B, s.H, s.Sq, s.Dv}), l1(DType::f32, {s.B, s.H, s.Sq}),
+              l2(DType::f32, {s.B, s.H, s.Sq});
+          o.kernel = qkv::Kernel::flash_decode;
+          const auto i1 = qkv::attention_kvcache(q.view(), c.contiguous(), o1.view(), o, l1.view());
+          o.kernel = qkv::Kernel::automatic;
+          const auto i2 = qkv::attention_kvcache(q.view(), c.paged(), o2.view(), o, l2.view());
+          EXPECT_EQ(i2.kernel, qkv::Kernel::flash_decode);
+          const double e = max_abs_diff(values(o1), values(o2)), el = max_abs_diff(values(l1), values(l2));
+          std::printf("Sc %3ld Sq %ld %-5s %-34s vs %-34s out %.2e lse %.2e\n", static_cast<long>(s.Sc),
+                      static_cast<long>(s.Sq), qkv::dtype_name(t), i1.name, i2.name, e, el);
+          if (t == DType::bf16 && isa == Isa::avx512_bf16) {
+            // Different kernels (vdpbf16ps against f32 rows): within 2^-7 of the largest output,
+            // bf16's 2 ulps (test_variants.cpp's floor), scores differing by f32 rounding only.
+            double big = 1e-3;
+            for (double x : values(o1)) big = std::max(big, std::abs(x));
+            EXPECT_LE(e, 0x1p-7 * big) << i1.name;
+          } else {
+            EXPECT_EQ(e, 0.0) << s.Sc << " " << i1.name;
+            EXPECT_EQ(el, 0.0) << s.Sc << " " << i1.name;
+          }
+        }
+      }
+}
+
+// The reference reads the paged cache through the table too: equal to its contiguous run (f64).
+TEST(KvCache, ReferencePagedEqualsContiguous) {
+  for (const Shape& s : shapes()) {
+    const Caches c(s, DType::f64, 5);
+    Buffer q(DType::f64, {s.B, s.H, s.Sq, s.D}), o1(DType::f64, {s.B, s.H, s.Sq, s.Dv}),
+        o2(DType::f64, {s.B, s.H, s.Sq, s.Dv});
+    fill(q, 4);
+    AttentionOptions o = options(c, true);
+    EXPECT_EQ(qkv::attention_kvcache(q.view(), c.contiguous(), o1.view(), o).kernel, qkv::Kernel::reference);
+    qkv::attention_kvcache(q.view(), c.paged(), o2.view(), o);
+    EXPECT_EQ(max_abs_diff(values(o1), values(o2)), 0.0) << s.Sc;
+  }
+}
+
+// Naive attention in T over a dense dequantised cache kd/vd [B, Skv, Hkv, X] (f64 values), causal
+// bottom_right_key_lengths: the oracle (T = double) and the naive low-precision error (T = float).
+template <class T>
+std::vector<double> naive(const Shape& s, const std::vector<double>& q, const std::vector<double>& kd,
+                          const std::vector<double>& vd) {
+  std::vector<double> out(static_cast<std::size_t>(s.B * s.H * s.Sq * s.Dv), 0.0);
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.D)));
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t h = 0; h < s.H; ++h)
+      for (std::int64_t i = 0; i < s.Sq; ++i) {
+        const std::int64_t hk = h / (s.H / s.Hkv), len = s.lens[static_cast<std::size_t>(b)];
+        const std::int64_t hi = std::min(len, i + len - s.Sq + 1);
+        std::vector<T> sc(static_cast<std::size_t>(std::max<std::int64_t>(hi, 0)));
+        T m = -INFINITY, sum = 0;
+        for (std::int64_t j = 0; j < hi; ++j) {
+          T x = 0;
+          for (std::int64_t d = 0; d < s.D; ++d)
+            x += static_cast<T>(q[static_cast<std::size_t>(((b * s.H + h) * s.Sq + i) * s.D + d)]) *
+                 static_cast<T>(kd[static_cast<std::size_t>(((b * s.Skv() + j) * s.Hkv + hk) * s.D + d)]);
+          sc[static_cast<std::size_t>(j)] = x * scale;
+          m = std::max(m, x * scale);
+        }
+        for (std::int64_t j = 0; j < hi; ++j) sum += std::exp(sc[static_cast<std::size_t>(j)] - m);
+        for (std::int64_t e = 0; e < s.Dv; ++e) {
+          T acc = 0;
+          for (std::int64_t j = 0; j < hi; ++j)
+            acc += std::exp(sc[static_cast<std::size_t>(j)] - m) / sum *
+                   static_cast<T>(vd[static_cast<std::size_t>(((b * s.Skv() + j) * s.Hkv + hk) * s.Dv + e)]);
+          out[static_cast<std::size_t>(((b * s.H + h) * s.Sq + i) * s.Dv + e)] = static_cast<double>(acc);
+        }
+      }
+  return out;
+}
+
+// An int8 cache filled by kvcache_append from the contiguous f32 cache, paged or not.
+struct Int8Cache {
+  Buffer k, v, ks, vs;
+  Int8Cache(const Shape& s, const Caches& c, bool paged) {
+    const std::int64_t Bc = paged ? c.pk.shape()[0] : s.B, Sc = paged ? s.Sc : s.Skv();
+    k = Buffer(DType::i8, {Bc, Sc, s.Hkv, s.D});
+    v = Buffer(DType::i8, {Bc, Sc, s.Hkv, s.Dv});
+    ks = Buffer(DType::f32, {Bc, Sc, s.Hkv});
+    vs = Buffer(DType::f32, {Bc, Sc, s.Hkv});
+    Buffer pos(DType::i64, {s.B});  // zeros: the whole cache in one append
+    qkv::kvcache_append(view(paged ? &c : nullptr), c.k.view(), c.v.view(), pos.view());
+  }
+  KvCacheView view(const Caches* paged_by) const {
+    return {k.view(), v.view(), paged_by ? std::optional<qkv::View>(paged_by->table.view()) : std::nullopt, ks.view(),
+            vs.view()};
+  }
+};
+
+TEST(KvCache, Int8AgainstReferenceOnDequantisedValues) {
+  IsaGuard guard;
+  for (const Shape& s : shapes()) {
+    // The spare block of the last shape is in the table past the keys: append writes whole
+    // caches here, so that shape's table must reference real blocks only.
+    if (s.lens[0] <= (s.max_blocks - 1) * s.Sc) continue;
+    const Caches c(s, DType::f32, 21);
+    for (bool paged : {false, true}) {
+      const Int8Cache ic(s, c, paged);
+      const KvCacheView cache = ic.view(paged ? &c : nullptr);
+      // The dequantised cache, dense [B, Skv, Hkv, X]: f32 products scale · q as the kernel forms them.
+      Buffer kd(DType::f32, {s.B, s.Skv(), s.Hkv, s.D}), vd(DType::f32, {s.B, s.Skv(), s.Hkv, s.Dv});
+      for (std::int64_t b = 0; b < s.B; ++b)
+        for (std::int64_t j = 0; j < s.Skv(); ++j) {
+          const std::int64_t blk = paged ? c.table.ptr<std::int32_t>()[b * s.max_blocks + j / s.Sc] : b;
+          const std::int64_t r = paged ? j % s.Sc : j;
+          for (std::int64_t hk = 0; hk < s.Hkv; ++hk) {
+            const float ksc = ic.ks.view().load(ic.ks.view().offset(blk, r, hk));
+            const float vsc = ic.vs.view().load(ic.vs.view().offset(blk, r, hk));
+            for (std::int64_t d = 0; d < s.D; ++d)
+              kd.ptr<float>()[((b * s.Skv() + j) * s.Hkv + hk) * s.D + d] =
+                  static_cast<float>(ic.k.ptr<std::int8_t>()[((blk * (paged ? s.Sc : s.Skv()) + r) * s.Hkv + hk) * s.D + d]) * ksc;
+            for (std::int64_t e = 0; e < s.Dv; ++e)
+              vd.ptr<float>()[((b * s.Skv() + j) * s.Hkv + hk) * s.Dv + e] =
+                  static_cast<float>(ic.v.ptr<std::int8_t>()[((blk * (paged ? s.Sc : s.Skv()) + r) * s.Hkv + hk) * s.Dv + e]) * vsc;
+          }
+        }
+      // Quantisation: every value within half a step of the original (a derived bound, not a tolerance).
+      for (auto [orig, deq, X, scales] : {std::tuple{&c.k, &kd, s.D, &ic.ks}, std::tuple{&c.v, &vd, s.Dv, &ic.vs}}) {
+        double worst = 0.0;  // max |deq − x| / (step / 2)
+        for (std::int64_t e = 0; e < orig->numel(); ++e) {
+          double amax = 0.0;
+          const std::int64_t row0 = e / X * X;
+          for (std::int64_t x = 0; x < X; ++x) amax = std::max(amax, std::abs(orig->view().load(row0 + x)));
+          const double step = static_cast<double>(static_cast<float>(amax / 127.0));
+          worst = std::max(worst, std::abs(deq->view().load(e) - orig->view().load(e)) / (step / 2));
+        }
+        EXPECT_LE(worst, 1.0 + 1e-5) << "quantisation, Sc " << s.Sc;  // + the f32 rounding of scale · q
+        (void)scales;
+      }
+      Buffer q(DType::f32, {s.B, s.H, s.Sq, s.D});
+      fill(q, 9);
+      const std::vector<double> qv = values(q), kdv = values(kd), vdv = values(vd);
+      const std::vector<double> want = naive<double>(s, qv, kdv, vdv), lowp = naive<float>(s, qv, kdv, vdv);
+      double big = 1e-3;
+      for (double x : want) big = std::max(big, std::abs(x));
+      const double tol = 2 * max_abs_diff(lowp, want) + 0x1p-20 * big;
+      AttentionOptions o = options(c, false);
+      for (Isa isa : isas()) {
+        qkv::set_isa(isa);
+        Buffer out(DType::f32, {s.B, s.H, s.Sq, s.Dv}), dense(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+        o.kernel = qkv::Kernel::automatic;
+        const auto info = qkv::attention_kvcache(q.view(), cache, out.view(), o);
+        const double e = max_abs_diff(values(out), want);
+        std::printf("int8 %s Sc %3ld Sq %ld %-28s err %.2e (tol %.2e)\n", paged ? "paged" : "contig",
+                    static_cast<long>(s.Sc), static_cast<long>(s.Sq), info.name, e, tol);
+        EXPECT_LE(e, tol) << info.name;
+        // The same kernel on the dense dequantised f32 cache: the same bits.
+        o.kernel = qkv::Kernel::flash_decode;
+        qkv::attention_kvcache(q.view(), {kd.view(), vd.view(), std::nullopt, std::nullopt, std::nullopt}, dense.view(), o);
+        EXPECT_EQ(max_abs_diff(values(out), values(dense)), 0.0) << info.name;
+      }
+      // The reference on the int8 cache is the oracle's computation in f64 (1e-10: sums' rounding).
+      Buffer ref(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+      o.kernel = qkv::Kernel::reference;
+      qkv::attention_kvcache(q.view(), cache, ref.view(), o);
+      EXPECT_LE(max_abs_diff(values(ref), want), 0x1p-23 * big) << "reference";  // f32 output rounding
+    }
+  }
+}
+
+TEST(KvCache, AppendWritesRowsAtPositions) {
+  const Shape s{2, 4, 2, 1, 16, 8, 16, 4, {64, 64}};
+  const Caches c(s, DType::f32, 31);
+  Buffer kn(DType::f32, {2, 3, 2, 16}), vn(DType::f32, {2, 3, 2, 8}), pos(DType::i32, {2});
+  fill(kn, 1), fill(vn, 2);
+  pos.ptr<std::int32_t>()[0] = 14, pos.ptr<std::int32_t>()[1] = 40;  // row 14–16 crosses a block boundary
+  const KvCacheView paged = c.paged();
+  qkv::kvcache_append(paged, kn.view(), vn.view(), pos.view());
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t t = 0; t < 3; ++t) {
+      const std::int64_t j = pos.ptr<std::int32_t>()[b] + t;
+      const std::int64_t blk = c.table.ptr<std::int32_t>()[b * s.max_blocks + j / s.Sc];
+      for (std::int64_t hk = 0; hk < 2; ++hk)
+        for (std::int64_t d = 0; d < 16; ++d)
+          EXPECT_EQ(c.pk.ptr<float>()[((blk * s.Sc + j % s.Sc) * 2 + hk) * 16 + d], kn.ptr<float>()[((b * 3 + t) * 2 + hk) * 16 + d]);
+    }
+}
+
+TEST(KvCache, ValidationNamesArgumentAndValue) {
+  const Shape s{1, 2, 1, 1, 8, 8, 16, 2, {32}};
+  const Caches c(s, DType::f32, 41);
+  Buffer q(DType::f32, {1, 2, 1, 8}), out(DType::f32, {1, 2, 1, 8});
+  auto message = [&](const KvCacheView& cache, AttentionOptions o = {}) {
+    try {
+      qkv::attention_kvcache(q.view(), cache, out.view(), o);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  c.table.ptr<std::int32_t>()[1] = 99;
+  EXPECT_NE(message(c.paged()).find("cache.block_table[0, 1] = 99 outside the pool [0, Bc = 3)"), std::string::npos)
+      << message(c.paged());
+  AttentionOptions shorter;
+  Buffer kl(DType::i64, {1});
+  kl.ptr<std::int64_t>()[0] = 16;  // only block 0 is read: the bad entry is never used
+  shorter.key_lengths = kl.view();
+  EXPECT_EQ(message(c.paged(), shorter), "no error");
+  c.table.ptr<std::int32_t>()[1] = 0;
+  Buffer odd(DType::f32, {3, 12, 1, 8});
+  EXPECT_NE(message({odd.view(), odd.view(), c.table.view(), std::nullopt, std::nullopt}).find("the block size Sc = 12 must be a power of two"),
+            std::string::npos);
+  Buffer i8(DType::i8, {3, 16, 1, 8});
+  EXPECT_NE(message({i8.view(), i8.view(), c.table.view(), std::nullopt, std::nullopt}).find("an i8 cache needs both scales"),
+            std::string::npos);
+  AttentionOptions flash;
+  flash.kernel = qkv::Kernel::flash;
+  EXPECT_NE(message(c.paged(), flash).find("flash does not read a paged or int8 KV cache"), std::string::npos);
+  Buffer pos(DType::i64, {1}), kn(DType::f32, {1, 1, 1, 8});
+  pos.ptr<std::int64_t>()[0] = 32;
+  try {
+    qkv::kvcache_append(c.paged(), kn.view(), kn.view(), pos.view());
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("pos[0] = 32: rows [pos, pos + 1) must lie in [0, Skv = 32)"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
