@@ -29,6 +29,7 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
 from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
 from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, AttentionResultScores, KernelInfo,
                          alibi_slopes, attention, attention_backward, dropout_mask, scaled_dot_product_attention)
+from .kvcache import KVCache, attention_kvcache
 from .mha import MhaResult, MultiHeadAttention
 from .encoder import Encoder
 from .model import BatchGeneration, Generation, LayerTrace, Model, ModelTrace, Tokenizer
@@ -36,9 +37,9 @@ from ._inspect import Inspection, inspect
 
 __all__ = [
     "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "AttentionResultScores", "BatchGeneration", "Encoder",
-    "Generation", "Inspection", "KernelInfo",
+    "Generation", "Inspection", "KVCache", "KernelInfo",
     "LayerTrace", "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes",
-    "attention", "attention_backward", "cpu_isa", "dropout_mask", "inspect", "num_threads",
+    "attention", "attention_backward", "attention_kvcache", "cpu_isa", "dropout_mask", "inspect", "num_threads",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
 from ._qkv import __version__  # noqa: E402  (CMakeLists.txt's project VERSION, through the module)

@@ -180,6 +180,40 @@ Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<
   return info_tuple(info);
 }
 
+// attention_kvcache (qkv/attention.hpp): q [B, H, Sq, D] against a contiguous, paged and/or int8 cache.
+Info attention_kvcache(In q, In k_cache, In v_cache, Out out, std::optional<In> block_table,
+                       std::optional<In> k_scale, std::optional<In> v_scale, std::optional<In> key_lengths,
+                       std::optional<Out> lse, std::optional<double> scale, bool causal, const std::string& align,
+                       std::int64_t window_left, std::int64_t window_right, int num_threads, const std::string& kernel,
+                       std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks) {
+  const char* fn = "qkv.attention_kvcache";
+  qkv::AttentionOptions o =
+      options(fn, std::nullopt, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel);
+  add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  const qkv::KvCacheView cache{to_view(fn, "k_cache", k_cache), to_view(fn, "v_cache", v_cache),
+                               to_view(fn, "block_table", block_table), to_view(fn, "k_scale", k_scale),
+                               to_view(fn, "v_scale", v_scale)};
+  const qkv::View qv = to_view(fn, "q", q), ov = to_view(fn, "out", out);
+  const auto lv = to_view(fn, "lse", lse);
+  qkv::KernelInfo info;
+  {
+    nb::gil_scoped_release unlocked;
+    info = qkv::attention_kvcache(qv, cache, ov, o, lv);
+  }
+  return info_tuple(info);
+}
+
+void kvcache_append(Out k_cache, Out v_cache, std::optional<In> block_table, std::optional<Out> k_scale,
+                    std::optional<Out> v_scale, In k_new, In v_new, In pos) {
+  const char* fn = "qkv.kvcache_append";
+  const qkv::KvCacheView cache{to_view(fn, "k_cache", k_cache), to_view(fn, "v_cache", v_cache),
+                               to_view(fn, "block_table", block_table), to_view(fn, "k_scale", k_scale),
+                               to_view(fn, "v_scale", v_scale)};
+  const qkv::View kn = to_view(fn, "k_new", k_new), vn = to_view(fn, "v_new", v_new), pv = to_view(fn, "pos", pos);
+  nb::gil_scoped_release unlocked;
+  qkv::kvcache_append(cache, kn, vn, pv);
+}
+
 Info attention_varlen(In q, In k, In v, Out out, In cu_seqlens_q, In cu_seqlens_k, std::optional<Out> lse,
                       std::optional<double> scale, bool causal, const std::string& align, std::int64_t window_left,
                       std::int64_t window_right, int num_threads, const std::string& kernel, double dropout_p,
@@ -509,6 +543,15 @@ NB_MODULE(_qkv, m) {
         "sinks"_a.none() = nb::none(), "scores"_a.none() = nb::none(), "scores_stage"_a = "masked",
         "Forward attention over [B, H, S, D] arrays into `out` (and `lse`, `pattern`, `scores` when given).\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
+  m.def("attention_kvcache", &attention_kvcache, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "block_table"_a.none(),
+        "k_scale"_a.none(), "v_scale"_a.none(), "key_lengths"_a.none(), "lse"_a.none(), "scale"_a.none(), "causal"_a,
+        "align"_a, "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "softcap"_a.none(),
+        "alibi_slopes"_a.none(), "sinks"_a.none(),
+        "Attention of q [B, H, Sq, D] against a KV cache [Bc, Sc, Hkv, D] (paged by block_table, int8 with scales).\n"
+        "Returns (kernel, isa, name) of the kernel that ran.");
+  m.def("kvcache_append", &kvcache_append, "k_cache"_a, "v_cache"_a, "block_table"_a.none(), "k_scale"_a.none(),
+        "v_scale"_a.none(), "k_new"_a, "v_new"_a, "pos"_a,
+        "Writes k_new, v_new [B, Snew, Hkv, X] into the cache at rows pos[b] … (int8: quantised, scales written).");
   m.def("attention_varlen", &attention_varlen, "q"_a, "k"_a, "v"_a, "out"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
         "lse"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a, "window_right"_a,
         "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,

@@ -1,0 +1,92 @@
+// Google Benchmark program: decode against a KV cache (issue #19 item 6) — one query row per head
+// (B = 1, H = 16, Hkv = 4, D = Dv = 128) against Skv cached keys, through qkv::attention_kvcache:
+//   contig : one contiguous cache [1, Skv, Hkv, D] (f32 or bf16)
+//   paged  : the same rows in a shuffled pool of blocks of Sc rows, through a block table
+//   int8   : int8 rows with an f32 scale per (row, head), contiguous or paged
+// Decode reads the cache once, so the counter GB/s = cache bytes read per second (K, V and the
+// scales) is the figure to set beside the machine's read bandwidth (bench/machine_peak), and the
+// time the one to compare between layouts. One thread, timed by its CPU time (Google Benchmark's
+// CPU column), as bench_variants: on the shared machine the wall clock moves with the load.
+//
+//   bench_kvcache [Google Benchmark flags]
+//   e.g. --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
+//        --benchmark_report_aggregates_only=true
+//
+// Case names: kv/<layout>/<dtype>/Sc<Sc>/Skv<Skv>/T<threads>.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "qkv/attention.hpp"
+
+namespace {
+
+using qkv::Buffer;
+using qkv::DType;
+
+constexpr std::int64_t kH = 16, kHkv = 4, kD = 128;
+
+void fill_random(const Buffer& b, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (std::int64_t i = 0; i < b.numel(); ++i) b.view().store(i, u(rng));
+}
+
+// layout: "contig" or "paged"; dt: the cache's dtype (f32, bf16, or i8 with f32 queries).
+void run(benchmark::State& st, bool paged, DType dt, std::int64_t Sc, std::int64_t Skv, int threads) {
+  const DType qt = dt == DType::i8 ? DType::f32 : dt;
+  const std::int64_t rows = paged ? Sc : Skv, blocks = paged ? Skv / Sc : 1;
+  Buffer q(qt, {1, kH, 1, kD}), out(qt, {1, kH, 1, kD});
+  fill_random(q, 1);
+  Buffer k(dt, {blocks, rows, kHkv, kD}), v(dt, {blocks, rows, kHkv, kD});
+  Buffer ks, vs, table;
+  std::optional<qkv::View> ksv, vsv, tv;
+  if (paged) {
+    table = Buffer(DType::i32, {1, blocks});
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
+    std::copy(ids.begin(), ids.end(), table.ptr<std::int32_t>());
+    tv = table.view();
+  }
+  if (dt == DType::i8) {
+    ks = Buffer(DType::f32, {blocks, rows, kHkv}), vs = Buffer(DType::f32, {blocks, rows, kHkv});
+    ksv = ks.view(), vsv = vs.view();
+    Buffer kn(DType::f32, {1, Skv, kHkv, kD}), vn(DType::f32, {1, Skv, kHkv, kD}), pos(DType::i64, {1});
+    fill_random(kn, 2), fill_random(vn, 3);
+    qkv::kvcache_append({k.view(), v.view(), tv, ksv, vsv}, kn.view(), vn.view(), pos.view());
+  } else {
+    fill_random(k, 2), fill_random(v, 3);
+  }
+  const qkv::KvCacheView cache{k.view(), v.view(), tv, ksv, vsv};
+  qkv::AttentionOptions o;
+  o.num_threads = threads;
+  o.kernel = qkv::Kernel::flash_decode;
+  for (auto _ : st) qkv::attention_kvcache(q.view(), cache, out.view(), o);
+  const double bytes = static_cast<double>(k.bytes() + v.bytes() + ks.bytes() + vs.bytes());
+  st.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (std::int64_t Skv : {16384, 32768})
+    for (int threads : {1})
+      for (DType t : {DType::f32, DType::bf16, DType::i8})
+        for (std::int64_t Sc : {0, 16, 256}) {
+          const bool paged = Sc > 0;
+          const std::string name = std::string("kv/") + (paged ? "paged" : "contig") + "/" + qkv::dtype_name(t) + "/Sc" +
+                                   std::to_string(Sc) + "/Skv" + std::to_string(Skv) + "/T" + std::to_string(threads);
+          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { run(st, paged, t, Sc, Skv, threads); })
+              ->Unit(benchmark::kMillisecond);
+        }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
