@@ -16,7 +16,7 @@
 //   scores.scores f32 | f64  (opt.)     [B, H,   Sq,  Skv]    the scores at scores.stage (below)
 //   opt.mask      u8 | f32 | bf16 | f64 [Bm, Hm, Sq, Skv]     Bm ∈ {1, B}, Hm ∈ {1, H} (stride 0 also ok)
 //   opt.key_lengths  i32 | i64          [B]                   0 ≤ len ≤ Skv
-//   opt.alibi_slopes f32 | bf16 | f64   [H]                   finite; alibi_standard_slopes(H) for the usual ones
+//   opt.alibi_slopes f32 | bf16 | f64   [H] or [B, H]         finite; alibi_standard_slopes(H) for the usual ones
 //   opt.sinks        f32 | bf16 | f64   [H]                   finite sink logits (natural units, not scaled)
 //   dsinks (bwd)     f32 | f64          [H]                   written: ∂L/∂sinks, summed over batch and rows
 //
@@ -24,7 +24,7 @@
 // add mask, softmax; also FlashAttention's and Gemma 2's):
 //   score_ij = scale · q_i · k_j                               scale defaults to 1/√D
 //   score_ij → c · tanh(score_ij / c)                          opt.softcap = c > 0
-//   score_ij → score_ij (+ additive mask_ij) − slopes[h] · |diag(i) − j|   opt.alibi_slopes (diag: below)
+//   score_ij → score_ij (+ additive mask_ij) − slopes[(b,) h] · |diag(i) − j|   opt.alibi_slopes (diag: below)
 //   allowed(i, j) = causal/window rule below ∧ j < key_lengths[b] ∧ bool mask_ij
 //   p_ij = exp(score_ij) / (exp(sink_h) + Σ_{allowed j'} exp(score_ij'))  on allowed j, 0 elsewhere
 //   out_i = Σ_j p_ij · v_j            lse_i = log (exp(sink_h) + Σ_{allowed j} exp(score_ij))
@@ -131,7 +131,7 @@ struct AttentionOptions {
   std::optional<View> key_lengths;  // per-batch number of valid keys (key padding)
   // Score variants (see the computation above); none by default.
   std::optional<double> softcap;      // c > 0: scores capped to c · tanh(score / c)
-  std::optional<View> alibi_slopes;   // [H]: ALiBi bias −slope_h · |diag(i) − j|
+  std::optional<View> alibi_slopes;   // [H] or [B, H] (per batch row, FlashAttention's): bias −slope · |diag(i) − j|
   std::optional<View> sinks;          // [H]: per-head sink logit in every row's softmax denominator
   int num_threads = 0;              // 0: the library default (set_num_threads / QKV_NUM_THREADS)
   Kernel kernel = Kernel::automatic;

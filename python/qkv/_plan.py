@@ -97,12 +97,13 @@ class Variants(NamedTuple):
     """The score variants of one call, ready for the native layer (None: not used)."""
 
     softcap: Optional[float]
-    alibi_slopes: Optional[Array]   # float [H]
+    alibi_slopes: Optional[Array]   # float [H] or [B, H]
     sinks: Optional[Array]          # float [H]
 
 
-def head_vector(fn: str, name: str, x: Any, H: int):
-    """A float [H] array (numpy or torch, or a sequence of numbers) for the native layer."""
+def head_vector(fn: str, name: str, x: Any, H: int, B: Optional[int] = None):
+    """A float [H] array (numpy or torch, or a sequence of numbers) for the native layer; with B,
+    [B, H] is taken too (one row per batch row)."""
     if isinstance(x, (list, tuple)):
         x = np.asarray(x, dtype=np.float64)
     kind, a = A.kind_of(x, name, fn)
@@ -110,14 +111,17 @@ def head_vector(fn: str, name: str, x: Any, H: int):
     d = kind.dtype_name(a)
     if d not in A.FLOAT_DTYPES:
         raise TypeError(f"[{fn}] {name}: dtype must be float32, bfloat16 or float64, got {d}")
-    if tuple(A.shape_of(a)) != (H,):
-        raise ValueError(f"[{fn}] {name}: expected shape [H] = [{H}], got {list(A.shape_of(a))}")
+    if tuple(A.shape_of(a)) != (H,) and (B is None or tuple(A.shape_of(a)) != (B, H)):
+        want = f"[H] = [{H}]" + ("" if B is None else f" or [B, H] = [{B}, {H}]")
+        raise ValueError(f"[{fn}] {name}: expected shape {want}, got {list(A.shape_of(a))}")
     return kind.native(a)
 
 
-def variants(fn: str, H: int, softcap: Optional[float], alibi_slopes: Any, sinks: Any) -> Variants:
+def variants(fn: str, H: int, softcap: Optional[float], alibi_slopes: Any, sinks: Any,
+             B: Optional[int] = None) -> Variants:
     """softcap: None or a float > 0; alibi_slopes: None, True (the standard slopes for H heads) or
-    a float [H] array; sinks: None or a float [H] array of sink logits."""
+    a float [H] array, or [B, H] (per batch row, as FlashAttention) when B is given; sinks: None or
+    a float [H] array of sink logits."""
     cap = None
     if softcap is not None:
         if isinstance(softcap, bool):
@@ -132,7 +136,7 @@ def variants(fn: str, H: int, softcap: Optional[float], alibi_slopes: Any, sinks
     if alibi_slopes is True:
         slopes = np.asarray(_qkv.alibi_standard_slopes(H), dtype=np.float64)
     elif alibi_slopes is not None and alibi_slopes is not False:
-        slopes = head_vector(fn, "alibi_slopes", alibi_slopes, H)
+        slopes = head_vector(fn, "alibi_slopes", alibi_slopes, H, B)
     return Variants(cap, slopes, None if sinks is None else head_vector(fn, "sinks", sinks, H))
 
 

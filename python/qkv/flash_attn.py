@@ -16,10 +16,10 @@ dropout) and does not carry gradients, as FlashAttention's does not. The third v
 ``dropout_p`` > 0 applies attention dropout as FlashAttention does (its callers pass 0 in eval
 mode), with a seed drawn from torch's default generator (``torch.manual_seed`` reproduces it); the
 backward regenerates the same mask. ``softcap`` (> 0: scores capped to softcap · tanh(score /
-softcap)) and ``alibi_slopes`` ([H]: bias −slope · |i + Sk − Sq − j|) work as in FlashAttention.
-Arguments that need a variant qkv does not have raise NotImplementedError naming the argument:
-per-batch alibi_slopes [B, H], block_table (paged KV cache). ``deterministic`` is accepted: qkv's
-backward is deterministic for a given thread count.
+softcap)) and ``alibi_slopes`` ([H] or [B, H]: bias −slope · |i + Sk − Sq − j|) work as in
+FlashAttention. ``block_table`` (a paged KV cache) raises NotImplementedError here: qkv reads paged
+caches in qkv.attention_kvcache and qkv.KVCache. ``deterministic`` is accepted: qkv's backward is
+deterministic for a given thread count.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ def _check_variant(fn: str, softcap, alibi_slopes, block_table=None):
     """The (softcap, alibi_slopes) qkv takes: None for FlashAttention's 0.0 and None."""
     if softcap < 0:
         raise ValueError(f"[{fn}] softcap: must be >= 0 (0 = none), got {softcap}")
-    if alibi_slopes is not None and (not isinstance(alibi_slopes, Tensor) or alibi_slopes.dim() != 1):
+    if alibi_slopes is not None and (not isinstance(alibi_slopes, Tensor) or alibi_slopes.dim() not in (1, 2)):
         shape = list(alibi_slopes.shape) if isinstance(alibi_slopes, Tensor) else type(alibi_slopes).__name__
-        raise NotImplementedError(f"[{fn}] alibi_slopes: qkv takes one slope per head [H]; got {shape}")
+        raise ValueError(f"[{fn}] alibi_slopes: expected a tensor [H] or [B, H]; got {shape}")
     if block_table is not None:
-        raise NotImplementedError(f"[{fn}] block_table: qkv has no paged-KV-cache variant; pass None")
+        raise NotImplementedError(f"[{fn}] block_table: a paged cache is read by qkv.attention_kvcache "
+                                  f"(or qkv.KVCache), not by the varlen call; pass None")
     return (float(softcap) if softcap else None), alibi_slopes
 
 

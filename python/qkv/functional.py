@@ -255,7 +255,8 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         softcap: c > 0 caps every score to c * tanh(score / c), after the scale, before the additive
             mask (ONNX Attention's order; Gemma 2, FlashAttention); masked keys stay masked.
         alibi_slopes: float [H], or True for the standard slopes of H heads (qkv.alibi_slopes):
-            score -= slope[h] * |diag(i) - j| (BLOOM, MPT; after softcap, as FlashAttention).
+            score -= slope[h] * |diag(i) - j| (BLOOM, MPT; after softcap, as FlashAttention); or
+            float [B, H], one row of slopes per batch row (per sequence when packed), as FlashAttention.
         sinks: float [H] sink logits (gpt-oss): each row's softmax denominator gains exp(sinks[h])
             for a key without a value; lse includes it.
         return_scores: also return the scores [B, H, Sq, Skv] (float32; float64 for float64 inputs)
@@ -297,7 +298,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         P.reserve(fn, "out and lse", q_, ((qs[0], qs[1], vs[2]), None), ((qs[1], qs[0]) if return_lse else (0,), aux))
         out = kind.empty((qs[0], qs[1], vs[2]), q_)
         lse = kind.empty((qs[1], qs[0]), q_, aux) if return_lse else None
-        var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks)
+        var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks, len(cu_seqlens_q) - 1)
         info = _qkv.attention_varlen(
             n(q_), n(k_), n(v_), n(out), A.index_array(fn, "cu_seqlens_q", cu_seqlens_q),
             A.index_array(fn, "cu_seqlens_k", cu_seqlens_k), lse, P.check_scale(fn, scale), bool(causal), align,
@@ -317,7 +318,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     scores = kind.empty(square, q_, aux) if return_scores is not None else None
     m = None if mask is None else n(P.check_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
-    var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks)
+    var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks, qs[0])
     info = _qkv.attention(n(q_), n(k_), n(v_), n(out), m, kl, lse, pattern, P.check_scale(fn, scale), bool(causal),
                           align, wl, wr, int(num_threads), kernel, *drop, *var, scores, return_scores or "masked")
     if scores is not None:

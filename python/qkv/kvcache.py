@@ -65,7 +65,7 @@ def attention_kvcache(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens
         return xk.native(xk.prepare(xa))
 
     kl = None if cache_seqlens is None else A.index_array(fn, "cache_seqlens", cache_seqlens)
-    var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks)
+    var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks, qs[0])
     info = _qkv.attention_kvcache(
         n(q_), n(k_), n(v_), n(out), opt("block_table", block_table, np.int32), opt("k_scale", k_scale),
         opt("v_scale", v_scale), kl, lse, P.check_scale(fn, scale), bool(causal), align,

@@ -196,7 +196,7 @@ def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align,
     s = s + mask.to(acc)
     if alibi_slopes is not None:
         dist = (_diag(q.shape[2], k.shape[2], key_lengths, align) - torch.arange(k.shape[2])).abs()
-        s = s - alibi_slopes.detach().to(acc).view(1, -1, 1, 1) * dist.to(acc)
+        s = s - alibi_slopes.detach().to(acc).reshape(-1, q.shape[1], 1, 1) * dist.to(acc)  # [H] or [B, H]
     finite = torch.isfinite(lse).unsqueeze(-1)     # rows with no allowed key: P = 0 there
     p = torch.where(finite, torch.exp(s - torch.where(finite, lse.unsqueeze(-1), 0.0)), 0.0)
     ok = _allowed(q.shape[2], k.shape[2], key_lengths, causal, align, wl, wr)
@@ -263,7 +263,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
         q, k, v = q.float(), k.float(), v.float()
         if mask is not None and mask.dtype == torch.float16:
             mask = mask.float()
-    var = P.variants(fn, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach())
+    var = P.variants(fn, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach(), q.shape[0])
     slopes = None if var.alibi_slopes is None else torch.as_tensor(var.alibi_slopes)
     if sinks is not None and sinks.dtype not in (torch.float32, torch.float64):
         sinks = sinks.float()   # differentiable; its gradient comes back in the caller's dtype

@@ -123,13 +123,33 @@ def explicit(q, k, v, *, mask=None, softcap=None, slopes=None, sinks=None, causa
     i = torch.arange(q.shape[2]).view(-1, 1) + (offset if torch.is_tensor(offset) else torch.tensor(offset))
     j = torch.arange(k.shape[2])
     if slopes is not None:
-        s = s - slopes.view(1, -1, 1, 1) * (i - j).abs()
+        s = s - slopes.reshape(-1, q.shape[1], 1, 1) * (i - j).abs()  # [H] or [B, H]
     if causal:
         s = s.masked_fill(j > i, -math.inf)
     if sinks is not None:
         s = torch.cat([s, sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
         return torch.softmax(s, -1)[..., :-1] @ v
     return torch.softmax(s, -1) @ v
+
+
+def test_per_batch_alibi_slopes():
+    """[B, H] slopes (FlashAttention's per-batch form) in qkv.attention, qkv.torch (with gradients)
+    and flash_attn_func, against the explicit formula in float64 (1e-10, as above)."""
+    q, k, v = rand(3, 4, 6, 16, seed=110), rand(3, 2, 9, 16, seed=111), rand(3, 2, 9, 16, seed=112)
+    slopes = rand(3, 4, seed=113).abs()
+    want = explicit(q, k, v, slopes=slopes, causal=True, offset=3)
+    for kernel in ("reference", "automatic"):
+        got = qkv.attention(q, k, v, alibi_slopes=slopes, causal=True, align="bottom_right", kernel=kernel).out
+        assert (got - want).abs().max() < 1e-10
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    out, _ = qkv.torch.attention(qg, kg, vg, causal=True, align="bottom_right", alibi_slopes=slopes)
+    out.sum().backward()
+    qe, ke, ve = (x.clone().requires_grad_() for x in (q, k, v))
+    explicit(qe, ke, ve, slopes=slopes, causal=True, offset=3).sum().backward()
+    for a, b in ((qg, qe), (kg, ke), (vg, ve)):
+        assert (a.grad - b.grad).abs().max() < 1e-10
+    fa = qkv.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, alibi_slopes=slopes)
+    assert (fa.transpose(1, 2) - want).abs().max() < 1e-10
 
 
 def test_torch_gradients_against_autograd():
@@ -232,8 +252,8 @@ def test_flash_attn_func_softcap_and_alibi():
     want = explicit(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softcap=2.0, slopes=slopes, causal=True,
                     offset=13 - 9).transpose(1, 2)
     assert (out - want).abs().max() < 1e-10
-    with pytest.raises(NotImplementedError, match=r"\[qkv.flash_attn_func\] alibi_slopes: qkv takes one slope per head"):
-        qkv.flash_attn_func(q, k, v, alibi_slopes=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match=r"\[qkv.flash_attn_func\] alibi_slopes: expected a tensor \[H\] or \[B, H\]"):
+        qkv.flash_attn_func(q, k, v, alibi_slopes=torch.zeros(2, 4, 1))
 
 
 def test_errors_name_argument_and_value():

@@ -143,7 +143,24 @@ void resolve_score_variants(const char* fn, AttnParams& p, const AttentionOption
       fail(fn, "opt.softcap: must be a finite number > 0, got " + std::to_string(*opt.softcap));
     p.softcap = *opt.softcap;
   }
-  if (opt.alibi_slopes) p.alibi = per_head(fn, "opt.alibi_slopes", *opt.alibi_slopes, p.H);
+  if (opt.alibi_slopes && opt.alibi_slopes->rank == 2) {
+    // [B, H]: one row of slopes per batch row (FlashAttention's (batch_size, nheads)).
+    const View& t = *opt.alibi_slopes;
+    check_view(fn, "opt.alibi_slopes", t, 2, "[B, H]");
+    expect_shape(fn, "opt.alibi_slopes", t, {p.B, p.H}, "[B, H]");
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      View row = t;
+      row.rank = 1;
+      row.data = static_cast<char*>(t.data) + b * t.stride(0) * static_cast<std::int64_t>(dtype_size(t.dtype));
+      row.shape = {p.H, 0, 0, 0};
+      row.strides = {t.stride(1), 0, 0, 0};
+      const auto r = per_head(fn, "opt.alibi_slopes", row, p.H);
+      p.alibi.insert(p.alibi.end(), r.begin(), r.end());
+    }
+    p.alibi_sb = p.H;
+  } else if (opt.alibi_slopes) {
+    p.alibi = per_head(fn, "opt.alibi_slopes", *opt.alibi_slopes, p.H);
+  }
   if (opt.sinks) p.sinks = per_head(fn, "opt.sinks", *opt.sinks, p.H);
 }
 
@@ -429,6 +446,20 @@ View lse_window(const View& lse, std::int64_t t0, std::int64_t len) {
   return l;
 }
 
+// The options of sequence b of a packed batch of n: per-batch ALiBi slopes [n, H] become its row [1, H].
+AttentionOptions seq_options(const char* fn, const AttentionOptions& opt, std::size_t b, std::size_t n) {
+  if (!opt.alibi_slopes || opt.alibi_slopes->rank != 2) return opt;
+  const View& t = *opt.alibi_slopes;
+  if (t.dim(0) != static_cast<std::int64_t>(n))
+    fail(fn, "opt.alibi_slopes: expected [B = " + std::to_string(n) + ", H] (one row per sequence), got " + t.shape_str());
+  AttentionOptions o = opt;
+  View row = t;
+  row.data = static_cast<char*>(t.data) + static_cast<std::int64_t>(b) * t.stride(0) * static_cast<std::int64_t>(dtype_size(t.dtype));
+  row.shape[0] = 1;
+  o.alibi_slopes = row;
+  return o;
+}
+
 void check_packed_lse(const char* fn, const View& lse, const View& q) {
   check_view(fn, "lse", lse, 2, "[H, Tq]");
   if (lse.dtype != DType::f32 && lse.dtype != DType::f64)
@@ -455,7 +486,7 @@ KernelInfo attention_varlen(const View& q, const View& k, const View& v, const V
     const auto q0 = pk.oq[b], lq = pk.oq[b + 1] - q0, k0 = pk.ok[b], lk = pk.ok[b + 1] - k0;
     if (lq == 0) continue;
     AttnParams p = resolve(fn, seq_window(q, q0, lq), seq_window(k, k0, lk), seq_window(v, k0, lk),
-                           seq_window(out, q0, lq), opt);
+                           seq_window(out, q0, lq), seq_options(fn, opt, b, pk.oq.size() - 1));
     p.dropout.b0 = static_cast<std::int64_t>(b);  // the mask of sequence b (qkv/attention.hpp)
     attach_lse(fn, p, lse ? std::optional<View>(lse_window(*lse, q0, lq)) : std::nullopt);
     seqs.push_back(std::move(p));
@@ -497,7 +528,7 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
     }
     AttnBwdParams bp;
     bp.fwd = resolve(fn, seq_window(q, q0, lq), seq_window(k, k0, lk), seq_window(v, k0, lk), seq_window(out, q0, lq),
-                     opt);
+                     seq_options(fn, opt, b, pk.oq.size() - 1));
     bp.fwd.dropout.b0 = static_cast<std::int64_t>(b);
     attach_lse(fn, bp.fwd, lse_window(lse, q0, lq));
     bp.dout = seq_window(dout, q0, lq), bp.dq = seq_window(dq, q0, lq);

@@ -87,7 +87,8 @@ struct AttnParams {
   int threads = 1;
   // Score variants (qkv/attention.hpp), resolved to f64 by the attention floor.
   double softcap = 0.0;           // > 0: scores → softcap · tanh(score / softcap); 0: none
-  std::vector<double> alibi;      // [H] ALiBi slopes, or empty
+  std::vector<double> alibi;      // [H] or [B·H] ALiBi slopes (alibi_sb = 0 or H), or empty
+  std::int64_t alibi_sb = 0;      // the slope of (b, h) is alibi[b · alibi_sb + h]
   std::vector<double> sinks;      // [H] sink logits, or empty
   KvCacheLayout cache;            // paged / int8 KV cache; default: plain k, v
 

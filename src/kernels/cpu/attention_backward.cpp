@@ -213,6 +213,7 @@ void attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   cx.dropout_rs = static_cast<float>(1.0 / (1.0 - p.dropout.p));
   cx.softcap_log2 = static_cast<float>(p.softcap * 1.4426950408889634);
   cx.alibi = p.alibi.empty() ? nullptr : p.alibi.data();
+  cx.alibi_sb = p.alibi_sb;
   const std::int64_t rows = p.B * p.H * p.Sq;
 
   // A Q row that is not finite belongs to a NaN row or to a row with no allowed key (lse NaN or

@@ -47,7 +47,8 @@ struct Context {
   float dropout_rs = 1.0f;       // 1 / (1 − p)
   // Score variants (score_mod.hpp): softcap · log2(e) (0: none), ALiBi slopes [H] (null: none).
   float softcap_log2 = 0.0f;
-  const double* alibi = nullptr;
+  const double* alibi = nullptr;  // slope of (b, h): alibi[b · alibi_sb + h]
+  std::int64_t alibi_sb = 0;
 
   // Q and dO rows as f32: either the caller's own memory (f32, unit inner stride, D and Dv
   // multiples of 16) or packed copies [B, H, Sq, Dp] / [B, H, Sq, Dvp].

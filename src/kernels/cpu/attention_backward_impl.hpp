@@ -240,7 +240,7 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
                 V::load(Sr + kLanes * g).fma(vc, cx.has_mask ? V::load(mrow + kLanes * g) + negL : negL).store(Sr + kLanes * g);
             }
             if (cx.alibi)
-              cpu::alibi_row<Simd>(Sr, 0, ncol, static_cast<float>(cx.alibi[h] * 1.4426950408889634), k0,
+              cpu::alibi_row<Simd>(Sr, 0, ncol, static_cast<float>(cx.alibi[b * cx.alibi_sb + h] * 1.4426950408889634), k0,
                                    i0 + r + cx.rule.diag_offset + (cx.rule.diag_from_key_len ? key_len : 0));
             for (std::int64_t g = 0; g < ngk; ++g) V::load(Sr + kLanes * g).exp2().store(Sr + kLanes * g);
             if (cx.has_mask)

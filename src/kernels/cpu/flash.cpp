@@ -51,6 +51,7 @@ FlashArgs make_flash_args(const AttnParams& p) {
   a.dropout_seed = p.dropout.seed, a.dropout_offset = p.dropout.offset, a.dropout_b0 = p.dropout.b0;
   a.softcap_log2 = static_cast<float>(p.softcap * 1.4426950408889634);
   a.alibi = p.alibi.empty() ? nullptr : p.alibi.data();
+  a.alibi_sb = p.alibi_sb;
   a.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
   a.block_table = p.cache.table, a.ldt = p.cache.ldt, a.page_shift = p.cache.page_shift;
   a.kv_i8 = p.cache.i8();

@@ -48,7 +48,8 @@ struct FlashArgs {
   // Score variants (AttnParams; score_mod.hpp): softcap in log2 units (0: none), ALiBi slopes
   // and sink logits [H] in natural units (null: none).
   float softcap_log2;
-  const double* alibi;
+  const double* alibi;  // slope of (b, h): alibi[b · alibi_sb + h]
+  std::int64_t alibi_sb;
   const double* sinks;
   // KV caches (attention_kvcache; flash_decode only). Paged when block_table is set: key row j of
   // (b, hk) is row j & (2^page_shift − 1) of block block_table[b·ldt + (j >> page_shift)], and

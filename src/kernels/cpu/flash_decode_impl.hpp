@@ -219,7 +219,7 @@ void decode(const FlashArgs& a) {
           const i64 moff = b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2];
           if (a.softcap_log2 > 0.0f || a.alibi)
             mask_mod_row<S>(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), moff, row_diag(a, is[r], klen),
-                            a.alibi ? static_cast<float>(a.alibi[hs[r]] * kLog2e) : 0.0f, 0, kNt);
+                            a.alibi ? static_cast<float>(a.alibi[b * a.alibi_sb + hs[r]] * kLog2e) : 0.0f, 0, kNt);
           else
             mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), moff, 0, kNt);
           softmax_row<S>(Ps + r * kNt, &Md[r], Ld + r * L, Od + r * Dvp, Dvp);

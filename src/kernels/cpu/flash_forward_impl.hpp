@@ -211,7 +211,7 @@ void forward(const FlashArgs* list, i64 n) {
       const int nstrips = (nrows + kRows - 1) / kRows;
       const i64 klen = a.key_len[b];
       const bool mods = a.softcap_log2 > 0.0f || a.alibi;
-      const float slope2 = a.alibi ? static_cast<float>(a.alibi[h] * kLog2e) : 0.0f;
+      const float slope2 = a.alibi ? static_cast<float>(a.alibi[b * a.alibi_sb + h] * kLog2e) : 0.0f;
 
       i64 blo = a.Skv, bhi = 0;  // union over the block
       for (int s = 0; s < nstrips; ++s) {

@@ -21,8 +21,8 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 // One allowed key's score from s = scale · q·k, in qkv/attention.hpp's order: softcap, + the
 // additive mask entry `extra`, − the ALiBi bias. −∞ stays −∞ (tanh would make it −c). dcap, when
 // not null, gets ∂score/∂s = 1 − tanh²(s / c) (1 without softcap).
-double score_mod(const AttnParams& p, std::int64_t h, std::int64_t diag, std::int64_t j, double s, double extra,
-                 double* dcap) {
+double score_mod(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_t diag, std::int64_t j, double s,
+                 double extra, double* dcap) {
   double d = 1.0;
   if (p.softcap > 0.0 && s != kNegInf) {
     const double t = std::tanh(s / p.softcap);
@@ -30,7 +30,7 @@ double score_mod(const AttnParams& p, std::int64_t h, std::int64_t diag, std::in
     d = 1.0 - t * t;
   }
   s += extra;
-  if (!p.alibi.empty()) s -= p.alibi[static_cast<std::size_t>(h)] * static_cast<double>(std::abs(diag - j));
+  if (!p.alibi.empty()) s -= p.alibi[static_cast<std::size_t>(b * p.alibi_sb + h)] * static_cast<double>(std::abs(diag - j));
   if (dcap) *dcap = d;
   return s;
 }
@@ -66,7 +66,7 @@ void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_
     double dot = 0.0;
     for (std::int64_t d = 0; d < p.D; ++d)
       dot += p.q.load(p.q.offset(b, h, i, d)) * p.k.load(p.k.offset(b, hk, j, d));
-    s[j] = score_mod(p, h, diag, j, dot * p.scale, extra, dcap ? dcap + j : nullptr);
+    s[j] = score_mod(p, b, h, diag, j, dot * p.scale, extra, dcap ? dcap + j : nullptr);
   }
 }
 
