@@ -263,7 +263,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
         q, k, v = q.float(), k.float(), v.float()
         if mask is not None and mask.dtype == torch.float16:
             mask = mask.float()
-    var = P.variants(fn, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach(), q.shape[0])
+    var = P.variants(fn, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach(),
+                     q.shape[0])
     slopes = None if var.alibi_slopes is None else torch.as_tensor(var.alibi_slopes)
     if sinks is not None and sinks.dtype not in (torch.float32, torch.float64):
         sinks = sinks.float()   # differentiable; its gradient comes back in the caller's dtype
@@ -441,7 +442,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
     half = q.dtype == torch.float16
     if half:
         q, k, v = q.float(), k.float(), v.float()
-    var = P.variants(_FN_VARLEN, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach())
+    var = P.variants(_FN_VARLEN, q.shape[1], softcap, alibi_slopes, None if sinks is None else sinks.detach(),
+                     len(cu_seqlens_q) - 1)  # per-batch slopes: one row per sequence
     slopes = None if var.alibi_slopes is None else torch.as_tensor(var.alibi_slopes)
     if sinks is not None and sinks.dtype not in (torch.float32, torch.float64):
         sinks = sinks.float()

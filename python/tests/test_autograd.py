@@ -335,15 +335,15 @@ def test_flash_attn_varlen_func_matches_torch_reference():
     assert torch.allclose(lse[:, 12], torch.logsumexp(s, -1), rtol=0, atol=1e-12)
 
 
-# softcap and [H] alibi_slopes work now (python/tests/test_variants.py); per-batch slopes [B, H] do not.
-@pytest.mark.parametrize("kw,name", [(dict(alibi_slopes=torch.zeros(1, 2)), "alibi_slopes")])
-def test_flash_attn_variants_qkv_lacks_raise(kw, name):
+# softcap and alibi_slopes [H] or [B, H] work (python/tests/test_variants.py); a block table does not here.
+def test_flash_attn_per_batch_slopes_and_block_table():
     q = torch.randn(1, 3, 2, 8)
-    with pytest.raises(NotImplementedError, match=rf"\[qkv.flash_attn_func\] {name}"):
-        qkv.flash_attn_func(q, q, q, **kw)
+    slopes = torch.tensor([[0.5, 0.25]])
+    # [B, H] with B = 1 is the [H] call, bit for bit; packed: one row per sequence.
+    assert torch.equal(qkv.flash_attn_func(q, q, q, alibi_slopes=slopes), qkv.flash_attn_func(q, q, q, alibi_slopes=slopes[0]))
     cu = torch.tensor([0, 3], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match=rf"\[qkv.flash_attn_varlen_func\] {name}"):
-        qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, **kw)
+    assert torch.equal(qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, alibi_slopes=slopes),
+                       qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, alibi_slopes=slopes[0]))
     with pytest.raises(NotImplementedError, match="block_table"):
         qkv.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, block_table=torch.zeros(1, 1, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"max_seqlen_q = 2 is less than the longest sequence in cu_seqlens_q \(3\)"):

@@ -96,7 +96,7 @@ CASES = [
      r"packed q, k, v must have rank 3 \[T, H, D\], got q \[2, 3, 4, 8\]"),
     ("packed with mask", lambda: att(f32(4, 2, 8), f32(4, 2, 8), f32(4, 2, 8), cu_seqlens_q=[0, 4],
                                      cu_seqlens_k=[0, 4], return_pattern=True), ValueError,
-     r"mask, key_lengths and return_pattern are not available with packed sequences"),
+     r"mask, key_lengths, return_pattern and return_scores are not available with packed sequences"),
     ("cu_seqlens end", lambda: att(f32(4, 2, 8), f32(4, 2, 8), f32(4, 2, 8), cu_seqlens_q=[0, 3],
                                    cu_seqlens_k=[0, 4]), ValueError,
      r"cu_seqlens_q: must start at 0 and end at the token count 4, got 0 … 3"),
