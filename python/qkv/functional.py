@@ -309,7 +309,8 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
                          f"q {list(qs)}, k {list(A.shape_of(k_))}, v {list(vs)}")
     P.check_return_scores(fn, return_scores)
     square = qs[:3] + (A.shape_of(k_)[2],)
-    P.reserve(fn, "out, lse, pattern and scores", q_, ((qs[0], qs[1], qs[2], vs[3]), None),
+    what = ["out", "lse"] + (["pattern"] if return_pattern else []) + (["scores"] if return_scores is not None else [])
+    P.reserve(fn, ", ".join(what[:-1]) + " and " + what[-1], q_, ((qs[0], qs[1], qs[2], vs[3]), None),
               (qs[:3] if return_lse else (0,), aux), (square if return_pattern else (0,), aux),
               (square if return_scores is not None else (0,), aux))
     out = kind.empty((qs[0], qs[1], qs[2], vs[3]), q_)
