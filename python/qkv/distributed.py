@@ -54,7 +54,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _plan as P
+from . import _plan
 from . import functional as F
 
 __all__ = ["shard", "unshard", "ring_attention", "last_timings"]
@@ -395,7 +395,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     r, P = _check_group(_FN, group)
     desc = None
     try:
-        sc = P.check_scale(_FN, scale)
+        sc = _plan.check_scale(_FN, scale)
     except TypeError as e:
         sc, local = None, str(e)
     else:
