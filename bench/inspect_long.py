@@ -2,7 +2,8 @@
 
 stories260K (5 layers × 8 heads) at 512 tokens and, through a copy whose header allows 1,024
 (tests/inspect/long_context.py), at 1,000 tokens. Each round, for each length:
-  compute  the wall time of `qkv inspect --prompt … --out DIR` (load, tokenise, traced forward,
+  compute  the wall and CPU time (user + system, getrusage of the child) of
+           `qkv inspect --prompt … --out DIR` (load, tokenise, traced forward,
            attribution, lens, the page's encoding and the PNGs; the ablation table is skipped by
            `auto` at these lengths: 2·L·H reruns would cost > 1e10 FLOP);
   size     index.html in bytes;
@@ -15,6 +16,7 @@ Medians over the rounds; the load average is printed with the table.
 """
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,17 +42,19 @@ def main():
               1000: stories260k_with_context(os.path.join(ROOT, "data", "models", "stories260K"),
                                              os.path.join(tmp, "model1024"))}
     prompts = {512: PROMPT_512, 1000: PROMPT_1000}
-    rows = {n: {"compute": [], "size": [], "ready": [], "thumbs": [], "scroll": []} for n in prompts}
+    rows = {n: {"compute": [], "cpu": [], "size": [], "ready": [], "thumbs": [], "scroll": []} for n in prompts}
     load0 = os.getloadavg()
     browser = Browser()
     try:
         for r in range(a.rounds):
             for n in prompts:
                 out = os.path.join(tmp, f"page{n}")
-                t = time.perf_counter()
+                t, u = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
                 subprocess.run([a.qkv, "inspect", "--model", models[n], "--prompt", prompts[n], "--out", out],
                                check=True, capture_output=True)
                 rows[n]["compute"].append(time.perf_counter() - t)
+                v = resource.getrusage(resource.RUSAGE_CHILDREN)
+                rows[n]["cpu"].append(v.ru_utime + v.ru_stime - u.ru_utime - u.ru_stime)
                 page = os.path.join(out, "index.html")
                 rows[n]["size"].append(os.path.getsize(page))
                 rows[n]["ready"].append(browser.open(page))
@@ -68,10 +72,10 @@ def main():
     med = {n: {k: statistics.median(v) for k, v in rows[n].items()} for n in rows}
     lines = [f"`python3 bench/inspect_long.py --rounds {a.rounds}`, stories260K, medians of {a.rounds}; "
              f"load {load0[0]:.1f} before, {load1[0]:.1f} after; {os.cpu_count()} cores.", "",
-             "| tokens | compute (qkv inspect) | index.html | page ready (chromium) | 40 thumbnails redrawn | scroll redraw |",
+             "| tokens | qkv inspect wall (CPU) | index.html | page ready (chromium, wall) | 40 thumbnails redrawn | scroll redraw |",
              "|---|---|---|---|---|---|"]
     for n, m in med.items():
-        lines.append(f"| {n} | {m['compute']:.2f} s | {m['size'] / 1e6:.2f} MB | {m['ready']:.2f} s | "
+        lines.append(f"| {n} | {m['compute']:.1f} s ({m['cpu']:.1f} s) | {m['size'] / 1e6:.2f} MB | {m['ready']:.2f} s | "
                      f"{m['thumbs'] * 1e3:.0f} ms | {m['scroll'] * 1e3:.1f} ms |")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -328,7 +328,9 @@ std::string packed_compact_b64(const std::vector<float>& m, const Report& r, con
   }
   uLongf zlen = compressBound(static_cast<uLong>(planes.size()));
   std::vector<unsigned char> z(zlen);
-  if (compress2(z.data(), &zlen, planes.data(), static_cast<uLong>(planes.size()), 9) != Z_OK) {
+  // Level 6, not 9: on the 1,000-token stories260K weights, 9 took 3.4 s of CPU for 3.56 MB and 6
+  // took 0.37 s for 3.65 MB.
+  if (compress2(z.data(), &zlen, planes.data(), static_cast<uLong>(planes.size()), 6) != Z_OK) {
     fail("qkv::inspect::to_json", "zlib compress2 failed on " + std::to_string(planes.size()) + " bytes");
   }
   std::string out;
