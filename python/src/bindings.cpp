@@ -571,6 +571,7 @@ nb::ndarray<nb::numpy, double> report_ablation(const qkv::inspect::Report& r, co
                                                const std::string& key) {
   if (kind != "zero" && kind != "mean")
     throw nb::value_error(("[qkv.Inspection] kind: '" + kind + "' is not 'zero' or 'mean'").c_str());
+  if (!r.ablation) throw nb::value_error("[qkv.Inspection] ablation: the table was not computed (ablation_table='on')");
   const auto& t = kind == "zero" ? r.ablation->zero : r.ablation->mean;
   std::vector<double> v;
   for (const qkv::inspect::AblationEffect& e : t)
