@@ -142,6 +142,12 @@ def test_inspect_with_an_ablation_and_ids_matches_the_command(tmp_path, ids):
     assert r.doc == doc and r.ablation_p() is None
     assert r.tokens == [f"#{i}" for i in ids]
     assert doc["ablated"] == [{"layer": 2, "head": 1, "kind": "mean"}]
+    # The side-by-side view's baseline is the unablated run; layers up to the ablated one are unchanged.
+    base = qkv.Model.load(str(MODEL)).trace(ids)
+    for l in range(5):
+        assert np.array_equal(r.baseline_pattern(l), base.layers[l].pattern)
+        assert np.array_equal(r.pattern(l), r.baseline_pattern(l)) == (l <= 2)
+    assert qkv.inspect(str(MODEL), "hi", ablation_table="off").baseline_pattern(0) is None
 
 
 def test_inspect_an_encoder_matches_the_command(tmp_path):
