@@ -22,6 +22,7 @@
 #include <pthread.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,6 +30,8 @@
 #include <utility>
 
 #include "core/fork_gate.hpp"
+#include "inspect/page.hpp"
+#include "inspect/run.hpp"
 #include "model/safetensors.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/encoder.hpp"
@@ -521,6 +524,60 @@ void safetensors_write(const std::string& path,
   qkv::detail::write_safetensors(path, metadata, views, "qkv.safetensors.save_file");
 }
 
+
+// ---- qkv.inspect (src/inspect/run.hpp): the `qkv inspect` report, computed in this process ----
+
+// A vector handed to NumPy without a copy, shaped `shape` (its product = v.size()).
+template <class T>
+nb::ndarray<nb::numpy, T> vector_to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
+  auto* owned = new std::vector<T>(std::move(v));
+  nb::capsule del(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(owned->data(), shape.size(), shape.begin(), del);
+}
+
+qkv::inspect::Report inspect_run(const std::string& model, const std::string& tokenizer, const std::string& config,
+                                 const std::string& text, const std::vector<std::int64_t>& tokens,
+                                 const std::vector<std::string>& ablate, const std::string& ablation_table) {
+  namespace qi = qkv::inspect;
+  qi::Request r;
+  r.names = qi::kPythonArgs;
+  r.model = model;
+  r.tokenizer = tokenizer;
+  r.config = config;
+  r.prompt = text;
+  if (!tokens.empty()) r.tokens = to_tokens("qkv.inspect", tokens);
+  for (const std::string& a : ablate) r.ablate.push_back(qi::parse_ablation(a, r.names));
+  if (ablation_table == "on") r.ablation_table = qi::AblationTableMode::on;
+  else if (ablation_table == "off") r.ablation_table = qi::AblationTableMode::off;
+  else if (ablation_table != "auto")
+    throw nb::value_error(("[qkv.inspect] ablation_table: must be 'auto', 'on' or 'off', got '" + ablation_table + "'").c_str());
+  nb::gil_scoped_release unlocked;
+  return qi::run(r);
+}
+
+// One of the report's [L][H·S·S] matrices (pattern or scores) for layer l, as [H, S, S].
+nb::ndarray<nb::numpy, float> report_matrix(const qkv::inspect::Report& r, const std::vector<std::vector<float>>& m,
+                                            std::int64_t l, const char* what) {
+  if (l < 0 || l >= r.L)
+    throw nb::index_error(("[qkv.Inspection." + std::string(what) + "] layer: " + std::to_string(l) + " is not in [0, " +
+                           std::to_string(r.L) + ")").c_str());
+  std::vector<float> copy = m[static_cast<size_t>(l)];
+  const auto H = static_cast<size_t>(r.H), S = static_cast<size_t>(r.S);
+  return vector_to_numpy(std::move(copy), {H, S, S});
+}
+
+// An ablation table's column as [L, H]: p_predicted, loss or the ablated top token's id.
+nb::ndarray<nb::numpy, double> report_ablation(const qkv::inspect::Report& r, const std::string& kind,
+                                               const std::string& key) {
+  if (kind != "zero" && kind != "mean")
+    throw nb::value_error(("[qkv.Inspection] kind: '" + kind + "' is not 'zero' or 'mean'").c_str());
+  if (!r.ablation) throw nb::value_error("[qkv.Inspection] ablation: the table was not computed (ablation_table='on')");
+  const auto& t = kind == "zero" ? r.ablation->zero : r.ablation->mean;
+  std::vector<double> v;
+  for (const qkv::inspect::AblationEffect& e : t)
+    v.push_back(key == "p_predicted" ? e.p_predicted : key == "loss" ? e.loss : static_cast<double>(e.top.id));
+  return vector_to_numpy(std::move(v), {static_cast<size_t>(r.L), static_cast<size_t>(r.H)});
+}
 }  // namespace
 
 NB_MODULE(_qkv, m) {
@@ -701,6 +758,64 @@ NB_MODULE(_qkv, m) {
                            : self.enc.pooling() == qkv::Pooling::cls ? "cls" : "max");
       })
       .def_prop_ro("normalize", [](const PyEncoder& self) { return self.enc.normalize(); });
+
+  using Report = qkv::inspect::Report;
+  nb::class_<Report>(m, "InspectReport", "What `qkv inspect` shows, computed in this process (use qkv.inspect).")
+      .def_ro("S", &Report::S)
+      .def_ro("L", &Report::L)
+      .def_ro("H", &Report::H)
+      .def_ro("prompt", &Report::prompt)
+      .def_ro("bidirectional", &Report::bidirectional)
+      .def("tokens", [](const Report& r) {
+             nb::list out;
+             for (const auto& t : r.tokens) out.append(nb::make_tuple(t.id, nb::bytes(t.text.data(), t.text.size()), t.special));
+             return out;
+           }, "[(id, piece bytes, special)] per position.")
+      .def("next_tokens", [](const Report& r) {
+             nb::list out;
+             for (const auto& t : r.next_tokens)
+               out.append(nb::make_tuple(t.id, nb::bytes(t.text.data(), t.text.size()), t.prob, t.logit));
+             return out;
+           }, "[(id, piece bytes, prob, logit)], the ten likeliest next tokens.")
+      .def("pattern", [](const Report& r, std::int64_t l) { return report_matrix(r, r.pattern, l, "pattern"); }, "layer"_a,
+           "Layer l's weights [H, S, S] float32, row = query.")
+      .def("scores", [](const Report& r, std::int64_t l) { return report_matrix(r, r.scores, l, "scores"); }, "layer"_a,
+           "Layer l's raw scores [H, S, S] float32, -inf where masked.")
+      .def("baseline_pattern", [](const Report& r, std::int64_t l) -> std::optional<nb::ndarray<nb::numpy, float>> {
+             if (r.baseline_pattern.empty()) return std::nullopt;
+             return report_matrix(r, r.baseline_pattern, l, "baseline_pattern");
+           }, "layer"_a, "With heads ablated: layer l's weights [H, S, S] without the ablation; else None.")
+      .def("delta_norm", [](const Report& r) {
+             std::vector<double> v;
+             for (const auto& layer : r.heads)
+               for (const auto& h : layer) v.insert(v.end(), h.delta_norm.begin(), h.delta_norm.end());
+             return vector_to_numpy(std::move(v), {static_cast<size_t>(r.L), static_cast<size_t>(r.H), static_cast<size_t>(r.S)});
+           }, "|Δe_h| per token [L, H, S].")
+      .def("block_delta_norm", [](const Report& r) {
+             std::vector<double> v;
+             for (const auto& layer : r.block_delta_norm) v.insert(v.end(), layer.begin(), layer.end());
+             return vector_to_numpy(std::move(v), {static_cast<size_t>(r.L), static_cast<size_t>(r.S)});
+           }, "|Σ_h Δe_h| per token [L, S].")
+      .def("attribution", [](const Report& r) -> std::optional<nb::ndarray<nb::numpy, double>> {
+             if (!r.attribution) return std::nullopt;
+             std::vector<double> v;
+             for (const auto& t : r.attribution->tokens) v.insert(v.end(), t.heads.begin(), t.heads.end());
+             return vector_to_numpy(std::move(v), {r.attribution->tokens.size(), static_cast<size_t>(r.L), static_cast<size_t>(r.H)});
+           }, "[T, L, H] each head's push on next token t's logit, or None (an encoder).")
+      .def("has_ablation", [](const Report& r) { return r.ablation.has_value(); })
+      .def("ablation", &report_ablation, "kind"_a, "key"_a, "[L, H] of the ablation table: p_predicted, loss or top (ids).")
+      .def("json", [](const Report& r) { return qkv::inspect::to_json(r, qkv::inspect::Encoding::kJson); },
+           "The JSON document `qkv inspect --format json` writes (docs/inspect.md).")
+      .def("html", [](const Report& r) {
+             nb::gil_scoped_release unlocked;
+             return qkv::inspect::render_page(r);
+           }, "The page `qkv inspect` writes as index.html (self-contained).")
+      .def("write_page", [](const Report& r, const std::string& dir) {
+             nb::gil_scoped_release unlocked;
+             return qkv::inspect::write_page(r, dir);
+           }, "dir"_a, "Writes dir/index.html and dir/layer_<l>.png as `qkv inspect` does; returns the page's path.");
+  m.def("inspect", &inspect_run, "model"_a, "tokenizer"_a, "config"_a, "text"_a, "tokens"_a, "ablate"_a,
+        "ablation_table"_a, "One `qkv inspect` run in this process (src/inspect/run.hpp).");
 
   m.def("set_num_threads", &qkv::set_num_threads, "n"_a,
         "Threads the kernels use when a call does not say (default: QKV_NUM_THREADS, else all cores).");

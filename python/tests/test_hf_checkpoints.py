@@ -1,10 +1,8 @@
 """Hugging Face checkpoints (model.safetensors + config.json, as `save_pretrained` writes them) run by qkv.
 
 Oracle: the Hugging Face `transformers` implementation itself (GPT2LMHeadModel, LlamaForCausalLM), on
-the very same weights, in float32 and eager attention. The weights are random but every tensor,
-LayerNorm gains and biases included, is perturbed away from its initial value, so that a wrong
-name, a missing transpose, a wrong third of the fused c_attn or a wrong rotary row order changes
-the logits far beyond the tolerance.
+the very same weights, in float32 and eager attention; the checkpoints are hf_tiny.py's (random,
+every tensor perturbed, so a wrong layout changes the logits far beyond the tolerance).
 """
 
 import json
@@ -12,39 +10,10 @@ import json
 import numpy as np
 import pytest
 import torch
-import transformers
 
 import qkv
 
-TOKENS = [5, 17, 3, 60, 42, 8, 91, 23, 77, 1, 64, 30]
-
-
-def perturbed(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
-def gpt2(tmp_path, seed=0, dtype=torch.float32, **over):
-    cfg = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=2, n_positions=32, vocab_size=97,
-                                  attn_implementation="eager", **over)
-    torch.manual_seed(seed)
-    m = perturbed(transformers.GPT2LMHeadModel(cfg), seed)
-    m.to(dtype).save_pretrained(tmp_path)
-    return m.float()
-
-
-def llama(tmp_path, seed=0, tied=False, dtype=torch.float32):
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_attention_heads=8,
-                                   num_key_value_heads=4, num_hidden_layers=2, vocab_size=97,
-                                   max_position_embeddings=32, tie_word_embeddings=tied, rms_norm_eps=1e-5,
-                                   attn_implementation="eager")
-    torch.manual_seed(seed)
-    m = perturbed(transformers.LlamaForCausalLM(cfg), seed)
-    m.to(dtype).save_pretrained(tmp_path)
-    return m.float()
+from hf_tiny import TOKENS, gpt2, llama  # tiny perturbed checkpoints, shared with tests/inspect
 
 
 def hf_logits(m, tokens):

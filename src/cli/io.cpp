@@ -97,24 +97,6 @@ std::string shipped_model_dir(const char* command, const std::string& remedy) {
   fail(command, "the stories260K that ships with qkv is not installed (looked for " + looked + "); " + remedy);
 }
 
-std::string tokenizer_beside(const char* command, const std::string& model) {
-  namespace fs = std::filesystem;
-  const fs::path p(model);
-  const fs::path dir = fs::is_directory(p) ? p : p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  for (const char* name : {"tokenizer.json", "tokenizer.bin"})
-    if (fs::is_regular_file(dir / name)) return (dir / name).string();
-  std::string found;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.starts_with("tok") && e.path().extension() == ".bin") {
-      if (!found.empty()) fail(command, "--tokenizer: not given, and " + dir.string() + " holds several tok*.bin");
-      found = e.path().string();
-    }
-  }
-  return found;
-}
-
 std::string default_model(const char* command) {
   if (const char* env = std::getenv("QKV_MODEL"); env != nullptr && *env != '\0') return env;
   return (std::filesystem::path(shipped_model_dir(command, "give --model, or set QKV_MODEL")) / "stories260K.bin").string();

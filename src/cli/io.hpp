@@ -40,13 +40,6 @@ double json_number(float v);
 // ("give --model, or set QKV_MODEL").
 std::string shipped_model_dir(const char* command, const std::string& remedy);
 
-// The tokenizer of `model` (a file, or a folder as `qkv train` and save_pretrained write) when
-// --tokenizer is not given: in the model's folder, tokenizer.json (qkv train's, or a Hugging Face
-// one), else tokenizer.bin, else the one tok*.bin (llama2.c names it tok<V>.bin); "" if there is
-// none. Several tok*.bin are an error naming `command` and the folder. Tokenizer::load then tells
-// the format by content.
-std::string tokenizer_beside(const char* command, const std::string& model);
-
 // The model `qkv generate` and `qkv inspect` run when --model is not given: the environment
 // variable QKV_MODEL when set, else shipped_model_dir()/stories260K.bin.
 std::string default_model(const char* command);

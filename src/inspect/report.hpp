@@ -168,6 +168,10 @@ struct Report {
   bool bidirectional = false;                      // an encoder: every query sees every key
   std::vector<Neighbour> neighbours;               // encoders: the other lines, nearest first
   std::vector<HeadAblation> ablated;               // heads knocked out in the run this report shows
+  // With heads knocked out: the same prompt's patterns without them, [L][H·S·S] row per query, so
+  // that the page draws each head's pattern beside its unablated one and their difference; empty
+  // when nothing is ablated.
+  std::vector<std::vector<float>> baseline_pattern;
   std::optional<AblationTable> ablation;           // add_ablation_table() fills it
 
   float score(std::int64_t l, std::int64_t h, std::int64_t q, std::int64_t k) const {
@@ -228,9 +232,19 @@ KeySpans key_spans(const Report& r);
 // the two matrices' stored cells take at most `exact_bytes` as f32, else compact — the weight as
 // u16 round(p · 65535) (|error| ≤ 0.5/65535), the score as bf16 (nearest even: relative error ≤ 2^-8,
 // −∞ kept), each array split into its high-byte and low-byte planes and deflated (zlib), then
-// base64. The 512-token stories260K page: 58.7 MB exact, under 10 MB compact.
+// base64. The baseline patterns (when present) are written as the patterns are: "baseline_pattern"
+// per head (kJson), "baseline_f32" / "baseline_u16" per layer (kPage). The 512-token stories260K
+// page: 58.7 MB exact, under 10 MB compact.
+//
+// A compact page of more than kCompactScoresCells stored cells (L·H·Σ_q spans) leaves the scores
+// out ("scores_stored": false) when no stored cell is masked (then the spans alone say what is
+// masked): the page shows weights for every cell and scores where it has q and k (the anatomy's
+// last queries, q·k/√D). The 512-token stories260K page (5.3 M cells) keeps them and weighs 9.1
+// MB; at 1,000 tokens (20 M cells) its bf16 scores alone took 17.6 MB, its weights 4.6 MB. In the
+// page, q and k are base64 little-endian f32 ("q_f32" [H][S − qk_q0][D], "k_f32" [Hkv][S][D]).
 enum class Encoding { kJson, kPage };
 inline constexpr double kExactPageBytes = 8e6;
+inline constexpr double kCompactScoresCells = 8e6;
 std::string to_json(const Report& r, Encoding enc, double exact_bytes = kExactPageBytes);
 
 }  // namespace qkv::inspect

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -87,6 +88,24 @@ std::string read_input_file(const std::string& path, std::string_view fn, std::s
   }
   ::close(fd);
   return out;
+}
+
+std::string tokenizer_beside(const std::string& model, std::string_view fn, std::string_view arg) {
+  namespace fs = std::filesystem;
+  const fs::path p(model);
+  const fs::path dir = fs::is_directory(p) ? p : p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  for (const char* name : {"tokenizer.json", "tokenizer.bin"})
+    if (fs::is_regular_file(dir / name)) return (dir / name).string();
+  std::string found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("tok") && e.path().extension() == ".bin") {
+      if (!found.empty()) fail(fn, std::string(arg) + ": not given, and " + dir.string() + " holds several tok*.bin");
+      found = e.path().string();
+    }
+  }
+  return found;
 }
 
 }  // namespace qkv::detail

@@ -300,23 +300,9 @@ class RunTokenizer {
   Tokenizer llama_;
 };
 
-// --init without --tokenizer: the tokenizer beside (or, for a folder, in) the model: tokenizer.json,
-// tokenizer.bin, else the one tok*.bin (llama2.c names it tok<V>.bin).
+// --init without --tokenizer: the tokenizer beside (or, for a folder, in) the model.
 std::string tokenizer_beside(const std::string& model) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::is_directory(model) ? fs::path(model)
-                       : fs::path(model).parent_path().empty() ? fs::path(".") : fs::path(model).parent_path();
-  for (const char* name : {"tokenizer.json", "tokenizer.bin"})
-    if (fs::is_regular_file(dir / name)) return (dir / name).string();
-  std::string found;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("tok", 0) == 0 && e.path().extension() == ".bin") {
-      if (!found.empty()) fail(kFn, "--tokenizer: not given, and " + dir.string() + " holds several tok*.bin");
-      found = e.path().string();
-    }
-  }
+  std::string found = detail::tokenizer_beside(model, kFn, "--tokenizer");
   if (found.empty())
     fail(kFn, "--tokenizer: not given, and no tokenizer.json, tokenizer.bin or tok*.bin beside --init '" + model + "'");
   return found;

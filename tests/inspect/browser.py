@@ -95,9 +95,12 @@ class Browser:
     def mouse(self, x, y):
         self.call("Input.dispatchMouseEvent", session=True, type="mouseMoved", x=x, y=y)
 
-    def screenshot(self, path):
+    def screenshot(self, path, clip=None):
+        """Saves the viewport as PNG, or with clip = {x, y, width, height, scale} (page pixels)
+        that rectangle of the page, scaled."""
         import base64
-        data = self.call("Page.captureScreenshot", session=True, format="png")["data"]
+        extra = {} if clip is None else {"clip": clip, "captureBeyondViewport": True}
+        data = self.call("Page.captureScreenshot", session=True, format="png", **extra)["data"]
         with open(path + ".tmp", "wb") as f:
             f.write(base64.b64decode(data))
         os.replace(path + ".tmp", path)

@@ -3,7 +3,7 @@ writes them): GPT-2 (LayerNorm, biases, learned positions) and Llama (RMSNorm, r
 
 The oracle is transformers itself on the same weights, float32, eager attention:
 `output_attentions=True` gives every layer's pattern and `.logits` the prediction. The weights are
-random and perturbed away from their initial values (biases and gains included), so a wrong
+random and perturbed away from their initial values (python/tests/hf_tiny.py), so a wrong
 layout would change patterns and logits by O(1). qkv reads no GPT-2/Llama tokenizer, so the
 tokens are given as ids (`--tokens`).
 
@@ -16,45 +16,23 @@ Environment (ctest sets it): QKV_BIN, the qkv program.
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python", "tests"))
+from hf_tiny import TOKENS, gpt2, llama  # noqa: E402  (the checkpoints test_hf_checkpoints.py runs)
+
 QKV = os.environ.get("QKV_BIN")
-TOKENS = [5, 17, 3, 60, 42, 8, 91, 23, 77, 1, 64, 30]
-
-
-def perturbed(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
-def gpt2(seed):
-    cfg = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=2, n_positions=32, vocab_size=97,
-                                  attn_implementation="eager")
-    torch.manual_seed(seed)
-    return perturbed(transformers.GPT2LMHeadModel(cfg), seed)
-
-
-def llama(seed):
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_attention_heads=8,
-                                   num_key_value_heads=4, num_hidden_layers=2, vocab_size=97,
-                                   max_position_embeddings=32, tie_word_embeddings=False, rms_norm_eps=1e-5,
-                                   attn_implementation="eager")
-    torch.manual_seed(seed)
-    return perturbed(transformers.LlamaForCausalLM(cfg), seed)
 
 
 @pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
 def test_hf_folder_matches_transformers(tmp_path, make):
     assert QKV, "QKV_BIN must be set (ctest sets it)"
-    ref = make(seed=4)
-    ref.save_pretrained(tmp_path / "model")
+    ref = make(tmp_path / "model", seed=4)
     out = tmp_path / "page"
     for fmt in ("json", "html"):
         subprocess.run([QKV, "inspect", "--model", str(tmp_path / "model"), "--tokens", ",".join(map(str, TOKENS)),

@@ -314,6 +314,52 @@ def test_ablated_page(browser, tmp_path):
     assert browser.eval("document.querySelectorAll('#abl-map td.v').length") == 40
 
 
+def test_ablation_side_by_side(browser, tmp_path):
+    """With --ablate, the page draws the selected head's pattern with and without the knock-out and
+    their difference. The page's largest change of every head equals the JSON's pattern −
+    baseline_pattern (decoded here; both are the same f32 values, so exactly), heads at or before
+    the knocked-out layer do not change, and the difference canvas is full red / blue at the
+    largest change."""
+    model = os.path.join(MODEL_DIR, "stories260K.bin")
+    for fmt in ("html", "json"):
+        subprocess.run([QKV, "inspect", "--model", model, "--prompt", SEED_PROMPT, "--out", str(tmp_path),
+                        "--ablate", "1.2", "--format", fmt], check=True, capture_output=True)
+    doc = json.loads((tmp_path / "inspect.json").read_text())
+    browser.open(tmp_path / "index.html")
+    checks = checks_of(browser)
+    verify(checks, doc)
+    no_network(browser)
+    S = len(doc["tokens"])
+
+    def f32(x):  # the JSON's shortest decimal back to the f32 the page holds
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+
+    want = {}
+    for l, layer in enumerate(doc["layers"]):
+        for h, head in enumerate(layer["heads"]):
+            want[(l, h)] = max(abs(f32(p) - f32(b)) for pr, br in zip(head["pattern"], head["baseline_pattern"])
+                               for p, b in zip(pr, br))
+    got = {(c["layer"], c["head"]): c["max_abs"] for c in checks["changes"]}
+    assert got == want
+    assert all(want[(l, h)] == 0 for l in (0, 1) for h in range(8)) and min(want[(l, h)] for l in (2, 3, 4) for h in range(8)) > 0
+    # It opens the head that changed most; the difference canvas shows that cell at full colour.
+    l, h = max(want, key=want.get)
+    assert browser.eval("[+$('cmp-wrap').dataset.layer, +$('cmp-wrap').dataset.head]") == [l, h]
+    head = doc["layers"][l]["heads"][h]
+    q, k = max(((q, k) for q in range(S) for k in range(S)),
+               key=lambda c: abs(head["pattern"][c[0]][c[1]] - head["baseline_pattern"][c[0]][c[1]]))
+    d = head["pattern"][q][k] - head["baseline_pattern"][q][k]
+    c = max(1, 320 // S)
+    rgb = browser.eval(f"Array.from($('cmp-diff').getContext('2d').getImageData({q * c + c // 2}, {k * c + c // 2}, 1, 1).data)")
+    assert rgb[:3] == ([255, 40, 40] if d > 0 else [31, 78, 154]), (rgb, d)
+    assert browser.eval("$('cmp-diff').width") == S * c
+    browser.eval("window.scrollTo(0, document.getElementById('cmp-wrap').getBoundingClientRect().top + window.scrollY - 8)")
+    shot = os.environ.get("QKV_INSPECT_SCREENSHOT")
+    path = shot[:-4] + "-compare.png" if shot else str(tmp_path / "compare.png")
+    browser.screenshot(path)
+    print(f"side by side: layer {l} head {h} changed most, |Δp| {want[(l, h)]:.4f}; screenshot {path}")
+
+
 def check_anatomy(browser, doc, shot):
     """Clicking a cell of the last query shows D products whose scaled sum is the cell's score."""
     S, D = len(doc["tokens"]), doc["model"]["head_dim"]
@@ -411,6 +457,51 @@ def test_real_model_512_tokens(browser, tmp_path):
     assert seconds < 60 and ms < 250  # generous: two shared cores
     tip = hover_cell(browser, 510, 511)
     assert "query 511 " in tip and "key   510 " in tip, tip
+
+
+def test_1000_token_thumbnails(browser, tmp_path):
+    """At 1,000 tokens (stories260K with a 1,024-token header: tests/inspect/long_context.py) each
+    thumbnail pixel covers about 9 × 9 cells and shows their largest weight. Its colours are
+    recomputed here from the weights the page decoded (max-pooling in Python), and the
+    previous-token head 1.3 shows its diagonal instead of a grey triangle."""
+    from long_context import PROMPT_1000, stories260k_with_context
+    model = stories260k_with_context(MODEL_DIR, str(tmp_path / "model"))
+    subprocess.run([QKV, "inspect", "--model", model, "--prompt", PROMPT_1000, "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    page = tmp_path / "index.html"
+    size = page.stat().st_size
+    seconds = browser.open(page)
+    print(f"stories260K, 1,000 tokens: index.html {size / 1e6:.2f} MB, page ready in {seconds:.2f} s")
+    assert size < 10e6, f"the 1,000-token page is {size / 1e6:.1f} MB (issue bound: 10 MB)"
+    checks = checks_of(browser)
+    verify(checks, None, shape=(1000, 5, 8), tol=compact_tol(1000))
+    S, n, l, h = 1000, 122, 1, 3
+    weights = browser.eval(f"Array.from(PAT[{l}].subarray({h} * P, {h + 1} * P))")  # causal rows 0..q
+    px = browser.eval(f"Array.from(cards.find((c) => c.l === {l} && c.h === {h}).cv.getContext('2d')"
+                      f".getImageData(0, 0, {n}, {n}).data)")
+    pool = [[-1.0] * n for _ in range(n)]
+    at = 0
+    for q in range(S):
+        for k in range(q + 1):
+            x, y = q * n // S, k * n // S  # seeds: column = query, row = key
+            pool[y][x] = max(pool[y][x], weights[at])
+            at += 1
+    worst, diag, off = 0, [], []
+    for y in range(n):
+        for x in range(n):
+            w = pool[y][x]
+            want = (228, 228, 234) if w < 0 else tuple(round(255 + (c - 255) * min(1.0, w)) for c in (31, 78, 154))
+            got = tuple(px[4 * (y * n + x): 4 * (y * n + x) + 3])
+            worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
+            if w >= 0 and y > 2:
+                (diag if x - y <= 1 else off if x - y > 10 else []).append(w)
+    assert worst <= 1, f"a thumbnail pixel is {worst} away from the largest weight of its cells"
+    d, o = sum(diag) / len(diag), sum(off) / len(off)
+    print(f"head 1.3 thumbnail: mean pooled weight {d:.3f} on the diagonal, {o:.3f} away from it")
+    assert d > 3 * o, (d, o)
+    browser.eval("document.getElementById('overview').scrollIntoView()")
+    shot = os.environ.get("QKV_INSPECT_SCREENSHOT")
+    browser.screenshot(shot[:-4] + "-1000.png" if shot else str(tmp_path / "thumbs.png"))
 
 
 def test_trained_model_page(browser, tmp_path):
