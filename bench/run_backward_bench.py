@@ -207,29 +207,39 @@ def summary_table(r):
              "|---|---|---|---|---|---|"]
     groups = {}
     for c in r["cases"]:
-        groups.setdefault(group(c), []).append(c)
+        if c["T"] > 1:  # the one-thread rows are compared by CPU time below
+            groups.setdefault(group(c), []).append(c)
     for name, rows in groups.items():
         lines.append(f"| {name} | {span([c['S'] for c in rows], '{}')} | {cell([c for c in rows if not c['causal']])} | "
                      f"{cell([c for c in rows if c['causal']])} |")
     ratios = [c["torch_s"] / c["time_s"] for c in r["cases"] if c["torch_s"]]
-    if ratios:
-        lines += ["", f"Over all {len(ratios)} rows: qkv / torch {ratio_summary(ratios)}."]
     own = bf16_over_f32(r)
-    if own:
-        lines += ["", "qkv bf16 / qkv f32 (f32 time / bf16 time, same shape and threads): " +
-                  "; ".join(f"{k} {ratio_summary(v)}" for k, v in own.items()) + "."]
+    one = {}
+    for c in r["cases"]:
+        if c["T"] == 1 and c["torch_cpu_s"]:
+            name = f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} {c['dtype']}"
+            one.setdefault(name, {})["causal" if c["causal"] else "full"] = c["torch_cpu_s"] / c["cpu_s"]
+    if ratios:
+        lines += ["", f"Over all {len(ratios)} rows: qkv / torch {ratio_summary(ratios)}." +
+                  (" One thread by CPU time (full / causal, qkv / torch): " +
+                   "; ".join(f"{k} {v.get('full', 0):.2f}× / {v.get('causal', 0):.2f}×" for k, v in one.items()) + "."
+                   if one else "") +
+                  (" qkv bf16 / qkv f32 (f32 time / bf16 time, same shape and threads; CPU time on one thread): " +
+                   "; ".join(f"{k} {ratio_summary(v)}" for k, v in own.items()) + "." if own else "")]
     return "\n".join(lines) + "\n"
 
 
 def bf16_over_f32(r):
-    """Speed of qkv's bf16 rows over its f32 rows of the same shape, grouped by what is timed and the mask."""
+    """Speed of qkv's bf16 rows over its f32 rows of the same shape, grouped by what is timed and the mask: wall
+    time on 2 threads, CPU time on 1 (all the work there, and insensitive to other processes)."""
     key = lambda c: (c["kind"], c["B"], c["H"], c["Hkv"], c["S"], c["D"], c["causal"], c["T"])
     f32 = {key(c): c for c in r["cases"] if c["dtype"] == "f32"}
     out = {}
     for c in r["cases"]:
         if c["dtype"] == "bf16" and key(c) in f32:
             name = f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} {'causal' if c['causal'] else 'full'}"
-            out.setdefault(name, []).append(f32[key(c)]["time_s"] / c["time_s"])
+            t = "cpu_s" if c["T"] == 1 else "time_s"
+            out.setdefault(name, []).append(f32[key(c)][t] / c[t])
     return out
 
 
