@@ -9,11 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <new>
 #include <vector>
 
 #include "core/parallel.hpp"
+#include "core/scratch.hpp"
 #include "kernels/dropout.hpp"
 #include "qkv/memory.hpp"
 
@@ -24,18 +23,19 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// An uninitialised, 64-byte aligned float array (the tasks overwrite what they use).
+// An uninitialised, 64-byte aligned float array leased from the scratch pool (core/scratch.hpp),
+// so that the next call of a similar shape finds its work copies' pages mapped instead of
+// faulting in fresh MiBs. Lease on the calling thread, outside parallel regions.
 struct Floats {
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> p;
+  void* p = nullptr;
+  std::size_t size = 0;
   explicit Floats(std::int64_t n) {
-    const std::size_t bytes = (static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(float) + 63) / 64 * 64;
-    p.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    if (!p) throw std::bad_alloc();
+    p = scratch_lease(static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(float), &size);
   }
-  float* get() const { return p.get(); }
+  ~Floats() { scratch_return(p, size); }
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
+  float* get() const { return static_cast<float*>(p); }
 };
 
 // dst[e] = t[off + e·stride] for e < n, converted to f32.

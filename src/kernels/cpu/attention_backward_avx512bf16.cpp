@@ -90,11 +90,13 @@ void dgemm(i64 m, i64 ng, i64 K, const Word* A, i64 a_rs, i64 a_cs, const Word* 
   }
 }
 
-// 16 floats → 16 words whose low halves are the bf16 of a and high halves the bf16 of b.
+// 16 floats → 16 words whose low halves are the bf16 of a and high halves the bf16 of b: both
+// rounded by one vcvtne2ps2bf16 (a in halves 0–15, b in 16–31), then interleaved by one vpermw.
 inline __m512i pair16(__m512 a, __m512 b) {
-  const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a)));
-  const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(b)));
-  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+  const __m512i ab = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                       20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, ab);
 }
 
 // X [mq, kBk] f32, columns [0, 16·ng) → Xp [⌈mq/2⌉][kBk] words of row pairs (a zero row past mq).
