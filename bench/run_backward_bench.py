@@ -86,6 +86,7 @@ def main():
         return
     exe = os.path.join(args.build, "bench", "bench_backward")
     started = time.time()
+    load_start = os.getloadavg()[0]
     names = subprocess.run([exe, "--benchmark_list_tests"], check=True, capture_output=True, text=True).stdout.split()
     if args.quick:
         names = [n for n in names if re.search(r"/S(1024|2048)/", n)]
@@ -127,7 +128,8 @@ def main():
 
     result = dict(peak_gflops=float(ctx["fma_peak_gflops_2t"]), peak_gflops_1t=float(ctx["fma_peak_gflops_1t"]),
                   torch=torch_version, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
-                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wall_s=time.time() - started, cases=cases)
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), wall_s=time.time() - started,
+                  load=[load_start, os.getloadavg()[0]], cases=cases)
     write_atomic(os.path.join(OUT, "backward.json"), json.dumps(result, indent=1))
     print(render(result))
 
@@ -140,10 +142,15 @@ def render(r):
     return table
 
 
+def load_text(r):
+    """', load average a–b' (1-minute, at the start and end of the run) when the run recorded it."""
+    return f", load average {r['load'][0]:.1f}–{r['load'][1]:.1f}" if r.get("load") else ""
+
+
 def write_table(r):
     lines = [f"Measured in this run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s on 2 threads "
              f"({r['peak_gflops_1t']:.0f} on 1). PyTorch {r['torch']}; OPENBLAS_CORETYPE={r['openblas_coretype']}; "
-             f"{r['date']}; run took {r['wall_s'] / 60:.1f} min.", "",
+             f"{r['date']}; run took {r['wall_s'] / 60:.1f} min{load_text(r)}.", "",
              "| what | case | dtype | threads | qkv kernels | qkv ms | GFLOP/s | % peak | torch ms | qkv / torch |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["cases"]:
@@ -194,20 +201,46 @@ def summary_table(r):
         return f"{span(pct, '{:.0f}')} % | {ratio_summary([c['torch_s'] / c['time_s'] for c in rows if c['torch_s']])}"
 
     lines = [f"{r['date']}, PyTorch {r['torch']}; measured in the same run: fp32 FMA peak {r['peak_gflops']:.0f} GFLOP/s "
-             f"on 2 threads ({r['peak_gflops_1t']:.0f} on 1). B = 1. Ratios: median (min–max) of torch time / qkv time over "
+             f"on 2 threads ({r['peak_gflops_1t']:.0f} on 1){load_text(r)}. B = 1. Ratios: median (min–max) of torch time / qkv time over "
              "the group's rows; > 1 means qkv is faster.", "",
              "| group | S | full: % of peak | full: qkv / torch | causal: % of peak | causal: qkv / torch |",
              "|---|---|---|---|---|---|"]
     groups = {}
     for c in r["cases"]:
-        groups.setdefault(group(c), []).append(c)
+        if c["T"] > 1:  # the one-thread rows are compared by CPU time below
+            groups.setdefault(group(c), []).append(c)
     for name, rows in groups.items():
         lines.append(f"| {name} | {span([c['S'] for c in rows], '{}')} | {cell([c for c in rows if not c['causal']])} | "
                      f"{cell([c for c in rows if c['causal']])} |")
     ratios = [c["torch_s"] / c["time_s"] for c in r["cases"] if c["torch_s"]]
+    own = bf16_over_f32(r)
+    one = {}
+    for c in r["cases"]:
+        if c["T"] == 1 and c["torch_cpu_s"]:
+            name = f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} {c['dtype']}"
+            one.setdefault(name, {})["causal" if c["causal"] else "full"] = c["torch_cpu_s"] / c["cpu_s"]
     if ratios:
-        lines += ["", f"Over all {len(ratios)} rows: qkv / torch {ratio_summary(ratios)}."]
+        lines += ["", f"Over all {len(ratios)} rows: qkv / torch {ratio_summary(ratios)}." +
+                  (" One thread by CPU time (full / causal, qkv / torch): " +
+                   "; ".join(f"{k} {v.get('full', 0):.2f}× / {v.get('causal', 0):.2f}×" for k, v in one.items()) + "."
+                   if one else "") +
+                  (" qkv bf16 / qkv f32 (f32 time / bf16 time, same shape and threads; CPU time on one thread): " +
+                   "; ".join(f"{k} {ratio_summary(v)}" for k, v in own.items()) + "." if own else "")]
     return "\n".join(lines) + "\n"
+
+
+def bf16_over_f32(r):
+    """Speed of qkv's bf16 rows over its f32 rows of the same shape, grouped by what is timed and the mask: wall
+    time on 2 threads, CPU time on 1 (all the work there, and insensitive to other processes)."""
+    key = lambda c: (c["kind"], c["B"], c["H"], c["Hkv"], c["S"], c["D"], c["causal"], c["T"])
+    f32 = {key(c): c for c in r["cases"] if c["dtype"] == "f32"}
+    out = {}
+    for c in r["cases"]:
+        if c["dtype"] == "bf16" and key(c) in f32:
+            name = f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} {'causal' if c['causal'] else 'full'}"
+            t = "cpu_s" if c["T"] == 1 else "time_s"
+            out.setdefault(name, []).append(f32[key(c)][t] / c[t])
+    return out
 
 
 def plot(r):

@@ -39,13 +39,11 @@ Isa flash_isa(bool bf16) {
   return active >= Isa::avx512 ? Isa::avx512 : active;
 }
 
-// The ISA the flash backward runs on: it has scalar, AVX2 and AVX-512 task code (bf16 is converted to
-// f32 tiles, so AVX-512 BF16 runs the AVX-512 code), and its name "flash_backward_<isa>_<dtype>".
-Isa flash_backward_isa() {
-  const Isa active = active_isa();
-  return active >= Isa::avx512 ? Isa::avx512 : active;
-}
+// The flash backward runs on flash_isa() as the forward: AVX-512 BF16 runs bf16 on its dot-product
+// tiles, f32 on the AVX-512 code (and under QKV_ISA=avx512, bf16 converted to f32 tiles). Its name
+// is "flash_backward_<isa>_<dtype>".
 const char* flash_backward_name(Isa isa, bool bf16) {
+  if (isa == Isa::avx512_bf16) return "flash_backward_avx512_bf16_bf16";
   static const char* const names[3][2] = {{"flash_backward_scalar_f32", "flash_backward_scalar_bf16"},
                                           {"flash_backward_avx2_f32", "flash_backward_avx2_bf16"},
                                           {"flash_backward_avx512_f32", "flash_backward_avx512_bf16"}};
@@ -140,9 +138,10 @@ KernelInfo run_backward(const char* fn, const kernels::AttnBwdParams& p, Kernel 
   if (requested != Kernel::reference) {
     const char* why = nullptr;
     if (kernels::attention_backward_flash_supports(p, &why)) {
-      const Isa isa = flash_backward_isa();
+      const bool bf16 = p.fwd.q.dtype == DType::bf16;
+      const Isa isa = flash_isa(bf16);
       kernels::attention_backward_flash(p, isa);
-      return {Kernel::flash, isa, flash_backward_name(isa, p.fwd.q.dtype == DType::bf16)};
+      return {Kernel::flash, isa, flash_backward_name(isa, bf16)};
     }
     if (requested == Kernel::flash) fail(fn, std::string("opt.kernel: flash cannot run this call: ") + why);
   }

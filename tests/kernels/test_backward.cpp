@@ -2,7 +2,8 @@
 //   - the f64 reference backward (analytic gradient, recomputed in f64 from q, k, v),
 //   - a naive backward in the kernel's own precision written here (the FlashAttention rule:
 //     the fast kernel may err at most 2× as much as the naive one, both measured against f64,
-//     plus a small floor),
+//     plus a small floor); for bf16 on avx512_bf16 (vdpbf16ps tiles) the naive one also rounds
+//     P and dS to bf16 before the gradient products, as those tiles do,
 //   - f64 central finite differences of the reference forward,
 // on every instruction set this CPU has (set_isa), f32 and bf16, with every option of the
 // forward and awkward shapes; and bit identity across thread counts.
@@ -139,8 +140,10 @@ struct Problem {
   }
 
   // The naive backward in f32 arithmetic on the dtype's values, outputs rounded to the dtype:
-  // what a straightforward implementation in the kernel's precision would give.
-  void naive(Buffer& dq, Buffer& dk, Buffer& dv) const {
+  // what a straightforward implementation in the kernel's precision would give. round_pds: P and
+  // dS rounded to bf16 where they enter dV, dK and dQ (a bf16 matmul's operands), sums still f32.
+  void naive(Buffer& dq, Buffer& dk, Buffer& dv, bool round_pds = false) const {
+    auto rp = [&](float x) { return round_pds ? round_to(DType::bf16, x) : x; };
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)));
     std::vector<float> gq(static_cast<std::size_t>(dq.numel()), 0.0f), gk(static_cast<std::size_t>(dk.numel()), 0.0f),
         gv(static_cast<std::size_t>(dv.numel()), 0.0f);
@@ -179,8 +182,8 @@ struct Problem {
             pdp += pj * d;
           }
           for (std::int64_t j = 0; j < c.Skv; ++j) {
-            const float pj = p[static_cast<std::size_t>(j)];
-            const float ds = pj * (dp[static_cast<std::size_t>(j)] - pdp) * scale;
+            const float pj = rp(p[static_cast<std::size_t>(j)]);
+            const float ds = rp(p[static_cast<std::size_t>(j)] * (dp[static_cast<std::size_t>(j)] - pdp) * scale);
             for (std::int64_t e = 0; e < c.Dv; ++e)
               gv[static_cast<std::size_t>(((b * c.Hkv + hk) * c.Skv + j) * c.Dv + e)] +=
                   pj * at(dout, ((b * c.H + h) * c.Sq + i) * c.Dv + e);
@@ -256,32 +259,40 @@ TEST_P(Backward, MatchesReferenceWithinNaiveError) {
   IsaGuard guard;
   Problem pr(c, t, 1000u + static_cast<unsigned>(std::get<0>(GetParam())));
 
-  Grads ref(DType::f64, c), naive(t, c);
+  Grads ref(DType::f64, c), naive(t, c), naive_pds(t, c);
   AttentionOptions ro = pr.opt;
   ro.kernel = qkv::Kernel::reference;
   qkv::attention_backward(pr.q.f64.view(), pr.k.f64.view(), pr.v.f64.view(), pr.out64.view(), pr.dout.f64.view(),
                           pr.lse.view(), ref.dq.view(), ref.dk.view(), ref.dv.view(), ro);
   pr.naive(naive.dq, naive.dk, naive.dv);
+  if (t == DType::bf16) pr.naive(naive_pds.dq, naive_pds.dk, naive_pds.dv, /*round_pds=*/true);
 
-  for (Isa isa : isas(/*with_bf16=*/false)) {
+  // Every path set_isa reaches: bf16 on avx512_bf16 runs the vdpbf16ps tiles, bf16 on avx512 and
+  // below the f32 tiles on converted inputs; f32 on avx512_bf16 runs the avx512 code.
+  for (Isa isa : isas()) {
     qkv::set_isa(isa);
+    const bool dot_tiles = t == DType::bf16 && isa == Isa::avx512_bf16;
     Grads fast(t, c);
     const auto info = run_flash(pr, fast, 2);
     EXPECT_EQ(info.kernel, qkv::Kernel::flash);
-    EXPECT_EQ(info.isa, isa);
+    EXPECT_EQ(info.isa, t == DType::f32 && isa == Isa::avx512_bf16 ? Isa::avx512 : isa);
     const Buffer* f[3] = {&fast.dq, &fast.dk, &fast.dv};
-    const Buffer* n[3] = {&naive.dq, &naive.dk, &naive.dv};
+    const Grads& model = dot_tiles ? naive_pds : naive;
+    const Buffer* n[3] = {&model.dq, &model.dk, &model.dv};
     const Buffer* r[3] = {&ref.dq, &ref.dk, &ref.dv};
     const char* names[3] = {"dq", "dk", "dv"};
     // FlashAttention's rule: at most 2× the naive same-precision error, plus a floor of a few
     // units in the last place of the largest gradient of the three (2^-20 f32, 2^-7 bf16: 2 and
     // 4 ulps), for entries where the naive error happens to be tiny (with a single key dq and dk
     // cancel to exactly 0 in the naive softmax, but carry the rounding of exp and lse here).
+    // The vdpbf16ps tiles are held to the naive model with P and dS rounded to bf16: each such
+    // rounding is ≤ 2^-9 relative and the sums are f32, so a gradient Σ_n x·y errs by at most
+    // 2^-9·Σ|x·y| beyond the f32-tile path (about 2^-9·√n·|x·y| typically, what the model measures).
     const double scale_of_grads = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv), 1e-3});
     const double floor = (t == DType::f32 ? 0x1p-20 : 0x1p-7) * scale_of_grads;
     for (int g = 0; g < 3; ++g) {
       const double ef = max_err(*f[g], *r[g]), en = max_err(*n[g], *r[g]);
-      std::printf("%-30s %-5s %-7s %s: max|ref| %.3g  err fast %.3g  naive %.3g  (%s)\n", c.name,
+      std::printf("%-30s %-5s %-11s %s: max|ref| %.3g  err fast %.3g  naive %.3g  (%s)\n", c.name,
                   qkv::dtype_name(t), qkv::isa_name(isa), names[g], max_abs(*r[g]), ef, en, info.name);
       EXPECT_LE(ef, 2.0 * en + floor) << c.name << " " << names[g] << " " << qkv::isa_name(isa);
     }
@@ -299,21 +310,22 @@ INSTANTIATE_TEST_SUITE_P(Cases, Backward,
 // The same bits for 1, 2, 3 and 5 threads (the work split depends on the shapes only).
 TEST(BackwardDeterminism, BitIdenticalForAnyThreadCount) {
   IsaGuard guard;
-  for (const Case& c : {Case{"mqa_long", 1, 4, 1, 200, 300, 64, 64, true}, Case{"batch", 3, 2, 2, 70, 140, 32, 32}}) {
-    Problem pr(c, DType::f32, 7);
-    for (Isa isa : isas(/*with_bf16=*/false)) {
-      qkv::set_isa(isa);
-      Grads one(DType::f32, c);
-      run_flash(pr, one, 1);
-      for (int threads : {2, 3, 5}) {
-        Grads g(DType::f32, c);
-        run_flash(pr, g, threads);
-        EXPECT_EQ(std::memcmp(one.dq.data(), g.dq.data(), one.dq.bytes()), 0) << c.name << " threads " << threads;
-        EXPECT_EQ(std::memcmp(one.dk.data(), g.dk.data(), one.dk.bytes()), 0) << c.name << " threads " << threads;
-        EXPECT_EQ(std::memcmp(one.dv.data(), g.dv.data(), one.dv.bytes()), 0) << c.name << " threads " << threads;
+  for (const Case& c : {Case{"mqa_long", 1, 4, 1, 200, 300, 64, 64, true}, Case{"batch", 3, 2, 2, 70, 140, 32, 32}})
+    for (DType t : {DType::f32, DType::bf16}) {
+      Problem pr(c, t, 7);
+      for (Isa isa : isas()) {
+        qkv::set_isa(isa);
+        Grads one(t, c);
+        run_flash(pr, one, 1);
+        for (int threads : {2, 3, 5}) {
+          Grads g(t, c);
+          run_flash(pr, g, threads);
+          EXPECT_EQ(std::memcmp(one.dq.data(), g.dq.data(), one.dq.bytes()), 0) << c.name << " threads " << threads;
+          EXPECT_EQ(std::memcmp(one.dk.data(), g.dk.data(), one.dk.bytes()), 0) << c.name << " threads " << threads;
+          EXPECT_EQ(std::memcmp(one.dv.data(), g.dv.data(), one.dv.bytes()), 0) << c.name << " threads " << threads;
+        }
       }
     }
-  }
 }
 
 // Gradients against f64 central differences of the reference forward, L = Σ out ∘ dout.
@@ -414,6 +426,60 @@ TEST(BackwardLayouts, StridedMisalignedViewsAndGuards) {
     for (const std::vector<float>* s : {&gq, &gk, &gv}) {
       EXPECT_EQ((*s)[0], 12345.0f);  // the element before the misaligned start
       for (std::size_t e = s->size() - 8; e < s->size(); ++e) EXPECT_EQ((*s)[e], 12345.0f);
+    }
+  }
+}
+
+// bf16 in token-major storage [B, S, H, D], one element off 4-byte alignment (so no bf16 pair of a
+// row is a 32-bit word in place), odd D: on every path (the vdpbf16ps tiles on avx512_bf16, f32
+// tiles below) the gradients equal, bit for bit, those of the same call on contiguous copies,
+// which Backward.MatchesReferenceWithinNaiveError holds to the f64 reference; guards survive.
+TEST(BackwardLayouts, StridedMisalignedBf16SameBitsAsContiguous) {
+  IsaGuard guard;
+  const Case c{"strided_bf16", 2, 4, 2, 37, 71, 33, 17, true, Align::bottom_right};
+  Problem pr(c, DType::bf16, 22);
+  static constexpr std::uint16_t kGuard = 0x4640;  // bf16 12288
+  auto token_major = [](const Buffer& src, std::vector<std::uint16_t>& store) {
+    const auto& s = src.shape();
+    store.assign(static_cast<std::size_t>(src.numel() + 1 + 8), kGuard);
+    View v = View::strided(store.data() + 1, DType::bf16, {s[0], s[1], s[2], s[3]},
+                           {s[2] * s[1] * s[3], s[3], s[1] * s[3], 1});
+    for (std::int64_t b = 0; b < s[0]; ++b)
+      for (std::int64_t h = 0; h < s[1]; ++h)
+        for (std::int64_t i = 0; i < s[2]; ++i)
+          for (std::int64_t d = 0; d < s[3]; ++d)
+            v.store(v.offset(b, h, i, d), src.view().load(((b * s[1] + h) * s[2] + i) * s[3] + d));
+    return v;
+  };
+  std::vector<std::uint16_t> sq, sk, sv, so, sdo, gq, gk, gv;
+  const View q = token_major(pr.q.buf, sq), k = token_major(pr.k.buf, sk), v = token_major(pr.v.buf, sv);
+  const View o = token_major(pr.out, so), d = token_major(pr.dout.buf, sdo);
+  Grads zero(DType::bf16, c);
+  const View dq = token_major(zero.dq, gq), dk = token_major(zero.dk, gk), dv = token_major(zero.dv, gv);
+  for (Isa isa : isas()) {
+    qkv::set_isa(isa);
+    Grads contiguous(DType::bf16, c);
+    const auto info = run_flash(pr, contiguous, 2);
+    AttentionOptions fo = pr.opt;
+    fo.kernel = qkv::Kernel::flash;
+    fo.num_threads = 2;
+    qkv::attention_backward(q, k, v, o, d, pr.lse.view(), dq, dk, dv, fo);
+    std::int64_t differ = 0;
+    auto compare = [&](const View& strided, const Buffer& ref) {
+      const auto& s = ref.shape();
+      for (std::int64_t b = 0; b < s[0]; ++b)
+        for (std::int64_t h = 0; h < s[1]; ++h)
+          for (std::int64_t i = 0; i < s[2]; ++i)
+            for (std::int64_t e = 0; e < s[3]; ++e)
+              differ += strided.load(strided.offset(b, h, i, e)) != ref.view().load(((b * s[1] + h) * s[2] + i) * s[3] + e);
+    };
+    compare(dq, contiguous.dq), compare(dk, contiguous.dk), compare(dv, contiguous.dv);
+    std::printf("strided bf16 %s (%s): %lld elements differ from the contiguous call\n", qkv::isa_name(isa), info.name,
+                static_cast<long long>(differ));
+    EXPECT_EQ(differ, 0) << qkv::isa_name(isa);
+    for (const std::vector<std::uint16_t>* s : {&gq, &gk, &gv}) {
+      EXPECT_EQ((*s)[0], kGuard);  // the element before the misaligned start
+      for (std::size_t e = s->size() - 8; e < s->size(); ++e) EXPECT_EQ((*s)[e], kGuard);
     }
   }
 }

@@ -9,11 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <new>
 #include <vector>
 
 #include "core/parallel.hpp"
+#include "core/scratch.hpp"
 #include "kernels/dropout.hpp"
 #include "qkv/memory.hpp"
 
@@ -24,18 +23,19 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// An uninitialised, 64-byte aligned float array (the tasks overwrite what they use).
+// An uninitialised, 64-byte aligned float array leased from the scratch pool (core/scratch.hpp),
+// so that the next call of a similar shape finds its work copies' pages mapped instead of
+// faulting in fresh MiBs. Lease on the calling thread, outside parallel regions.
 struct Floats {
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> p;
+  void* p = nullptr;
+  std::size_t size = 0;
   explicit Floats(std::int64_t n) {
-    const std::size_t bytes = (static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(float) + 63) / 64 * 64;
-    p.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    if (!p) throw std::bad_alloc();
+    p = scratch_lease(static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(float), &size);
   }
-  float* get() const { return p.get(); }
+  ~Floats() { scratch_return(p, size); }
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
+  float* get() const { return static_cast<float*>(p); }
 };
 
 // dst[e] = t[off + e·stride] for e < n, converted to f32.
@@ -109,13 +109,15 @@ std::int64_t live_query_blocks(const AttnParams& p, std::int64_t b, std::int64_t
 
 std::int64_t arena_size(std::int64_t D, std::int64_t Dv) {
   const std::int64_t Dp = pad16(D), Dvp = pad16(Dv);
-  return D * kBk + kBk * Dp + Dv * kBk + kBk * Dp + kBk * Dvp + 2 * kBq * kBk + kBk + kBq * kBk;
+  return kBk * Dp + kBk * Dvp + 3 * kBq * kBk + kBk + std::max(ops_f32_floats(D, Dv), ops_bf16_floats(D, Dv));
 }
 
 // x, or 0 for NaN and ±∞. Kr is the K operand of dQ += dS·K only: there a key with dS = 0 (masked
 // for the row) must add 0 even if its K is not finite, not 0·NaN = NaN. Rows that do attend such
 // a key are NaN rows (qkv/attention.hpp), whose dS is NaN already. (KT, for the scores, keeps K.)
 inline float finite_or_zero(float x) { return x - x == 0.0f ? x : 0.0f; }
+// The same on bf16 bits (exponent all ones: ±∞ or NaN).
+inline std::uint16_t finite_or_zero_bf16(std::uint16_t x) { return (x & 0x7f80u) == 0x7f80u ? 0 : x; }
 
 void pack_kv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk, float* KT,
                    float* Kr, float* VT) {
@@ -229,16 +231,31 @@ void attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
     for (std::int64_t d = 0; d < p.D; ++d) q_sanitize = q_sanitize || !std::isfinite(p.q.load(p.q.offset(b, h, i, d)));
   }
 
-  // Prepass: Q and dO rows as f32 (in place when possible), delta and L per query row.
-  const bool q_direct = usable_in_place(p.q, p.D) && !q_sanitize, o_direct = usable_in_place(bp.dout, p.Dv);
+  // Prepass: Q and dO rows as f32 (in place when possible) or, for the bf16 tiles, as bf16 in
+  // the two layouts of Context::qb…ob2; delta and L per query row.
+  const bool bf16_tiles = isa == Isa::avx512_bf16;
+  const bool q_direct = !bf16_tiles && usable_in_place(p.q, p.D) && !q_sanitize;
+  const bool o_direct = !bf16_tiles && usable_in_place(bp.dout, p.Dv);
   const bool out_direct = p.out.dtype == DType::f32 && (p.out.stride(3) == 1 || p.Dv == 1);
+  const std::int64_t Sq2 = (p.Sq + 1) / 2;
+  // bf16 copies: rows of Dp (Dvp) and pair rows of 2·Dp (2·Dvp) bf16, in floats (halves).
+  const std::int64_t qb_floats = bf16_tiles ? (rows + p.B * p.H * Sq2 * 2) * cx.Dp / 2 : 0;
+  const std::int64_t ob_floats = bf16_tiles ? (rows + p.B * p.H * Sq2 * 2) * cx.Dvp / 2 : 0;
   // Packed Q and dO, L and delta (and the dQ partials below): sized by the caller's shapes, so
   // refused (qkv::OutOfMemory) rather than killed when they cannot fit.
-  check_memory("qkv::attention_backward", "f32 work copies of q and dout, lse and delta",
-               bytes_of({rows, (q_direct ? 0 : cx.Dp) + (o_direct ? 0 : cx.Dvp) + 2}, 4));
-  Floats q_pack(q_direct ? 0 : rows * cx.Dp), o_pack(o_direct ? 0 : rows * cx.Dvp);
+  check_memory("qkv::attention_backward", "work copies of q and dout, lse and delta",
+               bytes_of({qb_floats + ob_floats + rows * ((q_direct || bf16_tiles ? 0 : cx.Dp) +
+                                                         (o_direct || bf16_tiles ? 0 : cx.Dvp) + 2)},
+                        4));
+  Floats q_pack(q_direct || bf16_tiles ? 0 : rows * cx.Dp), o_pack(o_direct || bf16_tiles ? 0 : rows * cx.Dvp);
+  Floats qb_pack(qb_floats), ob_pack(ob_floats);
   Floats L(rows), delta(rows);
-  if (q_direct) {
+  auto* qb = reinterpret_cast<std::uint16_t*>(qb_pack.get());
+  auto* ob = reinterpret_cast<std::uint16_t*>(ob_pack.get());
+  if (bf16_tiles) {
+    cx.qb = qb, cx.qb2 = qb + rows * cx.Dp;
+    cx.ob = ob, cx.ob2 = ob + rows * cx.Dvp;
+  } else if (q_direct) {
     cx.q = p.q.ptr<float>(), cx.q_sb = p.q.stride(0), cx.q_sh = p.q.stride(1), cx.q_ld = p.q.stride(2);
   } else {
     cx.q = q_pack.get(), cx.q_sb = p.H * p.Sq * cx.Dp, cx.q_sh = p.Sq * cx.Dp, cx.q_ld = cx.Dp;
@@ -246,7 +263,7 @@ void attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   if (o_direct) {
     cx.dout = bp.dout.ptr<float>(), cx.o_sb = bp.dout.stride(0), cx.o_sh = bp.dout.stride(1),
     cx.o_ld = bp.dout.stride(2);
-  } else {
+  } else if (!bf16_tiles) {
     cx.dout = o_pack.get(), cx.o_sb = p.H * p.Sq * cx.Dvp, cx.o_sh = p.Sq * cx.Dvp, cx.o_ld = cx.Dvp;
   }
   cx.L = L.get();
@@ -254,9 +271,28 @@ void attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   parallel_for(p.B * p.H, p.threads, [&](std::int64_t bh) {
     const std::int64_t b = bh / p.H, h = bh % p.H;
     std::vector<float> orow(static_cast<std::size_t>(p.Dv)), dorow(static_cast<std::size_t>(cx.Dvp), 0.0f);
+    if (bf16_tiles) {  // pair rows: zero padding (past D, Dv, and the row past an odd Sq)
+      std::memset(qb + rows * cx.Dp + bh * Sq2 * 2 * cx.Dp, 0, static_cast<std::size_t>(Sq2 * 2 * cx.Dp) * 2);
+      std::memset(ob + rows * cx.Dvp + bh * Sq2 * 2 * cx.Dvp, 0, static_cast<std::size_t>(Sq2 * 2 * cx.Dvp) * 2);
+    }
     for (std::int64_t i = 0; i < p.Sq; ++i) {
       const std::int64_t r = bh * p.Sq + i;
-      if (!q_direct) {
+      if (bf16_tiles) {
+        const std::uint16_t* qs = p.q.ptr<std::uint16_t>() + p.q.offset(b, h, i, 0);
+        const std::uint16_t* os = bp.dout.ptr<std::uint16_t>() + bp.dout.offset(b, h, i, 0);
+        const std::int64_t qst = p.q.stride(3), ost = bp.dout.stride(3);
+        std::uint16_t* qrow = qb + r * cx.Dp;
+        std::uint16_t* q2 = qb + rows * cx.Dp + ((bh * Sq2 + i / 2) * cx.Dp * 2) + (i & 1);
+        for (std::int64_t d = 0; d < p.D; ++d) {
+          const std::uint16_t x = q_sanitize ? finite_or_zero_bf16(qs[d * qst]) : qs[d * qst];
+          qrow[d] = x, q2[2 * d] = x;
+        }
+        for (std::int64_t d = p.D; d < cx.Dp; ++d) qrow[d] = 0;
+        std::uint16_t* orow_b = ob + r * cx.Dvp;
+        std::uint16_t* o2 = ob + rows * cx.Dvp + ((bh * Sq2 + i / 2) * cx.Dvp * 2) + (i & 1);
+        for (std::int64_t e = 0; e < p.Dv; ++e) orow_b[e] = o2[2 * e] = os[e * ost];
+        for (std::int64_t e = p.Dv; e < cx.Dvp; ++e) orow_b[e] = 0;
+      } else if (!q_direct) {
         float* dst = q_pack.get() + r * cx.Dp;
         load_row(p.q, p.q.offset(b, h, i, 0), p.q.stride(3), p.D, dst);
         if (q_sanitize)
@@ -269,7 +305,8 @@ void attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
         dor = bp.dout.ptr<float>() + bp.dout.offset(b, h, i, 0);
       } else {
         load_row(bp.dout, bp.dout.offset(b, h, i, 0), bp.dout.stride(3), p.Dv, dorow.data());
-        std::memcpy(o_pack.get() + r * cx.Dvp, dorow.data(), static_cast<std::size_t>(cx.Dvp) * sizeof(float));
+        if (!bf16_tiles)
+          std::memcpy(o_pack.get() + r * cx.Dvp, dorow.data(), static_cast<std::size_t>(cx.Dvp) * sizeof(float));
       }
       const float* orw = orow.data();
       if (out_direct)
@@ -345,7 +382,10 @@ void attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
   cx.arena_floats = arena_size(p.D, p.Dv);
   Floats arenas(cx.arena_floats * p.threads);
   void (*const task_fn)(const Context&, float*, std::int64_t) =
-      isa == Isa::avx512 ? backward_task_avx512 : isa == Isa::avx2 ? backward_task_avx2 : backward_task_scalar;
+      bf16_tiles         ? backward_task_avx512_bf16
+      : isa == Isa::avx512 ? backward_task_avx512
+      : isa == Isa::avx2   ? backward_task_avx2
+                           : backward_task_scalar;
   parallel_for(cx.tasks(), p.threads, [&](std::int64_t t) {
     assert(thread_index() < p.threads);
     task_fn(cx, arenas.get() + thread_index() * cx.arena_floats, order[static_cast<std::size_t>(t)]);

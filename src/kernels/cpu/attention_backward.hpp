@@ -56,6 +56,13 @@ struct Context {
   const float* dout = nullptr;
   std::int64_t q_sb = 0, q_sh = 0, q_ld = 0;  // element strides of batch, head, row
   std::int64_t o_sb = 0, o_sh = 0, o_ld = 0;
+  // The operands of the AVX-512 BF16 task (attention_backward_avx512bf16.cpp), as bf16 bits; it
+  // reads these instead of q and dout above (both null then), and they are null on the f32 tiles:
+  //   qb  [B, H, Sq, Dp]         Q rows, zero past D (pairs of adjacent d: the A operand of Q·Kᵀ)
+  //   qb2 [B, H, Sq2, Dp, 2]     rows 2i and 2i + 1 interleaved element by element, Sq2 = ⌈Sq/2⌉,
+  //                              a zero row past Sq (pairs of adjacent rows: the B operand of dSᵀ·Q)
+  //   ob, ob2                    the same for dO with Dvp
+  const std::uint16_t *qb = nullptr, *qb2 = nullptr, *ob = nullptr, *ob2 = nullptr;
   const float* L = nullptr;      // [B, H, Sq] lse · log2(e); +∞ for rows without allowed keys
   const float* delta = nullptr;  // [B, H, Sq]
 
@@ -96,10 +103,18 @@ void load_mask_row(const Context& cx, std::int64_t b, std::int64_t h, std::int64
 void store_dkdv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk,
                       const float* dK, const float* dV);
 
-// One task (b, hk, chunk) on `arena` (Context::arena_floats floats), per instruction set.
+// One task (b, hk, chunk) on `arena` (Context::arena_floats floats), per instruction set. The
+// avx512_bf16 one takes bf16 tensors only (Context::qb…ob2 set) and multiplies on vdpbf16ps.
+void backward_task_avx512_bf16(const Context& cx, float* arena, std::int64_t task);
 void backward_task_avx512(const Context& cx, float* arena, std::int64_t task);
 void backward_task_avx2(const Context& cx, float* arena, std::int64_t task);
 void backward_task_scalar(const Context& cx, float* arena, std::int64_t task);
+// Scratch floats of the five products' operands after the common part of the arena (layouts in
+// attention_backward_impl.hpp and attention_backward_avx512bf16.cpp).
+inline constexpr std::int64_t ops_f32_floats(std::int64_t D, std::int64_t Dv) { return (D + pad16(D) + Dv) * kBk; }
+inline constexpr std::int64_t ops_bf16_floats(std::int64_t D, std::int64_t Dv) {
+  return (2 * pad16(D) + pad16(Dv)) * kBk / 2 + 3 * kBq * kBk / 2;
+}
 // Per-thread scratch floats the task functions need (the same for every ISA).
 std::int64_t arena_size(std::int64_t D, std::int64_t Dv);
 
@@ -109,8 +124,10 @@ namespace qkv::kernels {
 
 // Whether the fast backward takes p (f32 or bf16, 1 ≤ D, Dv ≤ 256); `why` gets the reason if not.
 bool attention_backward_flash_supports(const AttnBwdParams& p, const char** why);
-// Runs it with the task code of instruction set `isa`: scalar, avx2 or avx512 (≤ cpu_isa(); the
-// dispatcher, attention/dispatch.cpp, chooses it and names the kernel).
+// Runs it with the task code of instruction set `isa` (≤ cpu_isa(); the dispatcher,
+// attention/dispatch.cpp, chooses it and names the kernel): scalar, avx2 or avx512 on f32 tiles
+// (bf16 tensors converted), or avx512_bf16 for bf16 tensors only: the products on vdpbf16ps, P and
+// dS rounded to bf16 for the three gradient products, every sum in f32.
 void attention_backward_flash(const AttnBwdParams& p, Isa isa);
 
 }  // namespace qkv::kernels

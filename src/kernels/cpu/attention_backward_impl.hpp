@@ -1,19 +1,21 @@
 // Internal: the tile loop of the fast attention backward, written once as a template over the
-// vector helpers of simd_{avx512,avx2,scalar}.hpp (the same exp2 as the flash forward) and
-// instantiated by attention_backward_{avx512,avx2,scalar}.cpp, each compiled with its ISA's
-// flags. See attention_backward.hpp for the algorithm. Everything here has internal linkage
-// (anonymous namespace), so no copy compiled with AVX-512 flags can leak into portable code.
+// vector helpers of simd_{avx512,avx2,scalar}.hpp (the same exp2 as the flash forward) and over
+// the operand code of its five products (OpsF32 below: f32 tiles; attention_backward_avx512bf16.cpp:
+// vdpbf16ps tiles on bf16 operands), instantiated by attention_backward_<isa>.cpp, each compiled
+// with its ISA's flags. See attention_backward.hpp for the algorithm. Everything here has internal
+// linkage (anonymous namespace), so no copy compiled with AVX-512 flags can leak into portable code.
 //
 // Per-thread arena (floats, each piece a multiple of 16 so all stay 64-byte aligned):
-//   KT  [D,   kBk]   keys of the block, transposed      (B operand of S = Q·Kᵀ)
-//   Kr  [kBk, Dp ]   keys of the block, row-major        (B operand of dQ += dS·K)
-//   VT  [Dv,  kBk]   values of the block, transposed    (B operand of dP = dO·Vᵀ)
 //   dK  [kBk, Dp ]   accumulators of the block's dk over the group's heads and all queries
 //   dV  [kBk, Dvp]   same for dv
 //   S   [kBq, kBk]   scores, then probabilities P in place
 //   dP  [kBq, kBk]   dO·Vᵀ, then dS in place
 //   row [kBk]        one row of the dense mask; later that row's dropout factors W
 //   Fc  [kBq, kBk]   1 − tanh² of the softcapped scores (softcap only)
+//   then the operands' own scratch (ops_f32_floats / ops_bf16_floats in attention_backward.hpp); OpsF32's:
+//   KT  [D,   kBk]   keys of the block, transposed      (B operand of S = Q·Kᵀ)
+//   Kr  [kBk, Dp ]   keys of the block, row-major        (B operand of dQ += dS·K)
+//   VT  [Dv,  kBk]   values of the block, transposed    (B operand of dP = dO·Vᵀ)
 #include <cstring>
 #include <utility>
 
@@ -149,24 +151,54 @@ inline void row_range(const KeyRange& r, std::int64_t i, std::int64_t key_len, s
 
 inline void zero_floats(float* p, std::int64_t n) { std::memset(p, 0, static_cast<std::size_t>(n) * sizeof(float)); }
 
-// One task (b, hk, chunk): see attention_backward.hpp. kM × kNG: the register tile.
+// The five products on f32 operands: Q and dO rows as the driver left them (Context::q, dout),
+// K and V of the block packed by pack_kv_block; kM × kNG register tiles.
 template <class Simd, int kM, int kNG>
+struct OpsF32 {
+  const Context& cx;
+  float *KT, *Kr, *VT;
+  OpsF32(const Context& c, float* mem) : cx(c), KT(mem), Kr(KT + c.D * kBk), VT(Kr + kBk * c.Dp) {}
+
+  void pack_kv(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk) {
+    pack_kv_block(cx, b, hk, k0, nk, KT, Kr, VT);
+  }
+  // S [mq, 16·ngk] = Q·Kᵀ of query rows [i0, i0 + mq) of head h (unscaled).
+  void scores(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t ngk, float* S) const {
+    gemm<Simd, kM, kNG>(mq, ngk, cx.D, cx.q_rows(b, h) + i0 * cx.q_ld, cx.q_ld, 1, KT, kBk, S, kBk, false);
+  }
+  // dP [mq, 16·ngk] = dO·Vᵀ.
+  void dov(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t ngk, float* dP) const {
+    gemm<Simd, kM, kNG>(mq, ngk, cx.Dv, cx.dout_rows(b, h) + i0 * cx.o_ld, cx.o_ld, 1, VT, kBk, dP, kBk, false);
+  }
+  // dV += Pᵀ·dO, dK += dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ [mq, Dp] (ld dq_ld) += dS·K, over the
+  // block's nk keys; P and dS [mq, kBk], zero past the allowed keys of each row.
+  void grads(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t nk, const float* P,
+             const float* dS, float* dK, float* dV, float* dQ, std::int64_t dq_ld) const {
+    const float* Q = cx.q_rows(b, h) + i0 * cx.q_ld;
+    const float* dO = cx.dout_rows(b, h) + i0 * cx.o_ld;
+    gemm<Simd, kM, kNG>(nk, cx.Dvp / kLanes, mq, P, 1, kBk, dO, cx.o_ld, dV, cx.Dvp, true);
+    gemm<Simd, kM, kNG>(nk, cx.Dp / kLanes, mq, dS, 1, kBk, Q, cx.q_ld, dK, cx.Dp, true);
+    gemm<Simd, kM, kNG>(mq, cx.Dp / kLanes, nk, dS, kBk, 1, Kr, cx.Dp, dQ, dq_ld, true);
+  }
+};
+
+// One task (b, hk, chunk): see attention_backward.hpp. Ops: the five products (OpsF32 or the
+// bf16 operands of attention_backward_avx512bf16.cpp); the elementwise steps are f32 either way.
+template <class Simd, class Ops>
 void backward_task(const Context& cx, float* arena, std::int64_t task) {
   using V = V16<Simd>;
   const std::int64_t c = task % cx.chunks;
   const std::int64_t b = task / cx.chunks / cx.Hkv, hk = task / cx.chunks % cx.Hkv;
-  const std::int64_t D = cx.D, Dv = cx.Dv, Dp = cx.Dp, Dvp = cx.Dvp, Sq = cx.Sq;
+  const std::int64_t Dp = cx.Dp, Dvp = cx.Dvp, Sq = cx.Sq;
   const std::int64_t key_len = cx.key_len[b];
 
-  float* KT = arena;
-  float* Kr = KT + D * kBk;
-  float* VT = Kr + kBk * Dp;
-  float* dK = VT + Dv * kBk;
+  float* dK = arena;
   float* dV = dK + kBk * Dp;
   float* S = dV + kBk * Dvp;
   float* dP = S + kBq * kBk;
   float* mrow = dP + kBq * kBk;
   float* Fc = mrow + kBk;
+  Ops ops(cx, Fc + kBq * kBk);
   const bool mods = cx.softcap_log2 > 0.0f || cx.alibi;
 
   const std::int64_t dq_ld = cx.dq_ld(c);
@@ -180,13 +212,11 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
   for (std::int64_t kb = kb_begin; kb < kb_end; ++kb) {
     const std::int64_t k0 = kb * kBk, nk = imin(kBk, cx.Skv - k0);
     const std::int64_t ngk = (nk + kLanes - 1) / kLanes;  // V16 groups spanning the block's keys
-    pack_kv_block(cx, b, hk, k0, nk, KT, Kr, VT);
+    ops.pack_kv(b, hk, k0, nk);
     zero_floats(dK, kBk * Dp);
     zero_floats(dV, kBk * Dvp);
 
     for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h) {
-      const float* Qh = cx.q_rows(b, h);
-      const float* dOh = cx.dout_rows(b, h);
       const float* Lh = cx.L + (b * cx.H + h) * Sq;
       const float* delta_h = cx.delta + (b * cx.H + h) * Sq;
       float* dQh = cx.dq_rows(c, b, h);
@@ -201,11 +231,8 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         if (imax(lo_first, k0) >= imin(hi_last, k0 + nk)) continue;  // no allowed key in the tile
         const bool full = !cx.has_mask && !mods && nk % kLanes == 0 && lo_last <= k0 && hi_first >= k0 + nk;
 
-        const float* Q = Qh + i0 * cx.q_ld;
-        const float* dO = dOh + i0 * cx.o_ld;
-
         // S = Q·Kᵀ, then P = 2^(S·scale·log2e + mask − L) on allowed keys, 0 elsewhere.
-        gemm<Simd, kM, kNG>(mq, ngk, D, Q, cx.q_ld, 1, KT, kBk, S, kBk, false);
+        ops.scores(b, h, i0, mq, ngk, S);
         for (std::int64_t r = 0; r < mq; ++r) {
           float* Sr = S + r * kBk;
           const V negL = V::set1(-Lh[i0 + r]);
@@ -263,7 +290,7 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         }
 
         // dP = dO·Vᵀ, then dS = P ∘ (dP − delta) · scale (∘ Fc with softcap: the chain through tanh).
-        gemm<Simd, kM, kNG>(mq, ngk, Dv, dO, cx.o_ld, 1, VT, kBk, dP, kBk, false);
+        ops.dov(b, h, i0, mq, ngk, dP);
         for (std::int64_t r = 0; r < mq; ++r) {
           const V dl = V::set1(delta_h[i0 + r]);
           float* dPr = dP + r * kBk;
@@ -292,10 +319,8 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
             (V::load(Pr + kLanes * g) * (V::load(dPr + kLanes * g) - dl) * vscale).store(dPr + kLanes * g);
         }
 
-        // dV += Pᵀ·dO (Zᵀ·dO with dropout), dK += dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ += dS·K.
-        gemm<Simd, kM, kNG>(nk, Dvp / kLanes, mq, S, 1, kBk, dO, cx.o_ld, dV, Dvp, true);
-        gemm<Simd, kM, kNG>(nk, Dp / kLanes, mq, dP, 1, kBk, Q, cx.q_ld, dK, Dp, true);
-        gemm<Simd, kM, kNG>(mq, Dp / kLanes, nk, dP, kBk, 1, Kr, Dp, dQh + i0 * dq_ld, dq_ld, true);
+        // dV += Pᵀ·dO (Zᵀ·dO with dropout), dK += dSᵀ·Q, dQ += dS·K.
+        ops.grads(b, h, i0, mq, nk, S, dP, dK, dV, dQh + i0 * dq_ld, dq_ld);
       }
     }
     store_dkdv_block(cx, b, hk, k0, nk, dK, dV);

@@ -6,7 +6,7 @@ namespace qkv::kernels::bwd {
 
 // Register tile: 4 rows × 16 columns (the compiler keeps what it can in SSE registers).
 void backward_task_scalar(const Context& cx, float* arena, std::int64_t task) {
-  backward_task<cpu::SimdScalar, 4, 1>(cx, arena, task);
+  backward_task<cpu::SimdScalar, OpsF32<cpu::SimdScalar, 4, 1>>(cx, arena, task);
 }
 
 }  // namespace qkv::kernels::bwd
