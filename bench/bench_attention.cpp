@@ -3,7 +3,7 @@
 // counter GFLOPs (a rate), and for decode the bytes of K and V read as GBs, the read probe measured
 // just before the row (probe_GBs) and the row's rate as a % of it (pct_probe).
 //
-//   bench_attention [--peak]            also measure the machine's FMA peak, read bandwidth and STREAM triad
+//   bench_attention [--peak]            also measure the machine's FMA peak (and bf16 dot-product peak), read bandwidth and STREAM triad
 //   bench_attention --memory-probe      S = 65536, B = H = 1, D = 64: extra peak memory of one call
 //   bench_attention --small-grid        only the short sequences, where per-call costs show (run_bench.py --small)
 //   any Google Benchmark flag (--benchmark_filter, --benchmark_repetitions, ...)
@@ -169,6 +169,10 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("fma_peak_gflops_2t", std::to_string(qkv_bench::fma_peak_gflops(2, avx512)));
     benchmark::AddCustomContext("fma_peak_gflops_1t", std::to_string(qkv_bench::fma_peak_gflops(1, avx512)));
     benchmark::AddCustomContext("fma_peak_avx2_gflops_2t", std::to_string(qkv_bench::fma_peak_gflops(2, false)));
+    if (qkv::cpu_isa() == qkv::Isa::avx512_bf16) {
+      benchmark::AddCustomContext("bf16_dot_peak_gflops_2t", std::to_string(qkv_bench::bf16_dot_peak_gflops(2)));
+      benchmark::AddCustomContext("bf16_dot_peak_gflops_1t", std::to_string(qkv_bench::bf16_dot_peak_gflops(1)));
+    }
     benchmark::AddCustomContext("read_bandwidth_gbs_2t", std::to_string(qkv_bench::read_bandwidth_gbs(2)));
     benchmark::AddCustomContext("stream_triad_gbs_2t", std::to_string(qkv_bench::stream_triad_gbs(2)));
   }

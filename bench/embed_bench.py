@@ -13,7 +13,10 @@ includes the model load, and the peak RSS is the process's maximum resident set 
                     a user exports once), intra_op_num_threads = T, graph optimizations all (which
                     fuse attention, GELU and LayerNorm), same batches; skipped with a message when
                     onnxruntime is not installed.
-Rounds are interleaved (every contender once per round, in turn) and the table shows medians.
+Rounds are interleaved (every contender once per round, in turn) and the table shows medians. The
+machine's fp32 FMA and bf16 dot-product peaks on `--threads` threads (bench_attention --peak, beside
+--qkv in bench/) are measured before the first and after the last round, and `uptime` is printed
+with every run: on a shared machine they say how much of it the contenders had.
 
     python3 bench/embed_bench.py [--qkv build-ci/qkv] [--threads 2] [--lines 2000] [--rounds 3] [--no-peers]
 """
@@ -118,6 +121,25 @@ def run(cmd):
     return wall, float(user) + float(system), int(rss_kb) / 1024
 
 
+def machine_peak(qkv_bin):
+    """{fma_peak_gflops_2t, bf16_dot_peak_gflops_2t, ...} from bench_attention --peak (its context), or {}
+    with a message when the bench program is not built."""
+    import json
+    prog = os.path.join(os.path.dirname(os.path.abspath(qkv_bin)), "bench", "bench_attention")
+    if not os.path.exists(prog):
+        print(f"machine peak not measured: {prog} is not built")
+        return {}
+    out = subprocess.run([prog, "--peak", "--small-grid", "--benchmark_filter=fwd/qkv/f32/B1/H16/Hkv16/S256/D64/full/",
+                          "--benchmark_min_time=0.01s", "--benchmark_format=json"], capture_output=True, text=True,
+                         check=True).stdout
+    ctx = json.loads(out)["context"]
+    return {k: round(float(v), 1) for k, v in ctx.items() if "peak" in k}
+
+
+def uptime():
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qkv", default=os.path.join(ROOT, "build-ci", "qkv"))
@@ -164,12 +186,14 @@ def main():
     for kind in peers:
         cmds[kind] = [sys.executable, "-c", PEER, kind, model, lines_path, os.path.join(tmp, f"{kind}.npy"),
                       str(a.threads)]
+    print(f"machine peak before (GFLOP/s): {machine_peak(a.qkv)}; {uptime()}", flush=True)
     times = {name: [] for name in cmds}
     for r in range(a.rounds):
         for name, cmd in cmds.items():
             times[name].append(run(cmd))
-            print(f"round {r + 1}: {name}: wall {times[name][-1][0]:.1f} s, CPU {times[name][-1][1]:.1f} s, "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            print(f"round {r + 1}: {name}: wall {times[name][-1][0]:.1f} s, CPU {times[name][-1][1]:.1f} s; "
+                  f"{uptime()}", flush=True)
+    print(f"machine peak after (GFLOP/s): {machine_peak(a.qkv)}; {uptime()}", flush=True)
     emb = {name: np.load(cmd[cmd.index("--out") + 1] if name.startswith("qkv") else cmd[6]) for name, cmd in cmds.items()}
     med = {name: (float(np.median([t[0] for t in ts])), float(np.median([t[1] for t in ts])), max(t[2] for t in ts))
            for name, ts in times.items()}

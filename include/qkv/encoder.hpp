@@ -28,10 +28,12 @@ namespace qkv {
 
 enum class Pooling : std::uint8_t { mean, cls, max };
 
-// dtype f32: every GEMM in f32 (oneDNN's f32 matmul). dtype bf16: the projection matrices rounded once
-// to bf16 and each GEMM's input rows rounded to bf16 (oneDNN's bf16 matmul, f32 accumulation):
-// norms, attention, GELU, pooling and the residual stream stay f32. num_threads 0: the library
-// default (set_num_threads / QKV_NUM_THREADS).
+// dtype f32: every GEMM and the attention in f32 (oneDNN's f32 matmul, qkv's f32 flash kernel).
+// dtype bf16: the projection matrices rounded once to bf16 and each GEMM's input rows rounded to bf16
+// (oneDNN's bf16 matmul, f32 accumulation); q, k, v leave their GEMM rounded to bf16 and the
+// attention runs on them in bf16 (qkv's bf16 flash kernel: f32 accumulation and softmax, its output
+// rounded to bf16, which W_O reads as it is); norms, GELU, pooling and the residual stream stay f32.
+// num_threads 0: the library default (set_num_threads / QKV_NUM_THREADS).
 struct EncoderOptions {
   DType dtype = DType::f32;
   int num_threads = 0;
@@ -69,7 +71,7 @@ class Encoder {
   // each text at most seq_len tokens) → hidden [T, C], the last layer's output. When given,
   // on_layer(l, qkv, att) is called after layer l's attention (for the inspector): qkv [T, 3·C]
   // holds q, k, v as column blocks (head h: columns h·D … h·D + D − 1 of each), att [T, C] the
-  // attention's output before W_O.
+  // attention's output before W_O, both f32 (an encoder of dtype bf16 refuses a hook).
   using LayerHook = std::function<void(std::int64_t l, const float* qkv, const float* att)>;
   void forward(std::span<const int> tokens, std::span<const std::int32_t> cu_seqlens, float* hidden,
                const LayerHook& on_layer = {});
@@ -91,9 +93,9 @@ class Encoder {
   // ([128, Hd] f32, 768 KiB for Hd = 1536) within this machine's 1 MiB L2. A batch's T rows are
   // padded up to a multiple of kRows.
   static constexpr std::int64_t kRows = 128;
-  // Work buffers for up to rows_ tokens (a multiple of kRows): x, h, att [Tp, C] f32; qkv [Tp, 3·C]
-  // f32; ff [Tp, Hd] f32 (bf16 bits in its first half when dtype = bf16); xb [Tp, C] bf16 (the
-  // GEMMs' rounded inputs).
+  // Work buffers for up to rows_ tokens (a multiple of kRows): x, h [Tp, C] f32; att [Tp, C] and
+  // qkv [Tp, 3·C] in dtype; ff [Tp, Hd] f32 (bf16 bits in its first half when dtype = bf16);
+  // xb [Tp, C] bf16 (the GEMMs' rounded inputs).
   Buffer x_, h_, qkv_, att_, ff_, xb_;
   std::int64_t rows_ = 0;
   void reserve(std::int64_t Tp);

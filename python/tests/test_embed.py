@@ -10,8 +10,10 @@ Embeddings: transformers' BertModel in float32, then sentence-transformers' pool
 tokens, L2-normalised). f32: cosine ≥ 0.99999 per text — both sides are float32 with different
 summation orders (packed vs padded GEMMs, flash vs sdpa attention), a few ulps per layer; 1e-5 of
 cosine is far below what moves a ranking. bf16: cosine ≥ 0.999 — every GEMM's inputs and weights are
-rounded to bf16 (relative error ≤ 2^-9 each), 24 GEMMs deep; measured worst 0.99996 on this corpus,
-so 1 − cosine has a 25× margin.
+rounded to bf16 (relative error ≤ 2^-9 each), 24 GEMMs deep, and the attention runs on q, k, v rounded
+to bf16 (probabilities and output rounded too); measured worst 0.99996 on this corpus, so 1 − cosine
+has a 25× margin. The same bound holds against qkv's own f32 path and sentence-transformers (measured
+0.99996 against each).
 """
 import json
 import os
@@ -122,6 +124,25 @@ def test_bf16_embeddings_within_bound(hf):
     texts = corpus() + SENTENCES
     cos = cosines(enc.embed(texts).astype(np.float64), hf_embed(hf, texts).astype(np.float64))
     print(f"bf16: worst cosine {cos.min():.6f}")
+    assert cos.min() >= 0.999
+
+
+def test_bf16_within_bound_of_f32_path_and_sentence_transformers(encoder):
+    # The bf16 path (bf16 GEMMs and bf16 attention) against qkv's f32 path, and against
+    # sentence-transformers' float32 encode() when it is installed; bound as in the docstring.
+    enc = qkv.Encoder.load(MODEL, dtype="bf16")
+    texts = corpus() + SENTENCES
+    got = enc.embed(texts).astype(np.float64)
+    cos = cosines(got, encoder.embed(texts).astype(np.float64))
+    print(f"bf16 vs qkv f32: worst cosine {cos.min():.6f}")
+    assert cos.min() >= 0.999
+    try:
+        import sentence_transformers as st
+    except ImportError:
+        return
+    want = st.SentenceTransformer(MODEL, device="cpu").encode(texts, batch_size=32, convert_to_numpy=True)
+    cos = cosines(got, want.astype(np.float64))
+    print(f"bf16 vs sentence-transformers: worst cosine {cos.min():.6f}")
     assert cos.min() >= 0.999
 
 

@@ -112,8 +112,8 @@ void Encoder::reserve(std::int64_t Tp) {
                bytes_of({Tp, 7 * c.dim + c.hidden_dim}, 4));
   x_ = Buffer(DType::f32, {Tp, c.dim});
   h_ = Buffer(DType::f32, {Tp, c.dim});
-  att_ = Buffer(DType::f32, {Tp, c.dim});
-  qkv_ = Buffer(DType::f32, {Tp, 3 * c.dim});
+  att_ = Buffer(opt_.dtype, {Tp, c.dim});
+  qkv_ = Buffer(opt_.dtype, {Tp, 3 * c.dim});
   ff_ = Buffer(DType::f32, {Tp, c.hidden_dim});
   xb_ = Buffer(DType::bf16, {Tp, c.dim});
   rows_ = Tp;
@@ -141,13 +141,15 @@ void project_block(DType dtype, const float* x, std::uint16_t* xb, const blocks:
 
 }  // namespace
 
-// Rows [r0, r0 + kRows) of qkv = x · [W_Q; W_K; W_V]ᵀ + b for layer l.
+// Rows [r0, r0 + kRows) of qkv = x · [W_Q; W_K; W_V]ᵀ + b for layer l (bf16: rounded to bf16 by the
+// GEMM's epilogue, the attention's inputs).
 void Encoder::qkv_block(std::int64_t l, std::int64_t r0) {
   const std::int64_t C = w_.config.dim;
   const PackedLayer& P = *layers_[static_cast<std::size_t>(l)];
+  const bool bf16 = opt_.dtype == DType::bf16;
+  void* y = bf16 ? static_cast<void*>(qkv_.ptr<std::uint16_t>() + r0 * 3 * C) : qkv_.ptr<float>() + r0 * 3 * C;
   project_block(opt_.dtype, x_.ptr<float>() + r0 * C, xb_.ptr<std::uint16_t>() + r0 * C, P.pqkv, P.wqkv_b,
-                P.pqkv_b, P.bqkv.ptr<float>(), qkv_.ptr<float>() + r0 * 3 * C, false, kRows, C, 3 * C, 0.0f,
-                blocks::GemmAct::none);
+                P.pqkv_b, P.bqkv.ptr<float>(), y, bf16, kRows, C, 3 * C, 0.0f, blocks::GemmAct::none);
 }
 
 // Rows [r0, r0 + kRows) of layer l after its attention: everything from W_O on is row by row,
@@ -158,16 +160,20 @@ void Encoder::tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float*
   const std::int64_t C = c.dim, Hd = c.hidden_dim, n = std::min(kRows, T - r0);
   const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
   const PackedLayer& P = *layers_[static_cast<std::size_t>(l)];
-  float *x = x_.ptr<float>() + r0 * C, *h = h_.ptr<float>() + r0 * C, *att = att_.ptr<float>() + r0 * C;
+  const bool bf16 = opt_.dtype == DType::bf16;
+  float *x = x_.ptr<float>() + r0 * C, *h = h_.ptr<float>() + r0 * C;
   float* ff = ff_.ptr<float>() + r0 * Hd;
   std::uint16_t* xb = xb_.ptr<std::uint16_t>() + r0 * C;
-  const bool bf16 = opt_.dtype == DType::bf16;
+  // The attention's output rows: f32, or bf16 (the W_O GEMM reads them as they are).
+  const float* att = bf16 ? nullptr : att_.ptr<float>() + r0 * C;
+  std::uint16_t* attb = bf16 ? att_.ptr<std::uint16_t>() + r0 * C : nullptr;
   // bf16: the MLP's hidden rows are bf16 bits in ff's memory, [kRows, Hd] from the block's start.
   std::uint16_t* ffb = ff_.ptr<std::uint16_t>() + r0 * Hd;
   const blocks::GemmAct act = c.mlp == MlpKind::gelu_exact ? blocks::GemmAct::gelu_erf : blocks::GemmAct::gelu_tanh;
 
   std::copy_n(x, kRows * C, h);  // h = x + att · W_Oᵀ + b_O
-  project_block(opt_.dtype, att, xb, P.po, P.wo_b, P.po_b, L.bo, h, false, kRows, C, C, 1.0f, blocks::GemmAct::none);
+  project_block(opt_.dtype, att, attb, P.po, P.wo_b, P.po_b, L.bo, h, false, kRows, C, C, 1.0f,
+                blocks::GemmAct::none);
   blocks::layernorm_forward(x, nullptr, nullptr, h, L.norm1_w, L.norm1_b, kRows, C, c.norm_eps);
   project_block(opt_.dtype, x, xb, P.p1, P.w1_b, P.p1_b, L.b1, bf16 ? static_cast<void*>(ffb) : ff, bf16, kRows, C,
                 Hd, 0.0f, act);
@@ -202,6 +208,9 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
       fail(fn, "tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[static_cast<std::size_t>(i)]) +
                    " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   if (!hidden) fail(fn, "hidden: null output pointer");
+  if (on_layer && opt_.dtype != DType::f32)
+    fail(fn, std::string("on_layer: the layer hook reads f32 q, k, v; this encoder runs in ") +
+                 dtype_name(opt_.dtype) + " (load it with dtype f32)");
   if (T == 0) return;
   const ScopedThreads scope(opt_.num_threads > 0 ? opt_.num_threads : max_threads());
   const int threads = max_threads();
@@ -209,9 +218,11 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
   // through every layer (no token reads them: attention runs on cu_seqlens, pooling on T rows).
   const std::int64_t blocks_n = (T + kRows - 1) / kRows, Tp = blocks_n * kRows;
   reserve(Tp);
-  float *x = x_.ptr<float>(), *h = h_.ptr<float>(), *qkv = qkv_.ptr<float>(), *att = att_.ptr<float>();
+  float *x = x_.ptr<float>(), *h = h_.ptr<float>();
   std::fill(x + T * C, x + Tp * C, 0.0f);
-  std::fill(att + T * C, att + Tp * C, 0.0f);
+  // Zero bits are 0 in f32 and in bf16.
+  const auto es = static_cast<std::int64_t>(dtype_size(opt_.dtype));
+  std::fill_n(static_cast<std::uint8_t*>(att_.data()) + T * C * es, (Tp - T) * C * es, std::uint8_t{0});
 
   // Embedding: each text's positions start at 0; every token has type 0 (one text per input).
   parallel_for(B, threads, [&](std::int64_t b) {
@@ -226,17 +237,21 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
     qkv_block(0, r0);
   });
 
-  // q, k, v are the column blocks of qkv [Tp, 3C]; attention reads rows < T as [T, H, D] views.
+  // q, k, v are the column blocks of qkv [Tp, 3C]; attention reads rows < T as [T, H, D] views, in
+  // the encoder's dtype (bf16: the flash kernel's vdpbf16ps path, f32 accumulation, out rounded to bf16).
   const View cu_view = View::strided(const_cast<std::int32_t*>(cu.data()), DType::i32, {B + 1}, {1});
+  const DType adt = opt_.dtype;
+  auto* qkv = static_cast<std::uint8_t*>(qkv_.data());
+  auto* att = static_cast<std::uint8_t*>(att_.data());
   AttentionOptions ao;
   ao.num_threads = threads;
   ao.causal = false;
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    attention_varlen(View::strided(qkv, DType::f32, {T, H, D}, {3 * C, D, 1}),
-                     View::strided(qkv + C, DType::f32, {T, H, D}, {3 * C, D, 1}),
-                     View::strided(qkv + 2 * C, DType::f32, {T, H, D}, {3 * C, D, 1}),
-                     View::strided(att, DType::f32, {T, H, D}, {C, D, 1}), cu_view, cu_view, ao);
-    if (on_layer) on_layer(l, qkv, att);
+    attention_varlen(View::strided(qkv, adt, {T, H, D}, {3 * C, D, 1}),
+                     View::strided(qkv + C * es, adt, {T, H, D}, {3 * C, D, 1}),
+                     View::strided(qkv + 2 * C * es, adt, {T, H, D}, {3 * C, D, 1}),
+                     View::strided(att, adt, {T, H, D}, {C, D, 1}), cu_view, cu_view, ao);
+    if (on_layer) on_layer(l, qkv_.ptr<float>(), att_.ptr<float>());
     parallel_for(blocks_n, threads, [&](std::int64_t k) { tail_block(l, k * kRows, T, hidden); });
   }
 }

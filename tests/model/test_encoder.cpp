@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -139,8 +140,9 @@ TEST(Encoder, PackedBatchesEqualTheNaiveTwinTextByText) {
 // Batches of several row blocks (the encoder runs its projections on blocks of 128 rows, one block
 // per task, two threads here), in f32 and bf16: every text against the f64 twin. 60 texts of 3–10
 // tokens make T up to 367 rows, so blocks run at once and the last block is padded.
-// bf16 bound: 2e-2 absolute on the unit-norm embedding — each GEMM input rounded to bf16 (relative
-// 2^-9 per element) through 2 layers of C = 32 measured ≈ 4e-3; a wrong row or block is off by ≫ 0.1.
+// bf16 bound: 2e-2 absolute on the unit-norm embedding — each GEMM input, q, k, v, the attention's
+// probabilities and output rounded to bf16 (relative 2^-9 per element) through 2 layers of C = 32
+// measured 7.2e-3 (4e-3 with the attention in f32); a wrong row, block or mask is off by ≫ 0.1.
 TEST(Encoder, RowBlocksOnTwoThreadsEqualTheNaiveTwin) {
   const qkv::Config c = tiny_bert();
   qkv::Weights w = qkv::Weights::random(c, 11, 0.3f);
@@ -170,6 +172,26 @@ TEST(Encoder, RowBlocksOnTwoThreadsEqualTheNaiveTwin) {
       EXPECT_LT(worst, dt == qkv::DType::f32 ? 2e-5 : 2e-2) << qkv::dtype_name(dt) << " batch " << batch;
     }
   }
+}
+
+// The layer hook reads f32 q, k, v: a bf16 encoder (bf16 q, k, v and attention) refuses it by name.
+TEST(Encoder, Bf16EncoderRefusesTheF32LayerHook) {
+  const qkv::Config c = tiny_bert();
+  qkv::EncoderOptions opt;
+  opt.dtype = qkv::DType::bf16;
+  qkv::Encoder enc(qkv::Weights::random(c, 3, 0.3f), tiny_tokenizer(), qkv::Pooling::mean, true, 10, opt);
+  const std::vector<int> t = enc.tokenize("the cat");
+  const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(t.size())};
+  std::vector<float> hidden(t.size() * static_cast<std::size_t>(c.dim));
+  try {
+    enc.forward(t, cu, hidden.data(), [](std::int64_t, const float*, const float*) {});
+    FAIL() << "a bf16 encoder ran an f32 hook";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("on_layer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+  enc.forward(t, cu, hidden.data());  // without a hook it runs
+  for (float v : hidden) EXPECT_TRUE(std::isfinite(v));
 }
 
 TEST(Encoder, ConfigAsDataAndRefusedByTheDecoder) {
