@@ -10,7 +10,8 @@ GGML_NATIVE build uses this CPU's AVX-512 BF16), and the GGUF files are written 
 
     CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python gguf
 
-Without them the script says so and exits 0 (nothing to compare).
+Without them the script says so and exits 0 (nothing to compare). Not in scripts/install-deps.sh: the source
+build took > 80 minutes at nice 19 on this machine's 2 shared cores (load 20–30), past the test run's 30-minute aim.
 
 Models (bench/decode_peers.py's random llamas, N(0, 0.02²) weights from a fixed seed; context 1024 here
 so that a 512-token prefill fits):
