@@ -8,7 +8,8 @@ Models (greedy, prompt "Once upon a time", 256 positions; 64 for random-110M):
   random-6.1M      random llama, stories15M's layers: dim 288, hidden 768, 6 layers, 6 heads, vocab 512
   random-110M      random llama, stories110M's shape: dim 768, hidden 2048, 12 layers, 12 heads, vocab 32000
 Random weights are N(0, 0.02²) from a fixed seed, written once as a llama2.c checkpoint (header of 7 int32,
-then the f32 tensors in run.c's order) and, for llama.cpp, as GGUF (f32; write_gguf also writes f16) with the `gguf` package. A
+then the f32 tensors in run.c's order) and, for llama.cpp, as GGUF (f32 here; write_gguf also writes f16 and
+bf16, which bench/llamacpp_peer.py compares) with the `gguf` package. A
 tokenizer of the model's vocabulary is written in llama2.c's format (the 512 pieces of tok512.bin, then filler
 pieces), and the same pieces go into the GGUF.
 
@@ -121,7 +122,7 @@ def write_gguf(path: Path, shape, t, pieces, dtype: str) -> None:
     w.add_head_count_kv(kv)
     w.add_rope_dimension_count(dim // heads)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(0 if dtype == "f32" else 1)
+    w.add_file_type({"f32": 0, "f16": 1, "bf16": 32}[dtype])  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16
     w.add_tokenizer_model("llama")
     w.add_token_list([p for _, p in pieces])
     w.add_token_scores([s for s, _ in pieces])
@@ -132,25 +133,32 @@ def write_gguf(path: Path, shape, t, pieces, dtype: str) -> None:
     w.add_token_types(types)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    mat = (lambda a: a.astype(np.float16)) if dtype == "f16" else (lambda a: a)
-    # llama.cpp's q/k rows are in Hugging Face's rotate-half order: convert.py permutes llama2.c's
-    # interleaved rows this way (the same weights, the same model).
-    def permute(wt, n_head):
-        return wt.reshape(n_head, 2, wt.shape[0] // n_head // 2, wt.shape[1]).swapaxes(1, 2).reshape(wt.shape)
+    # Matrices in the file's type (norm weights stay f32, as llama.cpp's converter writes them).
+    def mat(a):
+        if dtype == "f16":
+            return a.astype(np.float16)
+        if dtype == "bf16":  # nearest-even bf16 bytes, declared as BF16 (the shape is read from the bytes)
+            return gguf.quants.quantize(np.ascontiguousarray(a), gguf.GGMLQuantizationType.BF16)
+        return a
+    # q and k rows as they are: llama2.c's checkpoints keep Meta's interleaved rotary pairs, which is
+    # llama.cpp's order for the llama architecture (its converter permutes Hugging Face's rotate-half
+    # rows into it). bench/llamacpp_peer.py --check: llama.cpp's logits = qkv's within 5e-7.
+    def add(name, a):
+        w.add_tensor(name, a, raw_dtype=gguf.GGMLQuantizationType.BF16 if a.dtype == np.uint8 else None)
 
-    w.add_tensor("token_embd.weight", mat(t["tok"]))
+    add("token_embd.weight", mat(t["tok"]))
     for l in range(layers):
         w.add_tensor(f"blk.{l}.attn_norm.weight", t["att_norm"][l])
-        w.add_tensor(f"blk.{l}.attn_q.weight", mat(permute(t["wq"][l], heads)))
-        w.add_tensor(f"blk.{l}.attn_k.weight", mat(permute(t["wk"][l], kv)))
-        w.add_tensor(f"blk.{l}.attn_v.weight", mat(t["wv"][l]))
-        w.add_tensor(f"blk.{l}.attn_output.weight", mat(t["wo"][l]))
+        add(f"blk.{l}.attn_q.weight", mat(t["wq"][l]))
+        add(f"blk.{l}.attn_k.weight", mat(t["wk"][l]))
+        add(f"blk.{l}.attn_v.weight", mat(t["wv"][l]))
+        add(f"blk.{l}.attn_output.weight", mat(t["wo"][l]))
         w.add_tensor(f"blk.{l}.ffn_norm.weight", t["ffn_norm"][l])
-        w.add_tensor(f"blk.{l}.ffn_gate.weight", mat(t["w1"][l]))
-        w.add_tensor(f"blk.{l}.ffn_down.weight", mat(t["w2"][l]))
-        w.add_tensor(f"blk.{l}.ffn_up.weight", mat(t["w3"][l]))
+        add(f"blk.{l}.ffn_gate.weight", mat(t["w1"][l]))
+        add(f"blk.{l}.ffn_down.weight", mat(t["w2"][l]))
+        add(f"blk.{l}.ffn_up.weight", mat(t["w3"][l]))
     w.add_tensor("output_norm.weight", t["norm"])
-    w.add_tensor("output.weight", mat(t["tok"]))
+    add("output.weight", mat(t["tok"]))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
