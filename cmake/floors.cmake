@@ -8,7 +8,7 @@
 # The include root of floor F is ${PROJECT_BINARY_DIR}/floors/F/: symbolic links to src/<floor>/ for each
 # floor it sees and, in qkv/, to the public headers of those floors (QKV_PUBLIC_HEADERS below). So compiler
 # messages about a header name it by that path (build/floors/F/core/parallel.hpp is src/core/parallel.hpp).
-# tests/architecture/ checks that an upward include fails to compile.
+# The ctest architecture.floors (tools/check_floors.py) checks that an upward include fails to compile.
 
 # include/qkv/NAME: the floor that implements it. A public header missing here is an error at configure
 # time, so that a new one is placed on purpose.
