@@ -6,6 +6,7 @@ set -euo pipefail
 apt_pkgs=(cmake ninja-build g++ libgtest-dev libbenchmark-dev
           clang libomp-dev  # the fuzz harnesses (clang's libFuzzer; its find_package(OpenMP) needs libomp)
           libdnnl-dev libcli11-dev nlohmann-json3-dev
+          ccache  # scripts/test.sh: a fresh clone reuses an earlier clone's compilations
           zlib1g-dev chromium pkg-config)  # qkv inspect: PNG deflate; the page's browser test; the C++ package test
 missing=()
 for p in "${apt_pkgs[@]}"; do
