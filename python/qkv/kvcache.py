@@ -28,7 +28,7 @@ def attention_kvcache(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens
                       align: str = "bottom_right_key_lengths", window_left: Optional[int] = None,
                       window_right: Optional[int] = None, return_lse: bool = False, num_threads: int = 0,
                       kernel: str = "automatic", softcap: Optional[float] = None, alibi_slopes: Any = None,
-                      sinks: Optional[Array] = None) -> AttentionResult:
+                      sinks: Optional[Array] = None, keep_first: int = 0) -> AttentionResult:
     """Attention of q [B, H, Sq, D] against a KV cache; returns AttentionResult(out [B, H, Sq, Dv], lse, None, kernel).
 
     Layout (FlashAttention's flash_attn_with_kvcache, token-major):
@@ -41,6 +41,8 @@ def attention_kvcache(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens
     cache_seqlens: ints [B], the keys each sequence holds (only those blocks are read); default all.
     align: default 'bottom_right_key_lengths', the last query of sequence b sits at key
         cache_seqlens[b] - 1 (FlashAttention's cache_seqlens, ONNX's nonpad_kv_seqlen).
+    keep_first with window_left: StreamingLLM's cache reading, the first keep_first tokens (attention
+        sinks) and the last window_left + 1 (the fast kernel reads no key between them).
     The other options are :func:`qkv.attention`'s. No gradients (inference).
     """
     fn = "qkv.attention_kvcache"
@@ -70,7 +72,7 @@ def attention_kvcache(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens
         n(q_), n(k_), n(v_), n(out), opt("block_table", block_table, np.int32), opt("k_scale", k_scale),
         opt("v_scale", v_scale), kl, lse, P.check_scale(fn, scale), bool(causal), align,
         P.check_window(fn, "window_left", window_left), P.check_window(fn, "window_right", window_right),
-        int(num_threads), kernel, *var)
+        int(num_threads), kernel, *var, keep_first=P.check_keep_first(fn, keep_first))
     return AttentionResult(out, lse, None, KernelInfo(*info))
 
 

@@ -204,6 +204,7 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
   }
   if (opt.window_left < -1) fail(fn, "opt.window_left: must be ≥ 0 or -1 (unbounded), got " + std::to_string(opt.window_left));
   if (opt.window_right < -1) fail(fn, "opt.window_right: must be ≥ 0 or -1 (unbounded), got " + std::to_string(opt.window_right));
+  if (opt.keep_first < 0) fail(fn, "opt.keep_first: must be ≥ 0, got " + std::to_string(opt.keep_first));
   if (opt.num_threads < 0) fail(fn, "opt.num_threads: must be ≥ 0, got " + std::to_string(opt.num_threads));
   if (opt.align != Align::top_left && opt.align != Align::bottom_right && opt.align != Align::bottom_right_key_lengths)
     fail(fn, "opt.align: unknown value " + std::to_string(static_cast<int>(opt.align)));
@@ -214,6 +215,7 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
   p.rule.diag_from_key_len = opt.align == Align::bottom_right_key_lengths;
   p.rule.window_left = opt.window_left;
   p.rule.window_right = opt.window_right;
+  p.rule.keep_first = opt.keep_first;
   p.threads = opt.num_threads > 0 ? opt.num_threads : num_threads();
   check_dropout_p(fn, "opt.dropout_p", opt.dropout_p);
   p.dropout.p = opt.dropout_p;

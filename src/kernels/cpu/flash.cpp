@@ -43,6 +43,7 @@ FlashArgs make_flash_args(const AttnParams& p) {
   a.window_left = p.rule.window_left;
   a.window_right = p.rule.window_right;
   a.diag_from_key_len = p.rule.diag_from_key_len;
+  a.keep_first = p.rule.keep_first;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   a.threads = p.threads;
   a.dropout = p.dropout.on();

@@ -36,6 +36,7 @@ struct FlashArgs {
   bool causal;
   std::int64_t diag_offset, window_left, window_right;  // as KeyRange
   bool diag_from_key_len;                               // as KeyRange
+  std::int64_t keep_first;                              // as KeyRange: keys below it escape window_left
   float scale_log2;   // scale · log2(e): scores are kept in log2 units
   int threads;
   // Dropout (kernels/dropout.hpp), when `dropout`: the probabilities of row (b, h, i) are multiplied
