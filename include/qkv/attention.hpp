@@ -201,7 +201,7 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
 //
 //   argument          dtype                 shape                    notes
 //   q                 f32 | bf16 | f64      [B, H, Sq, D]            as attention()
-//   cache.k           q's dtype, or i8      [Bc, Sc, Hkv, D]         any strides ≥ 0
+//   cache.k           q's dtype, i8 or f16  [Bc, Sc, Hkv, D]         any strides ≥ 0
 //   cache.v           cache.k's dtype       [Bc, Sc, Hkv, Dv]
 //   cache.block_table i32 (opt.)            [B, max_blocks]          paged: see below
 //   cache.k_scale     f32 (with i8)         [Bc, Sc, Hkv]            key (c, s, hk) = k_scale · k
@@ -217,6 +217,8 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
 // table is never read (vLLM pads it with anything).
 // int8 (cache.k.dtype i8, q f32 or bf16): each row of K and V is dequantised by its scale inside
 // the kernel; the result is attention() on the dequantised cache (in f32).
+// f16 (cache.k.dtype f16, q f32 or bf16): rows widened exactly to f32 inside the kernel (as int8,
+// scale 1); kvcache_append rounds to nearest. Half the bytes of f32, finer steps than bf16.
 // Every other option is attention()'s (causal alignments, masks [.., Sq, Skv], variants,
 // dropout). The fast path is the flash_decode kernel (keys split into chunks, every ISA), for
 // prefill too; Kernel::reference gathers the dequantised cache in f64 and runs the reference.

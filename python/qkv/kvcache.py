@@ -38,6 +38,7 @@ def attention_kvcache(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens
         row j % block_size; Skv = max_blocks * block_size.
         int8 caches: k_cache, v_cache int8 with k_scale, v_scale float32 [num_blocks | B, block_size | Skv, Hkv]:
         the key is k_scale * k_cache (q float32 or bfloat16).
+        float16 caches: k_cache, v_cache float16, widened exactly to float32 in the kernel (q float32 or bfloat16).
     cache_seqlens: ints [B], the keys each sequence holds (only those blocks are read); default all.
     align: default 'bottom_right_key_lengths', the last query of sequence b sits at key
         cache_seqlens[b] - 1 (FlashAttention's cache_seqlens, ONNX's nonpad_kv_seqlen).
@@ -81,8 +82,9 @@ class KVCache:
 
     Args:
         batch, max_len, kv_heads, head_dim: sizes; ``value_dim`` defaults to head_dim.
-        dtype: 'float32', 'bfloat16' or 'int8' (symmetric per token and head: scale = max|x| / 127,
-            dequantised in the decode kernel; queries float32 or bfloat16).
+        dtype: 'float32', 'bfloat16', 'float16' (rounded to nearest on append, widened exactly in the
+            kernel; queries float32 or bfloat16) or 'int8' (symmetric per token and head: scale =
+            max|x| / 127, dequantised in the decode kernel; queries float32 or bfloat16).
         block_size: None for one contiguous cache per sequence; a power of two (16-256 as vLLM
             and FlashAttention page) for a paged pool of batch * ceil(max_len / block_size)
             blocks, handed to the sequences in order through ``block_table`` [batch, max_blocks].
@@ -98,8 +100,8 @@ class KVCache:
         for name, x in (("batch", batch), ("max_len", max_len), ("kv_heads", kv_heads), ("head_dim", head_dim)):
             if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                 raise ValueError(f"[{fn}] {name}: must be an int >= 1, got {x!r}")
-        if dtype not in ("float32", "bfloat16", "int8"):
-            raise ValueError(f"[{fn}] dtype: must be 'float32', 'bfloat16' or 'int8', got {dtype!r}")
+        if dtype not in ("float32", "bfloat16", "float16", "int8"):
+            raise ValueError(f"[{fn}] dtype: must be 'float32', 'bfloat16', 'float16' or 'int8', got {dtype!r}")
         if framework not in ("numpy", "torch"):
             raise ValueError(f"[{fn}] framework: must be 'numpy' or 'torch', got {framework!r}")
         if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)

@@ -5,7 +5,7 @@
 // The Python layer (python/qkv/) does the PyTorch-style broadcasting, allocates the outputs in
 // the caller's framework and passes them here already shaped [B, H, S, D].
 //
-// dtypes accepted: float32 → f32, float64 → f64, bfloat16 → bf16, uint16 → bf16 (NumPy has no
+// dtypes accepted: float32 → f32, float64 → f64, float16 → f16 (KV caches only), bfloat16 → bf16, uint16 → bf16 (NumPy has no
 // bfloat16: qkv/_arrays.py passes an ml_dtypes.bfloat16 array as its uint16 bit view), bool and
 // uint8 → u8, int32 → i32, int64 → i64. Anything else raises TypeError.
 //
@@ -63,6 +63,7 @@ qkv::DType to_dtype(const char* fn, const char* name, nb::dlpack::dtype t) {
     if (code == C::Int && t.bits == 32) return qkv::DType::i32;
     if (code == C::Int && t.bits == 64) return qkv::DType::i64;
     if (code == C::Int && t.bits == 8) return qkv::DType::i8;
+    if (code == C::Float && t.bits == 16) return qkv::DType::f16;
   }
   throw nb::type_error((std::string("[") + fn + "] " + name + ": unsupported dtype (DLPack code " +
                         std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits)")

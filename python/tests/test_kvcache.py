@@ -184,3 +184,21 @@ def test_streaming_llm_cache_reads_only_kept_keys_and_window():
     want, lowp = peer(torch.float64), peer(torch.float32).double()
     tol = 2 * (lowp - want).abs().max().item() + 2**-20 * want.abs().max().item()
     assert (out.double() - want).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("block_size", [None, 32])
+def test_float16_cache_against_explicit(block_size):
+    """A float16 cache: append rounds K and V to float16 (as torch's .half()), attend widens them
+    exactly; against the explicit float64 formula on those float16 values (FlashAttention's rule)."""
+    B, H, Hkv, D = 2, 4, 2, 64
+    cache = qkv.KVCache(B, 200, Hkv, D, dtype="float16", block_size=block_size, framework="torch")
+    g = torch.Generator().manual_seed(11)
+    k, v = torch.randn(B, 150, Hkv, D, generator=g), torch.randn(B, 150, Hkv, D, generator=g)
+    cache.append(k, v)
+    assert cache.k.dtype == torch.float16
+    q = torch.randn(B, H, 3, D, generator=g)
+    out = cache.attend(q)
+    err, tol = rule_tol(out, q, k.half().float(), v.half().float(), [150] * B)
+    assert err <= tol, (err, tol)
+    with pytest.raises(ValueError, match=r"dtype: must be 'float32', 'bfloat16', 'float16' or 'int8', got 'int4'"):
+        qkv.KVCache(1, 8, 1, 8, dtype="int4")

@@ -86,10 +86,10 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
   Kernel k = requested;
   if (k == Kernel::automatic)
     k = p.Sq <= 2 || (p.Sq <= 8 && p.Skv >= 512) ? Kernel::flash_decode : Kernel::flash;
-  // A paged or int8 KV cache is read by the decode kernel only (its rows, one at a time), prefill too.
-  if (p.cache.paged() || p.cache.i8()) {
+  // A paged, int8 or f16 KV cache is read by the decode kernel only (its rows, one at a time), prefill too.
+  if (p.cache.paged() || p.cache.i8() || p.k.dtype == DType::f16) {
     if (requested == Kernel::flash)
-      fail(fn, "opt.kernel: flash does not read a paged or int8 KV cache; use automatic, flash_decode or reference");
+      fail(fn, "opt.kernel: flash does not read a paged, int8 or f16 KV cache; use automatic, flash_decode or reference");
     k = Kernel::flash_decode;
   }
   const bool bf16 = p.q.dtype == DType::bf16;

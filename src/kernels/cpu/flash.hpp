@@ -60,6 +60,7 @@ struct FlashArgs {
   std::int64_t ldt;
   int page_shift;
   bool kv_i8;
+  bool kv_f16;  // k and v are IEEE binary16 (q and out f32 or bf16), widened row by row
   const float* k_scale;
   const float* v_scale;
   std::int64_t sks[3], svs[3];

@@ -133,14 +133,14 @@ void decode(const FlashArgs& a) {
   while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
   const i64 items = a.B * a.Hkv * ngroups * nsplit;
-  const bool k_in_place = !a.bf16 && !a.kv_i8 && a.sk[3] == 1 && D % L == 0;
+  const bool k_in_place = !a.bf16 && !a.kv_i8 && !a.kv_f16 && a.sk[3] == 1 && D % L == 0;
   const bool ops_k = Ops::kEnabled && Ops::takes_k(a);  // scores by the policy
   const bool ops_v = Ops::kEnabled && Ops::takes_v(a);  // P·V by the policy
-  const bool v_in_place = !a.bf16 && !a.kv_i8 && a.sv[3] == 1 && Dv % L == 0;
+  const bool v_in_place = !a.bf16 && !a.kv_i8 && !a.kv_f16 && a.sv[3] == 1 && Dv % L == 0;
   // Software prefetch of the K and V streams (pf_row) where rows are contiguous and this code
   // reads both: it lifts long-context decode from ≈ 70 % to 85–100 % of the read bandwidth.
   const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
-  const i64 esz = a.kv_i8 ? 1 : a.bf16 ? 2 : 4;  // bytes per K/V element
+  const i64 esz = a.kv_i8 ? 1 : a.bf16 || a.kv_f16 ? 2 : 4;  // bytes per K/V element
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
   //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
@@ -210,6 +210,7 @@ void decode(const FlashArgs& a) {
             kp = static_cast<const float*>(a.k) + koff;
           } else {
             if (a.kv_i8) widen_i8_row<S>(static_cast<const std::int8_t*>(a.k) + koff, a.sk[3], D, a.k_scale[kv_row(a, a.sks, b, hk, j)], Kr);
+            else if (a.kv_f16) widen_f16_row(static_cast<const std::uint16_t*>(a.k) + koff, a.sk[3], D, Kr);
             else if (a.bf16 && a.sk[3] == 1) widen_row<S>(static_cast<const std::uint16_t*>(a.k) + koff, D, Kr);
             else load_row(a, a.k, koff, a.sk[3], D, 1.0f, Kr);
             kp = Kr;
@@ -279,6 +280,9 @@ void decode(const FlashArgs& a) {
           const i64 voff = kv_row(a, a.sv, b, hk, j);
           if (a.kv_i8) {
             widen_i8_row<S>(static_cast<const std::int8_t*>(a.v) + voff, a.sv[3], Dv, a.v_scale[kv_row(a, a.svs, b, hk, j)], row);
+            for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
+          } else if (a.kv_f16) {
+            widen_f16_row(static_cast<const std::uint16_t*>(a.v) + voff, a.sv[3], Dv, row);
             for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
           } else if (a.bf16 && a.sv[3] == 1) {
             widen_row<S>(static_cast<const std::uint16_t*>(a.v) + voff, Dv, row);

@@ -129,6 +129,11 @@ inline void widen_i8_row(const std::int8_t* src, i64 stride, i64 n, float scale,
   for (; x < n; ++x) dst[x] = static_cast<float>(src[x * stride]) * scale;
 }
 
+// n elements of a binary16 row (element stride `stride`) → dst[0, n) as f32 (f16 KV caches).
+inline void widen_f16_row(const std::uint16_t* src, i64 stride, i64 n, float* dst) {
+  for (i64 x = 0; x < n; ++x) dst[x] = f16_bits_to_f32(src[x * stride]);
+}
+
 // Element offset of key/value row j of (b, kv head hk) in a tensor with strides s (a.sk, a.sv,
 // or a scale's a.sks, a.svs): through the block table when the KV cache is paged (flash.hpp).
 inline i64 kv_row(const FlashArgs& a, const i64* s, i64 b, i64 hk, i64 j) {
