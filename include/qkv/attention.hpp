@@ -75,8 +75,15 @@
 //   (without opt.key_lengths, bottom_right_key_lengths is bottom_right)
 //
 //   causal                 : j ≤ diag(i)
-//   window_left  = L ≥ 0   : j ≥ diag(i) − L
+//   window_left  = L ≥ 0   : j ≥ diag(i) − L, or j < keep_first (below)
 //   window_right = R ≥ 0   : j ≤ diag(i) + R
+//   keep_first   = n ≥ 0   : the first n keys stay allowed whatever window_left says (StreamingLLM's
+//                            attention-sink tokens beside a sliding window; causal, window_right,
+//                            key_lengths and masks still apply to them). n = 0: none kept.
+//
+//   Sq = 1, Skv = 10, causal bottom_right, window_left = 3, keep_first = 2:
+//     key j → 0 1 2 3 4 5 6 7 8 9
+//     q 0     x x . . . . x x x x
 //
 //   Sq = 3, Skv = 5, causal        (x = may attend, . = masked)
 //
@@ -127,6 +134,7 @@ struct AttentionOptions {
   Align align = Align::top_left;    // placement of the causal/window diagonal when Sq ≠ Skv
   std::int64_t window_left = -1;    // -1: unbounded
   std::int64_t window_right = -1;   // -1: unbounded (causal implies 0)
+  std::int64_t keep_first = 0;      // ≥ 0: keys j < keep_first escape window_left (StreamingLLM)
   std::optional<View> mask;         // boolean (u8) or additive (float) mask, see the table above
   std::optional<View> key_lengths;  // per-batch number of valid keys (key padding)
   // Score variants (see the computation above); none by default.
@@ -193,7 +201,7 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
 //
 //   argument          dtype                 shape                    notes
 //   q                 f32 | bf16 | f64      [B, H, Sq, D]            as attention()
-//   cache.k           q's dtype, or i8      [Bc, Sc, Hkv, D]         any strides ≥ 0
+//   cache.k           q's dtype, i8 or f16  [Bc, Sc, Hkv, D]         any strides ≥ 0
 //   cache.v           cache.k's dtype       [Bc, Sc, Hkv, Dv]
 //   cache.block_table i32 (opt.)            [B, max_blocks]          paged: see below
 //   cache.k_scale     f32 (with i8)         [Bc, Sc, Hkv]            key (c, s, hk) = k_scale · k
@@ -209,6 +217,8 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
 // table is never read (vLLM pads it with anything).
 // int8 (cache.k.dtype i8, q f32 or bf16): each row of K and V is dequantised by its scale inside
 // the kernel; the result is attention() on the dequantised cache (in f32).
+// f16 (cache.k.dtype f16, q f32 or bf16): rows widened exactly to f32 inside the kernel (as int8,
+// scale 1); kvcache_append rounds to nearest. Half the bytes of f32, finer steps than bf16.
 // Every other option is attention()'s (causal alignments, masks [.., Sq, Skv], variants,
 // dropout). The fast path is the flash_decode kernel (keys split into chunks, every ISA), for
 // prefill too; Kernel::reference gathers the dequantised cache in f64 and runs the reference.

@@ -30,6 +30,7 @@ enum class DType : std::uint8_t {
   i32,
   i64,
   i8,    // int8 KV caches (qkv::attention_kvcache), dequantised by a scale per row and head
+  f16,   // IEEE binary16: KV caches only (attention_kvcache), widened to f32 in the kernel
 };
 
 std::size_t dtype_size(DType t);
@@ -49,6 +50,44 @@ inline std::uint16_t f32_to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
+}
+
+// binary16 <-> f32. f16_to_f32 is exact; f32_to_f16 rounds to nearest even, overflows to ±inf,
+// keeps subnormals, NaN stays NaN (quiet).
+inline float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16, em = h & 0x7fffu;
+  std::uint32_t u;
+  if (em >= 0x7c00u) {
+    u = sign | 0x7f800000u | ((em & 0x3ffu) << 13);  // ±inf, NaN
+  } else if (em >= 0x0400u) {
+    u = sign | ((em << 13) + 0x38000000u);  // normal: exponent rebiased 15 → 127
+  } else {
+    const float f = static_cast<float>(em) * 0x1p-24f;  // subnormal or zero: em · 2^-24, exact
+    std::memcpy(&u, &f, sizeof u);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline std::uint16_t f32_to_f16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (u >= 0x477ff000u) return sign | 0x7c00u;  // ≥ 65520 rounds to inf
+  if (u < 0x38800000u) {                        // below 2^-14: a subnormal half, |f| · 2^24 rounded
+    float a;
+    std::memcpy(&a, &u, sizeof a);
+    a *= 0x1p24f;  // exact (a power of two), < 2^10
+    const auto m = static_cast<std::uint32_t>(a);
+    const float rest = a - static_cast<float>(m);
+    const std::uint32_t r = m + (rest > 0.5f || (rest == 0.5f && (m & 1u)) ? 1u : 0u);
+    return static_cast<std::uint16_t>(sign | r);
+  }
+  u += 0xfffu + ((u >> 13) & 1u);  // round the 23-bit mantissa to 10 bits, nearest even
+  return static_cast<std::uint16_t>(sign | ((u - 0x38000000u) >> 13));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
 from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, AttentionResultScores, KernelInfo,
                          alibi_slopes, attention, attention_backward, dropout_mask, scaled_dot_product_attention)
 from .kvcache import KVCache, attention_kvcache
+from .onnx_op import OnnxAttentionOutputs, onnx_attention
 from .mha import MhaResult, MultiHeadAttention
 from .encoder import Encoder
 from .model import BatchGeneration, Generation, LayerTrace, Model, ModelTrace, Tokenizer
@@ -38,8 +39,9 @@ from ._inspect import Inspection, inspect
 __all__ = [
     "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "AttentionResultScores", "BatchGeneration", "Encoder",
     "Generation", "Inspection", "KVCache", "KernelInfo",
-    "LayerTrace", "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "Tokenizer", "active_isa", "alibi_slopes",
-    "attention", "attention_backward", "attention_kvcache", "cpu_isa", "dropout_mask", "inspect", "num_threads",
+    "LayerTrace", "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "OnnxAttentionOutputs", "Tokenizer",
+    "active_isa", "alibi_slopes", "attention", "attention_backward", "attention_kvcache", "cpu_isa", "dropout_mask",
+    "inspect", "num_threads", "onnx_attention",
     "scaled_dot_product_attention", "set_isa", "set_num_threads",
 ]
 from ._qkv import __version__  # noqa: E402  (CMakeLists.txt's project VERSION, through the module)

@@ -28,6 +28,12 @@ def check_window(fn: str, name: str, w: Optional[int]) -> int:
     return w
 
 
+def check_keep_first(fn: str, n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"[{fn}] keep_first: must be an int >= 0, got {n!r}")
+    return n
+
+
 def check_scale(fn: str, scale: Optional[float]) -> Optional[float]:
     if scale is None:
         return None

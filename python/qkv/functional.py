@@ -216,7 +216,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
               return_pattern: bool = False, num_threads: int = 0, kernel: str = "automatic",
               dropout_p: float = 0.0, seed: Optional[int] = None, offset: int = 0,
               softcap: Optional[float] = None, alibi_slopes: Any = None,
-              sinks: Optional[Array] = None,
+              sinks: Optional[Array] = None, keep_first: int = 0,
               return_scores: Optional[str] = None) -> Union[AttentionResult, AttentionResultScores]:
     """Attention with every option of qkv's C++ API.
 
@@ -239,6 +239,9 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
             to its own key length, as ONNX Attention and FlashAttention's cache_seqlens).
         window_left, window_right: sliding window diag(i) - left <= j <= diag(i) + right; None is
             unbounded.
+        keep_first: n >= 0: keys j < n stay allowed whatever window_left says (StreamingLLM's
+            attention-sink tokens beside a sliding window; causal, key_lengths and masks still apply).
+            The backward runs on the float64 reference kernel.
         return_lse: also return log-sum-exp of the allowed scores, [B, H, Sq] ([H, Tq] packed),
             float32 (float64 for float64 inputs); -inf on rows with no allowed key.
         return_pattern: also return the softmax probabilities [B, H, Sq, Skv] (one row per query,
@@ -284,6 +287,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     qs, vs = A.shape_of(q_), A.shape_of(v_)
     aux = "float64" if dtype == "float64" else "float32"
     wl, wr = P.check_window(fn, "window_left", window_left), P.check_window(fn, "window_right", window_right)
+    kf = P.check_keep_first(fn, keep_first)
     drop = P.dropout_args(fn, dropout_p, seed, offset)
     n = kind.native
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
@@ -302,7 +306,7 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
         info = _qkv.attention_varlen(
             n(q_), n(k_), n(v_), n(out), A.index_array(fn, "cu_seqlens_q", cu_seqlens_q),
             A.index_array(fn, "cu_seqlens_k", cu_seqlens_k), lse, P.check_scale(fn, scale), bool(causal), align,
-            wl, wr, int(num_threads), kernel, *drop, *var)
+            wl, wr, int(num_threads), kernel, *drop, *var, keep_first=kf)
         return AttentionResult(out, lse, None, KernelInfo(*info))
     if len(qs) != 4 or len(vs) != 4 or len(A.shape_of(k_)) != 4:
         raise ValueError(f"[{fn}] q, k, v must have rank 4 [B, H, S, D] (rank 3 with cu_seqlens), got "
@@ -321,7 +325,8 @@ def attention(q: Array, k: Array, v: Array, *, mask: Optional[Array] = None, key
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
     var = P.variants(fn, qs[1], softcap, alibi_slopes, sinks, qs[0])
     info = _qkv.attention(n(q_), n(k_), n(v_), n(out), m, kl, lse, pattern, P.check_scale(fn, scale), bool(causal),
-                          align, wl, wr, int(num_threads), kernel, *drop, *var, scores, return_scores or "masked")
+                          align, wl, wr, int(num_threads), kernel, *drop, *var, scores, return_scores or "masked",
+                          keep_first=kf)
     if scores is not None:
         return AttentionResultScores(out, lse, pattern, scores, KernelInfo(*info))
     return AttentionResult(out, lse, pattern, KernelInfo(*info))
@@ -334,8 +339,8 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
                        window_left: Optional[int] = None, window_right: Optional[int] = None,
                        num_threads: int = 0, kernel: str = "automatic", dropout_p: float = 0.0,
                        seed: Optional[int] = None, offset: int = 0,
-                       softcap: Optional[float] = None, alibi_slopes: Any = None, sinks: Optional[Array] = None
-                       ) -> Union[AttentionGrads, AttentionGradsSinks]:
+                       softcap: Optional[float] = None, alibi_slopes: Any = None, sinks: Optional[Array] = None,
+                       keep_first: int = 0) -> Union[AttentionGrads, AttentionGradsSinks]:
     """Gradients of :func:`attention`: given dout = dL/dout, returns dq, dk, dv (shaped as q, k, v).
 
     ``out`` and ``lse`` (float32) come from the forward call with the same options
@@ -349,6 +354,7 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
     """
     fn = "qkv.attention_backward"
     drop = P.dropout_args(fn, dropout_p, seed, offset)
+    kf = P.check_keep_first(fn, keep_first)
     kind, arrs = A.common_kind(fn, [("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse)])
     q_, k_, v_, o_, g_, l_ = arrs
     A.check_float(fn, [("q", q_), ("k", k_), ("v", v_), ("out", o_), ("dout", g_)], kind)
@@ -376,12 +382,13 @@ def attention_backward(q: Array, k: Array, v: Array, out: Array, dout: Array, ls
             n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv),
             A.index_array(fn, "cu_seqlens_q", cu_seqlens_q), A.index_array(fn, "cu_seqlens_k", cu_seqlens_k),
             P.check_scale(fn, scale), bool(causal), align, P.check_window(fn, "window_left", window_left),
-            P.check_window(fn, "window_right", window_right), int(num_threads), kernel, *drop, *var, dsinks)
+            P.check_window(fn, "window_right", window_right), int(num_threads), kernel, *drop, *var, dsinks,
+            keep_first=kf)
         return result(info)
     m = None if mask is None else n(P.check_mask(fn, kind, mask, "mask"))
     kl = None if key_lengths is None else A.index_array(fn, "key_lengths", key_lengths)
     info = _qkv.attention_backward(
         n(q_), n(k_), n(v_), n(o_), n(g_), n(l_), n(dq), n(dk), n(dv), m, kl, P.check_scale(fn, scale), bool(causal),
         align, P.check_window(fn, "window_left", window_left), P.check_window(fn, "window_right", window_right),
-        int(num_threads), kernel, *drop, *var, dsinks)
+        int(num_threads), kernel, *drop, *var, dsinks, keep_first=kf)
     return result(info)

@@ -28,7 +28,7 @@ def attention_kvcache(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens
                       align: str = "bottom_right_key_lengths", window_left: Optional[int] = None,
                       window_right: Optional[int] = None, return_lse: bool = False, num_threads: int = 0,
                       kernel: str = "automatic", softcap: Optional[float] = None, alibi_slopes: Any = None,
-                      sinks: Optional[Array] = None) -> AttentionResult:
+                      sinks: Optional[Array] = None, keep_first: int = 0) -> AttentionResult:
     """Attention of q [B, H, Sq, D] against a KV cache; returns AttentionResult(out [B, H, Sq, Dv], lse, None, kernel).
 
     Layout (FlashAttention's flash_attn_with_kvcache, token-major):
@@ -38,9 +38,12 @@ def attention_kvcache(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens
         row j % block_size; Skv = max_blocks * block_size.
         int8 caches: k_cache, v_cache int8 with k_scale, v_scale float32 [num_blocks | B, block_size | Skv, Hkv]:
         the key is k_scale * k_cache (q float32 or bfloat16).
+        float16 caches: k_cache, v_cache float16, widened exactly to float32 in the kernel (q float32 or bfloat16).
     cache_seqlens: ints [B], the keys each sequence holds (only those blocks are read); default all.
     align: default 'bottom_right_key_lengths', the last query of sequence b sits at key
         cache_seqlens[b] - 1 (FlashAttention's cache_seqlens, ONNX's nonpad_kv_seqlen).
+    keep_first with window_left: StreamingLLM's cache reading, the first keep_first tokens (attention
+        sinks) and the last window_left + 1 (the fast kernel reads no key between them).
     The other options are :func:`qkv.attention`'s. No gradients (inference).
     """
     fn = "qkv.attention_kvcache"
@@ -70,7 +73,7 @@ def attention_kvcache(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens
         n(q_), n(k_), n(v_), n(out), opt("block_table", block_table, np.int32), opt("k_scale", k_scale),
         opt("v_scale", v_scale), kl, lse, P.check_scale(fn, scale), bool(causal), align,
         P.check_window(fn, "window_left", window_left), P.check_window(fn, "window_right", window_right),
-        int(num_threads), kernel, *var)
+        int(num_threads), kernel, *var, keep_first=P.check_keep_first(fn, keep_first))
     return AttentionResult(out, lse, None, KernelInfo(*info))
 
 
@@ -79,8 +82,9 @@ class KVCache:
 
     Args:
         batch, max_len, kv_heads, head_dim: sizes; ``value_dim`` defaults to head_dim.
-        dtype: 'float32', 'bfloat16' or 'int8' (symmetric per token and head: scale = max|x| / 127,
-            dequantised in the decode kernel; queries float32 or bfloat16).
+        dtype: 'float32', 'bfloat16', 'float16' (rounded to nearest on append, widened exactly in the
+            kernel; queries float32 or bfloat16) or 'int8' (symmetric per token and head: scale =
+            max|x| / 127, dequantised in the decode kernel; queries float32 or bfloat16).
         block_size: None for one contiguous cache per sequence; a power of two (16-256 as vLLM
             and FlashAttention page) for a paged pool of batch * ceil(max_len / block_size)
             blocks, handed to the sequences in order through ``block_table`` [batch, max_blocks].
@@ -96,8 +100,8 @@ class KVCache:
         for name, x in (("batch", batch), ("max_len", max_len), ("kv_heads", kv_heads), ("head_dim", head_dim)):
             if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                 raise ValueError(f"[{fn}] {name}: must be an int >= 1, got {x!r}")
-        if dtype not in ("float32", "bfloat16", "int8"):
-            raise ValueError(f"[{fn}] dtype: must be 'float32', 'bfloat16' or 'int8', got {dtype!r}")
+        if dtype not in ("float32", "bfloat16", "float16", "int8"):
+            raise ValueError(f"[{fn}] dtype: must be 'float32', 'bfloat16', 'float16' or 'int8', got {dtype!r}")
         if framework not in ("numpy", "torch"):
             raise ValueError(f"[{fn}] framework: must be 'numpy' or 'torch', got {framework!r}")
         if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)

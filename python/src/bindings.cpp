@@ -5,7 +5,7 @@
 // The Python layer (python/qkv/) does the PyTorch-style broadcasting, allocates the outputs in
 // the caller's framework and passes them here already shaped [B, H, S, D].
 //
-// dtypes accepted: float32 → f32, float64 → f64, bfloat16 → bf16, uint16 → bf16 (NumPy has no
+// dtypes accepted: float32 → f32, float64 → f64, float16 → f16 (KV caches only), bfloat16 → bf16, uint16 → bf16 (NumPy has no
 // bfloat16: qkv/_arrays.py passes an ml_dtypes.bfloat16 array as its uint16 bit view), bool and
 // uint8 → u8, int32 → i32, int64 → i64. Anything else raises TypeError.
 //
@@ -63,6 +63,7 @@ qkv::DType to_dtype(const char* fn, const char* name, nb::dlpack::dtype t) {
     if (code == C::Int && t.bits == 32) return qkv::DType::i32;
     if (code == C::Int && t.bits == 64) return qkv::DType::i64;
     if (code == C::Int && t.bits == 8) return qkv::DType::i8;
+    if (code == C::Float && t.bits == 16) return qkv::DType::f16;
   }
   throw nb::type_error((std::string("[") + fn + "] " + name + ": unsupported dtype (DLPack code " +
                         std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits)")
@@ -164,12 +165,13 @@ Info attention(In q, In k, In v, Out out, std::optional<In> mask, std::optional<
                const std::string& align, std::int64_t window_left, std::int64_t window_right, int num_threads,
                const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset,
                std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks,
-               std::optional<Out> scores, const std::string& scores_stage) {
+               std::optional<Out> scores, const std::string& scores_stage, std::int64_t keep_first) {
   const char* fn = "qkv.attention";
   qkv::AttentionOptions o = with_dropout(
       options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel), dropout_p,
       seed, offset);
   add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  o.keep_first = keep_first;
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out);
   const auto lv = to_view(fn, "lse", lse), pv = to_view(fn, "pattern", pattern);
@@ -188,11 +190,13 @@ Info attention_kvcache(In q, In k_cache, In v_cache, Out out, std::optional<In> 
                        std::optional<In> k_scale, std::optional<In> v_scale, std::optional<In> key_lengths,
                        std::optional<Out> lse, std::optional<double> scale, bool causal, const std::string& align,
                        std::int64_t window_left, std::int64_t window_right, int num_threads, const std::string& kernel,
-                       std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks) {
+                       std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks,
+                       std::int64_t keep_first) {
   const char* fn = "qkv.attention_kvcache";
   qkv::AttentionOptions o =
       options(fn, std::nullopt, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel);
   add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  o.keep_first = keep_first;
   const qkv::KvCacheView cache{to_view(fn, "k_cache", k_cache), to_view(fn, "v_cache", v_cache),
                                to_view(fn, "block_table", block_table), to_view(fn, "k_scale", k_scale),
                                to_view(fn, "v_scale", v_scale)};
@@ -221,12 +225,14 @@ Info attention_varlen(In q, In k, In v, Out out, In cu_seqlens_q, In cu_seqlens_
                       std::optional<double> scale, bool causal, const std::string& align, std::int64_t window_left,
                       std::int64_t window_right, int num_threads, const std::string& kernel, double dropout_p,
                       std::uint64_t seed, std::uint64_t offset,
-               std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks) {
+               std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks,
+               std::int64_t keep_first) {
   const char* fn = "qkv.attention";
   qkv::AttentionOptions o = with_dropout(
       options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel),
       dropout_p, seed, offset);
   add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  o.keep_first = keep_first;
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), cq = to_view(fn, "cu_seqlens_q", cu_seqlens_q),
                   ck = to_view(fn, "cu_seqlens_k", cu_seqlens_k);
@@ -244,12 +250,14 @@ Info attention_backward(In q, In k, In v, In out, In dout, In lse, Out dq, Out d
                         const std::string& align, std::int64_t window_left, std::int64_t window_right,
                         int num_threads, const std::string& kernel, double dropout_p, std::uint64_t seed,
                         std::uint64_t offset,
-                        std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks, std::optional<Out> dsinks) {
+                        std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks, std::optional<Out> dsinks,
+                        std::int64_t keep_first) {
   const char* fn = "qkv.attention_backward";
   qkv::AttentionOptions o = with_dropout(
       options(fn, mask, key_lengths, scale, causal, align, window_left, window_right, num_threads, kernel), dropout_p,
       seed, offset);
   add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  o.keep_first = keep_first;
   const auto dsv = to_view(fn, "dsinks", dsinks);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), gv = to_view(fn, "dout", dout), lv = to_view(fn, "lse", lse),
@@ -266,12 +274,14 @@ Info attention_varlen_backward(In q, In k, In v, In out, In dout, In lse, Out dq
                                In cu_seqlens_k, std::optional<double> scale, bool causal, const std::string& align,
                                std::int64_t window_left, std::int64_t window_right, int num_threads,
                                const std::string& kernel, double dropout_p, std::uint64_t seed, std::uint64_t offset,
-                        std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks, std::optional<Out> dsinks) {
+                        std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks, std::optional<Out> dsinks,
+                        std::int64_t keep_first) {
   const char* fn = "qkv.attention_backward";
   qkv::AttentionOptions o = with_dropout(
       options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel),
       dropout_p, seed, offset);
   add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  o.keep_first = keep_first;
   const auto dsv = to_view(fn, "dsinks", dsinks);
   const qkv::View qv = to_view(fn, "q", q), kv = to_view(fn, "k", k), vv = to_view(fn, "v", v),
                   ov = to_view(fn, "out", out), gv = to_view(fn, "dout", dout), lv = to_view(fn, "lse", lse),
@@ -598,12 +608,13 @@ NB_MODULE(_qkv, m) {
         "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,
         "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
         "sinks"_a.none() = nb::none(), "scores"_a.none() = nb::none(), "scores_stage"_a = "masked",
+        "keep_first"_a = 0,
         "Forward attention over [B, H, S, D] arrays into `out` (and `lse`, `pattern`, `scores` when given).\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
   m.def("attention_kvcache", &attention_kvcache, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "block_table"_a.none(),
         "k_scale"_a.none(), "v_scale"_a.none(), "key_lengths"_a.none(), "lse"_a.none(), "scale"_a.none(), "causal"_a,
         "align"_a, "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "softcap"_a.none(),
-        "alibi_slopes"_a.none(), "sinks"_a.none(),
+        "alibi_slopes"_a.none(), "sinks"_a.none(), "keep_first"_a = 0,
         "Attention of q [B, H, Sq, D] against a KV cache [Bc, Sc, Hkv, D] (paged by block_table, int8 with scales).\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
   m.def("kvcache_append", &kvcache_append, "k_cache"_a, "v_cache"_a, "block_table"_a.none(), "k_scale"_a.none(),
@@ -613,7 +624,7 @@ NB_MODULE(_qkv, m) {
         "lse"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a, "window_right"_a,
         "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,
         "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
-        "sinks"_a.none() = nb::none(),
+        "sinks"_a.none() = nb::none(), "keep_first"_a = 0,
         "Forward attention over packed [T, H, D] sequences delimited by cumulative offsets.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
   m.def("attention_backward", &attention_backward, "q"_a, "k"_a, "v"_a, "out"_a, "dout"_a, "lse"_a, "dq"_a,
@@ -621,7 +632,7 @@ NB_MODULE(_qkv, m) {
         "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0,
         "offset"_a = 0,
         "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
-        "sinks"_a.none() = nb::none(), "dsinks"_a.none() = nb::none(),
+        "sinks"_a.none() = nb::none(), "dsinks"_a.none() = nb::none(), "keep_first"_a = 0,
         "Backward attention: writes dq, dk, dv from dout and the forward's out and lse.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
 
@@ -630,7 +641,7 @@ NB_MODULE(_qkv, m) {
         "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0,
         "offset"_a = 0,
         "softcap"_a.none() = nb::none(), "alibi_slopes"_a.none() = nb::none(),
-        "sinks"_a.none() = nb::none(), "dsinks"_a.none() = nb::none(),
+        "sinks"_a.none() = nb::none(), "dsinks"_a.none() = nb::none(), "keep_first"_a = 0,
         "Backward of attention_varlen over packed [T, H, D] sequences: writes dq, dk, dv.\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
 

@@ -154,3 +154,51 @@ def test_past_present_against_onnx_reference(causal):
         assert np.abs(y - want.numpy()).max() < 1e-12  # the peer and the explicit formula agree
         tol = 2 * (lowp - want).abs().max().item() + 2**-20 * np.abs(y).max()
         assert np.abs(out - y).max() <= tol
+
+
+def test_streaming_llm_cache_reads_only_kept_keys_and_window():
+    """StreamingLLM on a paged cache: keep_first = 4 attention-sink tokens and a window of 100. The
+    blocks wholly between them (whole 64-key tiles of the decode kernel) hold NaN: the output is
+    finite, so they were not read, and equals the explicit float64 rule (torch peer, the FlashAttention
+    rule) on the same keys."""
+    B, H, Hkv, D, bs, n, keep, window = 2, 4, 2, 32, 16, 1000, 4, 100
+    cache = qkv.KVCache(B, n, Hkv, D, block_size=bs, framework="torch")
+    g = torch.Generator().manual_seed(7)
+    k, v = torch.randn(B, n, Hkv, D, generator=g), torch.randn(B, n, Hkv, D, generator=g)
+    cache.append(k, v)
+    for b in range(B):  # keys [64, 832): tiles no row reads (kept keys end in tile 0, the window starts at 899)
+        for blk in range(64 // bs, 832 // bs):
+            cache.k[cache.block_table[b, blk]] = float("nan")
+            cache.v[cache.block_table[b, blk]] = float("nan")
+    q = torch.randn(B, H, 1, D, generator=g)
+    out = cache.attend(q, window_left=window, keep_first=keep)
+    assert torch.isfinite(out).all()
+    kk, vv = k.double().transpose(1, 2).repeat_interleave(H // Hkv, 1), v.double().transpose(1, 2).repeat_interleave(H // Hkv, 1)
+    j = torch.arange(n)
+    allowed = (j >= n - 1 - window) | (j < keep)
+
+    def peer(dtype):
+        s = (q.to(dtype) @ kk.to(dtype).transpose(-1, -2)) / D**0.5
+        return torch.softmax(s.masked_fill(~allowed, -float("inf")), -1) @ vv.to(dtype)
+
+    want, lowp = peer(torch.float64), peer(torch.float32).double()
+    tol = 2 * (lowp - want).abs().max().item() + 2**-20 * want.abs().max().item()
+    assert (out.double() - want).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("block_size", [None, 32])
+def test_float16_cache_against_explicit(block_size):
+    """A float16 cache: append rounds K and V to float16 (as torch's .half()), attend widens them
+    exactly; against the explicit float64 formula on those float16 values (FlashAttention's rule)."""
+    B, H, Hkv, D = 2, 4, 2, 64
+    cache = qkv.KVCache(B, 200, Hkv, D, dtype="float16", block_size=block_size, framework="torch")
+    g = torch.Generator().manual_seed(11)
+    k, v = torch.randn(B, 150, Hkv, D, generator=g), torch.randn(B, 150, Hkv, D, generator=g)
+    cache.append(k, v)
+    assert cache.k.dtype == torch.float16
+    q = torch.randn(B, H, 3, D, generator=g)
+    out = cache.attend(q)
+    err, tol = rule_tol(out, q, k.half().float(), v.half().float(), [150] * B)
+    assert err <= tol, (err, tol)
+    with pytest.raises(ValueError, match=r"dtype: must be 'float32', 'bfloat16', 'float16' or 'int8', got 'int4'"):
+        qkv.KVCache(1, 8, 1, 8, dtype="int4")

@@ -388,3 +388,55 @@ def test_score_output_errors():
                       cu_seqlens_k=cu, return_scores="scaled")
     with pytest.raises(ValueError, match="opt.kernel: flash takes .* no pattern or scores output .*scores requested"):
         qkv.attention(q, q, q, return_scores="scaled", kernel="flash")
+
+
+def streaming_mask(Sq, Skv, window_left, keep_first, offset):
+    """StreamingLLM's rule as an explicit bool mask [Sq, Skv]: causal to diag(i) = i + offset, and
+    key j allowed if j >= diag(i) - window_left or j < keep_first."""
+    i, j = np.arange(Sq)[:, None], np.arange(Skv)[None, :]
+    diag = i + offset
+    return (j <= diag) & ((j >= diag - window_left) | (j < keep_first))
+
+
+@pytest.mark.parametrize("Sq,Skv,window_left,keep_first", [(1, 1200, 90, 4), (70, 300, 40, 8), (64, 64, 10, 30)])
+def test_keep_first_against_explicit_mask(Sq, Skv, window_left, keep_first, restore_isa):
+    """keep_first + window_left (StreamingLLM) = the same rule written as a bool mask, on a numpy
+    softmax peer (float64, 1e-10), qkv's reference with the explicit mask (1e-12, forward and
+    backward) and the float32 fast kernels on every ISA (the FlashAttention rule)."""
+    B, H, Hkv, D = 2, 4, 2, 32
+    q, k, v = rand(B, H, Sq, D, seed=1), rand(B, Hkv, Skv, D, seed=2), rand(B, Hkv, Skv, D, seed=3)
+    dout = rand(B, H, Sq, D, seed=4)
+    allowed = streaming_mask(Sq, Skv, window_left, keep_first, Skv - Sq)
+    opts = dict(causal=True, align="bottom_right", window_left=window_left, keep_first=keep_first)
+
+    def peer(dtype):
+        kk, vv = (x.numpy().astype(dtype).repeat(H // Hkv, axis=1) for x in (k, v))
+        s = q.numpy().astype(dtype) @ kk.swapaxes(-1, -2) / math.sqrt(D)
+        s = np.where(allowed, s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ vv
+
+    want, lowp = peer(np.float64), peer(np.float32).astype(np.float64)
+    r = qkv.attention(q, k, v, kernel="reference", return_lse=True, **opts)
+    assert np.abs(r.out.numpy() - want).max() <= 1e-10
+    m = qkv.attention(q, k, v, mask=torch.from_numpy(allowed), causal=True, align="bottom_right", kernel="reference",
+                      return_lse=True)
+    assert (r.out - m.out).abs().max() <= 1e-12 and (r.lse - m.lse).abs().max() <= 1e-12
+    g1 = qkv.attention_backward(q, k, v, r.out, dout, r.lse, **opts)
+    g2 = qkv.attention_backward(q, k, v, m.out, dout, m.lse, mask=torch.from_numpy(allowed), causal=True,
+                                align="bottom_right", kernel="reference")
+    assert g1.kernel.kernel == "reference"  # keep_first has no flash backward
+    for a, b in zip(g1[:3], g2[:3]):
+        assert (a - b).abs().max() <= 1e-12
+    tol = 2 * np.abs(lowp - want).max() + 2**-20 * np.abs(want).max()
+    for isa in isas():
+        qkv.set_isa(isa)
+        for kern in ("flash", "flash_decode"):
+            f = qkv.attention(q.float(), k.float(), v.float(), kernel=kern, **opts)
+            assert np.abs(f.out.double().numpy() - want).max() <= tol, (isa, kern)
+
+
+def test_keep_first_errors():
+    x = torch.zeros(1, 1, 2, 4)
+    with pytest.raises(ValueError, match=r"\[qkv.attention\] keep_first: must be an int >= 0, got -1"):
+        qkv.attention(x, x, x, keep_first=-1)

@@ -175,7 +175,7 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
   check_view(fn, "out", out, 4, "[B, H, Sq, Dv]");
   if (!is_float(q.dtype)) fail(fn, "q: dtype must be f32, bf16 or f64, got " + std::string(dtype_name(q.dtype)));
   for (auto [name, t] : {std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"out", &out}})
-    if (t->dtype != q.dtype && !(cache && t != &out && t->dtype == DType::i8))
+    if (t->dtype != q.dtype && !(cache && t != &out && (t->dtype == DType::i8 || t->dtype == DType::f16)))
       fail(fn, std::string(name) + ": dtype " + dtype_name(t->dtype) + " differs from q's " + dtype_name(q.dtype));
 
   AttnParams p;
@@ -204,6 +204,7 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
   }
   if (opt.window_left < -1) fail(fn, "opt.window_left: must be ≥ 0 or -1 (unbounded), got " + std::to_string(opt.window_left));
   if (opt.window_right < -1) fail(fn, "opt.window_right: must be ≥ 0 or -1 (unbounded), got " + std::to_string(opt.window_right));
+  if (opt.keep_first < 0) fail(fn, "opt.keep_first: must be ≥ 0, got " + std::to_string(opt.keep_first));
   if (opt.num_threads < 0) fail(fn, "opt.num_threads: must be ≥ 0, got " + std::to_string(opt.num_threads));
   if (opt.align != Align::top_left && opt.align != Align::bottom_right && opt.align != Align::bottom_right_key_lengths)
     fail(fn, "opt.align: unknown value " + std::to_string(static_cast<int>(opt.align)));
@@ -214,6 +215,7 @@ AttnParams resolve(const char* fn, const View& q, const View& k, const View& v, 
   p.rule.diag_from_key_len = opt.align == Align::bottom_right_key_lengths;
   p.rule.window_left = opt.window_left;
   p.rule.window_right = opt.window_right;
+  p.rule.keep_first = opt.keep_first;
   p.threads = opt.num_threads > 0 ? opt.num_threads : num_threads();
   check_dropout_p(fn, "opt.dropout_p", opt.dropout_p);
   p.dropout.p = opt.dropout_p;
@@ -579,11 +581,11 @@ CacheShape check_cache(const char* fn, const KvCacheView& c, std::int64_t B, DTy
     fail(fn, "cache.v: [Bc, Sc, Hkv] must match cache.k's: " + str("cache.k", c.k) + ", " + str("cache.v", c.v));
   if (c.v.dtype != c.k.dtype)
     fail(fn, std::string("cache.v: dtype ") + dtype_name(c.v.dtype) + " differs from cache.k's " + dtype_name(c.k.dtype));
-  const bool i8 = c.k.dtype == DType::i8;
-  if (!i8 && c.k.dtype != q_dtype)
-    fail(fn, std::string("cache.k: dtype must be q's (") + dtype_name(q_dtype) + ") or i8, got " + dtype_name(c.k.dtype));
-  if (i8 && q_dtype != DType::f32 && q_dtype != DType::bf16)
-    fail(fn, std::string("q: an i8 cache takes f32 or bf16 queries, got ") + dtype_name(q_dtype));
+  const bool i8 = c.k.dtype == DType::i8, f16 = c.k.dtype == DType::f16;
+  if (!i8 && !f16 && c.k.dtype != q_dtype)
+    fail(fn, std::string("cache.k: dtype must be q's (") + dtype_name(q_dtype) + "), i8 or f16, got " + dtype_name(c.k.dtype));
+  if ((i8 || f16) && q_dtype != DType::f32 && q_dtype != DType::bf16)
+    fail(fn, std::string("q: an ") + dtype_name(c.k.dtype) + " cache takes f32 or bf16 queries, got " + dtype_name(q_dtype));
   if (i8 != (c.k_scale.has_value() && c.v_scale.has_value()) || c.k_scale.has_value() != c.v_scale.has_value())
     fail(fn, i8 ? "cache.k_scale, cache.v_scale: an i8 cache needs both scales [Bc, Sc, Hkv]"
                 : "cache.k_scale, cache.v_scale: given for a cache that is not i8");
@@ -643,7 +645,7 @@ KernelInfo attention_kvcache(const View& q, const KvCacheView& cache, const View
   const CacheShape s = check_cache(fn, cache, q.dim(0), q.dtype);
   const bool i8 = cache.k.dtype == DType::i8;
   // A contiguous cache of q's dtype is ordinary strided attention.
-  if (!cache.block_table && !i8) return attention(q, heads_first(cache.k), heads_first(cache.v), out, opt, lse);
+  if (!cache.block_table && !i8 && cache.k.dtype != DType::f16) return attention(q, heads_first(cache.k), heads_first(cache.v), out, opt, lse);
   AttnParams p = resolve(fn, q, logical(cache.k, q.dim(0), s.Skv), logical(cache.v, q.dim(0), s.Skv), out, opt, &cache);
   attach_lse(fn, p, lse);
   if (p.lse.data) check_no_overlap(fn, "lse", p.lse, {{"cache.k", &cache.k}, {"cache.v", &cache.v}});
@@ -667,7 +669,7 @@ void kvcache_append(const KvCacheView& cache, const View& k_new, const View& v_n
     fail(fn, std::string("k_new, v_new: need one float dtype, got ") + dtype_name(k_new.dtype) + " and " +
                  dtype_name(v_new.dtype));
   const bool i8 = cache.k.dtype == DType::i8;
-  const CacheShape s = check_cache(fn, cache, B, i8 ? DType::f32 : cache.k.dtype);
+  const CacheShape s = check_cache(fn, cache, B, i8 || cache.k.dtype == DType::f16 ? DType::f32 : cache.k.dtype);
   expect_shape(fn, "k_new", k_new, {B, Snew, s.Hkv, s.D}, "[B, Snew, Hkv, D]");
   expect_shape(fn, "v_new", v_new, {B, Snew, s.Hkv, s.Dv}, "[B, Snew, Hkv, Dv]");
   if (pos.dtype != DType::i32 && pos.dtype != DType::i64)

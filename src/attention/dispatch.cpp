@@ -84,10 +84,10 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
   Kernel k = requested;
   if (k == Kernel::automatic)
     k = p.Sq <= 2 || (p.Sq <= 8 && p.Skv >= 512) ? Kernel::flash_decode : Kernel::flash;
-  // A paged or int8 KV cache is read by the decode kernel only (its rows, one at a time), prefill too.
-  if (p.cache.paged() || p.cache.i8()) {
+  // A paged, int8 or f16 KV cache is read by the decode kernel only (its rows, one at a time), prefill too.
+  if (p.cache.paged() || p.cache.i8() || p.k.dtype == DType::f16) {
     if (requested == Kernel::flash)
-      fail(fn, "opt.kernel: flash does not read a paged or int8 KV cache; use automatic, flash_decode or reference");
+      fail(fn, "opt.kernel: flash does not read a paged, int8 or f16 KV cache; use automatic, flash_decode or reference");
     k = Kernel::flash_decode;
   }
   const bool bf16 = p.q.dtype == DType::bf16;
@@ -131,13 +131,17 @@ KernelInfo run_forward_varlen(const char* fn, const std::vector<kernels::AttnPar
 }
 
 // Backward: the flash backward (FlashAttention-2 style, src/kernels/cpu/attention_backward*)
-// takes f32 and bf16 with head dims up to 256; the reference takes the rest (f64, larger dims).
+// takes f32 and bf16 with head dims up to 256; the reference takes the rest (f64, larger dims,
+// keep_first).
 KernelInfo run_backward(const char* fn, const kernels::AttnBwdParams& p, Kernel requested) {
   if (requested != Kernel::automatic && requested != Kernel::reference && requested != Kernel::flash)
     fail(fn, std::string("opt.kernel: ") + kernel_name(requested) + " has no backward; use automatic, flash or reference");
   if (requested != Kernel::reference) {
     const char* why = nullptr;
-    if (kernels::attention_backward_flash_supports(p, &why)) {
+    // keep_first (two key ranges per row) is not in the flash backward's rule: the reference runs it.
+    const bool keep = p.fwd.rule.keep_first > 0;
+    if (keep) why = "opt.keep_first is computed by the reference backward only";
+    if (!keep && kernels::attention_backward_flash_supports(p, &why)) {
       const bool bf16 = p.fwd.q.dtype == DType::bf16;
       const Isa isa = flash_isa(bf16);
       kernels::attention_backward_flash(p, isa);

@@ -19,6 +19,7 @@ std::size_t dtype_size(DType t) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::i8: return 1;
+    case DType::f16: return 2;
   }
   return 0;
 }
@@ -32,6 +33,7 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::i8: return "i8";
+    case DType::f16: return "f16";
   }
   return "?";
 }
@@ -142,6 +144,7 @@ double View::load(std::int64_t off) const {
     case DType::i32: return static_cast<const std::int32_t*>(data)[off];
     case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(data)[off]);
     case DType::i8: return static_cast<const std::int8_t*>(data)[off];
+    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(data)[off]);
   }
   return 0.0;
 }
@@ -155,6 +158,7 @@ void View::store(std::int64_t off, double x) const {
     case DType::i32: static_cast<std::int32_t*>(data)[off] = static_cast<std::int32_t>(x); return;
     case DType::i64: static_cast<std::int64_t*>(data)[off] = static_cast<std::int64_t>(x); return;
     case DType::i8: static_cast<std::int8_t*>(data)[off] = static_cast<std::int8_t>(x); return;
+    case DType::f16: static_cast<std::uint16_t*>(data)[off] = f32_to_f16(static_cast<float>(x)); return;
   }
 }
 

@@ -14,21 +14,23 @@
 namespace qkv::kernels {
 
 // The causal / window / key-padding rule reduces, for every query row, to one contiguous
-// range of allowed keys [lo, hi). (A dense mask, if any, is applied on top of it.)
+// range of allowed keys [lo, hi), and with keep_first = n to [lo, hi) ∪ [0, min(n, hi)): the
+// first n keys escape window_left only. (A dense mask, if any, is applied on top of it.)
 struct KeyRange {
   bool causal = false;
   std::int64_t diag_offset = 0;  // diag(i) = i + diag_offset (0 top-left, Skv − Sq bottom-right)
   bool diag_from_key_len = false;  // bottom_right_key_lengths: diag(i) = i + diag_offset + key_len, diag_offset = −Sq
   std::int64_t window_left = -1;
   std::int64_t window_right = -1;
+  std::int64_t keep_first = 0;  // keys j < keep_first are allowed below lo (up to hi)
 
   // The diagonal of query i in a batch row with key_len valid keys (causal, windows, ALiBi).
   std::int64_t diag(std::int64_t i, std::int64_t key_len) const {
     return i + diag_offset + (diag_from_key_len ? key_len : 0);
   }
 
-  // Keys j with lo ≤ j < hi may be attended by query i when key_len keys are valid.
-  // Returns hi ≤ lo (an empty range) when none may.
+  // Keys j with lo ≤ j < hi may be attended by query i when key_len keys are valid (and, with
+  // keep_first, also j < min(keep_first, hi)). hi ≤ lo: no key of the window may.
   void range(std::int64_t i, std::int64_t key_len, std::int64_t* lo, std::int64_t* hi) const {
     const std::int64_t diag = this->diag(i, key_len);
     std::int64_t l = 0, h = key_len;

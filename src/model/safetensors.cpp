@@ -233,28 +233,6 @@ namespace {
 using detail::SafetensorsEntry;
 using detail::SafetensorsHeader;
 
-float f16_to_f32(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
-  if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (man << 13);  // inf / NaN
-  } else if (exp != 0) {
-    u = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    u = sign;
-  } else {  // subnormal half: normalise
-    exp = 113;
-    while (!(man & 0x400u)) {
-      man <<= 1;
-      --exp;
-    }
-    u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 std::int64_t numel(const std::vector<std::int64_t>& s) {
   std::int64_t n = 1;
   for (auto d : s) n *= d;

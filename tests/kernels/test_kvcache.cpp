@@ -6,6 +6,7 @@
 //   - int8 = the f32 kernel on the dequantised cache (scale · int8, one f32 product each, as the
 //     kernel forms it), bit for bit; and against the f64 reference on the dequantised values
 //     within FlashAttention's rule (2× a naive f32 computation's error + 2 ulps of the largest).
+//   - f16 = the f32 kernel on the widened cache (binary16 → f32 is exact), bit for bit.
 //   - append writes the rows it is given (f32: exactly) and int8 rows within half a step:
 //     |scale · q − x| ≤ scale / 2 with scale = max|x| / 127 (round to nearest).
 #include <algorithm>
@@ -299,6 +300,93 @@ TEST(KvCache, Int8AgainstReferenceOnDequantisedValues) {
   }
 }
 
+// binary16 conversions (qkv/types.hpp): every half survives f16 → f32 → f16; hand-computed values
+// for the largest, smallest and ties (round to nearest even, normal and subnormal).
+TEST(KvCache, Float16Conversions) {
+  int mismatches = 0;
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    const float f = qkv::f16_to_f32(static_cast<std::uint16_t>(h));
+    if (std::isnan(f)) {
+      mismatches += (h & 0x7c00u) != 0x7c00u || (h & 0x3ffu) == 0 || !std::isnan(qkv::f16_to_f32(qkv::f32_to_f16(f)));
+      continue;
+    }
+    mismatches += qkv::f32_to_f16(f) != h;
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(qkv::f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(qkv::f16_to_f32(0xc000), -2.0f);
+  EXPECT_EQ(qkv::f16_to_f32(0x7bff), 65504.0f);
+  EXPECT_EQ(qkv::f16_to_f32(0x0001), 0x1p-24f);
+  EXPECT_EQ(qkv::f32_to_f16(65519.0f), 0x7bff);  // below the midpoint to 65536: stays finite
+  EXPECT_EQ(qkv::f32_to_f16(65520.0f), 0x7c00);  // the midpoint rounds to even: inf
+  EXPECT_EQ(qkv::f32_to_f16(1.0f + 0x1p-11f), 0x3c00);      // tie → even mantissa 0
+  EXPECT_EQ(qkv::f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);  // tie → even mantissa 2
+  EXPECT_EQ(qkv::f32_to_f16(0x1p-25f), 0x0000);             // subnormal tie → 0
+  EXPECT_EQ(qkv::f32_to_f16(3 * 0x1p-25f), 0x0002);         // 1.5 → 2
+  EXPECT_EQ(qkv::f32_to_f16(-0x1p-26f), 0x8000);            // underflow keeps the sign
+}
+
+// An f16 cache (q f32 or bf16): the kernel widens each row exactly, so with f32 queries it gives the
+// bits of the same kernel on the widened f32 cache (contiguous and paged, with and without
+// variants); the reference on the f16 cache equals the reference on the widened cache bit for bit;
+// bf16 queries within 2^-8 of the largest output of the f64 reference (bf16 output rounding and
+// bf16 q, as the int8 bf16 test in python/tests/test_kvcache.py).
+TEST(KvCache, Float16EqualsF32KernelOnWidenedCache) {
+  IsaGuard guard;
+  auto widen = [](const Buffer& x) {
+    Buffer w(DType::f32, x.shape());
+    for (std::int64_t e = 0; e < x.numel(); ++e) w.view().store(e, x.view().load(e));
+    return w;
+  };
+  for (const Shape& s : shapes()) {
+    const Caches h(s, DType::f16, 31);
+    const Buffer k32 = widen(h.k), v32 = widen(h.v), pk32 = widen(h.pk), pv32 = widen(h.pv);
+    for (bool paged : {false, true}) {
+      const KvCacheView c16 = paged ? h.paged() : h.contiguous();
+      const KvCacheView c32{paged ? pk32.view() : k32.view(), paged ? pv32.view() : v32.view(),
+                            paged ? std::optional<qkv::View>(h.table.view()) : std::nullopt, std::nullopt, std::nullopt};
+      for (DType qt : {DType::f32, DType::bf16}) {
+        Buffer q(qt, {s.B, s.H, s.Sq, s.D});
+        fill(q, 9);
+        AttentionOptions o = options(h, paged);
+        o.kernel = qkv::Kernel::reference;
+        Buffer ref(DType::f32, {s.B, s.H, s.Sq, s.Dv}), ref32(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+        Buffer q32 = widen(q);
+        qkv::attention_kvcache(q32.view(), c16, ref.view(), o);
+        qkv::attention_kvcache(q32.view(), c32, ref32.view(), o);
+        EXPECT_EQ(max_abs_diff(values(ref), values(ref32)), 0.0) << "reference";
+        double big = 1e-3;
+        for (double x : values(ref)) big = std::max(big, std::abs(x));
+        for (Isa isa : isas()) {
+          qkv::set_isa(isa);
+          Buffer out(qt, {s.B, s.H, s.Sq, s.Dv});
+          o.kernel = qkv::Kernel::automatic;
+          const auto info = qkv::attention_kvcache(q.view(), c16, out.view(), o);
+          EXPECT_EQ(info.kernel, qkv::Kernel::flash_decode) << info.name;
+          if (qt == DType::bf16) {
+            EXPECT_LE(max_abs_diff(values(out), values(ref)), 0x1p-8 * big) << info.name;
+            continue;
+          }
+          Buffer dense(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+          o.kernel = qkv::Kernel::flash_decode;
+          qkv::attention_kvcache(q.view(), c32, dense.view(), o);
+          EXPECT_EQ(max_abs_diff(values(out), values(dense)), 0.0) << info.name << (paged ? " paged" : " contiguous");
+        }
+      }
+    }
+  }
+  // f64 queries have no f16 cache path (the reference's own precision: give it an f64 cache).
+  const Shape s = shapes()[0];
+  const Caches h(s, DType::f16, 3);
+  Buffer q(DType::f64, {s.B, s.H, s.Sq, s.D}), out(DType::f64, {s.B, s.H, s.Sq, s.Dv});
+  try {
+    qkv::attention_kvcache(q.view(), h.contiguous(), out.view());
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("q: an f16 cache takes f32 or bf16 queries, got f64"), std::string::npos) << e.what();
+  }
+}
+
 TEST(KvCache, AppendWritesRowsAtPositions) {
   const Shape s{2, 4, 2, 1, 16, 8, 16, 4, {64, 64}};
   const Caches c(s, DType::f32, 31);
@@ -346,7 +434,7 @@ TEST(KvCache, ValidationNamesArgumentAndValue) {
             std::string::npos);
   AttentionOptions flash;
   flash.kernel = qkv::Kernel::flash;
-  EXPECT_NE(message(c.paged(), flash).find("flash does not read a paged or int8 KV cache"), std::string::npos);
+  EXPECT_NE(message(c.paged(), flash).find("flash does not read a paged, int8 or f16 KV cache"), std::string::npos);
   Buffer pos(DType::i64, {1}), kn(DType::f32, {1, 1, 1, 8});
   pos.ptr<std::int64_t>()[0] = 32;
   try {

@@ -1,5 +1,5 @@
-// Score variants (issue #19): softcap, ALiBi, attention sinks and the per-sequence causal alignment
-// (Align::bottom_right_key_lengths), in every kernel against an independent oracle written here:
+// Score variants (issue #19): softcap, ALiBi, attention sinks, StreamingLLM's keep_first beside a
+// window and the per-sequence causal alignment (Align::bottom_right_key_lengths), in every kernel against an independent oracle written here:
 //   naive<T>: the definition of include/qkv/attention.hpp, plain loops, forward and backward,
 //   sharing no code with src/. naive<double> is the oracle; naive<float> on the same (dtype-rounded)
 //   inputs is "a naive computation in the kernel's precision".
@@ -45,6 +45,7 @@ struct Case {
   bool causal = false;
   Align align = Align::top_left;
   std::int64_t window_left = -1;
+  std::int64_t keep_first = 0;          // keys below it escape window_left
   double softcap = 0.0;                 // 0: none
   bool alibi = false;                   // standard slopes for H heads
   bool sinks = false;                   // sink logits drawn N(0, 1)
@@ -107,7 +108,8 @@ Naive<T> naive(const Inputs& in) {
         const T sink = c.sinks ? static_cast<T>(in.sinks[static_cast<std::size_t>(h)]) : static_cast<T>(-kInf);
         T m = sink;
         for (std::int64_t j = 0; j < c.Skv; ++j) {
-          bool a = j < in.key_len(b) && !(c.causal && j > diag) && !(c.window_left >= 0 && j < diag - c.window_left);
+          bool a = j < in.key_len(b) && !(c.causal && j > diag) &&
+                   !(c.window_left >= 0 && j < diag - c.window_left && j >= c.keep_first);
           T x = 0;
           for (std::int64_t d = 0; d < c.D; ++d)
             x += static_cast<T>(in.q[static_cast<std::size_t>(((b * c.H + h) * c.Sq + i) * c.D + d)]) *
@@ -214,6 +216,7 @@ struct Call {
     opt.causal = c.causal;
     opt.align = c.align;
     opt.window_left = c.window_left;
+    opt.keep_first = c.keep_first;
     if (c.softcap > 0) opt.softcap = c.softcap;
     if (c.additive_mask) opt.mask = (mask = buffer(DType::f32, {c.Sq, c.Skv}, in.mask)).view();
     if (c.alibi) opt.alibi_slopes = (slopes = buffer(DType::f64, {c.H}, in.slopes)).view();
@@ -252,6 +255,18 @@ std::vector<Case> cases() {
   Case dec{"decode_all_variants", 2, 8, 2, 1, 1500, 128, 128, true, Align::bottom_right_key_lengths};
   dec.softcap = 4.0, dec.alibi = true, dec.sinks = true, dec.key_lengths = {1500, 777};
   v.push_back(dec);
+  // StreamingLLM: 4 kept keys and a window; the prefill's gap between them grows from 0 (the first
+  // rows: one range) to most of the row; with key lengths, one sequence's window reaches the kept keys.
+  Case kf{"keep_first_window_prefill", 2, 4, 2, 300, 300, 64, 64, true, Align::bottom_right_key_lengths};
+  kf.window_left = 70, kf.keep_first = 4, kf.key_lengths = {300, 60};
+  v.push_back(kf);
+  Case kfm{"keep_first_mask_sinks_softcap", 1, 2, 1, 40, 260, 32, 32, true, Align::bottom_right};
+  kfm.window_left = 30, kfm.keep_first = 70, kfm.additive_mask = true, kfm.sinks = true, kfm.softcap = 3.0;
+  v.push_back(kfm);
+  // Decode over 3 chunks of keys: kept keys in the first, the window in the last, whole chunks between.
+  Case kfd{"keep_first_decode", 2, 4, 1, 2, 1500, 64, 64, true, Align::bottom_right_key_lengths};
+  kfd.window_left = 100, kfd.keep_first = 5, kfd.alibi = true, kfd.key_lengths = {1500, 1100};
+  v.push_back(kfd);
   return v;
 }
 
@@ -401,9 +416,15 @@ TEST(Variants, FastKernelsWithinTwiceNaive) {
           qkv::attention(call.q.view(), call.k.view(), call.v.view(), out.view(), ro, lse.view());
           Buffer dq(t, {c.B, c.H, c.Sq, c.D}), dk(t, {c.B, c.Hkv, c.Skv, c.D}), dv(t, {c.B, c.Hkv, c.Skv, c.Dv}),
               ds(DType::f64, {c.H});
+          // keep_first has no flash backward: automatic takes the reference (checked below).
+          AttentionOptions bo = call.opt;
+          if (c.keep_first > 0) bo.kernel = qkv::Kernel::automatic;
           const auto binfo = qkv::attention_backward(call.q.view(), call.k.view(), call.v.view(), out.view(), call.dout.view(),
-                                                     lse.view(), dq.view(), dk.view(), dv.view(), call.opt,
+                                                     lse.view(), dq.view(), dk.view(), dv.view(), bo,
                                                      c.sinks ? std::optional<qkv::View>(ds.view()) : std::nullopt);
+          if (c.keep_first > 0) {
+            EXPECT_EQ(binfo.kernel, qkv::Kernel::reference) << c.name;
+          }
           const double eq = max_err(values(dq), want.dq), ek = max_err(values(dk), want.dk),
                        ev = max_err(values(dv), want.dv);
           std::printf("%-40s %-5s %-28s dq %.2e (%.2e) dk %.2e (%.2e) dv %.2e (%.2e)\n", c.name, qkv::dtype_name(t),
@@ -587,6 +608,61 @@ TEST(Variants, PerBatchAlibiEqualsOneCallPerRow) {
         }
       }
     }
+}
+
+// StreamingLLM's keep_first beside a window equals, on every kernel, the same call with the window
+// written out as an explicit bool mask [Sq, Skv] (window_left and keep_first off): bit for bit on
+// the fast kernels (the same scores in the same tiles; the kept call only skips tiles that are
+// masked for every row), to 1e-12 on the f64 reference (f64 rounding of identical sums). Shapes put
+// the gap across whole key tiles (64) and whole decode chunks (512), and rows without a gap.
+TEST(Variants, KeepFirstEqualsExplicitMask) {
+  IsaGuard guard;
+  struct Shape { std::int64_t Sq, Skv, window_left, keep_first; Align align; };
+  for (const Shape sh : {Shape{1, 1500, 100, 4, Align::bottom_right}, Shape{7, 1300, 64, 130, Align::bottom_right},
+                         Shape{200, 200, 20, 1, Align::top_left}, Shape{50, 400, 0, 64, Align::bottom_right}})
+    for (Isa isa : isas()) {
+      qkv::set_isa(isa);
+      const std::int64_t B = 1, H = 4, Hkv = 2, D = 32;
+      Buffer q(DType::f32, {B, H, sh.Sq, D}), k(DType::f32, {B, Hkv, sh.Skv, D}), v(DType::f32, {B, Hkv, sh.Skv, D}),
+          mask(DType::u8, {sh.Sq, sh.Skv});
+      std::mt19937 g(5);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (Buffer* t : {&q, &k, &v})
+        for (std::int64_t e = 0; e < t->numel(); ++e) t->ptr<float>()[e] = nd(g);
+      for (std::int64_t i = 0; i < sh.Sq; ++i) {
+        const std::int64_t diag = sh.align == Align::top_left ? i : i + sh.Skv - sh.Sq;
+        for (std::int64_t j = 0; j < sh.Skv; ++j)
+          mask.ptr<std::uint8_t>()[i * sh.Skv + j] = j >= diag - sh.window_left || j < sh.keep_first;
+      }
+      for (qkv::Kernel kern : {qkv::Kernel::reference, qkv::Kernel::flash, qkv::Kernel::flash_decode}) {
+        AttentionOptions kept, explicit_mask;
+        kept.causal = explicit_mask.causal = true;
+        kept.align = explicit_mask.align = sh.align;
+        kept.kernel = explicit_mask.kernel = kern;
+        kept.window_left = sh.window_left, kept.keep_first = sh.keep_first;
+        explicit_mask.mask = mask.view();
+        Buffer o1(DType::f32, {B, H, sh.Sq, D}), o2(DType::f32, {B, H, sh.Sq, D}), l1(DType::f32, {B, H, sh.Sq}),
+            l2(DType::f32, {B, H, sh.Sq});
+        qkv::attention(q.view(), k.view(), v.view(), o1.view(), kept, l1.view());
+        qkv::attention(q.view(), k.view(), v.view(), o2.view(), explicit_mask, l2.view());
+        const double eo = max_err(values(o1), values(o2)), el = max_err(values(l1), values(l2));
+        const double tol = kern == qkv::Kernel::reference ? 1e-12 : 0.0;
+        EXPECT_LE(eo, tol) << qkv::kernel_name(kern) << " " << qkv::isa_name(isa) << " Sq " << sh.Sq << " Skv " << sh.Skv;
+        EXPECT_LE(el, tol) << qkv::kernel_name(kern) << " " << qkv::isa_name(isa) << " Sq " << sh.Sq << " Skv " << sh.Skv;
+      }
+    }
+}
+
+TEST(Variants, KeepFirstValidation) {
+  Buffer q(DType::f32, {1, 1, 2, 4});
+  AttentionOptions o;
+  o.keep_first = -3;
+  try {
+    qkv::attention(q.view(), q.view(), q.view(), Buffer(DType::f32, {1, 1, 2, 4}).view(), o);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("opt.keep_first: must be ≥ 0, got -3"), std::string::npos) << e.what();
+  }
 }
 
 // The paper's slopes: H = 8 → 2^-1 … 2^-8; H = 12 → those of 8, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5.

@@ -43,6 +43,7 @@ FlashArgs make_flash_args(const AttnParams& p) {
   a.window_left = p.rule.window_left;
   a.window_right = p.rule.window_right;
   a.diag_from_key_len = p.rule.diag_from_key_len;
+  a.keep_first = p.rule.keep_first;
   a.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   a.threads = p.threads;
   a.dropout = p.dropout.on();
@@ -55,6 +56,7 @@ FlashArgs make_flash_args(const AttnParams& p) {
   a.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
   a.block_table = p.cache.table, a.ldt = p.cache.ldt, a.page_shift = p.cache.page_shift;
   a.kv_i8 = p.cache.i8();
+  a.kv_f16 = p.k.dtype == DType::f16;
   if (a.kv_i8) {
     a.k_scale = p.cache.k_scale.ptr<float>(), a.v_scale = p.cache.v_scale.ptr<float>();
     for (int d = 0; d < 3; ++d) a.sks[d] = p.cache.k_scale.stride(d), a.svs[d] = p.cache.v_scale.stride(d);

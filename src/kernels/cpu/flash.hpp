@@ -36,6 +36,7 @@ struct FlashArgs {
   bool causal;
   std::int64_t diag_offset, window_left, window_right;  // as KeyRange
   bool diag_from_key_len;                               // as KeyRange
+  std::int64_t keep_first;                              // as KeyRange: keys below it escape window_left
   float scale_log2;   // scale · log2(e): scores are kept in log2 units
   int threads;
   // Dropout (kernels/dropout.hpp), when `dropout`: the probabilities of row (b, h, i) are multiplied
@@ -59,6 +60,7 @@ struct FlashArgs {
   std::int64_t ldt;
   int page_shift;
   bool kv_i8;
+  bool kv_f16;  // k and v are IEEE binary16 (q and out f32 or bf16), widened row by row
   const float* k_scale;
   const float* v_scale;
   std::int64_t sks[3], svs[3];

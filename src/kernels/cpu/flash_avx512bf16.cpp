@@ -224,8 +224,8 @@ struct DecodeOpsBf16 {
   static i64 Dp32(const FlashArgs& a) { return round_up(a.D, 32); }
   static i64 scratch_floats(const FlashArgs& a) { return kDecRows * Dp32(a) / 2 + kDecRows * kNt / 2; }
   // Not a paged or int8 cache: decode's generic rows read those.
-  static bool takes_k(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1 && !a.block_table && !a.kv_i8; }
-  static bool takes_v(const FlashArgs& a) { return a.bf16 && a.sv[3] == 1 && !a.block_table && !a.kv_i8; }
+  static bool takes_k(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1 && !a.block_table && !a.kv_i8 && !a.kv_f16; }
+  static bool takes_v(const FlashArgs& a) { return a.bf16 && a.sv[3] == 1 && !a.block_table && !a.kv_i8 && !a.kv_f16; }
 
   const FlashArgs& a;
   i64 dp32;

@@ -133,14 +133,14 @@ void decode(const FlashArgs& a) {
   while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
   const i64 items = a.B * a.Hkv * ngroups * nsplit;
-  const bool k_in_place = !a.bf16 && !a.kv_i8 && a.sk[3] == 1 && D % L == 0;
+  const bool k_in_place = !a.bf16 && !a.kv_i8 && !a.kv_f16 && a.sk[3] == 1 && D % L == 0;
   const bool ops_k = Ops::kEnabled && Ops::takes_k(a);  // scores by the policy
   const bool ops_v = Ops::kEnabled && Ops::takes_v(a);  // P·V by the policy
-  const bool v_in_place = !a.bf16 && !a.kv_i8 && a.sv[3] == 1 && Dv % L == 0;
+  const bool v_in_place = !a.bf16 && !a.kv_i8 && !a.kv_f16 && a.sv[3] == 1 && Dv % L == 0;
   // Software prefetch of the K and V streams (pf_row) where rows are contiguous and this code
   // reads both: it lifts long-context decode from ≈ 70 % to 85–100 % of the read bandwidth.
   const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
-  const i64 esz = a.kv_i8 ? 1 : a.bf16 ? 2 : 4;  // bytes per K/V element
+  const i64 esz = a.kv_i8 ? 1 : a.bf16 || a.kv_f16 ? 2 : 4;  // bytes per K/V element
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
   //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
@@ -166,7 +166,7 @@ void decode(const FlashArgs& a) {
     float* Ps = Vs + kNt * Dvp;
     Ops ops(a, Ps + kDecRows * kNt);
     for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
-    i64 lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];
+    i64 ke[kDecRows], lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];  // keys [0, ke) ∪ [lo, hi): key_range
     std::uint64_t dkey[kDecRows];  // dropout_row_key of each row, when a.dropout
     float Md[kDecRows], Ld[kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
 
@@ -176,13 +176,18 @@ void decode(const FlashArgs& a) {
       const i64 k0 = sp * split, k1 = imin(a.Skv, k0 + split);
       const int nr = static_cast<int>(imin(kDecRows, GS - g * kDecRows));
       const i64 klen = a.key_len[b];
-      i64 ulo = k1, uhi = k0;
+      i64 ulo = k1, uhi = k0;     // hull of the rows' keys in this chunk
+      i64 uke = k0, uwlo = k1;    // the item's gap [uke, uwlo): no row's key (keep_first)
       for (int r = 0; r < nr; ++r) {
         const i64 gr = g * kDecRows + r;
         hs[r] = hk * G + gr / a.Sq, is[r] = gr % a.Sq;
         if (a.dropout) dkey[r] = dropout_row_key(a.dropout_seed, a.dropout_offset, a.dropout_b0 + b, hs[r], is[r]);
-        key_range(a, is[r], klen, &lo[r], &hi[r]);
-        if (hi[r] > lo[r] && lo[r] < k1 && hi[r] > k0) ulo = imin(ulo, imax(lo[r], k0)), uhi = imax(uhi, imin(hi[r], k1));
+        key_range(a, is[r], klen, &ke[r], &lo[r], &hi[r]);
+        if (ke[r] > k0) ulo = k0, uke = imax(uke, imin(ke[r], k1)), uhi = imax(uhi, uke);
+        if (hi[r] > lo[r] && lo[r] < k1 && hi[r] > k0) {
+          ulo = imin(ulo, imax(lo[r], k0)), uhi = imax(uhi, imin(hi[r], k1));
+          uwlo = imin(uwlo, imax(lo[r], k0));
+        }
         const i64 qoff = b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2];
         if (ops_k) ops.load_q(r, qoff);
         else load_row(a, a.q, qoff, a.sq[3], D, a.scale_log2, Qd + r * Dp);
@@ -194,7 +199,8 @@ void decode(const FlashArgs& a) {
       const i64 kbase = b * a.sk[0] + hk * a.sk[1];
       const i64 vbase = b * a.sv[0] + hk * a.sv[1];
       for (i64 t0 = ulo / kNt * kNt; t0 < uhi; t0 += kNt) {
-        const i64 j_lo = imax(t0, ulo), j_hi = imin(t0 + kNt, uhi);
+        if (t0 >= uke && t0 + kNt <= uwlo) continue;  // between kept keys and every row's window
+        const i64 j_lo = imax(t0 < uke ? ulo : uwlo, t0), j_hi = imin(t0 + kNt, uhi);
         if (ops_k) ops.scores(nr, kbase, vbase, t0, j_lo, j_hi, uhi, Ps);
         for (i64 j = ops_k ? j_hi : j_lo; j < j_hi; ++j) {
           if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk, j), esz * Dv);
@@ -204,6 +210,7 @@ void decode(const FlashArgs& a) {
             kp = static_cast<const float*>(a.k) + koff;
           } else {
             if (a.kv_i8) widen_i8_row<S>(static_cast<const std::int8_t*>(a.k) + koff, a.sk[3], D, a.k_scale[kv_row(a, a.sks, b, hk, j)], Kr);
+            else if (a.kv_f16) widen_f16_row(static_cast<const std::uint16_t*>(a.k) + koff, a.sk[3], D, Kr);
             else if (a.bf16 && a.sk[3] == 1) widen_row<S>(static_cast<const std::uint16_t*>(a.k) + koff, D, Kr);
             else load_row(a, a.k, koff, a.sk[3], D, 1.0f, Kr);
             kp = Kr;
@@ -215,13 +222,16 @@ void decode(const FlashArgs& a) {
         }
         for (int r = 0; r < nr; ++r) {
           // The chunk bounds cut like the rule does: keys outside [k0, k1) are not this item's.
+          // Kept keys [0, rke) in mask_row's form: a tile with kept keys starts at j_lo = t0 ≥ k0
+          // (t0 < uke above; chunks start at multiples of kNt), so every kept column was computed.
           const i64 rlo = imax(lo[r], imax(k0, j_lo)), rhi = imin(hi[r], imin(k1, j_hi));
+          const i64 rke = imin(ke[r], imin(k1, j_hi));
           const i64 moff = b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2];
           if (a.softcap_log2 > 0.0f || a.alibi)
-            mask_mod_row<S>(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), moff, row_diag(a, is[r], klen),
+            mask_mod_row<S>(a, Ps + r * kNt, t0, rke, rlo, imax(rhi, rlo), moff, row_diag(a, is[r], klen),
                             a.alibi ? static_cast<float>(a.alibi[b * a.alibi_sb + hs[r]] * kLog2e) : 0.0f, 0, kNt);
           else
-            mask_row(a, Ps + r * kNt, t0, rlo, imax(rhi, rlo), moff, 0, kNt);
+            mask_row(a, Ps + r * kNt, t0, rke, rlo, imax(rhi, rlo), moff, 0, kNt);
           softmax_row<S>(Ps + r * kNt, &Md[r], Ld + r * L, Od + r * Dvp, Dvp);
           if (a.dropout) dropout_tile_row(a, dkey[r], Ps + r * kNt, t0, j_lo - t0, j_hi - t0);
         }
@@ -270,6 +280,9 @@ void decode(const FlashArgs& a) {
           const i64 voff = kv_row(a, a.sv, b, hk, j);
           if (a.kv_i8) {
             widen_i8_row<S>(static_cast<const std::int8_t*>(a.v) + voff, a.sv[3], Dv, a.v_scale[kv_row(a, a.svs, b, hk, j)], row);
+            for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
+          } else if (a.kv_f16) {
+            widen_f16_row(static_cast<const std::uint16_t*>(a.v) + voff, a.sv[3], Dv, row);
             for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
           } else if (a.bf16 && a.sv[3] == 1) {
             widen_row<S>(static_cast<const std::uint16_t*>(a.v) + voff, Dv, row);

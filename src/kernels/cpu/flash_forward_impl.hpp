@@ -186,8 +186,9 @@ void forward(const FlashArgs* list, i64 n) {
     float* Ms = Os + n_os;
     float* Ls = Ms + kMb;
     float* Ps = Ls + kMb * S::L;
-    i64 lo[kMb], hi[kMb];                    // allowed keys of each row ([0, 0) for rows past Sq)
-    i64 slo[kMb / kRows], shi[kMb / kRows];  // union of the ranges of each strip
+    i64 ke[kMb], lo[kMb], hi[kMb];           // allowed keys [0, ke) ∪ [lo, hi) of each row (key_range; none past Sq)
+    i64 slo[kMb / kRows], shi[kMb / kRows];  // hull of the ranges of each strip
+    i64 ske[kMb / kRows], swlo[kMb / kRows]; // a strip's gap [ske, swlo): no row's key (keep_first)
     std::uint64_t dkey[kMb];                 // dropout_row_key of each row, when a.dropout
 
     for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
@@ -213,15 +214,18 @@ void forward(const FlashArgs* list, i64 n) {
       const bool mods = a.softcap_log2 > 0.0f || a.alibi;
       const float slope2 = a.alibi ? static_cast<float>(a.alibi[b * a.alibi_sb + h] * kLog2e) : 0.0f;
 
-      i64 blo = a.Skv, bhi = 0;  // union over the block
+      i64 blo = a.Skv, bhi = 0, bke = 0, bwlo = a.Skv;  // hull and gap over the block
       for (int s = 0; s < nstrips; ++s) {
-        slo[s] = a.Skv, shi[s] = 0;
+        slo[s] = a.Skv, shi[s] = 0, ske[s] = 0, swlo[s] = a.Skv;
         for (int r = s * kRows; r < (s + 1) * kRows; ++r) {
-          if (r < nrows) key_range(a, i0 + r, klen, &lo[r], &hi[r]);
-          else lo[r] = hi[r] = 0;
-          if (hi[r] > lo[r]) slo[s] = imin(slo[s], lo[r]), shi[s] = imax(shi[s], hi[r]);
+          if (r < nrows) key_range(a, i0 + r, klen, &ke[r], &lo[r], &hi[r]);
+          else ke[r] = lo[r] = hi[r] = 0;
+          if (hi[r] > lo[r]) {
+            slo[s] = imin(slo[s], ke[r] > 0 ? 0 : lo[r]), shi[s] = imax(shi[s], hi[r]);
+            ske[s] = imax(ske[s], ke[r]), swlo[s] = imin(swlo[s], lo[r]);
+          }
         }
-        blo = imin(blo, slo[s]), bhi = imax(bhi, shi[s]);
+        blo = imin(blo, slo[s]), bhi = imax(bhi, shi[s]), bke = imax(bke, ske[s]), bwlo = imin(bwlo, swlo[s]);
       }
       for (int r = 0; r < nstrips * kRows; ++r) {
         std::memset(Os + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
@@ -240,6 +244,7 @@ void forward(const FlashArgs* list, i64 n) {
       const i64 t_first = blo / kNt * kNt;
       const bool out_rows = a.so[3] == 1;                   // output rows contiguous (pf_row_w)
       for (i64 t0 = t_first; t0 < bhi; t0 += kNt) {
+        if (t0 >= bke && t0 + kNt <= bwlo) continue;  // between kept keys and every row's window
         // Keys of this tile that some row of the block may attend: only those are read.
         ops.load_kv(kbase, vbase, t0, imax(t0, blo), imin(t0 + kNt, bhi));
         // The next tile's K and V rows [n0, n1) are prefetched into L2 (pf_row) while this tile
@@ -269,7 +274,8 @@ void forward(const FlashArgs* list, i64 n) {
                 pf_row(static_cast<const char*>(a.q) + esz * (b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2]), esz * a.D);
           }
           if (slo[s] >= t0 + kNt || shi[s] <= t0) continue;  // the rule removes the whole strip
-          const i64 c_lo = imax(slo[s], t0) - t0, c_hi = imin(shi[s], t0 + kNt) - t0;
+          if (t0 >= ske[s] && t0 + kNt <= swlo[s]) continue;  // in the strip's keep_first gap
+          const i64 c_lo = imax(t0 < ske[s] ? slo[s] : swlo[s], t0) - t0, c_hi = imin(shi[s], t0 + kNt) - t0;
           ops.qk(r0, Ps, c_lo, c_hi);
           // Score variants go through the masked path: one pass per row over the computed columns.
           bool cut = a.mask_kind != MaskKind::none || mods;
@@ -285,8 +291,8 @@ void forward(const FlashArgs* list, i64 n) {
             for (int r = 0; r < kRows; ++r) {
               const i64 row = r0 + r;
               const i64 moff = b * a.smask[0] + h * a.smask[1] + (i0 + row) * a.smask[2];
-              if (mods) mask_mod_row<S>(a, Ps + r * kNt, t0, lo[row], hi[row], moff, row_diag(a, i0 + row, klen), slope2, cb, ce);
-              else mask_row(a, Ps + r * kNt, t0, lo[row], hi[row], moff, cb, ce);
+              if (mods) mask_mod_row<S>(a, Ps + r * kNt, t0, ke[row], lo[row], hi[row], moff, row_diag(a, i0 + row, klen), slope2, cb, ce);
+              else mask_row(a, Ps + r * kNt, t0, ke[row], lo[row], hi[row], moff, cb, ce);
               softmax_row<S>(Ps + r * kNt, &Ms[row], Ls + row * S::L, Os + row * Dvp, Dvp, cb, ce);
             }
           }

@@ -78,10 +78,16 @@ inline i64 row_diag(const FlashArgs& a, i64 i, i64 key_len) {
   return rule_diag(i, a.diag_offset, a.diag_from_key_len, key_len);
 }
 
-// Allowed keys [lo, hi) of query row i (KeyRange::range); empty → lo = hi = 0.
-inline void key_range(const FlashArgs& a, i64 i, i64 key_len, i64* lo, i64* hi) {
+// Allowed keys of query row i (KeyRange::range): [0, kend) ∪ [lo, hi) with kend = 0 or
+// 0 < kend < lo (keep_first's keys apart from the window; when the two touch or the window is
+// empty they are one range [lo, hi) and kend = 0); nothing allowed → kend = lo = hi = 0.
+inline void key_range(const FlashArgs& a, i64 i, i64 key_len, i64* kend, i64* lo, i64* hi) {
   rule_range(row_diag(a, i, key_len), a.causal, a.window_left, a.window_right, key_len, lo, hi);
+  i64 k = imax(imin(a.keep_first, *hi), 0);  // keys [0, k) kept
+  if (*hi <= *lo) *lo = 0, *hi = k, k = 0;   // only the kept keys
+  else if (k >= *lo) *lo = 0, k = 0;         // the kept keys join the window
   if (*hi <= *lo) *lo = *hi = 0;
+  *kend = k;
 }
 
 // n elements of row `src` (element stride `stride`, f32 or bf16) → dst as f32 · mul.
@@ -121,6 +127,11 @@ inline void widen_i8_row(const std::int8_t* src, i64 stride, i64 n, float scale,
     for (; x + S::L <= n; x += S::L) S::storeu(dst + x, S::mul(S::load_i8(src + x), vs));
   }
   for (; x < n; ++x) dst[x] = static_cast<float>(src[x * stride]) * scale;
+}
+
+// n elements of a binary16 row (element stride `stride`) → dst[0, n) as f32 (f16 KV caches).
+inline void widen_f16_row(const std::uint16_t* src, i64 stride, i64 n, float* dst) {
+  for (i64 x = 0; x < n; ++x) dst[x] = f16_bits_to_f32(src[x * stride]);
 }
 
 // Element offset of key/value row j of (b, kv head hk) in a tensor with strides s (a.sk, a.sv,
@@ -185,15 +196,10 @@ void store_row(const FlashArgs& a, i64 b, i64 h, i64 i, const float* acc, float 
   if (a.lse_f64) a.lse_f64[lo] = static_cast<double>(lse);
 }
 
-// Masks one row of tile scores s[cb, ce) for keys t0 + c: −∞ outside [lo, hi), and the dense
-// mask applied inside (bool: deny → −∞; additive: −∞ → −∞, else + mask · log2 e). Masked keys
-// are overwritten, never added to: a NaN in a masked key's K does not reach the row. moff: offset of the mask
-// element (b, h, i, 0). [cb, ce): the columns the strip computed (the caller reads no others).
-inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 moff, i64 cb, i64 ce) {
-  const i64 c_lo = imin(imax(lo - t0, cb), ce), c_hi = imax(imin(hi - t0, ce), c_lo);
-  for (i64 c = cb; c < c_lo; ++c) s[c] = kNegInf;
-  for (i64 c = c_hi; c < ce; ++c) s[c] = kNegInf;
-  if (a.mask_kind == MaskKind::none) return;
+// The dense mask on columns [c_lo, c_hi) of one row of tile scores s (keys t0 + c), all allowed
+// by the rule: bool deny → −∞; additive −∞ → −∞, else + mask · log2 e. moff: offset of the mask
+// element (b, h, i, 0).
+inline void dense_mask_cols(const FlashArgs& a, float* s, i64 t0, i64 moff, i64 c_lo, i64 c_hi) {
   const i64 sj = a.smask[3];
   const i64 base = moff + t0 * sj;
   switch (a.mask_kind) {
@@ -228,14 +234,28 @@ inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 m
   }
 }
 
+// Masks one row of tile scores s[cb, ce) for keys t0 + c: −∞ outside [0, kend) ∪ [lo, hi)
+// (key_range's form; kend = 0: [lo, hi) alone), and the dense mask applied inside. Masked keys
+// are overwritten, never added to: a NaN in a masked key's K does not reach the row. moff: offset of the mask
+// element (b, h, i, 0). [cb, ce): the columns the strip computed (the caller reads no others).
+inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 kend, i64 lo, i64 hi, i64 moff, i64 cb, i64 ce) {
+  const i64 c_lo = imin(imax(lo - t0, cb), ce), c_hi = imax(imin(hi - t0, ce), c_lo);
+  const i64 c_k = imin(imax(kend - t0, cb), c_lo);  // [cb, c_k): kept keys below the window
+  for (i64 c = c_k; c < c_lo; ++c) s[c] = kNegInf;
+  for (i64 c = c_hi; c < ce; ++c) s[c] = kNegInf;
+  if (a.mask_kind == MaskKind::none) return;
+  if (c_k > cb) dense_mask_cols(a, s, t0, moff, cb, c_k);
+  dense_mask_cols(a, s, t0, moff, c_lo, c_hi);
+}
+
 // One row's scores s[cb, ce) in qkv/attention.hpp's order: softcap (score_mod.hpp), mask_row
-// (the rule's range [lo, hi) and the dense mask: masked keys become −∞ after the cap, so they stay
+// (the rule's ranges [0, kend) ∪ [lo, hi) and the dense mask: masked keys become −∞ after the cap, so they stay
 // masked), then ALiBi. slope2: the head's slope · log2 e (ignored without ALiBi); moff as mask_row.
 template <class S>
-inline void mask_mod_row(const FlashArgs& a, float* s, i64 t0, i64 lo, i64 hi, i64 moff, i64 diag, float slope2,
-                         int cb, int ce) {
+inline void mask_mod_row(const FlashArgs& a, float* s, i64 t0, i64 kend, i64 lo, i64 hi, i64 moff, i64 diag,
+                         float slope2, int cb, int ce) {
   if (a.softcap_log2 > 0.0f) softcap_row<S>(s, cb, ce, a.softcap_log2);
-  mask_row(a, s, t0, lo, hi, moff, cb, ce);
+  mask_row(a, s, t0, kend, lo, hi, moff, cb, ce);
   if (a.alibi) alibi_row<S>(s, cb, ce, slope2, t0, diag);
 }
 

@@ -37,6 +37,24 @@ static inline std::uint16_t f32_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
+// binary16 → f32 (qkv/types.hpp's f16_to_f32, `static` for the reason above): f16 KV caches.
+static inline float f16_bits_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16, em = h & 0x7fffu;
+  std::uint32_t u;
+  if (em >= 0x7c00u) {
+    u = sign | 0x7f800000u | ((em & 0x3ffu) << 13);
+  } else if (em >= 0x0400u) {
+    u = sign | ((em << 13) + 0x38000000u);
+  } else {
+    const float f = static_cast<float>(em) * 0x1p-24f;
+    std::memcpy(&u, &f, sizeof u);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // The allowed-key rule of KeyRange (kernels/params.hpp) for the ISA translation units, `static` and
 // without std:: templates for the reason above: query row i of a batch row with key_len valid keys
 // has its diagonal at diag = i + diag_offset (+ key_len with diag_from_key_len) and may attend the

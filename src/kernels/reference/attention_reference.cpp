@@ -47,7 +47,7 @@ void row_scores(const AttnParams& p, std::int64_t b, std::int64_t h, std::int64_
   std::int64_t lo, hi;
   p.rule.range(i, key_len, &lo, &hi);
   for (std::int64_t j = 0; j < p.Skv; ++j) {
-    bool ok = j >= lo && j < hi;
+    bool ok = j < hi && (j >= lo || j < p.rule.keep_first);
     double extra = 0.0;
     if (ok && p.mask.data) {
       const double m = p.mask.load(p.mask.offset(b, h, i, j));
