@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "blocks/embedding.hpp"  // residual_forward
 #include "blocks/linear.hpp"
 #include "qkv/memory.hpp"
 
@@ -372,10 +373,7 @@ void add_residual(const View& e, const View& delta, const View& out) {
   if ((out.data != e.data && overlaps(out, e)) || (out.data != delta.data && overlaps(out, delta)))
     fail(fn, "out: overlaps e or delta without being the same memory");
   const std::int64_t n = checked_numel(fn, "e", std::vector<std::int64_t>(e.shape.begin(), e.shape.begin() + e.rank), 4);
-  const float* a = e.ptr<const float>();
-  const float* d = delta.ptr<const float>();
-  float* o = out.ptr<float>();
-  for (std::int64_t i = 0; i < n; ++i) o[i] = a[i] + d[i];
+  blocks::residual_forward(out.ptr<float>(), e.ptr<const float>(), delta.ptr<const float>(), n);
 }
 
 }  // namespace qkv

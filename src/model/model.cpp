@@ -23,10 +23,12 @@
 #include <string>
 #include <vector>
 
+#include "blocks/activation.hpp"
 #include "blocks/dense.hpp"
-#include "blocks/layers.hpp"
+#include "blocks/embedding.hpp"
 #include "blocks/linear.hpp"
-#include "blocks/training_layers.hpp"
+#include "blocks/norm.hpp"
+#include "blocks/rope.hpp"
 #include "core/parallel.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/memory.hpp"
@@ -750,9 +752,7 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
         if (c.mlp == MlpKind::swiglu) gemv(L.w3, Lb.w3, nullptr, hb2, Hd, xb, C, 0.0f, r0, r1);
         for (i64 b = 0; b < B; ++b) {
           float* h = hb + b * Hd + r0;
-          // SwiGLU vectorised per ISA (exp_f32; blocks::swiglu_forward's std::exp kept the loop
-          // scalar: 3 % of a batch-8 step)
-          if (c.mlp == MlpKind::swiglu) blocks::typed::swiglu_forward<float>(h, h, hb2 + b * Hd + r0, r1 - r0);
+          if (c.mlp == MlpKind::swiglu) blocks::swiglu_forward(h, h, hb2 + b * Hd + r0, r1 - r0);  // per ISA, exp_f32
           else if (c.mlp == MlpKind::gelu_exact) blocks::gelu_exact_forward(h, h, r1 - r0);
           else blocks::gelu_fast(h, h, r1 - r0, 1, isa);
         }
