@@ -393,18 +393,8 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
     // Δe_h = W_O[:, h·D:(h+1)·D] · att_h for every position: head_delta [H, S, C].
     trace->head_delta = Buffer(DType::f32, {H, S, C});
     trace->block_delta = Buffer(DType::f32, {S, C});
-    float* hd = trace->head_delta.ptr<float>();
-    float* bd = trace->block_delta.ptr<float>();
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t s = 0; s < S; ++s)
-        for (std::int64_t o = 0; o < C; ++o) {
-          const float* wrow = L.wo + o * H * D + h * D;
-          const float* a = att + (s * H + h) * D;
-          double acc = 0;
-          for (std::int64_t d = 0; d < D; ++d) acc += static_cast<double>(wrow[d]) * a[d];
-          hd[(h * S + s) * C + o] = static_cast<float>(acc);
-        }
-    project(att, L.wo, Lb.wo, nullptr, bd, S, H * D, C);
+    blocks::head_delta_forward(trace->head_delta.ptr<float>(), att, L.wo, S, H, D, C);
+    project(att, L.wo, Lb.wo, nullptr, trace->block_delta.ptr<float>(), S, H * D, C);
   } else {
     attention(qv, kv, vv, ov, opt);
     if (bf16_kv) blocks::bf16_to_f32(att, ob_.ptr<std::uint16_t>(), n * H * D, S > blocks::kGemvMaxRows ? opt.num_threads : 1);
