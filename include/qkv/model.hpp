@@ -24,14 +24,11 @@
 #include <string_view>
 #include <vector>
 
-#include "qkv/params.hpp"  // MlpKind, NormKind (shared with the parameter counts)
+#include "qkv/params.hpp"  // PosEncoding, MlpKind, NormKind (shared with the parameter counts)
 #include "qkv/types.hpp"
 
 namespace qkv {
 
-// Position information: none, a learned [P, C] table added to the embedding, or rotary (applied
-// to queries and keys). MlpKind and NormKind come from qkv/params.hpp.
-enum class PosEncoding : std::uint8_t { none, learned, rotary };
 
 struct Config {
   std::int64_t dim = 0;         // C

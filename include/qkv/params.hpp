@@ -27,7 +27,9 @@ namespace qkv {
 // gelu: GPT-2's tanh approximation; gelu_exact: ½x(1 + erf(x/√2)) (torch.nn.GELU(), nanoGPT, qkv train).
 enum class MlpKind : std::uint8_t { gelu, swiglu, gelu_exact };  // 2 matrices (up, down) or 3 (gate, up, down)
 enum class NormKind : std::uint8_t { layernorm, rmsnorm };   // weight + bias, or weight only
-enum class PositionKind : std::uint8_t { learned, rotary };  // a [context, d_model] table, or none
+// Position information: none, a learned [context, d_model] table added to the embedding, or rotary
+// (applied to queries and keys: no parameters). qkv::Config (qkv/model.hpp) uses the same enum.
+enum class PosEncoding : std::uint8_t { none, learned, rotary };
 
 struct ModelShape {
   std::string name;               // the preset's name, or "custom"
@@ -45,7 +47,7 @@ struct ModelShape {
   bool mlp_bias = false;
   std::int64_t vocab = 0;
   std::int64_t context = 0;       // positions of a learned position table
-  PositionKind positions = PositionKind::learned;
+  PosEncoding positions = PosEncoding::learned;
   NormKind norm = NormKind::layernorm;
   bool norm_bias = true;          // LayerNorm's bias (GPT-2 has it; nanoGPT's bias=False models do not)
   bool tied_embeddings = true;    // the unembedding reuses the token embedding

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "blocks/dense_kernels.hpp"
-#include "blocks/layers.hpp"
+#include "blocks/activation.hpp"
 #include "core/parallel.hpp"
 #include "kernels/cpu/simd_common.hpp"
 
@@ -200,7 +200,9 @@ void gelu_fast(float* out, const float* x, i64 n, int threads, Isa isa) {
   // Chunks of 4096 values (a multiple of every ISA's lanes) shared over the threads.
   constexpr i64 kChunk = 4096;
   const i64 chunks = (n + kChunk - 1) / kChunk;
-  auto* kernel = isa >= Isa::avx512 ? detail::gelu_avx512 : isa == Isa::avx2 ? detail::gelu_avx2 : gelu_forward;
+  using Kernel = void (*)(float*, const float*, i64);
+  const Kernel reference = [](float* o, const float* xs, i64 len) { gelu_tanh_forward(o, xs, len); };
+  const Kernel kernel = isa >= Isa::avx512 ? detail::gelu_avx512 : isa == Isa::avx2 ? detail::gelu_avx2 : reference;
   parallel_for(chunks, threads, [&](i64 c) {
     const i64 i0 = c * kChunk, len = std::min(kChunk, n - i0);
     kernel(out + i0, x + i0, len);

@@ -14,7 +14,7 @@
 //
 // GELU (tanh form), vectorised: gelu(x) = ½x(1 + tanh(u)) = x / (1 + e^(−2u)),
 // u = √(2/π)(x + 0.044715x³), with e^ from the ISA's exp2 (relative error ≤ 2.4e-7).
-// blocks::gelu_forward (std::tanh) is its reference twin.
+// blocks::gelu_tanh_forward (std::tanh, blocks/activation.hpp) is its reference twin.
 #pragma once
 
 #include <cstdint>
@@ -97,7 +97,7 @@ void gemm_bf16(const float* x, const std::uint16_t* W, const float* b, float* y,
 // up-projection hands bf16 straight to the down-projection):
 //   y [M, out] = act(xb [M, in] · Wᵀ + b)            y f32, or bf16 bits (nearest even) by y_dtype
 //   y [M, out] += xb · Wᵀ + b                         beta = 1: f32 y and act = none only
-// act: GELU in the tanh form (GPT-2, blocks::gelu_forward) or the erf form (gelu_exact_forward),
+// act: GELU in the tanh form (GPT-2, blocks::gelu_tanh_forward) or the erf form (gelu_exact_forward),
 // computed in f32 by oneDNN. Its twin: gemv_reference on the same bf16 rows, then the activation.
 enum class GemmAct : std::uint8_t { none, gelu_tanh, gelu_erf };
 // W packed once (PackedBf16 below) is read from its packed copy: the same products and sums, without

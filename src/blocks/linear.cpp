@@ -40,14 +40,46 @@ void linear_backward(const float* x, const float* W, const float* dy, float* dx,
       for (std::int64_t o = 0; o < out; ++o) db[o] += dy[n * out + o];
 }
 
-void linear_forward_reference(const float* x, const float* W, const float* b, float* y, std::int64_t N,
-                              std::int64_t in, std::int64_t out) {
+void linear_forward(const double* x, const double* W, const double* b, double* y, std::int64_t N, std::int64_t in,
+                    std::int64_t out, double beta) {
   for (std::int64_t n = 0; n < N; ++n)
     for (std::int64_t o = 0; o < out; ++o) {
       double s = b ? b[o] : 0.0;
-      for (std::int64_t i = 0; i < in; ++i) s += static_cast<double>(x[n * in + i]) * W[o * in + i];
-      y[n * out + o] = static_cast<float>(s);
+      for (std::int64_t i = 0; i < in; ++i) s += x[n * in + i] * W[o * in + i];
+      y[n * out + o] = (beta == 0.0 ? 0.0 : beta * y[n * out + o]) + s;
     }
+}
+
+void linear_backward(const double* x, const double* W, const double* dy, double* dx, double* dW, double* db,
+                     std::int64_t N, std::int64_t in, std::int64_t out, bool accumulate_dx) {
+  // In the forward pass this was y = x·Wᵀ + b, so now dx = dy·W, dW += dyᵀ·x, db += Σ_n dy.
+  if (dx)
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t i = 0; i < in; ++i) {
+        double s = 0;
+        for (std::int64_t o = 0; o < out; ++o) s += dy[n * out + o] * W[o * in + i];
+        dx[n * in + i] = accumulate_dx ? dx[n * in + i] + s : s;
+      }
+  for (std::int64_t o = 0; o < out; ++o)
+    for (std::int64_t n = 0; n < N; ++n) {
+      const double d = dy[n * out + o];
+      if (db) db[o] += d;
+      if (dW)
+        for (std::int64_t i = 0; i < in; ++i) dW[o * in + i] += d * x[n * in + i];
+    }
+}
+
+void head_delta_forward(float* out, const float* att, const float* wo, std::int64_t S, std::int64_t H,
+                        std::int64_t Dv, std::int64_t C) {
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t o = 0; o < C; ++o) {
+        const float* wrow = wo + o * H * Dv + h * Dv;
+        const float* a = att + (s * H + h) * Dv;
+        double acc = 0;
+        for (std::int64_t d = 0; d < Dv; ++d) acc += static_cast<double>(wrow[d]) * a[d];
+        out[(h * S + s) * C + o] = static_cast<float>(acc);
+      }
 }
 
 }  // namespace qkv::blocks

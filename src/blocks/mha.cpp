@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "blocks/embedding.hpp"  // residual_forward
 #include "blocks/linear.hpp"
 #include "qkv/memory.hpp"
 
@@ -270,19 +271,9 @@ void MultiHeadAttention::forward(const View& x, const std::optional<View>& sourc
 
   if (!head_delta) return;
   // ---- each head's own Δe^h = ao[:, h·Dv:(h+1)·Dv] · (W_O^h)ᵀ, W_O^h = columns h·Dv … (h+1)·Dv of W_O
-  std::vector<float> wo_h(static_cast<std::size_t>(dm * Dv)), ao_h(static_cast<std::size_t>(S * Dv));
-  for (std::int64_t h = 0; h < H; ++h) {
-    for (std::int64_t r = 0; r < dm; ++r)
-      for (std::int64_t c = 0; c < Dv; ++c)
-        wo_h[static_cast<std::size_t>(r * Dv + c)] = w_o.ptr<float>()[r * H * Dv + h * Dv + c];
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t i = 0; i < S; ++i)
-        for (std::int64_t c = 0; c < Dv; ++c)
-          ao_h[static_cast<std::size_t>(i * Dv + c)] = a.ao.ptr<float>()[(b * S + i) * H * Dv + h * Dv + c];
-      float* y = head_delta->ptr<float>() + head_delta->offset(b, h, 0, 0);
-      blocks::linear_forward(ao_h.data(), wo_h.data(), nullptr, y, S, Dv, dm);
-    }
-  }
+  for (std::int64_t b = 0; b < B; ++b)
+    blocks::head_delta_forward(head_delta->ptr<float>() + head_delta->offset(b, 0, 0, 0),
+                               a.ao.ptr<float>() + b * S * H * Dv, w_o.ptr<float>(), S, H, Dv, dm);
 }
 
 // In the forward pass Δe = ao·W_Oᵀ + b_o, ao = attention(q, k, v), q = x·W_Qᵀ + b_Q, k = s·W_Kᵀ + b_K,
@@ -372,10 +363,7 @@ void add_residual(const View& e, const View& delta, const View& out) {
   if ((out.data != e.data && overlaps(out, e)) || (out.data != delta.data && overlaps(out, delta)))
     fail(fn, "out: overlaps e or delta without being the same memory");
   const std::int64_t n = checked_numel(fn, "e", std::vector<std::int64_t>(e.shape.begin(), e.shape.begin() + e.rank), 4);
-  const float* a = e.ptr<const float>();
-  const float* d = delta.ptr<const float>();
-  float* o = out.ptr<float>();
-  for (std::int64_t i = 0; i < n; ++i) o[i] = a[i] + d[i];
+  blocks::residual_forward(out.ptr<float>(), e.ptr<const float>(), delta.ptr<const float>(), n);
 }
 
 }  // namespace qkv

@@ -62,7 +62,7 @@ ModelShape shape_from(const ParamsArgs& a) {
   if (a.context >= 0) s.context = a.context;
   if (!a.mlp.empty()) s.mlp = a.mlp == "swiglu" ? MlpKind::swiglu : MlpKind::gelu;
   if (!a.norm.empty()) s.norm = a.norm == "rmsnorm" ? NormKind::rmsnorm : NormKind::layernorm;
-  if (!a.positions.empty()) s.positions = a.positions == "rotary" ? PositionKind::rotary : PositionKind::learned;
+  if (!a.positions.empty()) s.positions = a.positions == "rotary" ? PosEncoding::rotary : PosEncoding::learned;
   if (a.bias >= 0) s.attn_bias = s.mlp_bias = s.norm_bias = a.bias != 0;
   if (a.tied >= 0) s.tied_embeddings = a.tied != 0;
   if (!a.preset.empty() && (width_changed || a.layers >= 0 || a.kv_heads >= 0 || a.d_ff >= 0 || a.vocab >= 0 ||
@@ -128,10 +128,11 @@ void print(std::ostream& os, const ModelShape& s, const ParamCounts& c) {
   const ModelCounts& m = *c.model;
   os << "\nwhole model\n";
   row(os, "token embedding " + dims(s.vocab, s.d_model), m.token_embedding);
-  if (s.positions == PositionKind::learned) {
+  if (s.positions == PosEncoding::learned) {
     row(os, "positions " + dims(s.context, s.d_model), m.positions);
   } else {
-    row(os, "positions (rotary)", 0, "(computed, not learned)");
+    row(os, s.positions == PosEncoding::rotary ? "positions (rotary)" : "positions (none)", 0,
+        s.positions == PosEncoding::rotary ? "(computed, not learned)" : "");
   }
   row(os, "attention, " + std::to_string(s.n_layers) + " blocks", a.all);
   row(os, "MLP, " + std::to_string(s.n_layers) + " layers", m.mlp_per_layer * s.n_layers);
@@ -180,7 +181,7 @@ nlohmann::json to_json(const ModelShape& s, const ParamCounts& c) {
         {"context", s.context},
         {"mlp", s.mlp == MlpKind::swiglu ? "swiglu" : "gelu"},
         {"norm", s.norm == NormKind::rmsnorm ? "rmsnorm" : "layernorm"},
-        {"positions", s.positions == PositionKind::rotary ? "rotary" : "learned"},
+        {"positions", s.positions == PosEncoding::learned ? "learned" : s.positions == PosEncoding::rotary ? "rotary" : "none"},
         {"attention_bias", s.attn_bias},
         {"mlp_bias", s.mlp_bias},
         {"norm_bias", s.norm_bias},

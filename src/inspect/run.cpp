@@ -60,7 +60,7 @@ nlohmann::json params_of(const Config& c, std::int64_t in_file) {
   s.mlp = c.mlp;
   s.vocab = c.vocab_size;
   s.context = c.seq_len;
-  s.positions = c.pos == PosEncoding::learned ? PositionKind::learned : PositionKind::rotary;
+  s.positions = c.pos;
   s.norm = c.norm;
   s.tied_embeddings = c.tied_embeddings;
   const ParamCounts n = count_params(s);

@@ -19,7 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "blocks/dense.hpp"
-#include "blocks/layers.hpp"
+#include "blocks/embedding.hpp"
+#include "blocks/norm.hpp"
 #include "core/parallel.hpp"
 #include "model/input_file.hpp"
 #include "qkv/attention.hpp"

@@ -303,10 +303,39 @@ void unarrange(const Source& s, const std::vector<std::int64_t>& shape, const fl
             std::copy_n(src + (h0 + 2 * j + t) * cols, cols, dst + (h0 + t * half + j) * cols);
       return;
     }
-    case Source::Op::slice:
-    case Source::Op::transpose:
-      fail("qkv::detail::unarrange", "tensor " + s.tensor + ": only copy and rope_rows are written");
+    case Source::Op::slice:  // this parameter's elements of a fused 1-D tensor
+      std::copy(src, src + n, dst + s.offset);
+      return;
+    case Source::Op::transpose: {  // this parameter's columns of a Conv1D [in, out] tensor
+      const std::int64_t rows = shape[0], cols = shape[1], stride = s.shape[1];
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t k = 0; k < cols; ++k) dst[k * stride + s.offset + r] = src[r * cols + k];
+      return;
+    }
   }
+}
+
+nlohmann::json hf_gpt2_config(const Config& c) {
+  constexpr const char* fn = "qkv::detail::hf_gpt2_config";
+  if (c.pos != PosEncoding::learned || c.norm != NormKind::layernorm ||
+      (c.mlp != MlpKind::gelu && c.mlp != MlpKind::gelu_exact) || !c.bias || c.n_kv_heads != c.n_heads ||
+      !c.causal || c.post_norm || c.type_vocab_size > 0)
+    fail(fn, "config: a GPT2LMHeadModel has learned positions, LayerNorm, a GELU MLP, biases and as many kv heads as "
+             "heads, got " + config_to_json(c, false));
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_embd", c.dim},
+          {"n_inner", c.hidden_dim},
+          {"n_head", c.n_heads},
+          {"n_layer", c.n_layers},
+          {"vocab_size", c.vocab_size},
+          {"n_positions", c.seq_len},
+          {"n_ctx", c.seq_len},
+          {"layer_norm_epsilon", c.norm_eps},
+          {"activation_function", c.mlp == MlpKind::gelu ? "gelu_new" : "gelu"},
+          {"tie_word_embeddings", c.tied_embeddings},
+          {"scale_attn_weights", true},
+          {"torch_dtype", "float32"}};
 }
 
 nlohmann::json hf_llama_config(const Config& c) {

@@ -63,9 +63,14 @@ bool ignorable(const FileLayout& f, const Config& c, const std::string& tensor);
 // dst (qkv's `shape`) ← src (the stored tensor, already f32, `s.shape`) as `s.op` says.
 void rearrange(const Source& s, const std::vector<std::int64_t>& shape, const float* src, float* dst);
 
-// Writing (what `qkv train` exports): the inverse of rearrange for the ops a Llama checkpoint uses,
-// copy and rope_rows: stored (s.shape) ← qkv's tensor (`shape`). Throws for transpose and slice.
+// Writing (what `qkv train` exports): the inverse of rearrange, stored (s.shape) ← qkv's tensor
+// (`shape`). For slice and transpose only this parameter's part of the stored tensor is written (the
+// fused c_attn of GPT-2 holds W_Q, W_K and W_V: one call each into the same dst).
 void unarrange(const Source& s, const std::vector<std::int64_t>& shape, const float* src, float* dst);
+// A Hugging Face config.json describing `c` as GPT2LMHeadModel (hf_config reads it back as `c`):
+// activation "gelu_new" (tanh) or "gelu" (erf). Throws naming the config unless c is a GPT-2: learned
+// positions, LayerNorm, GELU MLP, biases (HF's GPT-2 always has them), H = Hkv, causal pre-norm.
+nlohmann::json hf_gpt2_config(const Config& c);
 // A Hugging Face config.json describing `c` as LlamaForCausalLM (hf_config reads it back as `c`).
 // Throws naming the field unless c is a Llama: rotary, RMSNorm, SwiGLU, no biases, causal pre-norm.
 nlohmann::json hf_llama_config(const Config& c);

@@ -23,10 +23,12 @@
 #include <string>
 #include <vector>
 
+#include "blocks/activation.hpp"
 #include "blocks/dense.hpp"
-#include "blocks/layers.hpp"
+#include "blocks/embedding.hpp"
 #include "blocks/linear.hpp"
-#include "blocks/training_layers.hpp"
+#include "blocks/norm.hpp"
+#include "blocks/rope.hpp"
 #include "core/parallel.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/memory.hpp"
@@ -391,18 +393,8 @@ void Model::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerT
     // Δe_h = W_O[:, h·D:(h+1)·D] · att_h for every position: head_delta [H, S, C].
     trace->head_delta = Buffer(DType::f32, {H, S, C});
     trace->block_delta = Buffer(DType::f32, {S, C});
-    float* hd = trace->head_delta.ptr<float>();
-    float* bd = trace->block_delta.ptr<float>();
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t s = 0; s < S; ++s)
-        for (std::int64_t o = 0; o < C; ++o) {
-          const float* wrow = L.wo + o * H * D + h * D;
-          const float* a = att + (s * H + h) * D;
-          double acc = 0;
-          for (std::int64_t d = 0; d < D; ++d) acc += static_cast<double>(wrow[d]) * a[d];
-          hd[(h * S + s) * C + o] = static_cast<float>(acc);
-        }
-    project(att, L.wo, Lb.wo, nullptr, bd, S, H * D, C);
+    blocks::head_delta_forward(trace->head_delta.ptr<float>(), att, L.wo, S, H, D, C);
+    project(att, L.wo, Lb.wo, nullptr, trace->block_delta.ptr<float>(), S, H * D, C);
   } else {
     attention(qv, kv, vv, ov, opt);
     if (bf16_kv) blocks::bf16_to_f32(att, ob_.ptr<std::uint16_t>(), n * H * D, S > blocks::kGemvMaxRows ? opt.num_threads : 1);
@@ -750,9 +742,7 @@ void Model::decode(std::span<const int> tokens, std::span<KvCache* const> caches
         if (c.mlp == MlpKind::swiglu) gemv(L.w3, Lb.w3, nullptr, hb2, Hd, xb, C, 0.0f, r0, r1);
         for (i64 b = 0; b < B; ++b) {
           float* h = hb + b * Hd + r0;
-          // SwiGLU vectorised per ISA (exp_f32; blocks::swiglu_forward's std::exp kept the loop
-          // scalar: 3 % of a batch-8 step)
-          if (c.mlp == MlpKind::swiglu) blocks::typed::swiglu_forward<float>(h, h, hb2 + b * Hd + r0, r1 - r0);
+          if (c.mlp == MlpKind::swiglu) blocks::swiglu_forward(h, h, hb2 + b * Hd + r0, r1 - r0);  // per ISA, exp_f32
           else if (c.mlp == MlpKind::gelu_exact) blocks::gelu_exact_forward(h, h, r1 - r0);
           else blocks::gelu_fast(h, h, r1 - r0, 1, isa);
         }

@@ -71,7 +71,7 @@ ParamCounts count_params(const ModelShape& s) {
   if (!s.knows_model()) return c;
   ModelCounts m;
   m.token_embedding = mul(s.vocab, s.d_model, "token_embedding");
-  if (s.positions == PositionKind::learned) m.positions = mul(s.context, s.d_model, "positions");
+  if (s.positions == PosEncoding::learned) m.positions = mul(s.context, s.d_model, "positions");
   // gelu: up [d_ff, d] (+ b [d_ff]), down [d, d_ff] (+ b [d]); swiglu: gate and up [d_ff, d], down [d, d_ff].
   const std::int64_t n_mats = s.mlp == MlpKind::swiglu ? 3 : 2;
   m.mlp_per_layer = mul(n_mats, mul(s.d_ff, s.d_model, "mlp"), "mlp");
@@ -109,7 +109,7 @@ ModelShape gpt(const char* name, std::int64_t d_model, std::int64_t n_heads, std
   s.mlp_bias = true;
   s.vocab = 50257;
   s.context = context;
-  s.positions = PositionKind::learned;
+  s.positions = PosEncoding::learned;
   s.norm = NormKind::layernorm;
   s.tied_embeddings = true;
   return s;
@@ -129,7 +129,7 @@ ModelShape stories260k() {
   s.mlp = MlpKind::swiglu;
   s.vocab = 512;
   s.context = 512;
-  s.positions = PositionKind::rotary;
+  s.positions = PosEncoding::rotary;
   s.norm = NormKind::rmsnorm;
   s.tied_embeddings = true;
   return s;

@@ -4,7 +4,12 @@
 #include <cmath>
 #include <type_traits>
 
-#include "blocks/training_layers.hpp"
+#include "blocks/activation.hpp"
+#include "blocks/crossentropy.hpp"
+#include "blocks/embedding.hpp"
+#include "blocks/linear.hpp"
+#include "blocks/norm.hpp"
+#include "blocks/rope.hpp"
 #include "core/parallel.hpp"
 #include "model/weights.hpp"
 #include "qkv/attention.hpp"
@@ -58,8 +63,6 @@ View heads_view(S* base, std::int64_t B, std::int64_t H, std::int64_t T, std::in
   return View::strided(base, dtype_of<S>(), {B, H, T, D}, {T * H * D, D, H * D, 1});
 }
 
-namespace typed = blocks::typed;
-
 }  // namespace
 
 template <class S>
@@ -96,9 +99,9 @@ Trainable<S>::Trainable(const Config& c, std::int64_t B, std::int64_t T)
   shards_ = std::min<std::int64_t>(B, qkv::num_threads());
   shard_grads_.assign(static_cast<std::size_t>(shards_ - 1), std::vector<S>(P));
   if (c.pos == PosEncoding::rotary) {
-    rope_cos_.resize(static_cast<std::size_t>(T * D_ / 2));
-    rope_sin_.resize(rope_cos_.size());
-    typed::rope_tables(rope_cos_.data(), rope_sin_.data(), T, D_, static_cast<S>(c.rope_theta));
+    rope_cs_.resize(static_cast<std::size_t>(T * D_));
+    for (std::int64_t t = 0; t < T; ++t)
+      blocks::rope_angles(rope_cs_.data() + t * D_, D_, t, static_cast<S>(c.rope_theta));
   }
   const auto L = static_cast<std::size_t>(c.n_layers), N = static_cast<std::size_t>(N_),
              C = static_cast<std::size_t>(C_), QD = static_cast<std::size_t>(QD_),
@@ -148,18 +151,18 @@ template <class S>
 void Trainable<S>::norm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S* b, std::int64_t n) const {
   const auto eps = static_cast<S>(cfg_.norm_eps);
   if (cfg_.norm == NormKind::layernorm)
-    typed::layernorm_forward(out, mean, rstd, x, w, b, n, C_, eps);
+    blocks::layernorm_forward(out, mean, rstd, x, w, b, n, C_, eps);
   else
-    typed::rmsnorm_forward(out, rstd, x, w, n, C_, eps);
+    blocks::rmsnorm_forward(out, rstd, x, w, n, C_, eps);
 }
 
 template <class S>
 void Trainable<S>::norm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S* w, const S* mean,
                                  const S* rstd, std::int64_t n) const {
   if (cfg_.norm == NormKind::layernorm)
-    typed::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, n, C_);
+    blocks::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, n, C_);
   else
-    typed::rmsnorm_backward(dx, dw, dout, x, w, rstd, n, C_);
+    blocks::rmsnorm_backward(dx, dw, dout, x, w, rstd, n, C_);
 }
 
 template <class S>
@@ -171,12 +174,15 @@ void Trainable<S>::to_attention(std::int64_t l, std::int64_t n0, std::int64_t n)
   S* k = k_.data() + i * KD_;
   norm_forward(n1, n1_mean_.empty() ? nullptr : n1_mean_.data() + i, n1_rstd_.data() + i, resid_.data() + i * C_,
                w.n1w, w.n1b, n);
-  typed::dense_forward(n1, w.wq, w.bq, q, n, C_, QD_);
-  typed::dense_forward(n1, w.wk, w.bk, k, n, C_, KD_);
-  typed::dense_forward(n1, w.wv, w.bv, v_.data() + i * KD_, n, C_, KD_);
+  blocks::linear_forward(n1, w.wq, w.bq, q, n, C_, QD_);
+  blocks::linear_forward(n1, w.wk, w.bk, k, n, C_, KD_);
+  blocks::linear_forward(n1, w.wv, w.bv, v_.data() + i * KD_, n, C_, KD_);
   if (cfg_.pos == PosEncoding::rotary) {  // rows n0 … start whole sequences: row r is at position r % T
-    typed::rope_forward(q, rope_cos_.data(), rope_sin_.data(), n, T_, cfg_.n_heads, D_);
-    typed::rope_forward(k, rope_cos_.data(), rope_sin_.data(), n, T_, cfg_.n_kv_heads, D_);
+    for (std::int64_t r = 0; r < n; ++r) {
+      const S* cs = rope_cs_.data() + (r % T_) * D_;
+      blocks::rope_apply(q + r * QD_, cfg_.n_heads, D_, cs);
+      blocks::rope_apply(k + r * KD_, cfg_.n_kv_heads, D_, cs);
+    }
   }
 }
 
@@ -194,21 +200,21 @@ void Trainable<S>::from_attention(std::int64_t l, std::int64_t n0, std::int64_t 
   // mid = x + W_O·att + b_O; x_next = mid + MLP(n2(mid)): the projections add into a copy of the
   // skip path.
   std::copy(x, x + n * C_, mid);
-  typed::dense_forward(att_.data() + i * QD_, w.wo, w.bo, mid, n, QD_, C_, true);
+  blocks::linear_forward(att_.data() + i * QD_, w.wo, w.bo, mid, n, QD_, C_, S(1));
   norm_forward(n2, n2_mean_.empty() ? nullptr : n2_mean_.data() + i, n2_rstd_.data() + i, mid, w.n2w, w.n2b, n);
-  typed::dense_forward(n2, w.w1, w.b1, h1, n, C_, Hd_);
+  blocks::linear_forward(n2, w.w1, w.b1, h1, n, C_, Hd_);
   switch (cfg_.mlp) {
-    case MlpKind::gelu_exact: typed::gelu_forward(hg, h1, h1, n * Hd_); break;  // h1 now holds the slope
-    case MlpKind::gelu: typed::gelu_tanh_forward(hg, h1, h1, n * Hd_); break;  // likewise
+    case MlpKind::gelu_exact: blocks::gelu_exact_forward(hg, h1, n * Hd_, h1); break;  // h1 now holds the slope
+    case MlpKind::gelu: blocks::gelu_tanh_forward(hg, h1, n * Hd_, h1); break;  // likewise
     case MlpKind::swiglu: {
       S* h3 = h3_.data() + i * Hd_;
-      typed::dense_forward(n2, w.w3, static_cast<const S*>(nullptr), h3, n, C_, Hd_);
-      typed::swiglu_forward(hg, h1, h3, n * Hd_);
+      blocks::linear_forward(n2, w.w3, static_cast<const S*>(nullptr), h3, n, C_, Hd_);
+      blocks::swiglu_forward(hg, h1, h3, n * Hd_);
       break;
     }
   }
   std::copy(mid, mid + n * C_, x_next);
-  typed::dense_forward(hg, w.w2, w.b2, x_next, n, Hd_, C_, true);
+  blocks::linear_forward(hg, w.w2, w.b2, x_next, n, Hd_, C_, S(1));
   if (l + 1 < cfg_.n_layers) {
     to_attention(l + 1, n0, n);
     return;
@@ -218,8 +224,8 @@ void Trainable<S>::from_attention(std::int64_t l, std::int64_t n0, std::int64_t 
   norm_forward(nf, nf_mean_.empty() ? nullptr : nf_mean_.data() + n0, nf_rstd_.data() + n0, x_next, P + nfw_,
                nfb_ < 0 ? nullptr : P + nfb_, n);
   S* logits = probs_.data() + n0 * V_;
-  typed::dense_forward(nf, P + wcls_, static_cast<const S*>(nullptr), logits, n, C_, V_);
-  typed::crossentropy_forward(logits, losses_.data() + n0, logits, targets_.data() + n0, n, V_);
+  blocks::linear_forward(nf, P + wcls_, static_cast<const S*>(nullptr), logits, n, C_, V_);
+  blocks::crossentropy_forward(logits, losses_.data() + n0, logits, targets_.data() + n0, n, V_);
 }
 
 template <class S>
@@ -233,8 +239,9 @@ double Trainable<S>::forward(const std::int32_t* tokens, const std::int32_t* tar
   std::copy(targets, targets + N_, targets_.begin());
   const S* P = params.data();
   for_shards([&](std::int64_t, std::int64_t n0, std::int64_t n) {
-    typed::embedding_forward(resid_.data() + n0 * C_, tokens_.data() + n0, P + wte_, wpe_ < 0 ? nullptr : P + wpe_,
-                             n, T_, C_);
+    for (std::int64_t s0 = n0; s0 < n0 + n; s0 += T_)  // whole sequences: positions 0 … T − 1
+      blocks::embedding_forward(resid_.data() + s0 * C_, tokens_.data() + s0, P + wte_,
+                                wpe_ < 0 ? nullptr : P + wpe_, T_, C_, 0);
     to_attention(0, n0, n);
   });
   AttentionOptions causal;
@@ -262,21 +269,21 @@ void Trainable<S>::backward_to_attention(std::int64_t l, S* G, std::int64_t n0, 
   const S* n2 = n2_.data() + i * C_;
   // In the forward pass this was x_next = mid + W2·hg + b2. dresid holds ∂L/∂x_next; the skip path
   // hands it to mid unchanged, the MLP branch adds its part below.
-  typed::dense_backward(hg_.data() + i * Hd_, w.w2, dresid, dhg, g.w2, g.b2, n, Hd_, C_, false);
+  blocks::linear_backward(hg_.data() + i * Hd_, w.w2, dresid, dhg, g.w2, g.b2, n, Hd_, C_, false);
   if (cfg_.mlp == MlpKind::swiglu) {
     S* dh3 = dh3_.data() + n0 * Hd_;
-    typed::swiglu_backward(dh1, dh3, dhg, h1_.data() + i * Hd_, h3_.data() + i * Hd_, n * Hd_);
-    typed::dense_backward(n2, w.w1, dh1, dn, g.w1, g.b1, n, C_, Hd_, false);
-    typed::dense_backward(n2, w.w3, dh3, dn, g.w3, static_cast<S*>(nullptr), n, C_, Hd_, true);
+    blocks::swiglu_backward(dh1, dh3, dhg, h1_.data() + i * Hd_, h3_.data() + i * Hd_, n * Hd_);
+    blocks::linear_backward(n2, w.w1, dh1, dn, g.w1, g.b1, n, C_, Hd_, false);
+    blocks::linear_backward(n2, w.w3, dh3, dn, g.w3, static_cast<S*>(nullptr), n, C_, Hd_, true);
   } else {
-    typed::gelu_backward(dh1, h1_.data() + i * Hd_, dhg, n * Hd_);  // h1_: the slope
-    typed::dense_backward(n2, w.w1, dh1, dn, g.w1, g.b1, n, C_, Hd_, false);
+    blocks::gelu_backward(dh1, h1_.data() + i * Hd_, dhg, n * Hd_);  // h1_: the slope
+    blocks::linear_backward(n2, w.w1, dh1, dn, g.w1, g.b1, n, C_, Hd_, false);
   }
   norm_backward(dresid, g.n2w, g.n2b, dn, mid_.data() + i * C_, w.n2w, n2_mean_.empty() ? nullptr : n2_mean_.data() + i,
                 n2_rstd_.data() + i, n);
   // In the forward pass this was mid = x + W_O·att + b_O. dresid now holds ∂L/∂mid, which again
   // flows to x by the skip path.
-  typed::dense_backward(att_.data() + i * QD_, w.wo, dresid, datt_.data() + n0 * QD_, g.wo, g.bo, n, QD_, C_, false);
+  blocks::linear_backward(att_.data() + i * QD_, w.wo, dresid, datt_.data() + n0 * QD_, g.wo, g.bo, n, QD_, C_, false);
 }
 
 template <class S>
@@ -290,12 +297,15 @@ void Trainable<S>::backward_from_attention(std::int64_t l, S* G, std::int64_t n0
   // In the forward pass this was q = rope(W_Q·n1 + b_Q), k = rope(W_K·n1 + b_K), v = W_V·n1 + b_V,
   // and x also went on by the skip path (dresid holds that part).
   if (cfg_.pos == PosEncoding::rotary) {
-    typed::rope_backward(dq, rope_cos_.data(), rope_sin_.data(), n, T_, cfg_.n_heads, D_);
-    typed::rope_backward(dk, rope_cos_.data(), rope_sin_.data(), n, T_, cfg_.n_kv_heads, D_);
+    for (std::int64_t r = 0; r < n; ++r) {  // rows n0 … start whole sequences: row r is at position r % T
+      const S* cs = rope_cs_.data() + (r % T_) * D_;
+      blocks::rope_apply_backward(dq + r * QD_, cfg_.n_heads, D_, cs);
+      blocks::rope_apply_backward(dk + r * KD_, cfg_.n_kv_heads, D_, cs);
+    }
   }
-  typed::dense_backward(n1, w.wq, dq, dn, g.wq, g.bq, n, C_, QD_, false);
-  typed::dense_backward(n1, w.wk, dk, dn, g.wk, g.bk, n, C_, KD_, true);
-  typed::dense_backward(n1, w.wv, dv_.data() + n0 * KD_, dn, g.wv, g.bv, n, C_, KD_, true);
+  blocks::linear_backward(n1, w.wq, dq, dn, g.wq, g.bq, n, C_, QD_, false);
+  blocks::linear_backward(n1, w.wk, dk, dn, g.wk, g.bk, n, C_, KD_, true);
+  blocks::linear_backward(n1, w.wv, dv_.data() + n0 * KD_, dn, g.wv, g.bv, n, C_, KD_, true);
   norm_backward(dresid_.data() + n0 * C_, g.n1w, g.n1b, dn, resid_.data() + i * C_, w.n1w,
                 n1_mean_.empty() ? nullptr : n1_mean_.data() + i, n1_rstd_.data() + i, n);
 }
@@ -315,12 +325,12 @@ void Trainable<S>::backward(S loss_scale) {
     // In the forward pass the loss was the mean over N positions of −log softmax(logits)[target],
     // so now ∂/∂logits = (probs − onehot) · loss_scale / N.
     S* dlogits = dlogits_.data() + n0 * V_;
-    typed::crossentropy_backward(dlogits, probs_.data() + n0 * V_, targets_.data() + n0, n, V_,
+    blocks::crossentropy_backward(dlogits, probs_.data() + n0 * V_, targets_.data() + n0, n, V_,
                                  static_cast<S>(loss_scale / static_cast<S>(N_)));
     // logits = nf · W_clsᵀ (W_cls = wte when tied: its gradient adds into the embedding's).
     S* dn = dn_.data() + n0 * C_;
     S* dresid = dresid_.data() + n0 * C_;
-    typed::dense_backward(nf_.data() + n0 * C_, P + wcls_, dlogits, dn, G + wcls_, static_cast<S*>(nullptr), n, C_,
+    blocks::linear_backward(nf_.data() + n0 * C_, P + wcls_, dlogits, dn, G + wcls_, static_cast<S*>(nullptr), n, C_,
                           V_, false);
     std::fill(dresid, dresid + n * C_, S(0));
     norm_backward(dresid, G + nfw_, nfb_ < 0 ? nullptr : G + nfb_, dn, resid_.data() + (L * N_ + n0) * C_, P + nfw_,
@@ -346,8 +356,9 @@ void Trainable<S>::backward(S loss_scale) {
         return;
       }
       // In the forward pass this was resid[0] = wte[token] (+ wpe[position]).
-      typed::embedding_backward(G + wte_, wpe_ < 0 ? nullptr : G + wpe_, dresid_.data() + n0 * C_,
-                                tokens_.data() + n0, n, T_, C_);
+      for (std::int64_t s0 = n0; s0 < n0 + n; s0 += T_)
+        blocks::embedding_backward(G + wte_, wpe_ < 0 ? nullptr : G + wpe_, dresid_.data() + s0 * C_,
+                                   tokens_.data() + s0, T_, C_, 0);
     });
   }
 

@@ -104,7 +104,7 @@ class Trainable {
   std::int64_t wte_, wpe_, nfw_, nfb_, wcls_;  // offsets (−1 if absent; wcls_ = wte_ when tied)
   std::int64_t shards_;                        // P
   std::vector<std::vector<S>> shard_grads_;    // [P − 1][param_count] gradients of shards 1 … P−1
-  std::vector<S> rope_cos_, rope_sin_;         // [T, D/2] (rotary only)
+  std::vector<S> rope_cs_;                     // [T, D] blocks::rope_angles of positions 0 … T − 1 (rotary only)
 
   // Activations kept by forward(); [L, …] stacks one per layer.
   std::vector<std::int32_t> tokens_, targets_;  // [N]

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -416,31 +417,51 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Train
 }
 
 // The weights alone with model.json (qkv's config) beside them: what qkv::load_weights, `qkv
-// generate --model`, `qkv inspect --model` and qkv.Model.load read. A Llama (rotary, RMSNorm,
-// SwiGLU, no biases) is written as a Hugging Face LlamaForCausalLM folder — model.safetensors under
-// HF's names (q/k rows in HF's rotate-half order) and config.json — which transformers loads as
-// well; any other model under qkv's names (the config also in the file's metadata).
+// generate --model`, `qkv inspect --model` and qkv.Model.load read. A Llama (rotary, RMSNorm, SwiGLU,
+// no biases) is written as a Hugging Face LlamaForCausalLM folder and a GPT-2 (learned positions,
+// LayerNorm, GELU, H = Hkv) as a GPT2LMHeadModel folder — model.safetensors under HF's names (Llama:
+// q/k rows in HF's rotate-half order; GPT-2: Conv1D [in, out] weights, W_Q/W_K/W_V fused in c_attn)
+// and config.json — which transformers loads as well. HF's GPT-2 always has biases: a GPT-2 trained
+// without them is written with zero biases (the same function), and its model.json says bias: true,
+// so that qkv reads the folder as transformers does. Any other model is written under qkv's names.
 void export_model(const std::string& dir, const Trainable<float>& m) {
   const Config& c = m.config();
   const Weights w = m.to_weights();
-  if (c.pos == PosEncoding::rotary && c.norm == NormKind::rmsnorm && c.mlp == MlpKind::swiglu && !c.bias) {
-    const detail::FileLayout hf{detail::Layout::hf_llama, "model."};
-    StFile f;
-    f.metadata["format"] = "pt";
-    for (const auto& t : w.tensors()) {
-      const detail::Source src = detail::source_of(hf, c, t.name, t.shape);
-      std::int64_t n = 1;
-      for (auto d : t.shape) n *= d;
-      std::vector<float> stored(static_cast<std::size_t>(n));
-      detail::unarrange(src, t.shape, t.data, stored.data());
-      f.tensors[src.tensor] = st_f32(stored.data(), src.shape);
-    }
-    write_safetensors(dir + "/model.safetensors", f);
-    write_file_atomic(dir + "/config.json", detail::hf_llama_config(c).dump(2) + "\n");
-  } else {
+  const bool llama = c.pos == PosEncoding::rotary && c.norm == NormKind::rmsnorm && c.mlp == MlpKind::swiglu && !c.bias;
+  const bool gpt2 = c.pos == PosEncoding::learned && c.norm == NormKind::layernorm &&
+                    (c.mlp == MlpKind::gelu || c.mlp == MlpKind::gelu_exact) && c.n_kv_heads == c.n_heads;
+  if (!llama && !gpt2) {
     save_safetensors(w, dir + "/model.safetensors");
+    write_file_atomic(dir + "/model.json", config_to_json(c) + "\n");
+    return;
   }
-  write_file_atomic(dir + "/model.json", config_to_json(c) + "\n");
+  Config out = c;
+  out.bias = out.bias || gpt2;
+  const detail::FileLayout hf = llama ? detail::FileLayout{detail::Layout::hf_llama, "model."}
+                                      : detail::FileLayout{detail::Layout::hf_gpt2, "transformer."};
+  // Every tensor of the HF model zero-filled (a bias the trained model has not stays zero), then
+  // each trained parameter written into its place.
+  std::map<std::string, std::vector<float>> stored;
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const ParamInfo& p : param_layout(out)) {
+    const detail::Source src = detail::source_of(hf, out, p.name, p.shape);
+    if (shapes.count(src.tensor)) continue;
+    std::int64_t n = 1;
+    for (auto d : src.shape) n *= d;
+    stored[src.tensor].assign(static_cast<std::size_t>(n), 0.0f);
+    shapes[src.tensor] = src.shape;
+  }
+  for (const auto& t : w.tensors()) {
+    const detail::Source src = detail::source_of(hf, out, t.name, t.shape);
+    detail::unarrange(src, t.shape, t.data, stored.at(src.tensor).data());
+  }
+  StFile f;
+  f.metadata["format"] = "pt";
+  for (const auto& [name, v] : stored) f.tensors[name] = st_f32(v.data(), shapes[name]);
+  write_safetensors(dir + "/model.safetensors", f);
+  write_file_atomic(dir + "/config.json",
+                    (llama ? detail::hf_llama_config(out) : detail::hf_gpt2_config(out)).dump(2) + "\n");
+  write_file_atomic(dir + "/model.json", config_to_json(out) + "\n");
 }
 
 // The model flags the caller gave (all of them when o.given is nullopt) that describe another model

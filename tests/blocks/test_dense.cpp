@@ -12,7 +12,6 @@
 
 #include "blocks/dense.hpp"
 #include "blocks/dense_kernels.hpp"
-#include "blocks/layers.hpp"
 #include "core/parallel.hpp"
 #include "kernels/cpu/simd_common.hpp"
 #include "qkv/attention.hpp"

@@ -1,6 +1,8 @@
-// The layer forwards of blocks/layers.hpp against f64 closed forms computed here, element by
-// element. f32 kernels vs f64 formulas: the tolerances are a few ulps of the values involved,
-// stated beside each check.
+// The layers of the model (blocks/embedding, norm, rope, activation, crossentropy .hpp), used alike
+// by serving (qkv::Model) and training (qkv::Trainable): each forward against f64 closed forms
+// computed here, element by element (f32 vs f64 formulas: tolerances a few ulps of the values
+// involved, stated beside each check), and each backward of the f64 twin against central finite
+// differences of its forward, then the f32 backward against the f64 one on the same inputs.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -8,7 +10,11 @@
 
 #include <gtest/gtest.h>
 
-#include "blocks/layers.hpp"
+#include "blocks/activation.hpp"
+#include "blocks/crossentropy.hpp"
+#include "blocks/embedding.hpp"
+#include "blocks/norm.hpp"
+#include "blocks/rope.hpp"
 #include "qkv/attention.hpp"
 #include "support/random_data.hpp"
 
@@ -137,7 +143,7 @@ TEST(Layers, GeluSwigluSoftmaxResidualMatchF64) {
   const std::int64_t n = 101;
   auto x = randn(n, 11, 2.0f), u = randn(n, 12);
   std::vector<float> g(n), s(n), r(n);
-  gelu_forward(g.data(), x.data(), n);
+  gelu_tanh_forward(g.data(), x.data(), n);
   swiglu_forward(s.data(), x.data(), u.data(), n);
   residual_forward(r.data(), x.data(), u.data(), n);
   std::vector<double> gr(n), sr(n);
@@ -149,7 +155,7 @@ TEST(Layers, GeluSwigluSoftmaxResidualMatchF64) {
   }
   // Published value of the tanh-approximate GELU at 1 (torch.nn.functional.gelu(1, approximate="tanh")).
   float one = 1.0f, g1;
-  gelu_forward(&g1, &one, 1);
+  gelu_tanh_forward(&g1, &one, 1);
   EXPECT_NEAR(g1, 0.8411920, 1e-6);
   const double eg = max_abs_diff(g, gr), es = max_abs_diff(s, sr);
   std::printf("gelu max |err| = %.3g, swiglu max |err| = %.3g\n", eg, es);
@@ -167,8 +173,9 @@ TEST(Layers, GeluSwigluSoftmaxResidualMatchF64) {
 
   const std::int64_t N = 3, V = 37;
   auto l = randn(N * V, 13, 5.0f);
-  std::vector<float> p(N * V);
-  softmax_forward(p.data(), l.data(), N, V);
+  std::vector<float> p(N * V), losses(N);
+  const int targets[N] = {0, 36, 17};
+  const double total = crossentropy_forward(p.data(), losses.data(), l.data(), targets, N, V);
   std::vector<double> pr(N * V);
   for (std::int64_t row = 0; row < N; ++row) {
     double sum = 0;
@@ -178,6 +185,211 @@ TEST(Layers, GeluSwigluSoftmaxResidualMatchF64) {
   const double ep = max_abs_diff(p, pr);
   std::printf("softmax max |err| = %.3g\n", ep);
   EXPECT_LT(ep, 1e-6);  // probabilities ≤ 1: a few f32 ulps
+  double want = 0;
+  for (std::int64_t row = 0; row < N; ++row) {
+    const double lr = -std::log(pr[row * V + targets[row]]);
+    EXPECT_NEAR(losses[row], lr, 1e-5 * std::max(1.0, lr));  // −log p of O(10): f32 rounding of the logits' sums
+    want += lr;
+  }
+  EXPECT_NEAR(total, want, 1e-5 * want);
+}
+
+
+// ---- Backward: the f64 twin against finite differences, then f32 against f64 ----
+
+using Vec = std::vector<double>;
+
+Vec widen(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+// ∂L/∂θ by central differences, L(θ) = loss() reading theta: the truncation error is h²/6·|L‴| and
+// the rounding ε·|L|/h; at h = 1e-5 both are below 1e-9 for these smooth layers of O(1) values.
+template <class F>
+Vec numeric_grad(Vec& theta, F&& loss) {
+  Vec g(theta.size());
+  const double h = 1e-5;
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    const double keep = theta[i];
+    theta[i] = keep + h;
+    const double lp = loss();
+    theta[i] = keep - h;
+    const double lm = loss();
+    theta[i] = keep;
+    g[i] = (lp - lm) / (2 * h);
+  }
+  return g;
+}
+
+double max_diff(const Vec& a, const Vec& b) {
+  double e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
+  return e;
+}
+double max_diff(const std::vector<float>& a, const Vec& b) { return max_diff(widen(a), b); }
+
+// L = Σ r ⊙ out for a fixed random r (so ∂L/∂out = r).
+double dot(const Vec& r, const Vec& out) {
+  double s = 0;
+  for (std::size_t i = 0; i < r.size(); ++i) s += r[i] * out[i];
+  return s;
+}
+
+constexpr double kFdTol = 1e-7;  // finite differences of f64 (see numeric_grad): 100× their error
+// f32 gradients of O(1–10) values, each a sum of ≤ C products: a few f32 ulps relative.
+constexpr double kF32Tol = 5e-6;
+
+TEST(LayersBackward, Embedding) {
+  const std::int64_t V = 7, C = 5, P = 9, N = 6, pos0 = 2;
+  Vec wte = widen(randn(V * C, 21)), wpe = widen(randn(P * C, 22)), r = widen(randn(N * C, 23));
+  const int tok[N] = {3, 0, 3, 6, 1, 3};  // a repeated token: its gradient rows add up
+  auto loss = [&] {
+    Vec out(N * C);
+    embedding_forward(out.data(), tok, wte.data(), wpe.data(), N, C, pos0);
+    return dot(r, out);
+  };
+  Vec dwte(V * C, 0.0), dwpe(P * C, 0.0);
+  embedding_backward(dwte.data(), dwpe.data(), r.data(), tok, N, C, pos0);
+  const double e = std::max(max_diff(dwte, numeric_grad(wte, loss)), max_diff(dwpe, numeric_grad(wpe, loss)));
+  std::printf("embedding: f64 backward vs finite differences %.3g\n", e);
+  EXPECT_LT(e, kFdTol);
+}
+
+TEST(LayersBackward, LayerNormAndRmsNorm) {
+  const std::int64_t N = 4, C = 37;
+  Vec x = widen(randn(N * C, 31, 2.0f)), w = widen(randn(C, 32)), b = widen(randn(C, 33)), r = widen(randn(N * C, 34));
+  for (auto& v : x) v += 1.5;  // a non-zero mean on purpose
+  for (const bool rms : {false, true}) {
+    auto loss = [&] {
+      Vec out(N * C), mean(N), rstd(N);
+      if (rms) rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5);
+      else layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5);
+      return dot(r, out);
+    };
+    Vec out(N * C), mean(N), rstd(N), dx(N * C, 0.0), dw(C, 0.0), db(C, 0.0);
+    if (rms) {
+      rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5);
+      rmsnorm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), N, C);
+    } else {
+      layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5);
+      layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+    }
+    double e = std::max(max_diff(dx, numeric_grad(x, loss)), max_diff(dw, numeric_grad(w, loss)));
+    if (!rms) e = std::max(e, max_diff(db, numeric_grad(b, loss)));
+    std::printf("%s: f64 backward vs finite differences %.3g\n", rms ? "rmsnorm" : "layernorm", e);
+    EXPECT_LT(e, kFdTol);
+
+    // f32 on every instruction set (LayerNorm's loops are built per ISA) against the f64 gradients.
+    for (const qkv::Isa isa : {qkv::Isa::scalar, qkv::Isa::avx2, qkv::Isa::avx512}) {
+      if (isa > qkv::cpu_isa()) continue;
+      qkv::set_isa(isa);
+      const std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), bf(b.begin(), b.end()),
+          rf(r.begin(), r.end());
+      std::vector<float> of(N * C), mf(N), sf(N), dxf(N * C, 0.0f), dwf(C, 0.0f), dbf(C, 0.0f);
+      if (rms) {
+        rmsnorm_forward(of.data(), sf.data(), xf.data(), wf.data(), N, C, 1e-5f);
+        rmsnorm_backward(dxf.data(), dwf.data(), rf.data(), xf.data(), wf.data(), sf.data(), N, C);
+      } else {
+        layernorm_forward(of.data(), mf.data(), sf.data(), xf.data(), wf.data(), bf.data(), N, C, 1e-5f);
+        layernorm_backward(dxf.data(), dwf.data(), dbf.data(), rf.data(), xf.data(), wf.data(), mf.data(), sf.data(), N,
+                           C);
+      }
+      const double e32 = std::max({max_diff(dxf, dx), max_diff(dwf, dw), rms ? 0.0 : max_diff(dbf, db)});
+      std::printf("  f32 (isa %d) vs f64: %.3g\n", static_cast<int>(isa), e32);
+      EXPECT_LT(e32, kF32Tol);
+    }
+    qkv::set_isa(qkv::cpu_isa());
+  }
+}
+
+TEST(LayersBackward, Rope) {
+  const std::int64_t nh = 3, hs = 10, pos = 13;
+  Vec x = widen(randn(nh * hs, 41)), r = widen(randn(nh * hs, 42)), cs(hs);
+  rope_angles(cs.data(), hs, pos, 10000.0);
+  auto loss = [&] {
+    Vec y = x;
+    rope_apply(y.data(), nh, hs, cs.data());
+    return dot(r, y);
+  };
+  Vec dx = r;
+  rope_apply_backward(dx.data(), nh, hs, cs.data());
+  const double e = max_diff(dx, numeric_grad(x, loss));
+  std::printf("rope: f64 backward vs finite differences %.3g\n", e);
+  EXPECT_LT(e, kFdTol);
+  std::vector<float> csf(hs), dxf(r.begin(), r.end());
+  rope_angles(csf.data(), hs, pos, 10000.0f);
+  rope_apply_backward(dxf.data(), nh, hs, csf.data());
+  const double e32 = max_diff(dxf, dx);
+  std::printf("  f32 vs f64: %.3g\n", e32);
+  EXPECT_LT(e32, kF32Tol);  // f32 angles of ≤ 13 rad carry ~1e-6 error
+}
+
+TEST(LayersBackward, GeluBothFormsAndSwiglu) {
+  const std::int64_t n = 67;
+  Vec x = widen(randn(n, 51, 2.0f)), u = widen(randn(n, 52)), r = widen(randn(n, 53));
+  for (const bool exact : {false, true}) {
+    auto forward = [&](Vec& out, Vec* slope) {
+      if (exact) gelu_exact_forward(out.data(), x.data(), n, slope ? slope->data() : nullptr);
+      else gelu_tanh_forward(out.data(), x.data(), n, slope ? slope->data() : nullptr);
+    };
+    auto loss = [&] {
+      Vec out(n);
+      forward(out, nullptr);
+      return dot(r, out);
+    };
+    Vec out(n), slope(n), dx(n);
+    forward(out, &slope);
+    gelu_backward(dx.data(), slope.data(), r.data(), n);
+    const double e = max_diff(dx, numeric_grad(x, loss));
+    std::printf("gelu %s: f64 backward vs finite differences %.3g\n", exact ? "exact" : "tanh", e);
+    EXPECT_LT(e, kFdTol);
+    // f32 with the slope kept in x's own memory, as training does.
+    std::vector<float> xf(x.begin(), x.end()), of(n), dxf(n);
+    const std::vector<float> rf(r.begin(), r.end());
+    if (exact) gelu_exact_forward(of.data(), xf.data(), n, xf.data());
+    else gelu_tanh_forward(of.data(), xf.data(), n, xf.data());
+    gelu_backward(dxf.data(), xf.data(), rf.data(), n);
+    const double e32 = std::max(max_diff(dxf, dx), max_diff(of, out));
+    std::printf("  f32 vs f64 (output and gradient): %.3g\n", e32);
+    EXPECT_LT(e32, kF32Tol);
+  }
+  auto loss = [&] {
+    Vec out(n);
+    swiglu_forward(out.data(), x.data(), u.data(), n);
+    return dot(r, out);
+  };
+  Vec dg(n), du(n);
+  swiglu_backward(dg.data(), du.data(), r.data(), x.data(), u.data(), n);
+  const double e = std::max(max_diff(dg, numeric_grad(x, loss)), max_diff(du, numeric_grad(u, loss)));
+  std::printf("swiglu: f64 backward vs finite differences %.3g\n", e);
+  EXPECT_LT(e, kFdTol);
+  const std::vector<float> xf(x.begin(), x.end()), uf(u.begin(), u.end()), rf(r.begin(), r.end());
+  std::vector<float> dgf(n), duf(n);
+  swiglu_backward(dgf.data(), duf.data(), rf.data(), xf.data(), uf.data(), n);
+  const double e32 = std::max(max_diff(dgf, dg), max_diff(duf, du));
+  std::printf("  f32 vs f64: %.3g\n", e32);
+  EXPECT_LT(e32, kF32Tol);
+}
+
+TEST(LayersBackward, CrossEntropy) {
+  const std::int64_t N = 3, V = 29;
+  Vec l = widen(randn(N * V, 61, 3.0f));
+  const int targets[N] = {4, 0, 28};
+  auto loss = [&] {
+    Vec p(N * V), losses(N);
+    return crossentropy_forward(p.data(), losses.data(), l.data(), targets, N, V);
+  };
+  Vec p(N * V), losses(N), dl(N * V);
+  crossentropy_forward(p.data(), losses.data(), l.data(), targets, N, V);
+  crossentropy_backward(dl.data(), p.data(), targets, N, V, 1.0);
+  const double e = max_diff(dl, numeric_grad(l, loss));
+  std::printf("cross-entropy: f64 backward vs finite differences %.3g\n", e);
+  EXPECT_LT(e, kFdTol);
+  const std::vector<float> lf(l.begin(), l.end());
+  std::vector<float> pf(N * V), lossf(N), dlf(N * V);
+  crossentropy_forward(pf.data(), lossf.data(), lf.data(), targets, N, V);
+  crossentropy_backward(dlf.data(), pf.data(), targets, N, V, 1.0f);
+  const double e32 = max_diff(dlf, dl);
+  std::printf("  f32 vs f64: %.3g\n", e32);
+  EXPECT_LT(e32, 1e-6);  // probabilities ≤ 1 through exp_f32 (≈1e-7 relative): a few f32 ulps
 }
 
 }  // namespace

@@ -14,14 +14,23 @@ namespace {
 
 using qkv::testing::randn;
 
+// The f64 twin of linear_forward on the same (widened) inputs: y [N, out].
+std::vector<double> reference(const std::vector<float>& x, const std::vector<float>& W, const std::vector<float>& b,
+                              std::int64_t N, std::int64_t in, std::int64_t out) {
+  const std::vector<double> xd(x.begin(), x.end()), Wd(W.begin(), W.end()), bd(b.begin(), b.end());
+  std::vector<double> y(static_cast<std::size_t>(N * out));
+  qkv::blocks::linear_forward(xd.data(), Wd.data(), bd.data(), y.data(), N, in, out);
+  return y;
+}
+
 // Odd sizes on purpose: sgemm edge tiles. f32 dot products of length `in` with N(0,1) entries
 // carry a rounding error of about √in · 2^-24 · |terms|; 1e-4 absolute is > 10× that for in ≤ 67.
 TEST(Linear, ForwardMatchesReference) {
   const std::int64_t N = 7, in = 67, out = 13;
   auto x = randn(N * in, 1), W = randn(out * in, 2), b = randn(out, 3);
-  std::vector<float> y(N * out), r(N * out);
+  std::vector<float> y(N * out);
   qkv::blocks::linear_forward(x.data(), W.data(), b.data(), y.data(), N, in, out);
-  qkv::blocks::linear_forward_reference(x.data(), W.data(), b.data(), r.data(), N, in, out);
+  const auto r = reference(x, W, b, N, in, out);
   double err = 0;
   for (std::size_t i = 0; i < y.size(); ++i) err = std::max(err, std::abs(double(y[i]) - r[i]));
   std::printf("max |y - ref| = %.3g\n", err);
@@ -33,9 +42,9 @@ TEST(Linear, ForwardMatchesReference) {
 TEST(Linear, ForwardWithBiasIgnoresWhatYHeld) {
   const std::int64_t N = 5, in = 9, out = 4;
   auto x = randn(N * in, 4), W = randn(out * in, 5), b = randn(out, 6);
-  std::vector<float> y(N * out, std::nanf("")), r(N * out);
+  std::vector<float> y(N * out, std::nanf(""));
   qkv::blocks::linear_forward(x.data(), W.data(), b.data(), y.data(), N, in, out);
-  qkv::blocks::linear_forward_reference(x.data(), W.data(), b.data(), r.data(), N, in, out);
+  const auto r = reference(x, W, b, N, in, out);
   double err = 0;
   for (std::size_t i = 0; i < y.size(); ++i) {
     ASSERT_TRUE(std::isfinite(y[i])) << "y[" << i << "] kept the NaN it held";
@@ -70,6 +79,16 @@ TEST(Linear, BackwardMatchesClosedForm) {
   }
   std::printf("max gradient error = %.3g\n", err);
   EXPECT_LT(err, 1e-4);  // sums of ≤ 11 products of N(0,1) in f32: error ~1e-6
+  // The f64 twin on the same inputs: the same sums, in f64 (its rounding ~1e-15, f32's ~1e-6).
+  const std::vector<double> xd(x.begin(), x.end()), Wd(W.begin(), W.end()), dyd(dy.begin(), dy.end());
+  std::vector<double> dxd(N * in), dWd(out * in), dbd(out);
+  qkv::blocks::linear_backward(xd.data(), Wd.data(), dyd.data(), dxd.data(), dWd.data(), dbd.data(), N, in, out);
+  double e64 = 0;
+  for (std::size_t i = 0; i < dx.size(); ++i) e64 = std::max(e64, std::abs(dxd[i] - dx[i]));
+  for (std::size_t i = 0; i < dW.size(); ++i) e64 = std::max(e64, std::abs(dWd[i] - dW[i]));
+  for (std::size_t i = 0; i < db.size(); ++i) e64 = std::max(e64, std::abs(dbd[i] - db[i]));
+  std::printf("f32 vs f64 twin: max gradient difference = %.3g\n", e64);
+  EXPECT_LT(e64, 1e-4);
 }
 
 // fork() while another thread runs oneDNN's sgemm: oneDNN 2.6 takes a process-wide mutex in every
@@ -86,9 +105,9 @@ TEST(Linear, ForkedChildRunsSgemmWhileAnotherThreadDoes) {
   auto child = [] {
     const std::int64_t N = 7, in = 67, out = 13;
     const auto x = randn(N * in, 1), W = randn(out * in, 2), b = randn(out, 3);
-    std::vector<float> y(N * out), r(N * out);
+    std::vector<float> y(N * out);
     qkv::blocks::linear_forward(x.data(), W.data(), b.data(), y.data(), N, in, out);
-    qkv::blocks::linear_forward_reference(x.data(), W.data(), b.data(), r.data(), N, in, out);
+    const auto r = reference(x, W, b, N, in, out);
     for (std::size_t i = 0; i < y.size(); ++i)
       if (!(std::abs(double(y[i]) - r[i]) < 1e-4)) return false;
     return true;

@@ -298,6 +298,21 @@ TEST(Train, ArchitectureMismatchesAreRefused) {
   m = error_of([&] { qkv::train::train(f); });
   EXPECT_NE(m.find("--tokenizer chars: --init's model"), std::string::npos) << m;
   EXPECT_FALSE(fs::exists(dir + "/finetune/checkpoint.safetensors"));
+  // No --tokenizer and none beside the model (the finder that generate and inspect use too).
+  fs::create_directories(dir + "/bare");
+  fs::copy_file(f.init, dir + "/bare/model.bin");
+  f.init = dir + "/bare/model.bin";
+  f.tokenizer.clear();
+  m = error_of([&] { qkv::train::train(f); });
+  EXPECT_NE(m.find("--tokenizer: not given, and no tokenizer.json, tokenizer.bin or tok*.bin beside --init"),
+            std::string::npos)
+      << m;
+  // Two candidates: which one is meant cannot be told.
+  write(dir + "/bare/tok512.bin", "x");
+  write(dir + "/bare/tok4096.bin", "x");
+  m = error_of([&] { qkv::train::train(f); });
+  EXPECT_NE(m.find("holds several tok*.bin"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(dir + "/finetune/checkpoint.safetensors"));
 
   // A BERT config (bidirectional, post-norm, token types) for a new model.
   write(dir + "/bert.json", R"({"model_type": "bert", "hidden_size": 16, "intermediate_size": 32,
