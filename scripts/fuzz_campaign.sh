@@ -44,6 +44,9 @@ if [[ $report == 1 ]]; then
 fi
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+# Only this run's artifacts are findings: one left from an earlier run (fixed, kept in fuzz/corpus) must not
+# stop a resumed campaign at its first slice.
+touch "$out/.started"
 slice_of() {  # one slice of harness $1
   local h=$1 left=$(( runs - $(total "$1" number_of_executed_units) ))
   local n; n=$(find "$out/logs" -name "$h.*.log" | wc -l)
@@ -64,8 +67,8 @@ while :; do
     slice_of "${todo[i]}" &
     [[ -z "${todo[i + 1]:-}" ]] || slice_of "${todo[i + 1]}" &
     wait
-    found=$(find "$out" -maxdepth 1 -name '*_crash-*' -o -maxdepth 1 -name '*_leak-*' \
-            -o -maxdepth 1 -name '*_timeout-*' -o -maxdepth 1 -name '*_oom-*')
+    found=$(find "$out" -maxdepth 1 -newer "$out/.started" \( -name '*_crash-*' -o -name '*_leak-*' \
+            -o -name '*_timeout-*' -o -name '*_oom-*' \))
     if [[ -n "$found" ]]; then echo "fuzz_campaign: finding: $found"; exit 1; fi
   done
 done
