@@ -298,9 +298,12 @@ struct ModelOptions {
 class Model {
  public:
   explicit Model(Weights w, ModelOptions options = {});
-  const ModelOptions& options() const { return opt_; }
-  const Config& config() const { return w_.config; }
-  const Weights& weights() const { return w_; }
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  const ModelOptions& options() const;
+  const Config& config() const;
+  const Weights& weights() const;
   // An empty cache for this model: bf16 when options().gemm_inputs = bf16 (the mode whose prefill
   // is fastest with bf16 attention), else f32 (the exact path). capacity 0: the config's seq_len.
   KvCache new_cache(std::int64_t capacity = 0) const;
@@ -325,75 +328,9 @@ class Model {
   void forward_ablated(const std::vector<int>& tokens, std::span<const HeadAblation> ablate, float* logits);
 
  private:
-  Weights w_;
-  // Activations for up to `rows_` positions: x, xb [S, C]; q, att [S, H·D]; k, v [S, Hkv·D];
-  // hb, hb2 [S, Hd]; xf [S, C] (the final norm's output).
-  // gemm_inputs = bf16 only: qkv [S, (H + 2·Hkv)·D] (the fused projection's output), xbb
-  // [S, max(C, H·D)] and hbb [S, Hd] bf16 (GEMM inputs); with a bf16 cache qkv's first half holds
-  // the bf16 [S, (H + 2·Hkv)·D] instead. qb, ob [S, H·D] bf16: q and the attention's output when the
-  // cache is bf16 and the path has f32 q (block(), decode).
-  Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, qkv_, xbb_, hbb_, qb_, ob_;
-  std::int64_t rows_ = 0;
-  ModelOptions opt_;
-  // weights = bf16: every projection matrix rounded to bf16 in one arena, with per-layer pointers
-  // (null where the f32 matrix is null); wide_ is an f32 scratch as large as the largest matrix,
-  // where a call with more rows than a GEMV takes widens one matrix for oneDNN's sgemm.
-  struct LayerBf16 {
-    const std::uint16_t *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
-    const std::uint16_t *w1 = nullptr, *w2 = nullptr, *w3 = nullptr;
-  };
-  // bqkv_ [n_layers, (H + 2·Hkv)·D]: b_Q, b_K, b_V concatenated (gemm_inputs = bf16, with biases).
-  Buffer bf16_, wide_, bqkv_;
-  // gemm_inputs = bf16: every layer's matrices ([W_Q; W_K; W_V], W_O, W1, W2, W3) also packed in
-  // oneDNN's blocked layout for the prefill GEMMs (model.cpp); a second bf16 copy of them.
-  struct PackedLayer;
-  std::vector<std::shared_ptr<const PackedLayer>> packed_;
-  std::vector<LayerBf16> layers_bf16_;
-  const std::uint16_t* wcls_bf16_ = nullptr;
-  // y [S, out] = beta·y + x [S, in] · Wᵀ + b, with W as f32 (Wb null) or bf16 (Wb): GEMV kernels for
-  // S ≤ 4 rows (decoding), oneDNN's sgemm above (its bf16 matmul when gemm_inputs = bf16, and then
-  // wide_ is not allocated).
-  void project(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y, std::int64_t S,
-               std::int64_t in, std::int64_t out, float beta = 0.0f);
-  // q, k, v [S, ·] = xb [S, C] · W_{Q,K,V}ᵀ + b of layer l: one fused GEMV for S ≤ 4 rows (the
-  // threads meet once for the three matrices), three projections above.
-  void project_qkv(int l, const float* xb, float* q, float* k, float* v, std::int64_t S);
-  std::int64_t params_ = 0;  // parameter count, to size the work of a call
-  void reserve(std::int64_t S);
-  // One layer on x_ [S, C]; its output only for rows r0 … S − 1 (model.cpp).
-  void block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerTrace* trace);
-  // The heads that block() knocks out (set only for the length of a forward_trace or
-  // forward_ablated call, which run every row: r0 = 0), and the knocking out on att [S, H·D].
-  std::span<const HeadAblation> ablate_;
-  void ablate_heads(int l, float* att, std::int64_t S) const;
-  // forward_trace and forward_ablated: layers from position 0 on a fresh f32 cache, then logits [S, V].
-  void forward_from_start(const char* fn, const std::vector<int>& tokens, Trace* trace,
-                          std::span<const HeadAblation> ablate, float* logits);
-  // block() for prefill with gemm_inputs = bf16: fused W_Q/W_K/W_V, GEMM epilogues (model.cpp).
-  void block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cache);
-  // Rotary on q and k (rows of ld_q, ld_kv floats: q [S, H·D], k, v [S, Hkv·D] in their first
-  // columns), k and v appended to layer l's cache at positions cache.len … (rounded to bf16 for a
-  // bf16 cache, and then q's rows too, into qb_), and the views that attention reads: q's rows
-  // r0 … S − 1, the cache's keys and values up to the new positions, `out` [S − r0, H·D] in the
-  // cache's dtype as the output (defined in model.cpp).
-  struct AttentionViews;
-  AttentionViews prepare_attention(int l, std::int64_t S, std::int64_t r0, KvCache& cache, float* q, float* k,
-                                   const float* v, std::int64_t ld_q, std::int64_t ld_kv, void* out);
-  // The views over layer l's cache for n queries (rows of ld_q elements at q, the cache's dtype)
-  // that are the last n of cache.len + S positions, the output rows [n, H·D] at out.
-  AttentionViews attention_views(int l, std::int64_t S, std::int64_t n, const KvCache& cache, void* q,
-                                 std::int64_t ld_q, void* out) const;
-  // One token for each of B = tokens.size() sequences on `threads` threads in one parallel region
-  // (model.cpp): logits [B, V]; each cache's len += 1. decode_scratch_: per-thread norm rows and
-  // attention scores; decode_sync_: the work counters of one step (kept: no allocation a token).
-  void decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int threads);
-  Buffer decode_scratch_;
-  struct DecodeSync;
-  static void free_decode_sync(DecodeSync* s);
-  std::unique_ptr<DecodeSync, void (*)(DecodeSync*)> decode_sync_{nullptr, &free_decode_sync};
-  // Throws (naming fn) unless cache is an f32 or bf16 cache for this config with room for S more.
-  void check_cache(const char* fn, const KvCache& cache, std::int64_t S) const;
-  void check_tokens(const char* fn, std::span<const int> tokens, std::int64_t start) const;
+  // Work buffers, the bf16 copies of the weights and the decoding step's state (src/model/model_impl.hpp).
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ void gemv_f32_multi(const float* x, std::span<const GemvOut> outs, std::int64_t 
                     int threads, Isa isa);
 void gemv_bf16_multi(const float* x, std::span<const GemvOut> outs, std::int64_t M, std::int64_t in, float beta,
                      int threads, Isa isa);
-// The same for a caller already inside a parallel region (the decoding step of model.cpp): computes
+// The same for a caller already inside a parallel region (the decoding step of src/model/decode.cpp): computes
 // rows [r0, r1) of the list of all outputs' rows (0 ≤ r0 ≤ r1 ≤ Σ out_k) on the calling thread.
 // Callers hand out disjoint ranges that together cover the list. A row's result does not depend on
 // the range it was computed in.

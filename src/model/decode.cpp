@@ -1,0 +1,221 @@
+// Model's decoding step: one token for each of B sequences in one parallel region. See model_impl.hpp.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <mutex>
+
+#include "blocks/activation.hpp"
+#include "blocks/dense.hpp"
+#include "blocks/embedding.hpp"
+#include "blocks/norm.hpp"
+#include "blocks/rope.hpp"
+#include "core/parallel.hpp"
+#include "model/model_impl.hpp"
+#include "qkv/attention.hpp"
+
+namespace qkv {
+
+// The counters of one decoding step (Model::decode), kept between calls: step s hands out the
+// chunks of segment g from next[s·T + g] and counts its finished units in done[s]. Each counter
+// has its own cache line (threads bump them concurrently).
+struct Model::Impl::DecodeSync {
+  struct alignas(64) Next {
+    std::atomic<std::int64_t> v{0};
+  };
+  struct alignas(64) Done {
+    WaitWord v;
+  };
+  std::unique_ptr<Next[]> next;
+  std::unique_ptr<Done[]> done;
+  int steps = 0, threads = 0;
+};
+
+void Model::Impl::DecodeSyncDeleter::operator()(DecodeSync* s) const { delete s; }
+
+// Decoding: one token for each of B sequences (B = 1: Model::forward of one token), each with its
+// own cache and position. A step reads every weight once for all B sequences (gemv_batch_rows: each
+// weight row once, for the B rows of activations) in one parallel call (run_shared) whose threads
+// go through the stages below in order; a stage starts once the one before it has finished all its
+// units (done[s], a WaitWord: spin, then sleep):
+//   A  per KV head (handed out from a counter): its rows of W_Q, W_K, W_V → q, k, v of its G query
+//      heads, then for each sequence rotary at its position, k, v appended to its cache, and the
+//      G heads' attention (attend_one; a bf16 cache: qkv::attention's bf16 kernel)
+//   B  rows of x += att·W_Oᵀ + b_O
+//   C  rows of hb = xb·W1ᵀ (+ W3) and the activation on them
+//   D  rows of x += hb·W2ᵀ + b2
+// then rows of the logits from norm_f(x). Stages A, C and the logits read the norm of x, which each
+// thread computes into its own xb_t (C·B values, cheaper than another stage) once it has taken its
+// first chunk of the stage: x cannot change then (the next writer of x waits for that chunk), and
+// a thread that takes no chunk reads nothing. So a thread that wakes late or is preempted on a busy
+// machine is not waited for: the others take its share, and it skips the stages already handed
+// out (run_shared lets no thread join after the caller's part is done). Rows are handed out in
+// chunks of ≈ 64 KiB of weights (see `share`). Every row's sum and every head's attention is
+// computed by the same code whichever thread and whatever B, so the logits are the same bits on any
+// number of threads and in any batch (tests/model/test_model.cpp). With one thread the caller runs
+// the stages alone: no thread is woken, no counter waited on.
+void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int T) {
+  using i64 = std::int64_t;
+  const Config& c = w_.config;
+  const i64 B = static_cast<i64>(tokens.size());
+  const i64 C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim, V = c.vocab_size;
+  const i64 G = H / Hkv, HD = H * D, KD = Hkv * D;
+  const Isa isa = active_isa();
+  const bool bf16 = !layers_bf16_.empty(), bf16_kv = caches[0]->k.dtype() == DType::bf16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  reserve(B);
+  // Per thread: xb_t [B, C] (its norm output) and scores [P] (attend_one's scratch); then the rotary
+  // angles of each sequence's position, cs [B, D] (blocks::rope_angles), computed once a step.
+  const i64 per_thread = B * C + c.seq_len;
+  if (decode_scratch_.numel() < T * per_thread + B * D) decode_scratch_ = Buffer(DType::f32, {T * per_thread + B * D});
+  float* cs = decode_scratch_.ptr<float>() + T * per_thread;
+  if (c.pos == PosEncoding::rotary)
+    for (i64 b = 0; b < B; ++b) blocks::rope_angles(cs + b * D, D, caches[static_cast<std::size_t>(b)]->len, c.rope_theta);
+  const int steps = 4 * static_cast<int>(c.n_layers) + 1;
+  if (!decode_sync_ || decode_sync_->steps < steps || decode_sync_->threads < T) {
+    decode_sync_.reset(new DecodeSync);
+    decode_sync_->next = std::make_unique<DecodeSync::Next[]>(static_cast<std::size_t>(steps * T));
+    decode_sync_->done = std::make_unique<DecodeSync::Done[]>(static_cast<std::size_t>(steps));
+    decode_sync_->steps = steps;
+    decode_sync_->threads = T;
+  }
+  DecodeSync::Next* next = decode_sync_->next.get();
+  DecodeSync::Done* done = decode_sync_->done.get();
+  for (int i = 0; i < steps * T; ++i) next[i].v.store(0, std::memory_order_relaxed);
+  for (int s = 0; s < steps; ++s) done[s].v.store(0);  // no thread waits on them now: no wake-up
+  for (i64 b = 0; b < B; ++b)
+    blocks::embedding_forward(x_.ptr<float>() + b * C, &tokens[static_cast<std::size_t>(b)], w_.wte, w_.wpe, 1, C,
+                              caches[static_cast<std::size_t>(b)]->len);
+  float *x = x_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>(), *v = v_.ptr<float>();
+  float *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
+  // y [b·ldy + o] (+)= xin [b, :] · W[o, :] + bias[o], rows [r0, r1) of W, f32 or bf16 weights.
+  auto gemv = [&](const float* W, const std::uint16_t* Wb, const float* bias, float* y, i64 ldy, const float* xin,
+                  i64 in, float beta, i64 r0, i64 r1) {
+    blocks::gemv_batch_rows(xin, bf16 ? nullptr : W, bf16 ? Wb : nullptr, bias, y, ldy, B, in, beta, isa, r0, r1);
+  };
+  auto norm_rows = [&](float* out, const float* w, const float* bias) {
+    if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, B, C, c.norm_eps);
+    else blocks::layernorm_forward(out, nullptr, nullptr, x, w, bias, B, C, c.norm_eps);
+  };
+  // Rows per chunk of n rows with `in` columns: ≈ 64 KiB of weights, at least 8 rows; all n on one
+  // thread (nothing to rebalance: each matrix is read as one stream, W1 and W3 one after the other).
+  const i64 wbytes = bf16 ? 2 : 4;
+  auto rows_per_chunk = [&](i64 in, i64 n) {
+    return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes));
+  };
+  // Units of each step: A kv heads, B rows of W_O, C rows of W1, D rows of W2; the last: logits.
+  auto units = [&](int step) -> i64 {
+    if (step == steps - 1) return V;
+    const int stage = step % 4;
+    return stage == 0 ? Hkv : stage == 2 ? Hd : C;
+  };
+  // Step `step`: its n units, [0, n), are cut into T contiguous segments, each with its counter:
+  // thread t takes the chunks of segment t in order (one linear stream, as a static split would),
+  // then helps with the other segments' remaining chunks. It first waits for the step before to
+  // finish, and calls first() once before its first chunk (the norm of x, when the step reads it).
+  auto share = [&](int t, int step, i64 n, i64 chunk, auto&& first, auto&& fn) {
+    if (T > 1 && step > 0) {
+      const auto need = static_cast<std::uint32_t>(units(step - 1));
+      for (std::uint32_t d = done[step - 1].v.load(); d < need;) d = done[step - 1].v.wait_change(d);
+    }
+    bool started = false;
+    for (int j = 0; j < T; ++j) {
+      const int seg = (t + j) % T;
+      const auto [a, b] = blocks::gemv_part_rows(n, seg, T);
+      std::atomic<i64>& counter = next[step * T + seg].v;
+      for (;;) {
+        const i64 r0 = a + counter.fetch_add(1, std::memory_order_relaxed) * chunk;
+        if (r0 >= b) break;
+        if (!started) first();
+        started = true;
+        const i64 r1 = std::min(b, r0 + chunk);
+        fn(r0, r1);
+        if (T > 1) done[step].v.fetch_add(static_cast<std::uint32_t>(r1 - r0));
+      }
+    }
+  };
+  std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
+  std::mutex error_mu;
+  auto nothing = [] {};
+  run_shared(T, [&](int t) {
+    float* xb = decode_scratch_.ptr<float>() + t * per_thread;
+    float* scores = xb + B * C;
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+      const LayerBf16 Lb = bf16 ? layers_bf16_[static_cast<std::size_t>(l)] : LayerBf16{};
+      const int s0 = 4 * l;
+      share(t, s0, Hkv, 1, [&] { norm_rows(xb, L.norm1_w, L.norm1_b); }, [&](i64 hk, i64) {
+        const i64 h0 = hk * G;
+        gemv(L.wq ? L.wq + h0 * D * C : nullptr, Lb.wq ? Lb.wq + h0 * D * C : nullptr, L.bq ? L.bq + h0 * D : nullptr,
+             q + h0 * D, HD, xb, C, 0.0f, 0, G * D);
+        gemv(L.wk ? L.wk + hk * D * C : nullptr, Lb.wk ? Lb.wk + hk * D * C : nullptr, L.bk ? L.bk + hk * D : nullptr,
+             k + hk * D, KD, xb, C, 0.0f, 0, D);
+        gemv(L.wv ? L.wv + hk * D * C : nullptr, Lb.wv ? Lb.wv + hk * D * C : nullptr, L.bv ? L.bv + hk * D : nullptr,
+             v + hk * D, KD, xb, C, 0.0f, 0, D);
+        for (i64 b = 0; b < B; ++b) {
+          KvCache& cache = *caches[static_cast<std::size_t>(b)];
+          const i64 pos = cache.len, cap = cache.capacity;
+          float *qh = q + b * HD + h0 * D, *kh = k + b * KD + hk * D, *vh = v + b * KD + hk * D;
+          if (c.pos == PosEncoding::rotary) {
+            blocks::rope_apply(qh, G, D, cs + b * D);
+            blocks::rope_apply(kh, 1, D, cs + b * D);
+          }
+          const i64 at = (l * Hkv + hk) * cap * D;  // this kv head's rows in the cache
+          float* oh = att + b * HD + h0 * D;
+          if (!bf16_kv) {
+            float *kc = cache.k.ptr<float>() + at, *vc = cache.v.ptr<float>() + at;
+            std::memcpy(kc + pos * D, kh, sizeof(float) * static_cast<std::size_t>(D));
+            std::memcpy(vc + pos * D, vh, sizeof(float) * static_cast<std::size_t>(D));
+            blocks::attend_one(qh, kc, vc, oh, scores, G, D, pos + 1, scale, isa);
+            continue;
+          }
+          // A bf16 cache: k, v rounded into it; the bf16 decode kernel takes bf16 q, K, V and
+          // writes bf16 rows, widened back into att.
+          blocks::f32_to_bf16(cache.k.ptr<std::uint16_t>() + at + pos * D, kh, D, isa);
+          blocks::f32_to_bf16(cache.v.ptr<std::uint16_t>() + at + pos * D, vh, D, isa);
+          std::uint16_t *qb = qb_.ptr<std::uint16_t>() + b * HD + h0 * D, *ob = ob_.ptr<std::uint16_t>() + b * HD + h0 * D;
+          blocks::f32_to_bf16(qb, qh, G * D, isa);
+          AttentionOptions opt;
+          opt.num_threads = 1;
+          opt.causal = true;
+          opt.align = Align::bottom_right;
+          try {
+            attention(View::strided(qb, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}),
+                      View::strided(cache.k.ptr<std::uint16_t>() + at, DType::bf16, {1, 1, pos + 1, D},
+                                    {cap * D, cap * D, D, 1}),
+                      View::strided(cache.v.ptr<std::uint16_t>() + at, DType::bf16, {1, 1, pos + 1, D},
+                                    {cap * D, cap * D, D, 1}),
+                      View::strided(ob, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}), opt);
+            blocks::bf16_to_f32(oh, ob, G * D, 1);
+          } catch (...) {
+            const std::lock_guard<std::mutex> lock(error_mu);
+            error = std::current_exception();
+          }
+        }
+      });
+      share(t, s0 + 1, C, rows_per_chunk(HD, C), nothing, [&](i64 r0, i64 r1) {
+        gemv(L.wo, Lb.wo, L.bo, x, C, att, HD, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O
+      });
+      share(t, s0 + 2, Hd, rows_per_chunk(C, Hd), [&] { norm_rows(xb, L.norm2_w, L.norm2_b); }, [&](i64 r0, i64 r1) {
+        gemv(L.w1, Lb.w1, L.b1, hb, Hd, xb, C, 0.0f, r0, r1);
+        if (c.mlp == MlpKind::swiglu) gemv(L.w3, Lb.w3, nullptr, hb2, Hd, xb, C, 0.0f, r0, r1);
+        for (i64 b = 0; b < B; ++b) {
+          float* h = hb + b * Hd + r0;
+          if (c.mlp == MlpKind::swiglu) blocks::swiglu_forward(h, h, hb2 + b * Hd + r0, r1 - r0);  // per ISA, exp_f32
+          else if (c.mlp == MlpKind::gelu_exact) blocks::gelu_exact_forward(h, h, r1 - r0);
+          else blocks::gelu_fast(h, h, r1 - r0, 1, isa);
+        }
+      });
+      share(t, s0 + 3, C, rows_per_chunk(Hd, C), nothing, [&](i64 r0, i64 r1) {
+        gemv(L.w2, Lb.w2, L.b2, x, C, hb, Hd, 1.0f, r0, r1);  // residual: x += hb·W2ᵀ + b2
+      });
+    }
+    share(t, steps - 1, V, rows_per_chunk(C, V), [&] { norm_rows(xb, w_.normf_w, w_.normf_b); },
+          [&](i64 r0, i64 r1) { gemv(w_.wcls, wcls_bf16_, nullptr, logits, V, xb, C, 0.0f, r0, r1); });
+  });
+  if (error) std::rethrow_exception(error);
+  for (KvCache* cache : caches) cache->len += 1;
+}
+
+}  // namespace qkv

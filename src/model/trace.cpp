@@ -1,0 +1,139 @@
+// forward_trace and forward_ablated: the whole sequence from position 0 on an f32 cache of its own,
+// every layer's attention recorded (LayerTrace) and chosen heads knocked out. See model_impl.hpp.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "blocks/embedding.hpp"
+#include "blocks/linear.hpp"
+#include "blocks/norm.hpp"
+#include "core/parallel.hpp"
+#include "model/model_impl.hpp"
+#include "qkv/memory.hpp"
+
+namespace qkv {
+
+using model_detail::CallThreads;
+using model_detail::kPrefillSharedFlops;
+using model_detail::norm;
+
+// Layer l's attention with everything a trace records; its output att is what block() goes on with.
+void Model::Impl::trace_attention(int l, std::int64_t S, const KvCache& cache, const float* q, float* att,
+                                  const AttentionViews& av, LayerTrace& trace) {
+  const Config& c = w_.config;
+  const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+  const LayerBf16 Lb = layer_bf16(l);
+  const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), cap = cache.capacity;
+  // forward_trace runs on an f32 cache of its own.
+  const float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
+  // scores [H, S, S] from the same q and k, in f64 like the reference; pattern from the kernel.
+  trace.pattern = Buffer(DType::f32, {H, S, S});
+  trace.scores = Buffer(DType::f32, {H, S, S});
+  attention(av.q, av.k, av.v, av.out, av.opt, std::nullopt,
+            View::contiguous(trace.pattern.data(), DType::f32, {1, H, S, S}));
+  ablate_heads(l, att, S);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  float* sc = trace.scores.ptr<float>();
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t i = 0; i < S; ++i)
+      for (std::int64_t j = 0; j < S; ++j) {
+        float& out = sc[(h * S + i) * S + j];
+        if (j > i) {
+          out = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        const float* qi = q + (i * H + h) * D;
+        const float* kj = kc + ((h / (H / Hkv)) * cap + j) * D;
+        double dot = 0;
+        for (std::int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
+        out = static_cast<float>(scale * dot);
+      }
+  // The vectors the scores are made of, after rotary: q [H, S, D], k [Hkv, S, D].
+  trace.q = Buffer(DType::f32, {H, S, D});
+  trace.k = Buffer(DType::f32, {Hkv, S, D});
+  for (std::int64_t s = 0; s < S; ++s) {
+    for (std::int64_t h = 0; h < H; ++h)
+      std::memcpy(trace.q.ptr<float>() + (h * S + s) * D, q + (s * H + h) * D, sizeof(float) * static_cast<std::size_t>(D));
+    for (std::int64_t g = 0; g < Hkv; ++g)
+      std::memcpy(trace.k.ptr<float>() + (g * S + s) * D, kc + (g * cap + s) * D, sizeof(float) * static_cast<std::size_t>(D));
+  }
+  // Δe_h = W_O[:, h·D:(h+1)·D] · att_h for every position: head_delta [H, S, C].
+  trace.head_delta = Buffer(DType::f32, {H, S, C});
+  trace.block_delta = Buffer(DType::f32, {S, C});
+  blocks::head_delta_forward(trace.head_delta.ptr<float>(), att, L.wo, S, H, D, C);
+  project(att, L.wo, Lb.wo, nullptr, trace.block_delta.ptr<float>(), S, H * D, C);
+}
+
+void Model::Impl::ablate_heads(int l, float* att, std::int64_t S) const {
+  const std::int64_t H = w_.config.n_heads, D = w_.config.head_dim();
+  for (const HeadAblation& a : ablate_) {
+    if (a.layer != l) continue;
+    float* col = att + static_cast<std::int64_t>(a.head) * D;  // rows of H·D floats, head h's D columns
+    std::vector<double> mean(static_cast<std::size_t>(D), 0.0);
+    if (a.kind == HeadAblation::Kind::mean) {
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t d = 0; d < D; ++d) mean[static_cast<std::size_t>(d)] += col[s * H * D + d];
+      for (double& m : mean) m /= static_cast<double>(S);
+    }
+    for (std::int64_t s = 0; s < S; ++s)
+      for (std::int64_t d = 0; d < D; ++d) col[s * H * D + d] = static_cast<float>(mean[static_cast<std::size_t>(d)]);
+  }
+}
+
+void Model::Impl::forward_from_start(const char* fn, const std::vector<int>& tokens, Trace* trace,
+                               std::span<const HeadAblation> ablate, float* logits) {
+  check_tokens(fn, tokens, 0);
+  const Config& c = w_.config;
+  for (const HeadAblation& a : ablate) {
+    if (a.layer < 0 || a.layer >= c.n_layers || a.head < 0 || a.head >= c.n_heads) {
+      fail(fn, "ablate: head (layer " + std::to_string(a.layer) + ", head " + std::to_string(a.head) +
+                   ") is not in the model's " + std::to_string(c.n_layers) + " layers × " + std::to_string(c.n_heads) +
+                   " heads");
+    }
+  }
+  const auto S = static_cast<std::int64_t>(tokens.size());
+  const CallThreads threads(opt_.num_threads, std::numeric_limits<double>::infinity(), kPrefillSharedFlops);
+  KvCache cache(c, S);
+  reserve(S);
+  ablate_ = ablate;
+  struct Reset {
+    std::span<const HeadAblation>& a;
+    ~Reset() { a = {}; }
+  } reset{ablate_};
+  blocks::embedding_forward(x_.ptr<float>(), tokens.data(), w_.wte, w_.wpe, S, c.dim, 0);
+  const auto copy_x = [&](Buffer& to) {
+    to = Buffer(DType::f32, {S, c.dim});
+    std::memcpy(to.data(), x_.data(), sizeof(float) * static_cast<std::size_t>(S * c.dim));
+  };
+  if (trace) {
+    trace->layers.clear();
+    trace->layers.resize(static_cast<std::size_t>(c.n_layers));
+    copy_x(trace->embed);
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerTrace* lt = trace ? &trace->layers[static_cast<std::size_t>(l)] : nullptr;
+    block(l, S, 0, cache, lt);
+    if (lt) copy_x(lt->resid);
+  }
+  norm(c, xb_.ptr<float>(), x_.ptr<float>(), w_.normf_w, w_.normf_b, S);
+  project(xb_.ptr<float>(), w_.wcls, wcls_bf16_, nullptr, logits, S, c.dim, c.vocab_size);
+}
+
+void Model::Impl::forward_trace(const std::vector<int>& tokens, Trace& trace, std::span<const HeadAblation> ablate) {
+  const char* fn = "qkv::Model::forward_trace";
+  check_tokens(fn, tokens, 0);
+  const Config& c = w_.config;
+  const auto S = static_cast<std::int64_t>(tokens.size());
+  // What the trace keeps: per layer scores and pattern [H, S, S], head_delta [H, S, C] and
+  // block_delta [S, C], resid [S, C], q [H, S, D], k [Hkv, S, D]; then embed [S, C] and logits [S, V].
+  check_memory(fn, "trace of " + std::to_string(S) + " tokens",
+               c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 2, S, c.dim}, 4) +
+                             bytes_of({c.n_heads + c.n_kv_heads, S, c.head_dim()}, 4)) +
+                   bytes_of({S, c.dim}, 4) + bytes_of({S, c.vocab_size}, 4));
+  trace.logits = Buffer(DType::f32, {S, c.vocab_size});
+  forward_from_start(fn, tokens, &trace, ablate, trace.logits.ptr<float>());
+}
+
+}  // namespace qkv
