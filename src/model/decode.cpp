@@ -119,7 +119,7 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
       const auto need = static_cast<std::uint32_t>(units(step - 1));
       for (std::uint32_t d = done[step - 1].v.load(); d < need;) d = done[step - 1].v.wait_change(d);
     }
-    bool started = false;
+    i64 mine = 0;  // units this thread finished, counted into done[step] once it finds no more
     for (int j = 0; j < T; ++j) {
       const int seg = (t + j) % T;
       const auto [a, b] = blocks::gemv_part_rows(n, seg, T);
@@ -127,13 +127,16 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
       for (;;) {
         const i64 r0 = a + counter.fetch_add(1, std::memory_order_relaxed) * chunk;
         if (r0 >= b) break;
-        if (!started) first();
-        started = true;
+        if (mine == 0) first();
         const i64 r1 = std::min(b, r0 + chunk);
         fn(r0, r1);
-        if (T > 1) done[step].v.fetch_add(static_cast<std::uint32_t>(r1 - r0));
+        mine += r1 - r0;
       }
     }
+    // One add a thread a step, not one a chunk: every add wakes a thread sleeping on the word (a
+    // system call), and the next step needs all n units anyway, so counting earlier would only
+    // wake the waiter sooner to wait again.
+    if (T > 1 && mine > 0) done[step].v.fetch_add(static_cast<std::uint32_t>(mine));
   };
   std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
   std::mutex error_mu;

@@ -1,7 +1,10 @@
 // Weights: the canonical parameter list, allocation and random initialisation.
 #include "model/weights.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <random>
 
 namespace qkv {
@@ -55,14 +58,31 @@ void for_each_param(Weights& w,
   if (!c.tied_embeddings) f("output.weight", {c.vocab_size, C}, w.wcls);
 }
 
+// A float is non-finite when its exponent bits are all ones, i.e. when (bits & kExponent) +
+// 2^23 reaches bit 31. Blocks of kBlock values are screened so, OR-ing those sums (integer ops that
+// GCC vectorises at -O2 on the SSE2 baseline; std::isfinite per value ran at ≈ 0.6 GB/s, 0.19 s
+// for the stories110M shape), and a block that holds one is searched value by value for the message.
 void check_finite(const Weights& w, const char* fn, const std::string& where) {
+  constexpr std::int64_t kBlock = 4096;
+  constexpr std::uint32_t kExponent = 0x7f800000u, kExponentLsb = 0x00800000u;  // 2^23
   for (const auto& t : w.tensors()) {
     std::int64_t n = 1;
     for (auto d : t.shape) n *= d;
-    for (std::int64_t k = 0; k < n; ++k)
-      if (!std::isfinite(t.data[k]))
-        fail(fn, where + ": tensor " + t.name + " holds a non-finite value (" + std::to_string(t.data[k]) +
-                     ") at flat index " + std::to_string(k));
+    for (std::int64_t k0 = 0; k0 < n; k0 += kBlock) {
+      const std::int64_t len = std::min(kBlock, n - k0);
+      const float* x = t.data + k0;
+      auto screen = [](std::uint32_t bits) { return (bits & kExponent) + kExponentLsb; };
+      std::uint32_t any = 0;
+      if (len == kBlock)  // a constant trip count: GCC's -O2 cost model vectorises only this form
+        for (std::int64_t k = 0; k < kBlock; ++k) any |= screen(std::bit_cast<std::uint32_t>(x[k]));
+      else
+        for (std::int64_t k = 0; k < len; ++k) any |= screen(std::bit_cast<std::uint32_t>(x[k]));
+      if ((any >> 31) == 0) continue;
+      for (std::int64_t k = k0; k < k0 + len; ++k)
+        if (!std::isfinite(t.data[k]))
+          fail(fn, where + ": tensor " + t.name + " holds a non-finite value (" + std::to_string(t.data[k]) +
+                       ") at flat index " + std::to_string(k));
+    }
   }
 }
 

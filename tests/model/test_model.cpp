@@ -560,6 +560,43 @@ TEST(Model, Llama2cLoaderRefusesBadFiles) {
   expect_error([] { qkv::load_llama2c("/nonexistent/model.bin"); }, {"/nonexistent/model.bin", "no such file"});
 }
 
+// A checkpoint of more than 64 MiB of floats is used in place in the file's mapping (no copy;
+// load_llama2c.cpp): the tensors hold the file's floats bit for bit, and the finiteness screen,
+// which checks 4096 values at a time, still finds a NaN inside a full block and an infinity in a
+// tensor's last, partial block, naming the tensor and the flat index.
+TEST(Model, Llama2cLargeCheckpointInPlace) {
+  const std::int32_t C = 32, V = 524800, P = 4;  // V·C floats = 64.06 MiB: over the copy limit
+  const std::int32_t header[7] = {C, C, 1, 1, 1, V, P};
+  const std::int64_t floats = std::int64_t{V} * C + C + 4 * C * C + C + 3 * C * C + C + P * C;
+  std::vector<float> data(static_cast<std::size_t>(floats));
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(static_cast<std::int64_t>(i % 2001) - 1000) / 1024.0f;
+  auto bytes = [&](const std::vector<float>& d) {
+    std::string b(reinterpret_cast<const char*>(header), sizeof header);
+    b.append(reinterpret_cast<const char*>(d.data()), d.size() * sizeof(float));
+    return b;
+  };
+  std::string p = write_tmp("large.bin", bytes(data));
+  {
+    const qkv::Weights w = qkv::load_llama2c(p);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(w.wte) % 4096, 28u);  // the file's byte 28: its mapping, no copy
+    EXPECT_EQ(std::memcmp(w.wte, data.data(), sizeof(float) * static_cast<std::size_t>(V) * C), 0);
+    const std::size_t normf = data.size() - static_cast<std::size_t>(P * C + C);  // rms_final, before the rotary tables
+    EXPECT_EQ(std::memcmp(w.normf_w, data.data() + normf, sizeof(float) * C), 0);
+    EXPECT_EQ(w.layers[0].w3[C * C - 1], data[normf - 1]);  // w3's last float ends the layers
+  }
+  std::vector<float> bad = data;
+  bad[123457] = std::numeric_limits<float>::quiet_NaN();  // in wte's 31st block of 4096
+  p = write_tmp("large_nan.bin", bytes(bad));
+  expect_error([&] { qkv::load_llama2c(p); }, {"large_nan.bin", "tok_embeddings.weight", "non-finite", "flat index 123457"});
+  bad = data;
+  bad[data.size() - static_cast<std::size_t>(P * C + C) - 5] = -std::numeric_limits<float>::infinity();  // w3, its tail
+  p = write_tmp("large_inf.bin", bytes(bad));
+  expect_error([&] { qkv::load_llama2c(p); }, {"large_inf.bin", "layers.0.feed_forward.w3.weight", "-inf", "flat index 1019"});
+  std::remove(p.c_str());
+  std::remove(tmp_path("large.bin").c_str());
+  std::remove(tmp_path("large_nan.bin").c_str());
+}
+
 // Issue #16, defect 12: a model.json without "norm" (or any other field that shapes the model)
 // is refused naming the file and the key, instead of running the weights as an RMSNorm model.
 TEST(Model, ConfigMissingFieldNamesFileAndKey) {
