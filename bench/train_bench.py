@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Training speed of `qkv train` beside its PyTorch twin, eager and torch.compile'd, for GPT-2 and Llama-style
+models of the same size, interleaved in one run (#24 item 4).
+
+    python3 bench/train_bench.py --build build-ci --rounds 3 --steps 200
+
+Per architecture, one `qkv train` run of one step at lr 1e-30 gives the initial weights (bench/train_model_torch.py
+checks that the twin's loss on the first batch equals qkv's, so both do the same work); then each round runs, in
+a rotating order, every contender as its own process on those weights and the same batches:
+  qkv          `qkv train` (QKV_NUM_THREADS), W + N steps; its loss.csv times every step (evaluation excluded).
+               CPU seconds per step = (CPU of that run − CPU of a W-step run) / N, so start-up, tokenising and
+               the validation at both ends cancel.
+  torch ...    bench/train_model_torch.py: eager (AdamW foreach, or fused), or torch.compile in a mode; the W
+               warm-up steps, where compiling happens, are reported apart as "warm-up s".
+Both sides: 2 threads, OMP_WAIT_POLICY=PASSIVE, nanoGPT's Shakespeare recipe (4 layers, width 128, 4 heads,
+context 64, batch 12, AdamW, clip 1, warmup + cosine). GPT-2: learned positions, LayerNorm, exact GELU (hidden
+512); Llama: rotary, RMSNorm, SwiGLU (hidden 392), 4 query heads on 2 key/value heads — 808,192 parameters against
+GPT-2's 804,096 (+0.5 %).
+
+The machine's fp32 FMA peak (bench_attention --peak) and the load are measured before and after. On a shared
+machine the CPU seconds per step are the steadier figure: wall time counts the other processes' share of the
+cores. Writes bench/results/train_bench.{json,md}.
+"""
+import argparse
+import csv
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
+
+ARCHS = {
+    "gpt2": ["--arch", "gpt2"],
+    "llama": ["--arch", "llama", "--kv-heads", "2", "--hidden-dim", "392"],
+}
+TORCH = {  # contender → bench/train_model_torch.py flags
+    "torch eager": [],
+    "torch eager + fused AdamW": ["--fused-adamw"],
+    "torch.compile default": ["--compile", "default"],
+    "torch.compile max-autotune-no-cudagraphs": ["--compile", "max-autotune-no-cudagraphs"],
+}
+
+
+def run_child(cmd, env):
+    """(stdout, CPU seconds of the child: user + system of all its threads)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise RuntimeError(f"bench/train_bench.py: {' '.join(cmd[:4])} ... failed:\n{p.stdout[-2000:]}{p.stderr[-3000:]}")
+    return p.stdout, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def qkv_train(a, arch, out, steps, extra, env):
+    cmd = [a.qkv, "train", "--data", a.data, "--out", out, *ARCHS[arch], "--steps", str(steps), "--seed", "1337",
+           "--eval-interval", "1000000", "--eval-batches", "1", "--checkpoint-interval", str(steps), "--quiet", *extra]
+    return run_child(cmd, env)
+
+
+def elapsed(out):
+    """loss.csv's elapsed_s of the training rows: the training seconds after each step (evaluation excluded)."""
+    with open(os.path.join(out, "loss.csv")) as f:
+        return [float(r["elapsed_s"]) for r in csv.DictReader(f) if r["train_loss"]]
+
+
+def run_qkv(a, arch, tmp, env):
+    _, cpu_short = qkv_train(a, arch, os.path.join(tmp, "short"), a.warmup_steps, [], env)
+    out = os.path.join(tmp, "long")
+    _, cpu_long = qkv_train(a, arch, out, a.warmup_steps + a.steps, [], env)
+    t = elapsed(out)
+    return {"steps_per_s": a.steps / (t[-1] - t[a.warmup_steps - 1]), "cpu_s_per_step": (cpu_long - cpu_short) / a.steps,
+            "warmup_s": t[a.warmup_steps - 1]}
+
+
+def run_torch(a, init, flags, tmp, env):
+    js = os.path.join(tmp, "torch.json")
+    run_child([sys.executable, os.path.join(report.ROOT, "bench", "train_model_torch.py"), "--data", a.data, "--init",
+               init, "--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps), "--threads", str(a.threads),
+               "--json", js, *flags], env)
+    r = json.load(open(js))
+    return {"steps_per_s": r["steps_per_s"], "cpu_s_per_step": r["cpu_s_per_step"], "warmup_s": r["compile_s"],
+            "loss0": r["loss0"], "qkv_loss0": r["qkv_loss0"]}
+
+
+def peak(a, env):
+    exe = os.path.join(os.path.dirname(os.path.abspath(a.qkv)), "bench", "bench_attention")
+    ctx = report.machine(exe, ["--small-grid"], "fwd/qkv/f32/B1/H16/Hkv16/S256/D64/full/T2/real_time", env)
+    return round(float(ctx["fma_peak_gflops_2t"]), 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(report.ROOT, "build-ci"))
+    ap.add_argument("--data", default=os.path.join(report.ROOT, "data", "tinyshakespeare", "input.txt"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=200, help="timed steps per run")
+    ap.add_argument("--warmup-steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--archs", default="gpt2,llama")
+    ap.add_argument("--torch", default=",".join(TORCH), help="torch contenders, comma-separated, of: " + ", ".join(TORCH))
+    ap.add_argument("--out", default=os.path.join(report.OUT, "train_bench"), help="writes OUT.json and OUT.md")
+    a = ap.parse_args()
+    a.qkv = os.path.join(a.build, "qkv")
+    archs, torch_names = a.archs.split(","), a.torch.split(",")
+    env = dict(report.peer_env(), QKV_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+    log = []
+
+    def say(line):
+        print(line, flush=True)
+        log.append(line)
+
+    tmp = tempfile.mkdtemp(prefix="train_bench_")
+    inits = {}
+    for arch in archs:
+        inits[arch] = os.path.join(tmp, f"init_{arch}")
+        qkv_train(a, arch, inits[arch], 1, ["--lr", "1e-30", "--min-lr", "1e-30", "--warmup", "0"], env)
+    runs = {arch: {name: [] for name in ["qkv", *torch_names]} for arch in archs}
+    start = {"peak_fma_gflops_2t": peak(a, env), "loadavg": os.getloadavg()}
+    say(f"{a.threads} threads, {a.steps} timed steps after {a.warmup_steps}; machine FMA peak "
+        f"{start['peak_fma_gflops_2t']} GFLOP/s (2 threads); load {start['loadavg']}")
+    for r in range(a.rounds):
+        for arch in archs:
+            order = ["qkv", *torch_names]
+            k = (r + archs.index(arch)) % len(order)  # rotate who goes first
+            for name in order[k:] + order[:k]:
+                d = os.path.join(tmp, f"r{r}_{arch}_{name.replace(' ', '_')}")
+                os.makedirs(d)
+                res = run_qkv(a, arch, d, env) if name == "qkv" else run_torch(a, inits[arch], TORCH[name], d, env)
+                res["loadavg"] = os.getloadavg()[0]
+                runs[arch][name].append(res)
+                say(f"round {r + 1} {arch:5s} {name:42s} {res['steps_per_s']:6.2f} steps/s "
+                    f"{res['cpu_s_per_step'] * 1e3:6.1f} CPU ms/step  warm-up {res['warmup_s']:5.1f} s  "
+                    f"load {res['loadavg']:.1f}" + (f"  step-0 loss {res['loss0']:.6f} = qkv {res['qkv_loss0']:.6f}"
+                                                    if "loss0" in res else ""))
+    end = {"peak_fma_gflops_2t": peak(a, env), "loadavg": os.getloadavg()}
+    say(f"after: machine FMA peak {end['peak_fma_gflops_2t']} GFLOP/s; load {end['loadavg']}")
+
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    rows = ["| 2 threads | steps/s | CPU ms / step | warm-up s | qkv / this: steps/s | qkv / this: CPU time |",
+            "|---|---|---|---|---|---|"]
+    for arch in archs:
+        q = runs[arch]["qkv"]
+        for name in ["qkv", *torch_names]:
+            rs = runs[arch][name]
+            sps = [x["steps_per_s"] for x in rs]
+            cpu = [x["cpu_s_per_step"] for x in rs]
+            ratio_w = [qq["steps_per_s"] / x["steps_per_s"] for qq, x in zip(q, rs)]
+            ratio_c = [x["cpu_s_per_step"] / qq["cpu_s_per_step"] for qq, x in zip(q, rs)]
+            rows.append(f"| {arch} {name} | {med(sps):.2f} | {med(cpu) * 1e3:.1f} | {med([x['warmup_s'] for x in rs]):.1f} | "
+                        + ("— | — |" if name == "qkv" else
+                           f"{report.ratio_summary(ratio_w)} | {report.ratio_summary(ratio_c)} |"))
+    table = "\n".join(rows)
+    print(table)
+    report.write_atomic(a.out + ".json", json.dumps({"start": start, "end": end, "threads": a.threads, "steps": a.steps,
+                                                     "warmup_steps": a.warmup_steps, "runs": runs}, indent=1) + "\n")
+    report.write_atomic(a.out + ".md", "    python3 bench/train_bench.py " + " ".join(sys.argv[1:]) + "\n\n"
+                        + "\n".join(log) + "\n\nMedians over the rounds; ratios: median (range) of the rounds' "
+                        "paired ratios.\n\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()
