@@ -14,7 +14,8 @@ namespace qkv::blocks {
 
 void attention_block(AttentionProjections& proj, const AttentionBlockCall& a) {
   constexpr const char* fn = "qkv::blocks::attention_block";
-  const std::int64_t B = a.B, S = a.S, H = a.H, Hkv = a.Hkv, D = a.D, Dv = a.Dv, n = S - a.r0;
+  const std::int64_t B = a.B, S = a.S, H = a.shape.n_heads, Hkv = a.shape.n_kv_heads, D = a.shape.d_head;
+  const std::int64_t Dv = a.shape.d_value, C = a.shape.d_model, n = S - a.r0;
   if ((a.cache || a.r0 > 0) && B != 1) fail(fn, "internal: a cache or r0 > 0 needs B = 1");
   if (a.cache && Dv != D) fail(fn, "internal: a cache holds keys and values of one size D = Dv");
   KvSlot* cache = a.cache;
@@ -100,8 +101,8 @@ void attention_block(AttentionProjections& proj, const AttentionBlockCall& a) {
   if (a.y) proj.out(B * n, a.y, a.beta);
   if (a.taps.head_delta)
     for (std::int64_t b = 0; b < B; ++b)
-      head_delta_forward(a.taps.head_delta + b * H * n * a.C, static_cast<const float*>(att) + b * n * H * Dv,
-                         a.taps.wo, n, H, Dv, a.C);
+      head_delta_forward(a.taps.head_delta + b * H * n * C, static_cast<const float*>(att) + b * n * H * Dv,
+                         a.taps.wo, n, H, Dv, C);
 }
 
 }  // namespace qkv::blocks

@@ -5,6 +5,7 @@
 // The decoding step (src/model/decode.cpp) keeps its own per-KV-head stage: it interleaves the
 // projections of one KV head with that head's attention inside one parallel region.
 //
+// The block's own configuration is qkv::MhaConfig (a model's comes from Config::attention()).
 // Dimension letters: B sequences, S query rows of each, Skv key/value rows of each, H query heads,
 // Hkv kv heads (H % Hkv == 0), D query/key size, Dv value size, C model width, n = S − r0 output rows.
 //
@@ -22,6 +23,7 @@
 #include <functional>
 
 #include "qkv/attention.hpp"
+#include "qkv/mha.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::blocks {
@@ -76,7 +78,8 @@ struct AttentionScratch {
 struct AttentionBlockCall {
   std::int64_t B = 1, S = 0, Skv = 0;  // Skv: without a cache (with one it is cache->len + S)
   std::int64_t r0 = 0;                 // first query row whose output is wanted (> 0 only with B = 1)
-  std::int64_t H = 0, Hkv = 0, D = 0, Dv = 0, C = 0;
+  MhaConfig shape;                     // H = n_heads, Hkv, D = d_head, Dv = d_value, C = d_model (all
+                                       // resolved: no 0 defaults); d_source is the backend's business
   KvSlot* cache = nullptr;             // null: attention reads k, v where the projections wrote them
   float rope_theta = 0.0f;             // > 0: rotary on q and k
   AttentionOptions opt;                // as for qkv::attention (with a cache: causal, bottom-right)

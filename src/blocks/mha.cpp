@@ -182,11 +182,7 @@ void run_block(const MultiHeadAttention& m, const Call& k, const View& x, bool h
   call.B = k.B;
   call.S = k.S;
   call.Skv = k.Skv;
-  call.H = H;
-  call.Hkv = Hkv;
-  call.D = Dh;
-  call.Dv = Dv;
-  call.C = c.d_model;
+  call.shape = c;
   call.opt = opt;
   call.y = delta;
   if (want_lse) {

@@ -248,10 +248,7 @@ void Model::Impl::attention_block(int l, std::int64_t S, std::int64_t r0, KvCach
   blocks::AttentionBlockCall call;
   call.S = S;
   call.r0 = r0;
-  call.H = c.n_heads;
-  call.Hkv = Hkv;
-  call.D = call.Dv = D;
-  call.C = c.dim;
+  call.shape = c.attention();
   call.cache = &slot;
   call.rope_theta = c.pos == PosEncoding::rotary ? c.rope_theta : 0.0f;
   call.opt.num_threads = max_threads();
