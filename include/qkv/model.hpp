@@ -24,7 +24,8 @@
 #include <string_view>
 #include <vector>
 
-#include "qkv/params.hpp"  // PosEncoding, MlpKind, NormKind (shared with the parameter counts)
+#include "qkv/mha.hpp"     // MhaConfig: a Config's attention block
+#include "qkv/params.hpp"  // PosEncoding, MlpKind, NormKind, ModelShape (the parameter counts)
 #include "qkv/types.hpp"
 
 namespace qkv {
@@ -55,8 +56,17 @@ struct Config {
   // Throws (naming `function`) if any field is out of range or inconsistent.
   void validate(std::string_view function) const;
 
-  // The two families, as presets. gpt2_small(): 12 layers, 12 heads, C 768, P 1024, V 50257.
+  // The one GPT-2 preset: 12 layers, 12 heads, C 768, Hd 3072, P 1024, V 50257, learned positions,
+  // LayerNorm, tanh GELU, biases, tied unembedding. (`qkv params --preset gpt2` and the other GPT
+  // sizes there are this config at other widths.)
   static Config gpt2_small();
+
+  // This model as the narrower APIs see it, derived here rather than written again:
+  // attention(): one layer's attention block as qkv::MultiHeadAttention's config (d_model = C,
+  // H, Hkv, d_head = d_value = D, bias), every default resolved; shape(name): the parameter
+  // scorekeeping of qkv::count_params (n_kv_heads 0 when it equals n_heads, i.e. plain multi-head).
+  MhaConfig attention() const;
+  ModelShape shape(std::string name) const;
 };
 
 // Config <-> JSON text. The keys are the field names above; "pos" is "none" | "learned" |

@@ -1,5 +1,6 @@
-// The multi-head attention block (include/qkv/mha.hpp): projections on blocks::linear_forward,
-// the core on qkv::attention, each head's Δe^h from its own column block of W_O.
+// The multi-head attention block (include/qkv/mha.hpp): blocks::attention_block with its
+// projections on blocks::linear_forward (the core on qkv::attention, each head's Δe^h from its own
+// column block of W_O); the backward on qkv::attention_backward.
 //
 // Scratch, all f32 row-major (N = B·S, Nkv = B·Skv):
 //   qp  [N,   H·Dh]    = x · w_qᵀ + b_q      read by attention as [B, H, S, Dh] through strides
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "blocks/attention_block.hpp"
 #include "blocks/embedding.hpp"  // residual_forward
 #include "blocks/linear.hpp"
 #include "qkv/memory.hpp"
@@ -123,21 +125,51 @@ Call check_inputs(const char* fn, const MhaConfig& c, const View& x, const std::
   return k;
 }
 
-// The forward's intermediate tensors (see the scratch table at the top of this file), and views
-// of them in attention's [B, H, S, D] layout.
+// The forward's intermediate tensors (see the scratch table at the top of this file).
 struct Activations {
   std::vector<float> xs, ss;  // packed copies of strided x / source
   const float* xp = nullptr;  // x, contiguous [N, d_model]
   const float* sp = nullptr;  // source, contiguous [Nkv, d_source]
   Buffer qp, kp, vp, ao, lse;
-  View q4, k4, v4, o4;
 };
 
-// Projections and attention: everything of the forward but the value-up.
-void forward_core(const MultiHeadAttention& m, const Call& k, const View& x, bool has_source, const AttentionOptions& opt,
-                  const std::optional<View>& pattern, bool want_lse, Activations& a) {
+// The block's projections on blocks::linear_forward (oneDNN's sgemm), f32 throughout: q from x,
+// k and v from the source (x itself for self-attention), W_O from ao into delta.
+struct LinearProjections final : blocks::AttentionProjections {
+  const MultiHeadAttention& m;
+  const Call& k;
+  Activations& a;
+  LinearProjections(const MultiHeadAttention& mha, const Call& call, Activations& act) : m(mha), k(call), a(act) {}
+  blocks::QkvRows qkv(DType) override {
+    const MhaConfig& c = m.config();
+    const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.d_head, Dv = c.d_value;
+    blocks::linear_forward(a.xp, m.w_q.ptr<float>(), c.bias ? m.b_q.ptr<float>() : nullptr, a.qp.ptr<float>(), k.N,
+                           c.d_model, H * Dh);
+    if (k.Nkv > 0) {
+      blocks::linear_forward(a.sp, m.w_k.ptr<float>(), c.bias ? m.b_k.ptr<float>() : nullptr, a.kp.ptr<float>(), k.Nkv,
+                             c.d_source, Hkv * Dh);
+      blocks::linear_forward(a.sp, m.w_v.ptr<float>(), c.bias ? m.b_v.ptr<float>() : nullptr, a.vp.ptr<float>(), k.Nkv,
+                             c.d_source, Hkv * Dv);
+    }
+    return {a.qp.data(), a.kp.data(), a.vp.data(), H * Dh, Hkv * Dh, Hkv * Dv, DType::f32};
+  }
+  void* att() override { return a.ao.data(); }
+  DType att_dtype() const override { return DType::f32; }
+  // ---- value-up: Δe = ao · W_Oᵀ + b_o, the stapled value-ups of all heads in one product
+  void out(std::int64_t n, float* y, float beta) override {
+    const MhaConfig& c = m.config();
+    blocks::linear_forward(a.ao.ptr<float>(), m.w_o.ptr<float>(), c.bias ? m.b_o.ptr<float>() : nullptr, y, n,
+                           c.n_heads * c.d_value, c.d_model, beta);
+  }
+};
+
+// The block (blocks::attention_block) on x and the source: the forward writes delta (and each
+// head's Δe^h into head_delta, the pattern); the backward's recomputation stops before W_O
+// (delta null) and keeps the logsumexp.
+void run_block(const MultiHeadAttention& m, const Call& k, const View& x, bool has_source, const AttentionOptions& opt,
+               float* delta, float* head_delta, const std::optional<View>& pattern, bool want_lse, Activations& a) {
   const MhaConfig& c = m.config();
-  const std::int64_t B = k.B, S = k.S, Skv = k.Skv, H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.d_head, Dv = c.d_value;
+  const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.d_head, Dv = c.d_value;
   a.xp = packed(x, a.xs);
   a.sp = has_source ? packed(k.s, a.ss) : a.xp;
   check_memory(k.fn, "projections q, k, v and the attention output",
@@ -146,26 +178,23 @@ void forward_core(const MultiHeadAttention& m, const Call& k, const View& x, boo
   a.kp = Buffer(DType::f32, {k.Nkv, Hkv * Dh});
   a.vp = Buffer(DType::f32, {k.Nkv, Hkv * Dv});
   a.ao = Buffer(DType::f32, {k.N, H * Dv});
-  const float* bias_q = c.bias ? m.b_q.ptr<float>() : nullptr;
-  const float* bias_k = c.bias ? m.b_k.ptr<float>() : nullptr;
-  const float* bias_v = c.bias ? m.b_v.ptr<float>() : nullptr;
-  blocks::linear_forward(a.xp, m.w_q.ptr<float>(), bias_q, a.qp.ptr<float>(), k.N, c.d_model, H * Dh);
-  if (k.Nkv > 0) {
-    blocks::linear_forward(a.sp, m.w_k.ptr<float>(), bias_k, a.kp.ptr<float>(), k.Nkv, c.d_source, Hkv * Dh);
-    blocks::linear_forward(a.sp, m.w_v.ptr<float>(), bias_v, a.vp.ptr<float>(), k.Nkv, c.d_source, Hkv * Dv);
-  }
-  // Every head at once: [B, S, H·Dh] seen as [B, H, S, Dh], nothing copied.
-  a.q4 = View::strided(a.qp.data(), DType::f32, {B, H, S, Dh}, {S * H * Dh, Dh, H * Dh, 1});
-  a.k4 = View::strided(a.kp.data(), DType::f32, {B, Hkv, Skv, Dh}, {Skv * Hkv * Dh, Dh, Hkv * Dh, 1});
-  a.v4 = View::strided(a.vp.data(), DType::f32, {B, Hkv, Skv, Dv}, {Skv * Hkv * Dv, Dv, Hkv * Dv, 1});
-  a.o4 = View::strided(a.ao.data(), DType::f32, {B, H, S, Dv}, {S * H * Dv, Dv, H * Dv, 1});
-  std::optional<View> lse;
+  blocks::AttentionBlockCall call;
+  call.B = k.B;
+  call.S = k.S;
+  call.Skv = k.Skv;
+  call.shape = c;
+  call.opt = opt;
+  call.y = delta;
   if (want_lse) {
-    a.lse = Buffer(DType::f32, {B, H, S});
-    lse = a.lse.view();
+    a.lse = Buffer(DType::f32, {k.B, H, k.S});
+    call.taps.lse = a.lse.view();
   }
+  if (pattern) call.taps.pattern = *pattern;
+  call.taps.head_delta = head_delta;
+  call.taps.wo = m.w_o.ptr<float>();
+  LinearProjections proj(m, k, a);
   try {
-    attention(a.q4, a.k4, a.v4, a.o4, opt, lse, pattern);
+    blocks::attention_block(proj, call);
   } catch (const std::invalid_argument& e) {
     // An option that does not fit (a mask of the wrong shape, …): say which block call it was.
     fail(k.fn, std::string("opt: ") + e.what());
@@ -245,7 +274,7 @@ MhaGrads MultiHeadAttention::make_grads() const {
 void MultiHeadAttention::forward(const View& x, const std::optional<View>& source, const AttentionOptions& opt,
                                  const View& delta, const std::optional<View>& head_delta,
                                  const std::optional<View>& pattern) const {
-  const std::int64_t dm = cfg_.d_model, H = cfg_.n_heads, Dv = cfg_.d_value;
+  const std::int64_t dm = cfg_.d_model, H = cfg_.n_heads;
   // ---- validation: everything the caller passed, before any work
   const Call k = check_inputs(kFwd, cfg_, x, source);
   const std::int64_t B = k.B, S = k.S, Skv = k.Skv;
@@ -262,18 +291,10 @@ void MultiHeadAttention::forward(const View& x, const std::optional<View>& sourc
   }
   if (k.N == 0) return;
 
+  // Δe, and each head's own Δe^h = ao[:, h·Dv:(h+1)·Dv] · (W_O^h)ᵀ (W_O^h = columns h·Dv … (h+1)·Dv of W_O)
   Activations a;
-  forward_core(*this, k, x, source.has_value(), opt, pattern, false, a);
-
-  // ---- value-up: Δe = ao · W_Oᵀ + b_o, the stapled value-ups of all heads in one product
-  blocks::linear_forward(a.ao.ptr<float>(), w_o.ptr<float>(), cfg_.bias ? b_o.ptr<float>() : nullptr, delta.ptr<float>(),
-                         k.N, H * Dv, dm);
-
-  if (!head_delta) return;
-  // ---- each head's own Δe^h = ao[:, h·Dv:(h+1)·Dv] · (W_O^h)ᵀ, W_O^h = columns h·Dv … (h+1)·Dv of W_O
-  for (std::int64_t b = 0; b < B; ++b)
-    blocks::head_delta_forward(head_delta->ptr<float>() + head_delta->offset(b, 0, 0, 0),
-                               a.ao.ptr<float>() + b * S * H * Dv, w_o.ptr<float>(), S, H, Dv, dm);
+  run_block(*this, k, x, source.has_value(), opt, delta.ptr<float>(), head_delta ? head_delta->ptr<float>() : nullptr,
+            pattern, false, a);
 }
 
 // In the forward pass Δe = ao·W_Oᵀ + b_o, ao = attention(q, k, v), q = x·W_Qᵀ + b_Q, k = s·W_Kᵀ + b_K,
@@ -310,7 +331,7 @@ void MultiHeadAttention::backward(const View& x, const std::optional<View>& sour
   }
 
   Activations a;
-  forward_core(*this, k, x, source.has_value(), opt, std::nullopt, true, a);
+  run_block(*this, k, x, source.has_value(), opt, nullptr, nullptr, std::nullopt, true, a);
   std::vector<float> dds;
   const float* dd = packed(d_delta, dds);
   float* gb_q = cfg_.bias ? grads.b_q.ptr<float>() : nullptr;
@@ -328,7 +349,11 @@ void MultiHeadAttention::backward(const View& x, const std::optional<View>& sour
   const View dq4 = View::strided(dqp.data(), DType::f32, {B, H, S, Dh}, {S * H * Dh, Dh, H * Dh, 1});
   const View dk4 = View::strided(dkp.data(), DType::f32, {B, Hkv, Skv, Dh}, {Skv * Hkv * Dh, Dh, Hkv * Dh, 1});
   const View dv4 = View::strided(dvp.data(), DType::f32, {B, Hkv, Skv, Dv}, {Skv * Hkv * Dv, Dv, Hkv * Dv, 1});
-  attention_backward(a.q4, a.k4, a.v4, a.o4, dao4, a.lse.view(), dq4, dk4, dv4, opt);
+  const View q4 = View::strided(a.qp.data(), DType::f32, {B, H, S, Dh}, {S * H * Dh, Dh, H * Dh, 1});
+  const View k4 = View::strided(a.kp.data(), DType::f32, {B, Hkv, Skv, Dh}, {Skv * Hkv * Dh, Dh, Hkv * Dh, 1});
+  const View v4 = View::strided(a.vp.data(), DType::f32, {B, Hkv, Skv, Dv}, {Skv * Hkv * Dv, Dv, Hkv * Dv, 1});
+  const View o4 = View::strided(a.ao.data(), DType::f32, {B, H, S, Dv}, {S * H * Dv, Dv, H * Dv, 1});
+  attention_backward(q4, k4, v4, o4, dao4, a.lse.view(), dq4, dk4, dv4, opt);
   // projections: queries into dx; keys and values into dx (self-attention) or d_source
   blocks::linear_backward(a.xp, w_q.ptr<float>(), dqp.ptr<float>(), dx.ptr<float>(), grads.w_q.ptr<float>(), gb_q, k.N, dm,
                           H * Dh);

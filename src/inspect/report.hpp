@@ -22,6 +22,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,10 +33,17 @@
 
 namespace qkv::inspect {
 
+// The model as the report prints it (the JSON's "model" object): the fields of its Config that a
+// reader needs, made from it by of(); a synthetic report (tests) may set them directly.
 struct ModelInfo {
   std::string name;  // e.g. the checkpoint's file name
   std::int64_t n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_model = 0, vocab = 0,
                max_seq = 0;
+  // max_seq: the longest input it runs, c.seq_len unless the caller knows a shorter one (an
+  // encoder's max_seq_length).
+  static ModelInfo of(std::string name, const Config& c) {
+    return {std::move(name), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.dim, c.vocab_size, c.seq_len};
+  }
 };
 
 struct Token {

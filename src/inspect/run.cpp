@@ -48,22 +48,7 @@ Tokens tokenize(const ArgNames& n, const std::string& path, const std::string& p
 
 // The `qkv params` scorekeeping of the loaded model, as rows for the page.
 nlohmann::json params_of(const Config& c, std::int64_t in_file) {
-  ModelShape s;
-  s.name = "model";
-  s.d_model = c.dim;
-  s.n_heads = c.n_heads;
-  s.n_kv_heads = c.n_kv_heads;
-  s.d_head = c.head_dim();
-  s.n_layers = c.n_layers;
-  s.attn_bias = s.mlp_bias = s.norm_bias = c.bias;  // Config::bias covers LayerNorm too
-  s.d_ff = c.hidden_dim;
-  s.mlp = c.mlp;
-  s.vocab = c.vocab_size;
-  s.context = c.seq_len;
-  s.positions = c.pos;
-  s.norm = c.norm;
-  s.tied_embeddings = c.tied_embeddings;
-  const ParamCounts n = count_params(s);
+  const ParamCounts n = count_params(c.shape("model"));
   const AttentionCounts& a = n.attention;
   const std::string C = std::to_string(c.dim), D = std::to_string(c.head_dim());
   nlohmann::json rows = nlohmann::json::array();
@@ -126,8 +111,8 @@ Report run_encoder(const Request& a) {
                                                                                : fs::path(a.model).lexically_normal();
   const std::string name = dir.filename() == "model" ? (dir.parent_path().filename() / dir.filename()).string()
                                                      : dir.filename().string();
-  const ModelInfo info{name, c.n_layers, c.n_heads, c.n_kv_heads,
-                                c.head_dim(), c.dim, c.vocab_size, enc.max_seq_length()};
+  ModelInfo info = ModelInfo::of(name, c);
+  info.max_seq = enc.max_seq_length();
   nlohmann::json params = {{"rows", nlohmann::json::array()}, {"in_file", enc.weights().num_params()}};
   Report report = make_report(info, lines[0], std::move(tokens), layers, View{},
                                                 [&tok](std::int32_t id) { return tok.piece(id); }, std::move(params));
@@ -217,8 +202,7 @@ Report run(const Request& a) {
   }
   const std::int64_t S = static_cast<std::int64_t>(ids.size()), V = c.vocab_size;
   const View last = View::contiguous(trace.logits.ptr<float>() + (S - 1) * V, DType::f32, {V});
-  const ModelInfo info{fs::path(a.model).filename().string(), c.n_layers, c.n_heads, c.n_kv_heads,
-                       c.head_dim(), c.dim, c.vocab_size, c.seq_len};
+  const ModelInfo info = ModelInfo::of(fs::path(a.model).filename().string(), c);
   Report report = make_report(info, shown, std::move(tokens), layers, last, prompt.piece,
                               params_of(c, model.weights().num_params()));
   const Weights& w = model.weights();

@@ -68,6 +68,35 @@ Config Config::gpt2_small() {
   return c;
 }
 
+MhaConfig Config::attention() const {
+  MhaConfig a;
+  a.d_model = a.d_source = dim;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.d_head = a.d_value = head_dim();
+  a.bias = bias;
+  return a;
+}
+
+ModelShape Config::shape(std::string name) const {
+  ModelShape s;
+  s.name = std::move(name);
+  s.d_model = dim;
+  s.n_heads = n_heads;
+  s.n_kv_heads = n_kv_heads == n_heads ? 0 : n_kv_heads;
+  s.d_head = head_dim();
+  s.n_layers = n_layers;
+  s.attn_bias = s.mlp_bias = s.norm_bias = bias;  // Config::bias covers LayerNorm too
+  s.d_ff = hidden_dim;
+  s.mlp = mlp;
+  s.vocab = vocab_size;
+  s.context = seq_len;
+  s.positions = pos;
+  s.norm = norm;
+  s.tied_embeddings = tied_embeddings;
+  return s;
+}
+
 Config config_from_json(std::string_view text, std::string_view source) {
   const char* fn = "qkv::config_from_json";
   const std::string where(source);

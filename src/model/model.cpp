@@ -13,11 +13,13 @@
 //
 // q, k, v and att stay in [S, heads·D] rows: qkv::attention reads them through strided views
 // ([1, H, S, D] with strides (·, D, H·D, 1)), so nothing is transposed or copied for it.
+// The attention half of a layer (norm output → q, k, v → rotary → cache → attention → W_O) is
+// blocks::attention_block, which block() and block_gemm_bf16() call with their projections as its
+// backend; the decoding step keeps its own per-KV-head stage (decode.cpp).
 // This file: construction, projections, one layer (block), forward and forward_batch; the rest of
 // Model is in model_bf16.cpp, decode.cpp and trace.cpp (model_impl.hpp lists them).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include "blocks/activation.hpp"
@@ -25,7 +27,6 @@
 #include "blocks/embedding.hpp"
 #include "blocks/linear.hpp"
 #include "blocks/norm.hpp"
-#include "blocks/rope.hpp"
 #include "core/parallel.hpp"
 #include "model/model_impl.hpp"
 #include "qkv/attention.hpp"
@@ -216,59 +217,49 @@ void norm(const Config& c, float* out, const float* x, const float* w, const flo
 
 }  // namespace model_detail
 
-Model::Impl::AttentionViews Model::Impl::attention_views(int l, std::int64_t S, std::int64_t n, const KvCache& cache, void* q,
-                                             std::int64_t ld_q, void* out) const {
-  const Config& c = w_.config;
-  const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), cap = cache.capacity;
-  const std::int64_t Skv = cache.len + S;
-  const DType dt = cache.k.dtype();
-  const std::int64_t at = l * Hkv * cap * D * static_cast<std::int64_t>(dtype_size(dt));  // layer l, in bytes
-  AttentionViews av{View::strided(q, dt, {1, H, n, D}, {n * ld_q, D, ld_q, 1}),
-                    View::strided(static_cast<char*>(cache.k.data()) + at, dt, {1, Hkv, Skv, D},
-                                  {Hkv * cap * D, cap * D, D, 1}),
-                    View::strided(static_cast<char*>(cache.v.data()) + at, dt, {1, Hkv, Skv, D},
-                                  {Hkv * cap * D, cap * D, D, 1}),
-                    View::strided(out, dt, {1, H, n, D}, {n * H * D, D, H * D, 1}), AttentionOptions{}};
-  av.opt.num_threads = max_threads();
-  av.opt.causal = true;
-  // The n queries are the last n positions: each sees the keys up to its own position.
-  av.opt.align = Align::bottom_right;
-  return av;
-}
+// block()'s projections: xb_ → q_, k_, v_ by project_qkv, att_ → x by project (f32 or bf16
+// weights; GEMV kernels for ≤ 4 rows, GEMMs above).
+struct Model::Impl::LayerProjections final : blocks::AttentionProjections {
+  Impl& m;
+  int l;
+  std::int64_t S;
+  LayerProjections(Impl& impl, int layer, std::int64_t rows) : m(impl), l(layer), S(rows) {}
+  blocks::QkvRows qkv(DType) override {
+    const std::int64_t HD = m.w_.config.n_heads * m.w_.config.head_dim(), KD = m.w_.config.n_kv_heads * m.w_.config.head_dim();
+    m.project_qkv(l, m.xb_.ptr<float>(), m.q_.ptr<float>(), m.k_.ptr<float>(), m.v_.ptr<float>(), S);
+    return {m.q_.data(), m.k_.data(), m.v_.data(), HD, KD, KD, DType::f32};
+  }
+  void* att() override { return m.att_.data(); }
+  DType att_dtype() const override { return DType::f32; }
+  void out(std::int64_t n, float* y, float beta) override {
+    const Config& c = m.w_.config;
+    const LayerWeights& L = m.w_.layers[static_cast<std::size_t>(l)];
+    m.project(m.att_.ptr<float>(), L.wo, m.layer_bf16(l).wo, L.bo, y, n, c.n_heads * c.head_dim(), c.dim, beta);
+  }
+};
 
-Model::Impl::AttentionViews Model::Impl::prepare_attention(int l, std::int64_t S, std::int64_t r0, KvCache& cache, float* q,
-                                               float* k, const float* v, std::int64_t ld_q, std::int64_t ld_kv,
-                                               void* out) {
+void Model::Impl::attention_block(int l, std::int64_t S, std::int64_t r0, KvCache& cache,
+                                  blocks::AttentionProjections& proj, blocks::AttentionBlockTaps taps) {
   const Config& c = w_.config;
-  const std::int64_t H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim();
-  const std::int64_t pos0 = cache.len, cap = cache.capacity;
-  const int threads = S > blocks::kGemvMaxRows ? max_threads() : 1;
-  const bool bf16 = cache.k.dtype() == DType::bf16;
-  const Isa isa = active_isa();
-  if (c.pos == PosEncoding::rotary)
-    for (std::int64_t s = 0; s < S; ++s) {
-      blocks::rope_forward(q + s * ld_q, 1, H, D, pos0 + s, c.rope_theta);
-      blocks::rope_forward(k + s * ld_kv, 1, Hkv, D, pos0 + s, c.rope_theta);
-    }
-  // Append this call's keys and values: cache.k[l, h, pos0 + s, :] = k[s, h·D : (h+1)·D].
-  const std::int64_t at = (l * Hkv * cap + pos0) * D;  // layer l, position pos0, in elements
-  parallel_for(Hkv, threads, [&](std::int64_t h) {
-    for (std::int64_t s = 0; s < S; ++s) {
-      const std::int64_t dst = at + (h * cap + s) * D, src = s * ld_kv + h * D;
-      if (bf16) {
-        blocks::f32_to_bf16(cache.k.ptr<std::uint16_t>() + dst, k + src, D, isa);
-        blocks::f32_to_bf16(cache.v.ptr<std::uint16_t>() + dst, v + src, D, isa);
-      } else {
-        std::memcpy(cache.k.ptr<float>() + dst, k + src, sizeof(float) * D);
-        std::memcpy(cache.v.ptr<float>() + dst, v + src, sizeof(float) * D);
-      }
-    }
-  });
-  const std::int64_t n = S - r0;  // the queries asked for: rows r0 … S − 1
-  if (!bf16) return attention_views(l, S, n, cache, q + r0 * ld_q, ld_q, out);
-  std::uint16_t* qb = qb_.ptr<std::uint16_t>();
-  parallel_for(n, threads, [&](std::int64_t s) { blocks::f32_to_bf16(qb + s * H * D, q + (r0 + s) * ld_q, H * D, isa); });
-  return attention_views(l, S, n, cache, qb, H * D, out);
+  const std::int64_t Hkv = c.n_kv_heads, D = c.head_dim(), cap = cache.capacity;
+  const std::int64_t at = l * Hkv * cap * D * static_cast<std::int64_t>(dtype_size(cache.k.dtype()));  // layer l, bytes
+  blocks::KvSlot slot{static_cast<char*>(cache.k.data()) + at, static_cast<char*>(cache.v.data()) + at,
+                      cache.k.dtype(), cap, cache.len};
+  blocks::AttentionBlockCall call;
+  call.S = S;
+  call.r0 = r0;
+  call.shape = c.attention();
+  call.cache = &slot;
+  call.rope_theta = c.pos == PosEncoding::rotary ? c.rope_theta : 0.0f;
+  call.opt.num_threads = max_threads();
+  call.opt.causal = true;
+  // The S queries are the last S positions: each sees the keys up to its own position.
+  call.opt.align = Align::bottom_right;
+  call.y = x_.ptr<float>() + r0 * c.dim;  // residual: x += att·W_Oᵀ + b_O
+  call.beta = 1.0f;
+  call.taps = std::move(taps);
+  call.scratch = {qb_.ptr<std::uint16_t>(), proj.att_dtype() == DType::f32 ? ob_.data() : att_.data()};
+  blocks::attention_block(proj, call);
 }
 
 // One pre-norm block on x_ [S, C] for positions cache.len … cache.len + S − 1. Keys and values
@@ -278,25 +269,18 @@ void Model::Impl::block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, 
   const Config& c = w_.config;
   const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
   const LayerBf16 Lb = layer_bf16(l);
-  const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim;
-  float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>();
-  float *v = v_.ptr<float>(), *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
+  const std::int64_t C = c.dim, Hd = c.hidden_dim;
+  float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
 
   // ---- attention: x += W_O · attention(q, k, v)
   norm(c, xb, x, L.norm1_w, L.norm1_b, S);
-  project_qkv(l, xb, q, k, v, S);
-  const bool bf16_kv = cache.k.dtype() == DType::bf16;
-  const AttentionViews av = prepare_attention(l, S, r0, cache, q, k, v, H * D, Hkv * D, bf16_kv ? ob_.data() : att);
+  LayerProjections proj(*this, l, S);
+  blocks::AttentionBlockTaps taps;
+  if (trace) taps = trace_taps(l, S, cache, *trace);
+  else if (!ablate_.empty()) taps.before_out = [this, l, S](const float*, float* att) { ablate_heads(l, att, S); };
+  attention_block(l, S, r0, cache, proj, std::move(taps));
   const std::int64_t n = S - r0;
   float* xo = x + r0 * C;  // the rows of x this block updates
-  if (trace) {
-    trace_attention(l, S, cache, q, att, av, *trace);
-  } else {
-    attention(av.q, av.k, av.v, av.out, av.opt);
-    if (bf16_kv) blocks::bf16_to_f32(att, ob_.ptr<std::uint16_t>(), n * H * D, S > blocks::kGemvMaxRows ? av.opt.num_threads : 1);
-    ablate_heads(l, att, S);
-  }
-  project(att, L.wo, Lb.wo, L.bo, xo, n, H * D, C, 1.0f);  // residual: x += att·W_Oᵀ + b_O
 
   // ---- MLP: x += W2 · act(W1 · norm2(x))
   norm(c, xb, xo, L.norm2_w, L.norm2_b, n);

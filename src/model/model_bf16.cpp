@@ -79,6 +79,35 @@ void Model::Impl::make_bf16_weights() {
   }
 }
 
+// block_gemm_bf16()'s projections: xbb_ (bf16(norm1(x))) → qkv_ by one GEMM with [W_Q; W_K; W_V]
+// (f32 rows, or bf16 rounded in its epilogue when attention_block prefers them), and xbb_ (the
+// attention's output, bf16) → x by the W_O GEMM with a sum epilogue.
+struct Model::Impl::GemmBf16Projections final : blocks::AttentionProjections {
+  Impl& m;
+  int l;
+  std::int64_t S;
+  GemmBf16Projections(Impl& impl, int layer, std::int64_t rows) : m(impl), l(layer), S(rows) {}
+  blocks::QkvRows qkv(DType preferred) override {
+    const Config& c = m.w_.config;
+    const std::int64_t HD = c.n_heads * c.head_dim(), KD = c.n_kv_heads * c.head_dim(), N3 = HD + 2 * KD;
+    const float* bqkv = m.bqkv_.numel() > 0 ? m.bqkv_.ptr<float>() + l * N3 : nullptr;
+    blocks::gemm_bf16_in(m.xbb_.ptr<std::uint16_t>(), m.layers_bf16_[static_cast<std::size_t>(l)].wq, bqkv, m.qkv_.data(),
+                         preferred, S, c.dim, N3, 0.0f, blocks::GemmAct::none, &m.packed_[static_cast<std::size_t>(l)].wqkv);
+    // q, k, v: column blocks of qkv's rows [S, N3], in elements of the dtype written.
+    auto* base = static_cast<char*>(m.qkv_.data());
+    const auto es = static_cast<std::int64_t>(dtype_size(preferred));
+    return {base, base + HD * es, base + (HD + KD) * es, N3, N3, N3, preferred};
+  }
+  void* att() override { return m.xbb_.data(); }
+  DType att_dtype() const override { return DType::bf16; }
+  void out(std::int64_t n, float* y, float beta) override {
+    const Config& c = m.w_.config;
+    const auto li = static_cast<std::size_t>(l);
+    blocks::gemm_bf16_in(m.xbb_.ptr<std::uint16_t>(), m.layers_bf16_[li].wo, m.w_.layers[li].bo, y, DType::f32, n,
+                         c.n_heads * c.head_dim(), c.dim, beta, blocks::GemmAct::none, &m.packed_[li].wo);
+  }
+};
+
 // block() for gemm_inputs = bf16 and S > 4 rows: the same layer with every GEMM input made bf16
 // where it is produced, so nothing is converted on its own pass and the GEMMs do the rest in
 // their epilogues (blocks::gemm_bf16_in):
@@ -88,8 +117,8 @@ void Model::Impl::make_bf16_weights() {
 //   x += bf16(att)·W_Oᵀ + b_O                             (sum epilogue)
 // With a bf16 cache and no rotary the GEMM writes qkv in bf16 (rounding in its epilogue), its k, v
 // rows are copied into the cache, and the bf16 attention reads q in place and writes bf16(att)
-// straight into W_O's input rows; with rotary, qkv stays f32 and prepare_attention rotates and
-// rounds. Either way no pass converts att.
+// straight into W_O's input rows; with rotary, qkv stays f32 and attention_block rotates and
+// rounds. Either way no pass converts att (with an f32 cache: one rounding of att into xbb).
 //   xbb = bf16(norm2(x));  hbb = bf16(gelu(xbb·W1ᵀ + b1)) (bias, GELU, rounding in the epilogue)
 //   x += hbb·W2ᵀ + b2
 // Every GEMM sees the same bf16 inputs as block()'s per-projection rounding; only the GELU is
@@ -100,41 +129,18 @@ void Model::Impl::block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCach
   const Config& c = w_.config;
   const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
   const LayerBf16& Lb = layers_bf16_[static_cast<std::size_t>(l)];
-  const std::int64_t C = c.dim, D = c.head_dim(), Hd = c.hidden_dim;
-  const std::int64_t HD = c.n_heads * D, KD = c.n_kv_heads * D, N3 = HD + 2 * KD;
+  const std::int64_t C = c.dim, Hd = c.hidden_dim;
   const int threads = max_threads();
-  float *x = x_.ptr<float>(), *xb = xb_.ptr<float>(), *qkv = qkv_.ptr<float>(), *att = att_.ptr<float>();
+  float *x = x_.ptr<float>(), *xb = xb_.ptr<float>();
   std::uint16_t *xbb = xbb_.ptr<std::uint16_t>(), *hbb = hbb_.ptr<std::uint16_t>();
-  const float* bqkv = bqkv_.numel() > 0 ? bqkv_.ptr<float>() + l * N3 : nullptr;
   const PackedLayer& P = packed_[static_cast<std::size_t>(l)];
 
   // ---- attention: x += W_O · attention(q, k, v)
   norm(c, xb, x, L.norm1_w, L.norm1_b, S, xbb);
+  GemmBf16Projections proj(*this, l, S);
+  attention_block(l, S, r0, cache, proj);
   const std::int64_t n = S - r0;
-  const bool bf16_kv = cache.k.dtype() == DType::bf16, bf16_qkv = bf16_kv && c.pos != PosEncoding::rotary;
-  blocks::gemm_bf16_in(xbb, Lb.wq, bqkv, qkv, bf16_qkv ? DType::bf16 : DType::f32, S, C, N3, 0.0f, GemmAct::none,
-                       &P.wqkv);
-  if (bf16_qkv) {
-    // qkvb [S, N3] bf16 in qkv_'s memory: cache.k[l, h, pos0 + s, :] = qkvb[s, HD + h·D …], v after it.
-    std::uint16_t* qkvb = qkv_.ptr<std::uint16_t>();
-    const std::int64_t Hkv = c.n_kv_heads, cap = cache.capacity, at = (l * Hkv * cap + cache.len) * D;
-    std::uint16_t *kc = cache.k.ptr<std::uint16_t>() + at, *vc = cache.v.ptr<std::uint16_t>() + at;
-    parallel_for(Hkv, threads, [&](std::int64_t h) {
-      for (std::int64_t s = 0; s < S; ++s) {
-        std::memcpy(kc + (h * cap + s) * D, qkvb + s * N3 + HD + h * D, sizeof(std::uint16_t) * D);
-        std::memcpy(vc + (h * cap + s) * D, qkvb + s * N3 + HD + KD + h * D, sizeof(std::uint16_t) * D);
-      }
-    });
-    const AttentionViews av = attention_views(l, S, n, cache, qkvb + r0 * N3, N3, xbb);
-    attention(av.q, av.k, av.v, av.out, av.opt);
-  } else {
-    const AttentionViews av =
-        prepare_attention(l, S, r0, cache, qkv, qkv + HD, qkv + HD + KD, N3, N3, bf16_kv ? xbb : static_cast<void*>(att));
-    attention(av.q, av.k, av.v, av.out, av.opt);
-    if (!bf16_kv) blocks::f32_to_bf16(xbb, att, n * HD, threads, active_isa());
-  }
   float* xo = x + r0 * C;  // the rows of x this block updates
-  blocks::gemm_bf16_in(xbb, Lb.wo, L.bo, xo, DType::f32, n, HD, C, 1.0f, GemmAct::none, &P.wo);
 
   // ---- MLP: x += W2 · act(W1 · norm2(x))
   norm(c, xb, xo, L.norm2_w, L.norm2_b, n, xbb);

@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "blocks/attention_block.hpp"
 #include "blocks/dense.hpp"
 #include "core/parallel.hpp"
 #include "qkv/attention.hpp"
@@ -66,25 +67,20 @@ struct Model::Impl {
   // threads meet once for the three matrices), three projections above.
   void project_qkv(int l, const float* xb, float* q, float* k, float* v, std::int64_t S);
 
-  // The views that attention reads for layer l and the options it runs with.
-  struct AttentionViews {
-    View q, k, v, out;
-    AttentionOptions opt;
-  };
-  // Rotary on q and k (rows of ld_q, ld_kv floats: q [S, H·D], k, v [S, Hkv·D] in their first
-  // columns), k and v appended to layer l's cache at positions cache.len … (rounded to bf16 for a
-  // bf16 cache, and then q's rows too, into qb_), and the views that attention reads: q's rows
-  // r0 … S − 1, the cache's keys and values up to the new positions, `out` [S − r0, H·D] in the
-  // cache's dtype as the output.
-  AttentionViews prepare_attention(int l, std::int64_t S, std::int64_t r0, KvCache& cache, float* q, float* k,
-                                   const float* v, std::int64_t ld_q, std::int64_t ld_kv, void* out);
-  // The views over layer l's cache for n queries (rows of ld_q elements at q, the cache's dtype)
-  // that are the last n of cache.len + S positions, the output rows [n, H·D] at out.
-  AttentionViews attention_views(int l, std::int64_t S, std::int64_t n, const KvCache& cache, void* q,
-                                 std::int64_t ld_q, void* out) const;
+  // The backends of blocks::attention_block: LayerProjections (block(): project_qkv and project,
+  // f32 or bf16 weights, model.cpp) and GemmBf16Projections (block_gemm_bf16(): the fused W_Q/W_K/W_V
+  // GEMM and W_O on bf16 inputs, model_bf16.cpp).
+  struct LayerProjections;
+  struct GemmBf16Projections;
+  // Layer l's attention block on S rows (blocks::attention_block): q, k, v from proj, rotary at
+  // positions cache.len …, keys and values appended to layer l's cache, the attention of rows
+  // r0 … S − 1 (causal, bottom-right) and x_'s rows r0 … S − 1 += att·W_Oᵀ + b_O. Scratch: qb_
+  // (q rounded for a bf16 cache) and, for an output in the other dtype than proj's, ob_ or att_.
+  void attention_block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, blocks::AttentionProjections& proj,
+                       blocks::AttentionBlockTaps taps = {});
 
   // One layer on x_ [S, C]; its output only for rows r0 … S − 1. With a trace (r0 = 0, an f32
-  // cache), the layer's attention is recorded by trace_attention.
+  // cache), the layer's attention is recorded (trace_taps); heads in ablate_ are knocked out.
   void block(int l, std::int64_t S, std::int64_t r0, KvCache& cache, LayerTrace* trace);
   // block() for prefill with gemm_inputs = bf16: fused W_Q/W_K/W_V, GEMM epilogues (model_bf16.cpp).
   void block_gemm_bf16(int l, std::int64_t S, std::int64_t r0, KvCache& cache);
@@ -93,10 +89,10 @@ struct Model::Impl {
   // the length of such a call, which runs every row: r0 = 0), and the knocking out on att [S, H·D].
   std::span<const HeadAblation> ablate_;
   void ablate_heads(int l, float* att, std::int64_t S) const;
-  // Layer l's attention for a trace: att [S, H·D] from the views av (f32), with the pattern,
-  // scores, q, k, per-head and whole-block Δe recorded in trace; heads in ablate_ knocked out.
-  void trace_attention(int l, std::int64_t S, const KvCache& cache, const float* q, float* att, const AttentionViews& av,
-                       LayerTrace& trace);
+  // The taps of layer l's attention block for a trace (S rows from position 0 on an f32 cache):
+  // the pattern and per-head Δe written by the block; scores (f64, from q and the cached keys), q,
+  // k and the whole-block Δe recorded by its before_out, after the heads in ablate_ are knocked out.
+  blocks::AttentionBlockTaps trace_taps(int l, std::int64_t S, const KvCache& cache, LayerTrace& trace);
   // Layers from position 0 on a fresh f32 cache, then logits [S, V].
   void forward_from_start(const char* fn, const std::vector<int>& tokens, Trace* trace,
                           std::span<const HeadAblation> ablate, float* logits);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <string>
 
+#include "qkv/model.hpp"  // Config: every preset is a model configuration
 #include "qkv/types.hpp"
 
 namespace qkv {
@@ -92,47 +93,36 @@ ParamCounts count_params(const ModelShape& s) {
 
 namespace {
 
-// The GPT family as published (Radford et al. 2019; Brown et al. 2020, table 2.1): d_ff = 4·d_model,
-// GELU MLP with biases, LayerNorm, learned positions, biases on every projection, tied unembedding,
-// vocabulary 50,257.
+// The GPT family as published (Radford et al. 2019; Brown et al. 2020, table 2.1): GPT-2 small's
+// architecture (Config::gpt2_small: d_ff = 4·d_model, GELU MLP, LayerNorm, learned positions,
+// biases on every projection, tied unembedding, vocabulary 50,257) at other widths and depths.
 ModelShape gpt(const char* name, std::int64_t d_model, std::int64_t n_heads, std::int64_t n_layers,
                std::int64_t context) {
-  ModelShape s;
-  s.name = name;
-  s.d_model = d_model;
-  s.n_heads = n_heads;
-  s.d_head = d_model / n_heads;
-  s.n_layers = n_layers;
-  s.attn_bias = true;
-  s.d_ff = 4 * d_model;
-  s.mlp = MlpKind::gelu;
-  s.mlp_bias = true;
-  s.vocab = 50257;
-  s.context = context;
-  s.positions = PosEncoding::learned;
-  s.norm = NormKind::layernorm;
-  s.tied_embeddings = true;
-  return s;
+  Config c = Config::gpt2_small();
+  c.dim = d_model;
+  c.hidden_dim = 4 * d_model;
+  c.n_heads = c.n_kv_heads = n_heads;
+  c.n_layers = n_layers;
+  c.seq_len = context;
+  return c.shape(name);
 }
 
 // llama2.c's stories260K (shared/data/README.md): dim 64, hidden 172 (SwiGLU), 5 layers, 8 query
 // heads sharing 4 kv heads, head size 8, vocab 512, context 512, RMSNorm, rotary, tied classifier.
 ModelShape stories260k() {
-  ModelShape s;
-  s.name = "stories260K";
-  s.d_model = 64;
-  s.n_heads = 8;
-  s.n_kv_heads = 4;
-  s.d_head = 8;
-  s.n_layers = 5;
-  s.d_ff = 172;
-  s.mlp = MlpKind::swiglu;
-  s.vocab = 512;
-  s.context = 512;
-  s.positions = PosEncoding::rotary;
-  s.norm = NormKind::rmsnorm;
-  s.tied_embeddings = true;
-  return s;
+  Config c;
+  c.dim = 64;
+  c.hidden_dim = 172;
+  c.n_layers = 5;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.vocab_size = 512;
+  c.seq_len = 512;
+  c.pos = PosEncoding::rotary;
+  c.norm = NormKind::rmsnorm;
+  c.mlp = MlpKind::swiglu;
+  c.tied_embeddings = true;
+  return c.shape("stories260K");
 }
 
 }  // namespace
@@ -146,7 +136,7 @@ ModelShape model_preset(std::string_view requested) {
   std::string name(requested);
   for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (name == "gpt3") return gpt("gpt3", 12288, 96, 96, 2048);
-  if (name == "gpt2") return gpt("gpt2", 768, 12, 12, 1024);
+  if (name == "gpt2") return Config::gpt2_small().shape("gpt2");
   if (name == "gpt2-medium") return gpt("gpt2-medium", 1024, 16, 24, 1024);
   if (name == "gpt2-large") return gpt("gpt2-large", 1280, 20, 36, 1024);
   if (name == "gpt2-xl") return gpt("gpt2-xl", 1600, 25, 48, 1024);

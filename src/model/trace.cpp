@@ -19,51 +19,55 @@ using model_detail::CallThreads;
 using model_detail::kPrefillSharedFlops;
 using model_detail::norm;
 
-// Layer l's attention with everything a trace records; its output att is what block() goes on with.
-void Model::Impl::trace_attention(int l, std::int64_t S, const KvCache& cache, const float* q, float* att,
-                                  const AttentionViews& av, LayerTrace& trace) {
+// Layer l's attention block with everything a trace records; the att it leaves is what the block
+// goes on with (after the heads in ablate_ are knocked out).
+blocks::AttentionBlockTaps Model::Impl::trace_taps(int l, std::int64_t S, const KvCache& cache, LayerTrace& trace) {
   const Config& c = w_.config;
-  const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
-  const LayerBf16 Lb = layer_bf16(l);
-  const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), cap = cache.capacity;
-  // forward_trace runs on an f32 cache of its own.
-  const float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
-  // scores [H, S, S] from the same q and k, in f64 like the reference; pattern from the kernel.
+  const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim();
   trace.pattern = Buffer(DType::f32, {H, S, S});
   trace.scores = Buffer(DType::f32, {H, S, S});
-  attention(av.q, av.k, av.v, av.out, av.opt, std::nullopt,
-            View::contiguous(trace.pattern.data(), DType::f32, {1, H, S, S}));
-  ablate_heads(l, att, S);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  float* sc = trace.scores.ptr<float>();
-  for (std::int64_t h = 0; h < H; ++h)
-    for (std::int64_t i = 0; i < S; ++i)
-      for (std::int64_t j = 0; j < S; ++j) {
-        float& out = sc[(h * S + i) * S + j];
-        if (j > i) {
-          out = -std::numeric_limits<float>::infinity();
-          continue;
-        }
-        const float* qi = q + (i * H + h) * D;
-        const float* kj = kc + ((h / (H / Hkv)) * cap + j) * D;
-        double dot = 0;
-        for (std::int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
-        out = static_cast<float>(scale * dot);
-      }
-  // The vectors the scores are made of, after rotary: q [H, S, D], k [Hkv, S, D].
   trace.q = Buffer(DType::f32, {H, S, D});
   trace.k = Buffer(DType::f32, {Hkv, S, D});
-  for (std::int64_t s = 0; s < S; ++s) {
-    for (std::int64_t h = 0; h < H; ++h)
-      std::memcpy(trace.q.ptr<float>() + (h * S + s) * D, q + (s * H + h) * D, sizeof(float) * static_cast<std::size_t>(D));
-    for (std::int64_t g = 0; g < Hkv; ++g)
-      std::memcpy(trace.k.ptr<float>() + (g * S + s) * D, kc + (g * cap + s) * D, sizeof(float) * static_cast<std::size_t>(D));
-  }
-  // Δe_h = W_O[:, h·D:(h+1)·D] · att_h for every position: head_delta [H, S, C].
   trace.head_delta = Buffer(DType::f32, {H, S, C});
   trace.block_delta = Buffer(DType::f32, {S, C});
-  blocks::head_delta_forward(trace.head_delta.ptr<float>(), att, L.wo, S, H, D, C);
-  project(att, L.wo, Lb.wo, nullptr, trace.block_delta.ptr<float>(), S, H * D, C);
+  const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
+  blocks::AttentionBlockTaps taps;
+  taps.pattern = View::contiguous(trace.pattern.data(), DType::f32, {1, H, S, S});  // from the kernel
+  taps.head_delta = trace.head_delta.ptr<float>();  // Δe_h = W_O[:, h·D:(h+1)·D] · att_h: [H, S, C]
+  taps.wo = L.wo;
+  taps.before_out = [this, l, S, C, H, Hkv, D, &L, &cache, &trace](const float* q, float* att) {
+    const std::int64_t cap = cache.capacity;
+    ablate_heads(l, att, S);
+    // forward_trace runs on an f32 cache of its own: the keys after rotary, k [Hkv, cap, D].
+    const float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
+    // scores [H, S, S] from the same q and k, in f64 like the reference.
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    float* sc = trace.scores.ptr<float>();
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < S; ++i)
+        for (std::int64_t j = 0; j < S; ++j) {
+          float& out = sc[(h * S + i) * S + j];
+          if (j > i) {
+            out = -std::numeric_limits<float>::infinity();
+            continue;
+          }
+          const float* qi = q + (i * H + h) * D;
+          const float* kj = kc + ((h / (H / Hkv)) * cap + j) * D;
+          double dot = 0;
+          for (std::int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
+          out = static_cast<float>(scale * dot);
+        }
+    // The vectors the scores are made of, after rotary: q [H, S, D], k [Hkv, S, D].
+    for (std::int64_t s = 0; s < S; ++s) {
+      for (std::int64_t h = 0; h < H; ++h)
+        std::memcpy(trace.q.ptr<float>() + (h * S + s) * D, q + (s * H + h) * D, sizeof(float) * static_cast<std::size_t>(D));
+      for (std::int64_t g = 0; g < Hkv; ++g)
+        std::memcpy(trace.k.ptr<float>() + (g * S + s) * D, kc + (g * cap + s) * D, sizeof(float) * static_cast<std::size_t>(D));
+    }
+    // The whole block's Δe without b_O.
+    project(att, L.wo, layer_bf16(l).wo, nullptr, trace.block_delta.ptr<float>(), S, H * D, C);
+  };
+  return taps;
 }
 
 void Model::Impl::ablate_heads(int l, float* att, std::int64_t S) const {

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "qkv/mha.hpp"
+#include "qkv/model.hpp"
 #include "qkv/params.hpp"
 #include "support/expect_rejects.hpp"
 
@@ -43,6 +45,24 @@ TEST(Params, Gpt2FamilyMatchesPublishedCheckpoints) {
   // medium 354,823,168.
   EXPECT_EQ(count_params(model_preset("gpt2")).model->total, 124439808);
   EXPECT_EQ(count_params(model_preset("gpt2-medium")).model->total, 354823168);
+}
+
+TEST(Params, ConfigShapeCountsTheWeightsTheModelAllocates) {
+  // A Config's shape() is what count_params scores; the independent count is the tensors that
+  // Weights::allocate makes for the same Config (summed by num_params), and the bytes that
+  // MultiHeadAttention allocates for its attention() config: one layer's attention block.
+  qkv::Config llama;
+  llama.dim = 48, llama.hidden_dim = 128, llama.n_layers = 3, llama.n_heads = 6, llama.n_kv_heads = 2;
+  llama.vocab_size = 97, llama.seq_len = 16, llama.tied_embeddings = false;
+  qkv::Config gpt2 = qkv::Config::gpt2_small();
+  gpt2.dim = 32, gpt2.hidden_dim = 128, gpt2.n_layers = 2, gpt2.n_heads = gpt2.n_kv_heads = 4;
+  gpt2.vocab_size = 50, gpt2.seq_len = 8;
+  for (const qkv::Config& c : {llama, gpt2}) {
+    const auto n = count_params(c.shape("test"));
+    ASSERT_TRUE(n.model.has_value());
+    EXPECT_EQ(n.model->total, qkv::Weights::allocate(c).num_params());
+    EXPECT_EQ(static_cast<std::uint64_t>(4 * n.attention.block), qkv::MultiHeadAttention(c.attention()).weight_bytes());
+  }
 }
 
 TEST(Params, Stories260KMatchesItsCheckpointFile) {

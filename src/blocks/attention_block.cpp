@@ -1,0 +1,108 @@
+// One attention block (attention_block.hpp): projections by a backend → rotary → cache append →
+// qkv::attention on strided views → W_O by the backend, with the taps a trace or a backward reads.
+#include "blocks/attention_block.hpp"
+
+#include <cstring>
+#include <optional>
+
+#include "blocks/dense.hpp"
+#include "blocks/linear.hpp"
+#include "blocks/rope.hpp"
+#include "core/parallel.hpp"
+
+namespace qkv::blocks {
+
+void attention_block(AttentionProjections& proj, const AttentionBlockCall& a) {
+  constexpr const char* fn = "qkv::blocks::attention_block";
+  const std::int64_t B = a.B, S = a.S, H = a.shape.n_heads, Hkv = a.shape.n_kv_heads, D = a.shape.d_head;
+  const std::int64_t Dv = a.shape.d_value, C = a.shape.d_model, n = S - a.r0;
+  if ((a.cache || a.r0 > 0) && B != 1) fail(fn, "internal: a cache or r0 > 0 needs B = 1");
+  if (a.cache && Dv != D) fail(fn, "internal: a cache holds keys and values of one size D = Dv");
+  KvSlot* cache = a.cache;
+  const std::int64_t pos0 = cache ? cache->len : 0, Skv = cache ? pos0 + S : a.Skv;
+  // Conversions and appends over S rows: shared over the threads when the call is a prefill.
+  const int threads = S > kGemvMaxRows ? max_threads() : 1;
+  const Isa isa = active_isa();
+  const DType preferred = cache && cache->dtype == DType::bf16 && a.rope_theta <= 0.0f ? DType::bf16 : DType::f32;
+  const QkvRows r = proj.qkv(preferred);
+  if (r.dtype != DType::f32 && r.dtype != preferred) fail(fn, "internal: the backend returned q, k, v in another dtype");
+  const DType kv_dt = cache ? cache->dtype : r.dtype;  // the attention runs in the keys' dtype
+  const std::size_t es = dtype_size(r.dtype);
+
+  if (a.rope_theta > 0.0f) {
+    auto* q = static_cast<float*>(r.q);
+    auto* k = static_cast<float*>(r.k);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < S; ++s) {
+        rope_forward(q + (b * S + s) * r.ld_q, 1, H, D, pos0 + s, a.rope_theta);
+        rope_forward(k + (b * S + s) * r.ld_k, 1, Hkv, D, pos0 + s, a.rope_theta);
+      }
+  }
+
+  View kview, vview;
+  if (cache) {
+    // Append this call's keys and values: cache.k[h, pos0 + s, :] = k[s, h·D : (h+1)·D].
+    const bool round = cache->dtype == DType::bf16 && r.dtype == DType::f32;
+    const std::size_t ce = dtype_size(cache->dtype);
+    auto* kc = static_cast<char*>(cache->k);
+    auto* vc = static_cast<char*>(cache->v);
+    const auto* kr = static_cast<const char*>(r.k);
+    const auto* vr = static_cast<const char*>(r.v);
+    const std::int64_t cap = cache->cap;
+    parallel_for(Hkv, threads, [&](std::int64_t h) {
+      for (std::int64_t s = 0; s < S; ++s) {
+        const std::int64_t dst = (h * cap + pos0 + s) * D;
+        const std::int64_t ks = s * r.ld_k + h * D, vs = s * r.ld_v + h * Dv;
+        if (round) {
+          f32_to_bf16(reinterpret_cast<std::uint16_t*>(kc) + dst, reinterpret_cast<const float*>(kr) + ks, D, isa);
+          f32_to_bf16(reinterpret_cast<std::uint16_t*>(vc) + dst, reinterpret_cast<const float*>(vr) + vs, D, isa);
+        } else {
+          std::memcpy(kc + dst * ce, kr + ks * es, ce * static_cast<std::size_t>(D));
+          std::memcpy(vc + dst * ce, vr + vs * es, ce * static_cast<std::size_t>(Dv));
+        }
+      }
+    });
+    kview = View::strided(cache->k, kv_dt, {1, Hkv, Skv, D}, {Hkv * cap * D, cap * D, D, 1});
+    vview = View::strided(cache->v, kv_dt, {1, Hkv, Skv, Dv}, {Hkv * cap * D, cap * D, D, 1});
+  } else {
+    kview = View::strided(r.k, kv_dt, {B, Hkv, Skv, D}, {Skv * r.ld_k, D, r.ld_k, 1});
+    vview = View::strided(r.v, kv_dt, {B, Hkv, Skv, Dv}, {Skv * r.ld_v, Dv, r.ld_v, 1});
+  }
+
+  // The queries asked for, rows r0 … S − 1, in the keys' dtype (a bf16 cache and f32 q: rounded).
+  void* q = static_cast<char*>(r.q) + a.r0 * r.ld_q * static_cast<std::int64_t>(es);
+  std::int64_t ld_q = r.ld_q;
+  if (kv_dt != r.dtype) {
+    std::uint16_t* qb = a.scratch.q_bf16;
+    const auto* qf = static_cast<const float*>(q);
+    parallel_for(n, threads, [&](std::int64_t s) { f32_to_bf16(qb + s * H * D, qf + s * r.ld_q, H * D, isa); });
+    q = qb;
+    ld_q = H * D;
+  }
+  const View qview = View::strided(q, kv_dt, {B, H, n, D}, {n * ld_q, D, ld_q, 1});
+
+  // The output goes where out() reads it when the dtypes agree; else to att_kv, then converted once.
+  const DType att_dt = proj.att_dtype();
+  void* att = proj.att();
+  void* out = kv_dt == att_dt ? att : a.scratch.att_kv;
+  const View oview = View::strided(out, kv_dt, {B, H, n, Dv}, {n * H * Dv, Dv, H * Dv, 1});
+  attention(qview, kview, vview, oview, a.opt, a.taps.lse.data ? std::optional<View>(a.taps.lse) : std::nullopt,
+            a.taps.pattern.data ? std::optional<View>(a.taps.pattern) : std::nullopt);
+  const std::int64_t N = B * n * H * Dv;
+  if (kv_dt == DType::bf16 && att_dt == DType::f32)
+    bf16_to_f32(static_cast<float*>(att), static_cast<const std::uint16_t*>(out), N, threads);
+  else if (kv_dt == DType::f32 && att_dt == DType::bf16)
+    f32_to_bf16(static_cast<std::uint16_t*>(att), static_cast<const float*>(out), N, threads, isa);
+
+  if ((a.taps.before_out || a.taps.head_delta) && att_dt != DType::f32)
+    fail(fn, "internal: taps need the attention's output in f32");
+  if (a.taps.before_out)
+    a.taps.before_out(r.dtype == DType::f32 ? static_cast<const float*>(r.q) : nullptr, static_cast<float*>(att));
+  if (a.y) proj.out(B * n, a.y, a.beta);
+  if (a.taps.head_delta)
+    for (std::int64_t b = 0; b < B; ++b)
+      head_delta_forward(a.taps.head_delta + b * H * n * C, static_cast<const float*>(att) + b * n * H * Dv,
+                         a.taps.wo, n, H, Dv, C);
+}
+
+}  // namespace qkv::blocks

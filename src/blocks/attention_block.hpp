@@ -1,0 +1,96 @@
+// Internal: one attention block, the seeds' multi-head attention as every caller runs it. The
+// model's prefill (f32 or bf16 weights, bf16 GEMM inputs), its trace for the inspector and
+// qkv::MultiHeadAttention all call attention_block; they differ only in how the projections are
+// computed (an AttentionProjections backend) and where keys and values live (a KV cache or not).
+// The decoding step (src/model/decode.cpp) keeps its own per-KV-head stage: it interleaves the
+// projections of one KV head with that head's attention inside one parallel region.
+//
+// The block's own configuration is qkv::MhaConfig (a model's comes from Config::attention()).
+// Dimension letters: B sequences, S query rows of each, Skv key/value rows of each, H query heads,
+// Hkv kv heads (H % Hkv == 0), D query/key size, Dv value size, C model width, n = S − r0 output rows.
+//
+//   q, k, v = proj.qkv()                             q [B·S, H·D], k [B·Skv, Hkv·D], v [B·Skv, Hkv·Dv]
+//   rotary(q, k) at positions pos0 + s               (rope_theta > 0; pos0 = cache->len, else 0)
+//   cache ← k, v at positions pos0 … pos0 + S − 1    (cache given: B = 1, Skv = pos0 + S after it)
+//   att = attention(q rows r0 … S − 1, k, v, opt)    att [B·n, H·Dv], in the keys' dtype, then in
+//                                                    proj.att_dtype() (rounded or widened once)
+//   taps.before_out(q, att)                          (f32 att: knock heads out, record a trace)
+//   y = beta·y + att · W_Oᵀ + b_O                    y [B·n, C]   (proj.out; y null: not run)
+//   head_delta[b, h] = att_h · (W_O^h)ᵀ              optional [B, H, n, C] (f32 att)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "qkv/attention.hpp"
+#include "qkv/mha.hpp"
+#include "qkv/types.hpp"
+
+namespace qkv::blocks {
+
+// Rows of q, k, v as a backend wrote them: row r of q starts at q + r·ld_q elements of dtype.
+struct QkvRows {
+  void *q = nullptr, *k = nullptr, *v = nullptr;
+  std::int64_t ld_q = 0, ld_k = 0, ld_v = 0;
+  DType dtype = DType::f32;  // f32, or bf16 (only for a bf16 cache and no rotary: no rounding left to do)
+};
+
+// How one block's projections are computed (f32 GEMM/GEMV, bf16 weights, bf16 GEMM inputs, …).
+// The backend holds its input rows and weights; attention_block calls qkv() once, then out() once.
+class AttentionProjections {
+ public:
+  virtual ~AttentionProjections() = default;
+  // q, k, v of every row. `preferred` is bf16 when the keys go to a bf16 cache without rotary: a
+  // backend that can round in its GEMM's epilogue returns bf16 rows then; f32 is always accepted.
+  virtual QkvRows qkv(DType preferred) = 0;
+  // The rows [B·S, H·Dv] (row length H·Dv) that out() reads as the attention's output, in att_dtype().
+  virtual void* att() = 0;
+  virtual DType att_dtype() const = 0;
+  // y [n, C] = beta·y + att [n, H·Dv] · W_Oᵀ + b_O, att the rows of att().
+  virtual void out(std::int64_t n, float* y, float beta) = 0;
+};
+
+// Layer l's keys and values in a KV cache: k, v [Hkv, cap, D] (elements of dtype), positions
+// 0 … len − 1 held; this call's S rows are appended at len (the caller advances len after).
+struct KvSlot {
+  void *k = nullptr, *v = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t cap = 0, len = 0;
+};
+
+struct AttentionBlockTaps {
+  View pattern;                  // [B, H, n, Skv] f32 or f64: each head's pattern (null data: none)
+  View lse;                      // [B, H, n] f32: each query's logsumexp, for a backward (null data: none)
+  float* head_delta = nullptr;   // [B, H, n, C]: Δe^h of each head, without b_O
+  const float* wo = nullptr;     // W_O [C, H·Dv] f32, for head_delta
+  // Called after the attention with the rotated q rows [B·S, H·D] (f32 q only, else null) and the
+  // f32 att rows [B·n, H·Dv], which it may change (ablation) before W_O reads them.
+  std::function<void(const float* q, float* att)> before_out;
+};
+
+// Scratch for a bf16 cache and f32 q rows: q_bf16 [n, H·D]; and when the keys' dtype differs from
+// proj.att_dtype(): att_kv [n, H·Dv] in the keys' dtype (the attention writes there first).
+struct AttentionScratch {
+  std::uint16_t* q_bf16 = nullptr;
+  void* att_kv = nullptr;
+};
+
+struct AttentionBlockCall {
+  std::int64_t B = 1, S = 0, Skv = 0;  // Skv: without a cache (with one it is cache->len + S)
+  std::int64_t r0 = 0;                 // first query row whose output is wanted (> 0 only with B = 1)
+  MhaConfig shape;                     // H = n_heads, Hkv, D = d_head, Dv = d_value, C = d_model (all
+                                       // resolved: no 0 defaults); d_source is the backend's business
+  KvSlot* cache = nullptr;             // null: attention reads k, v where the projections wrote them
+  float rope_theta = 0.0f;             // > 0: rotary on q and k
+  AttentionOptions opt;                // as for qkv::attention (with a cache: causal, bottom-right)
+  float* y = nullptr;                  // [B·n, C]; null: stop before W_O
+  float beta = 0.0f;                   // 1: y += …
+  AttentionBlockTaps taps;
+  AttentionScratch scratch;
+};
+
+// Runs the block (see the top of this file). Rows are handed to qkv::attention as strided views:
+// nothing is transposed. Throws what qkv::attention throws for options that do not fit.
+void attention_block(AttentionProjections& proj, const AttentionBlockCall& call);
+
+}  // namespace qkv::blocks
