@@ -229,6 +229,33 @@ void Trainable<S>::from_attention(std::int64_t l, std::int64_t n0, std::int64_t 
 }
 
 template <class S>
+AttentionOptions Trainable<S>::shard_attention_options() const {
+  AttentionOptions o;
+  o.causal = true;  // every position predicts its next token at once, seeing only its past
+  o.num_threads = shards_ > 1 ? 1 : 0;  // several shards: each is one thread's work already
+  return o;
+}
+
+template <class S>
+void Trainable<S>::attention_forward(std::int64_t l, std::int64_t n0, std::int64_t n) {
+  const std::int64_t H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, nb = n / T_, i = l * N_ + n0;
+  attention(heads_view(q_.data() + i * QD_, nb, H, T_, D_), heads_view(k_.data() + i * KD_, nb, Hkv, T_, D_),
+            heads_view(v_.data() + i * KD_, nb, Hkv, T_, D_), heads_view(att_.data() + i * QD_, nb, H, T_, D_),
+            shard_attention_options(), View::contiguous(lse_.data() + i * H, dtype_of<S>(), {nb, H, T_}));
+}
+
+template <class S>
+void Trainable<S>::attention_backward_rows(std::int64_t l, std::int64_t n0, std::int64_t n) {
+  const std::int64_t H = cfg_.n_heads, Hkv = cfg_.n_kv_heads, nb = n / T_, i = l * N_ + n0;
+  attention_backward(heads_view(q_.data() + i * QD_, nb, H, T_, D_), heads_view(k_.data() + i * KD_, nb, Hkv, T_, D_),
+                     heads_view(v_.data() + i * KD_, nb, Hkv, T_, D_), heads_view(att_.data() + i * QD_, nb, H, T_, D_),
+                     heads_view(datt_.data() + n0 * QD_, nb, H, T_, D_),
+                     View::contiguous(lse_.data() + i * H, dtype_of<S>(), {nb, H, T_}),
+                     heads_view(dq_.data() + n0 * QD_, nb, H, T_, D_), heads_view(dk_.data() + n0 * KD_, nb, Hkv, T_, D_),
+                     heads_view(dv_.data() + n0 * KD_, nb, Hkv, T_, D_), shard_attention_options());
+}
+
+template <class S>
 double Trainable<S>::forward(const std::int32_t* tokens, const std::int32_t* targets) {
   for (std::int64_t n = 0; n < N_; ++n)
     if (tokens[n] < 0 || tokens[n] >= V_ || targets[n] < 0 || targets[n] >= V_)
@@ -238,21 +265,19 @@ double Trainable<S>::forward(const std::int32_t* tokens, const std::int32_t* tar
   std::copy(tokens, tokens + N_, tokens_.begin());
   std::copy(targets, targets + N_, targets_.begin());
   const S* P = params.data();
+  // Each shard runs its sequences through every layer on its own, attention included (one thread
+  // for its sequences' heads when there are several shards): the threads meet once a pass, not
+  // at every layer's attention, so a descheduled thread on a busy machine stalls the step once.
   for_shards([&](std::int64_t, std::int64_t n0, std::int64_t n) {
     for (std::int64_t s0 = n0; s0 < n0 + n; s0 += T_)  // whole sequences: positions 0 … T − 1
       blocks::embedding_forward(resid_.data() + s0 * C_, tokens_.data() + s0, P + wte_,
                                 wpe_ < 0 ? nullptr : P + wpe_, T_, C_, 0);
     to_attention(0, n0, n);
+    for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
+      attention_forward(l, n0, n);
+      from_attention(l, n0, n);
+    }
   });
-  AttentionOptions causal;
-  causal.causal = true;  // every position predicts its next token at once, seeing only its past
-  const std::int64_t H = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
-  for (std::int64_t l = 0; l < cfg_.n_layers; ++l) {
-    attention(heads_view(q_.data() + l * N_ * QD_, B_, H, T_, D_), heads_view(k_.data() + l * N_ * KD_, B_, Hkv, T_, D_),
-              heads_view(v_.data() + l * N_ * KD_, B_, Hkv, T_, D_), heads_view(att_.data() + l * N_ * QD_, B_, H, T_, D_),
-              causal, View::contiguous(lse_.data() + l * N_ * H, dtype_of<S>(), {B_, H, T_}));
-    for_shards([&](std::int64_t, std::int64_t n0, std::int64_t n) { from_attention(l, n0, n); });
-  }
   double total = 0;  // in row order, whatever the shards
   for (std::int64_t n = 0; n < N_; ++n) total += losses_[static_cast<std::size_t>(n)];
   return total / static_cast<double>(N_);
@@ -312,7 +337,7 @@ void Trainable<S>::backward_from_attention(std::int64_t l, S* G, std::int64_t n0
 
 template <class S>
 void Trainable<S>::backward(S loss_scale) {
-  const std::int64_t L = cfg_.n_layers, H = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
+  const std::int64_t L = cfg_.n_layers;
   const S* P = params.data();
   const auto n_params = static_cast<std::int64_t>(params.size());
   auto shard_grads = [&](std::int64_t s) {
@@ -336,31 +361,19 @@ void Trainable<S>::backward(S loss_scale) {
     norm_backward(dresid, G + nfw_, nfb_ < 0 ? nullptr : G + nfb_, dn, resid_.data() + (L * N_ + n0) * C_, P + nfw_,
                   nf_mean_.empty() ? nullptr : nf_mean_.data() + n0, nf_rstd_.data() + n0, n);
     backward_to_attention(L - 1, G, n0, n);
-  });
-
-  AttentionOptions causal;
-  causal.causal = true;
-  for (std::int64_t l = L - 1; l >= 0; --l) {
-    attention_backward(heads_view(q_.data() + l * N_ * QD_, B_, H, T_, D_),
-                       heads_view(k_.data() + l * N_ * KD_, B_, Hkv, T_, D_),
-                       heads_view(v_.data() + l * N_ * KD_, B_, Hkv, T_, D_),
-                       heads_view(att_.data() + l * N_ * QD_, B_, H, T_, D_), heads_view(datt_.data(), B_, H, T_, D_),
-                       View::contiguous(lse_.data() + l * N_ * H, dtype_of<S>(), {B_, H, T_}),
-                       heads_view(dq_.data(), B_, H, T_, D_), heads_view(dk_.data(), B_, Hkv, T_, D_),
-                       heads_view(dv_.data(), B_, Hkv, T_, D_), causal);
-    for_shards([&](std::int64_t s, std::int64_t n0, std::int64_t n) {
-      S* G = shard_grads(s);
+    for (std::int64_t l = L - 1; l >= 0; --l) {
+      attention_backward_rows(l, n0, n);
       backward_from_attention(l, G, n0, n);
       if (l > 0) {
         backward_to_attention(l - 1, G, n0, n);
-        return;
+        continue;
       }
       // In the forward pass this was resid[0] = wte[token] (+ wpe[position]).
       for (std::int64_t s0 = n0; s0 < n0 + n; s0 += T_)
         blocks::embedding_backward(G + wte_, wpe_ < 0 ? nullptr : G + wpe_, dresid_.data() + s0 * C_,
                                    tokens_.data() + s0, T_, C_, 0);
-    });
-  }
+    }
+  });
 
   // grads += Σ_{s ≥ 1} shard s's gradients, in shard order, in chunks spread over the threads.
   if (shards_ > 1) {

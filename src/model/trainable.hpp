@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "qkv/attention.hpp"
 #include "qkv/model.hpp"
 
 namespace qkv {
@@ -92,6 +93,11 @@ class Trainable {
   void backward_to_attention(std::int64_t l, S* G, std::int64_t n0, std::int64_t n);
   // Backward of W_Q, W_K, W_V (through rope) and n1 of layer l on rows [n0, n0 + n).
   void backward_from_attention(std::int64_t l, S* G, std::int64_t n0, std::int64_t n);
+  // Layer l's causal attention and its backward for the whole sequences in rows [n0, n0 + n)
+  // (att, lse from q, k, v; dq, dk, dv from datt), on one thread when the pass is sharded.
+  void attention_forward(std::int64_t l, std::int64_t n0, std::int64_t n);
+  void attention_backward_rows(std::int64_t l, std::int64_t n0, std::int64_t n);
+  AttentionOptions shard_attention_options() const;
   void norm_forward(S* out, S* mean, S* rstd, const S* x, const S* w, const S* b, std::int64_t n) const;
   void norm_backward(S* dx, S* dw, S* db, const S* dout, const S* x, const S* w, const S* mean, const S* rstd,
                      std::int64_t n) const;
