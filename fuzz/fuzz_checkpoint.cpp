@@ -9,13 +9,16 @@
 
 #include "fuzz/fuzz_common.hpp"
 #include "model/safetensors.hpp"
+#include "qkv/types.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace t = qkv::detail;
   t::StFile f;
   try {
     f = t::read_safetensors(qkv::fuzz::as_file(data, size));
-  } catch (const std::invalid_argument&) {
+  } catch (const std::invalid_argument&) {  // refused: a bad value, or (below) a corrupt file
+    return 0;
+  } catch (const qkv::FormatError&) {
     return 0;
   }
   for (const auto& [name, tensor] : f.tensors) {

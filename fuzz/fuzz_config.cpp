@@ -12,7 +12,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   qkv::Config c;
   try {
     c = qkv::config_from_json(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
-  } catch (const std::invalid_argument&) {
+  } catch (const std::invalid_argument&) {  // refused: a bad value, or (below) a corrupt file
+    return 0;
+  } catch (const qkv::FormatError&) {
     return 0;
   }
   const std::string once = qkv::config_to_json(c, false);

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "model/text_tokenizer.hpp"
+#include "qkv/types.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using qkv::detail::TextTokenizer;
@@ -17,7 +18,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   TextTokenizer tok;
   try {
     tok = TextTokenizer::from_json(text);
-  } catch (const std::invalid_argument&) {
+  } catch (const std::invalid_argument&) {  // refused: a bad value, or (below) a corrupt file
+    return 0;
+  } catch (const qkv::FormatError&) {
     return 0;
   }
   const std::string json = tok.to_json();

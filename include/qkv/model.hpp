@@ -395,8 +395,8 @@ struct GenerateStats {
 // final newline llama2.c adds. The prompt is prefilled in one forward call, then each new token is
 // one query against the cache. A tokenizer without BOS (qkv train's) starts from the prompt's
 // first token, which is emitted too, or, for an empty prompt, from its "\n" token (nanoGPT's start).
-// Throws, naming the position, as soon as a position's logits hold a NaN or ±inf (weights that
-// overflow float): the text so far has been emitted, nothing after it.
+// Throws qkv::NonFiniteError, naming the position, as soon as a position's logits hold a NaN or
+// ±inf (weights that overflow float): the text so far has been emitted, nothing after it.
 GenerateStats generate(Model& model, const Tokenizer& tok, std::string_view prompt, const GenerateOptions& opt,
                        const std::function<void(std::string_view)>& emit);
 

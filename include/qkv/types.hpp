@@ -157,10 +157,46 @@ class Buffer {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Errors. Every public entry point validates its arguments and throws std::invalid_argument
-// whose message reads "[qkv::function] argument: what was wrong (got ...)".
+// Errors. Every message reads "[qkv::function] argument: what was wrong (got ...)"; the type says
+// whose fault it is, so a caller (and the Python module, and the qkv CLI's exit code) can tell:
+//   std::invalid_argument   a bad argument: a value, shape or option, or a path that names no
+//                           readable regular file (checked before any work). fail().
+//                           Python: ValueError. qkv CLI: exit 1.
+//   qkv::IoError            the system refused a read or write during the work (read, mmap, write,
+//                           fsync, rename, mkdir: disk full, file size limit, device error).
+//                           fail_io(). Python: qkv.IoError, an OSError. qkv CLI: exit 3.
+//   qkv::FormatError        a file's bytes break its format: truncated, not valid JSON, impossible
+//                           sizes, overlapping offsets, a required key missing or of the wrong type.
+//                           fail_format(). Python: qkv.FormatError, an OSError and a ValueError
+//                           (before it had a type of its own it was a ValueError). qkv CLI: exit 4.
+//   qkv::NonFiniteError     a run's numbers left the finite range: training diverged (NaN or ±inf
+//                           loss), a model's logits overflowed while generating. fail_nonfinite().
+//                           Python: qkv.NonFiniteError, a RuntimeError. qkv CLI: exit 5.
+// A file that is valid but asks for something qkv does not implement (another tokenizer model, an
+// unknown model_type) is a bad argument, not a FormatError: the remedy is another file.
 // ---------------------------------------------------------------------------------------------
+// The base of the errors no argument caused: catch qkv::Error to handle all three kinds.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+class FormatError : public Error {
+ public:
+  using Error::Error;
+};
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
+};
+
 [[noreturn]] void fail(std::string_view function, std::string_view message);
+[[noreturn]] void fail_io(std::string_view function, std::string_view message);
+[[noreturn]] void fail_format(std::string_view function, std::string_view message);
+[[noreturn]] void fail_nonfinite(std::string_view function, std::string_view message);
 
 // Number of elements of `shape`, throwing (naming `function` and `what`) if a dimension is
 // negative or the product, or the largest byte offset, would not fit in 63 bits.

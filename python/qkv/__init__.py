@@ -16,6 +16,10 @@
 
 Arrays may be NumPy (float32, float64, ml_dtypes.bfloat16), torch CPU tensors or any DLPack
 producer; they are read in place through their strides, and outputs come back in the same kind.
+
+Errors: a bad argument raises ValueError or TypeError; qkv.IoError (an OSError) a read or write the
+system refused; qkv.FormatError (an OSError and a ValueError) a truncated or corrupt file;
+qkv.NonFiniteError (a RuntimeError) numbers that became NaN or ±inf, such as a model's logits.
 """
 
 import os as _os
@@ -26,7 +30,7 @@ import os as _os
 if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "2000"
 
-from ._qkv import active_isa, cpu_isa, num_threads, set_isa, set_num_threads
+from ._qkv import FormatError, IoError, NonFiniteError, active_isa, cpu_isa, num_threads, set_isa, set_num_threads
 from .functional import (AttentionGrads, AttentionGradsSinks, AttentionResult, AttentionResultScores, KernelInfo,
                          alibi_slopes, attention, attention_backward, dropout_mask, scaled_dot_product_attention)
 from .kvcache import KVCache, attention_kvcache
@@ -38,7 +42,7 @@ from ._inspect import Inspection, inspect
 
 __all__ = [
     "AttentionGrads", "AttentionGradsSinks", "AttentionResult", "AttentionResultScores", "BatchGeneration", "Encoder",
-    "Generation", "Inspection", "KVCache", "KernelInfo",
+    "FormatError", "Generation", "Inspection", "IoError", "KVCache", "KernelInfo", "NonFiniteError",
     "LayerTrace", "MhaResult", "Model", "ModelTrace", "MultiHeadAttention", "OnnxAttentionOutputs", "Tokenizer",
     "active_isa", "alibi_slopes", "attention", "attention_backward", "attention_kvcache", "cpu_isa", "dropout_mask",
     "inspect", "num_threads", "onnx_attention",

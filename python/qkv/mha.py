@@ -20,6 +20,7 @@ import numpy as np
 from . import _arrays as A
 from . import _plan as P
 from . import _qkv
+from ._qkv import FormatError
 from . import safetensors as st
 
 Array = Any
@@ -195,14 +196,14 @@ class MultiHeadAttention:
         fn = "qkv.MultiHeadAttention.load"
         tensors, meta = st.load_file(path)
         if meta.get("format") != _FORMAT or not all(k in meta for k in _CONFIG_KEYS):
-            raise ValueError(f"[{fn}] {path}: metadata must hold format={_FORMAT!r} and {', '.join(_CONFIG_KEYS)}; "
+            raise FormatError(f"[{fn}] {path}: metadata must hold format={_FORMAT!r} and {', '.join(_CONFIG_KEYS)}; "
                              f"got {meta}")
         try:
             c = {k: int(meta[k]) for k in _CONFIG_KEYS if k != "bias"}
         except ValueError:
-            raise ValueError(f"[{fn}] {path}: configuration values must be integers, got {meta}") from None
+            raise FormatError(f"[{fn}] {path}: configuration values must be integers, got {meta}") from None
         if meta["bias"] not in ("True", "False"):
-            raise ValueError(f"[{fn}] {path}: bias must be 'True' or 'False', got {meta['bias']!r}")
+            raise FormatError(f"[{fn}] {path}: bias must be 'True' or 'False', got {meta['bias']!r}")
         block = cls(c["d_model"], c["n_heads"], d_head=c["d_head"], n_kv_heads=c["n_kv_heads"], d_value=c["d_value"],
                     d_source=c["d_source"], bias=meta["bias"] == "True", seed=None)
         block.load_state_dict(tensors)

@@ -593,6 +593,17 @@ nb::ndarray<nb::numpy, double> report_ablation(const qkv::inspect::Report& r, co
 NB_MODULE(_qkv, m) {
   m.attr("__version__") = QKV_VERSION;  // CMakeLists.txt's project(VERSION), the one place it is written
   m.doc() = "Native layer of qkv: attention on the CPU over strided arrays. Use the qkv package, not this module.";
+  // The errors no argument caused (qkv/types.hpp). A bad argument stays a ValueError (nanobind's
+  // translation of std::invalid_argument). FormatError is an OSError, as the file problem it is,
+  // and a ValueError, which corrupt files raised before they had a type of their own (the pair of
+  // bases io.UnsupportedOperation has).
+  nb::exception<qkv::IoError>(m, "IoError", PyExc_OSError).attr("__doc__") =
+      "A read or write the system refused during the work (disk full, file size limit, no permission).";
+  nb::exception<qkv::FormatError>(m, "FormatError",
+                                  nb::make_tuple(nb::handle(PyExc_OSError), nb::handle(PyExc_ValueError)))
+      .attr("__doc__") = "A file whose bytes break its format: truncated, not valid JSON, impossible sizes or offsets.";
+  nb::exception<qkv::NonFiniteError>(m, "NonFiniteError", PyExc_RuntimeError).attr("__doc__") =
+      "Numbers that became NaN or ±inf where a run needs finite ones (training diverged, logits overflowed).";
 
   m.def("safetensors_read", &safetensors_read, "path"_a,
         "({name: (dtype, shape, bytes)}, metadata) of a safetensors file, every header field validated first.");

@@ -24,9 +24,11 @@ void build_app(CLI::App& app) {
 #undef QKV_CLI_ADD
   // After the commands: a subcommand copies its parent's footer when it is created.
   app.footer(
-      "Exit codes: 0 success; 1 error (a file that cannot be read, a run that fails); 2 usage error (unknown "
-      "command or option, bad value); 129, 130, 143: qkv train stopped by SIGHUP, SIGINT, SIGTERM (128 + the "
-      "signal) after saving its checkpoint.\n"
+      "Exit codes: 0 success; 1 error (a bad argument, such as a missing file); 2 usage error (unknown command or "
+      "option, bad value); 3 I/O error (a read or write the system refused: disk full, no permission); 4 file "
+      "format error (a truncated or corrupt model, tokenizer, config or checkpoint); 5 non-finite numbers (training "
+      "diverged, a model's logits overflowed); 129, 130, 143: qkv train stopped by SIGHUP, SIGINT, SIGTERM (128 + "
+      "the signal) after saving its checkpoint.\n"
       "Scripts: --prompt - reads the text from stdin; --json (params, attend, generate) prints one JSON "
       "document; source <(qkv completion bash) completes commands and options.");
 }

@@ -41,7 +41,7 @@ void check_out(const std::string& path) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) fail(kFn, "--out '" + path + "': cannot create a file there: " + std::strerror(errno));
+    if (!f) fail_io(kFn, "--out '" + path + "': cannot create a file there: " + std::strerror(errno));
   }
   std::remove(tmp.c_str());
 }

@@ -18,7 +18,7 @@ std::string read_text_input(const char* command, const std::string& flag, const 
   std::string text, source;
   if (path == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    if (std::cin.bad()) fail(command, flag + " -: reading stdin failed");
+    if (std::cin.bad()) fail_io(command, flag + " -: reading stdin failed");
     source = flag + " -: stdin";
   } else {
     check_input(command, flag, path);

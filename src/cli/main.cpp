@@ -1,7 +1,9 @@
 // qkv — the command-line face of the library. It parses, calls a lower floor, and prints.
-// Every error ends the program with one line "qkv: error: …" on stderr: exit code 2 for a usage
-// error (unknown command or option, bad value), 1 for anything else. A command that stops early
-// without an error may set another status (commands.hpp: exit_status).
+// Every error ends the program with one line "qkv: error: …" on stderr and an exit code by its
+// kind (qkv/types.hpp): 2 for a usage error (unknown command or option, bad value), 3 for an I/O
+// failure (qkv::IoError), 4 for a corrupt file (qkv::FormatError), 5 for a run whose numbers became
+// non-finite (qkv::NonFiniteError), 1 for anything else. A command that stops early without an
+// error may set another status (commands.hpp: exit_status). app.cpp's footer documents them.
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -11,6 +13,7 @@
 
 #include "cli/commands.hpp"
 #include "qkv/runtime.hpp"
+#include "qkv/types.hpp"
 
 namespace {
 
@@ -120,6 +123,9 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "qkv: error: " << one_line(e.what()) << "\n";
+    if (dynamic_cast<const qkv::IoError*>(&e)) return 3;
+    if (dynamic_cast<const qkv::FormatError*>(&e)) return 4;
+    if (dynamic_cast<const qkv::NonFiniteError*>(&e)) return 5;
     return 1;
   }
   return qkv::cli::exit_status();

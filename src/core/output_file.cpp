@@ -19,12 +19,12 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
   static std::atomic<std::uint64_t> count{0};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(count++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail(fn, who + ": cannot open the temporary '" + tmp + "' for writing: " + std::strerror(errno));
+  if (fd < 0) fail_io(fn, who + ": cannot open the temporary '" + tmp + "' for writing: " + std::strerror(errno));
   // Any failure from here on removes the temporary: a full disk leaves nothing behind.
   auto give_up = [&](const std::string& what, int err) {
     ::close(fd);
     ::unlink(tmp.c_str());
-    fail(fn, who + ": " + what + ": " + std::strerror(err) + " (the temporary was removed)");
+    fail_io(fn, who + ": " + what + ": " + std::strerror(err) + " (the temporary was removed)");
   };
   std::size_t total = 0, done = 0;
   for (std::string_view p : pieces) total += p.size();
@@ -44,12 +44,12 @@ void write_file_atomic(const std::string& path, std::span<const std::string_view
   if (::close(fd) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
-    fail(fn, who + ": close failed: " + std::strerror(e) + " (the temporary was removed)");
+    fail_io(fn, who + ": close failed: " + std::strerror(e) + " (the temporary was removed)");
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmp.c_str());
-    fail(fn, who + ": cannot rename the temporary file into place: " + std::strerror(e) +
+    fail_io(fn, who + ": cannot rename the temporary file into place: " + std::strerror(e) +
                  " (the temporary was removed)");
   }
 }

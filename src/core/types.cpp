@@ -38,14 +38,29 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-void fail(std::string_view function, std::string_view message) {
+namespace {
+std::string error_message(std::string_view function, std::string_view message) {
   std::string s;
   s.reserve(function.size() + message.size() + 4);
   s += '[';
   s += function;
   s += "] ";
   s += message;
-  throw std::invalid_argument(s);
+  return s;
+}
+}  // namespace
+
+void fail(std::string_view function, std::string_view message) {
+  throw std::invalid_argument(error_message(function, message));
+}
+void fail_io(std::string_view function, std::string_view message) {
+  throw IoError(error_message(function, message));
+}
+void fail_format(std::string_view function, std::string_view message) {
+  throw FormatError(error_message(function, message));
+}
+void fail_nonfinite(std::string_view function, std::string_view message) {
+  throw NonFiniteError(error_message(function, message));
 }
 
 std::int64_t checked_numel(std::string_view function, std::string_view what,

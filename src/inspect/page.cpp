@@ -24,7 +24,7 @@ fs::path make_dir(const std::string& dir, const char* fn) {
   if (dir.empty()) fail(fn, "dir: empty output directory");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) fail(fn, "dir: cannot create directory " + dir);
+  if (ec || !fs::is_directory(dir)) fail_io(fn, "dir: cannot create directory " + dir);
   return fs::path(dir);
 }
 

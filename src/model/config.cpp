@@ -104,9 +104,9 @@ Config config_from_json(std::string_view text, std::string_view source) {
   try {
     j = nlohmann::json::parse(text.begin(), text.end(), detail::json_depth_limit(fn, where));
   } catch (const nlohmann::json::exception& e) {
-    fail(fn, where + ": not valid JSON (" + e.what() + ")");
+    fail_format(fn, where + ": not valid JSON (" + e.what() + ")");
   }
-  if (!j.is_object()) fail(fn, where + ": expected a JSON object, got " + std::string(j.type_name()));
+  if (!j.is_object()) fail_format(fn, where + ": expected a JSON object, got " + std::string(j.type_name()));
   if (j.contains("model_type")) {  // a Hugging Face config.json
     const Config c = detail::hf_config(j, where);
     c.validate(std::string(fn) + " (" + where + ")");
@@ -114,14 +114,14 @@ Config config_from_json(std::string_view text, std::string_view source) {
   }
   Config c;
   auto get_int = [&](const char* key, std::int64_t* out) {
-    if (!j.contains(key)) fail(fn, where + ": missing required key \"" + key + "\"");
+    if (!j.contains(key)) fail_format(fn, where + ": missing required key \"" + key + "\"");
     const auto& v = j[key];
-    if (!v.is_number_integer()) fail(fn, where + ": \"" + key + "\" must be an integer, got " + v.dump());
+    if (!v.is_number_integer()) fail_format(fn, where + ": \"" + key + "\" must be an integer, got " + v.dump());
     *out = v.get<std::int64_t>();
   };
   auto get_enum = [&](const char* key, std::initializer_list<const char*> names) -> int {
     const auto& v = j[key];
-    if (!v.is_string()) fail(fn, where + ": \"" + key + "\" must be a string, got " + v.dump());
+    if (!v.is_string()) fail_format(fn, where + ": \"" + key + "\" must be a string, got " + v.dump());
     int i = 0;
     for (const char* n : names) {
       if (v.get<std::string>() == n) return i;
@@ -129,16 +129,16 @@ Config config_from_json(std::string_view text, std::string_view source) {
     }
     std::string all;
     for (const char* n : names) all += std::string(all.empty() ? "" : ", ") + n;
-    fail(fn, where + ": \"" + key + "\" must be one of " + all + ", got " + v.dump());
+    fail_format(fn, where + ": \"" + key + "\" must be one of " + all + ", got " + v.dump());
   };
   auto get_float = [&](const char* key, float* out) {
     const auto& v = j[key];
-    if (!v.is_number()) fail(fn, where + ": \"" + key + "\" must be a number, got " + v.dump());
+    if (!v.is_number()) fail_format(fn, where + ": \"" + key + "\" must be a number, got " + v.dump());
     *out = v.get<float>();
   };
   auto get_bool = [&](const char* key, bool* out) {
     const auto& v = j[key];
-    if (!v.is_boolean()) fail(fn, where + ": \"" + key + "\" must be true or false, got " + v.dump());
+    if (!v.is_boolean()) fail_format(fn, where + ": \"" + key + "\" must be true or false, got " + v.dump());
     *out = v.get<bool>();
   };
   get_int("dim", &c.dim);
@@ -152,7 +152,7 @@ Config config_from_json(std::string_view text, std::string_view source) {
   // (RMSNorm, rotary, SwiGLU...) and run a different model on the same weights. rope_theta is
   // required with rotary positions only.
   for (const char* key : {"pos", "norm", "mlp", "tied_embeddings", "bias", "norm_eps"})
-    if (!j.contains(key)) fail(fn, where + ": missing required key \"" + key + "\"");
+    if (!j.contains(key)) fail_format(fn, where + ": missing required key \"" + key + "\"");
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (k == "dim" || k == "hidden_dim" || k == "n_layers" || k == "n_heads" || k == "n_kv_heads" ||
@@ -168,10 +168,10 @@ Config config_from_json(std::string_view text, std::string_view source) {
     else if (k == "causal") get_bool("causal", &c.causal);
     else if (k == "post_norm") get_bool("post_norm", &c.post_norm);
     else if (k == "type_vocab_size") get_int("type_vocab_size", &c.type_vocab_size);
-    else fail(fn, where + ": unknown key \"" + k + "\"");
+    else fail_format(fn, where + ": unknown key \"" + k + "\"");
   }
   if (c.pos == PosEncoding::rotary && !j.contains("rope_theta"))
-    fail(fn, where + ": missing required key \"rope_theta\" (pos is \"rotary\")");
+    fail_format(fn, where + ": missing required key \"rope_theta\" (pos is \"rotary\")");
   c.validate(std::string(fn) + " (" + where + ")");
   return c;
 }

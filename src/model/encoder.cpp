@@ -338,7 +338,7 @@ nlohmann::json read_json(const std::filesystem::path& p, const std::string& what
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    fail(kLoad, "file '" + p.string() + "': not valid JSON (" + e.what() + ")");
+    fail_format(kLoad, "file '" + p.string() + "': not valid JSON (" + e.what() + ")");
   }
 }
 
@@ -365,7 +365,7 @@ Encoder Encoder::load(const std::string& dir, const EncoderOptions& options) {
                         " is not supported (qkv runs Transformer, Pooling, then optionally Normalize)");
     }
   } catch (const nlohmann::json::exception& e) {
-    fail(kLoad, "file '" + (root / "modules.json").string() + "': " + e.what());
+    fail_format(kLoad, "file '" + (root / "modules.json").string() + "': " + e.what());
   }
   if (transformer.empty() || pooling_dir.empty())
     fail(kLoad, "file '" + (root / "modules.json").string() + "': needs a Transformer module and a Pooling module");
@@ -395,7 +395,7 @@ Encoder Encoder::load(const std::string& dir, const EncoderOptions& options) {
       fail(kLoad, "file '" + (tdir / "sentence_bert_config.json").string() +
                       "': \"do_lower_case\" true is not supported (the tokenizer's own settings lower-case)");
   } catch (const nlohmann::json::exception& e) {
-    fail(kLoad, "file '" + (tdir / "sentence_bert_config.json").string() + "': " + e.what());
+    fail_format(kLoad, "file '" + (tdir / "sentence_bert_config.json").string() + "': " + e.what());
   }
   for (const char* f : {"config.json", "model.safetensors"})
     if (!fs::exists(tdir / f)) fail(kLoad, "dir: the folder has no " + std::string(f) + " ('" + (tdir / f).string() + "')");

@@ -235,7 +235,7 @@ class Generator {
   // Logits of position `pos` (the prediction of its successor) with a NaN or inf: stop, naming it.
   void check_logits(std::span<const float> logits, std::int64_t pos) const {
     if (const std::int64_t bad = first_non_finite(logits.data(), c_.vocab_size); bad >= 0)
-      fail(fn_, "the logits at position " + std::to_string(pos) + " are not finite (token " + std::to_string(bad) +
+      fail_nonfinite(fn_, "the logits at position " + std::to_string(pos) + " are not finite (token " + std::to_string(bad) +
                     ": " + std::to_string(logits[static_cast<std::size_t>(bad)]) +
                     "): the model's weights or activations overflow float; generation stopped there");
   }

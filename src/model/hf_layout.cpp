@@ -18,8 +18,8 @@ const nlohmann::json& at(const nlohmann::json& j, const char* key) {
 
 std::int64_t get_int(const nlohmann::json& j, const char* key, const std::string& where) {
   const auto& v = at(j, key);
-  if (v.is_null()) fail(kFn, where + ": missing required key \"" + key + "\"");
-  if (!v.is_number_integer()) fail(kFn, where + ": \"" + key + "\" must be an integer, got " + v.dump());
+  if (v.is_null()) fail_format(kFn, where + ": missing required key \"" + key + "\"");
+  if (!v.is_number_integer()) fail_format(kFn, where + ": \"" + key + "\" must be an integer, got " + v.dump());
   return v.get<std::int64_t>();
 }
 
@@ -30,21 +30,21 @@ std::int64_t get_int_or(const nlohmann::json& j, const char* key, std::int64_t d
 float get_float_or(const nlohmann::json& j, const char* key, float dflt, const std::string& where) {
   const auto& v = at(j, key);
   if (v.is_null()) return dflt;
-  if (!v.is_number()) fail(kFn, where + ": \"" + key + "\" must be a number, got " + v.dump());
+  if (!v.is_number()) fail_format(kFn, where + ": \"" + key + "\" must be a number, got " + v.dump());
   return v.get<float>();
 }
 
 bool get_bool_or(const nlohmann::json& j, const char* key, bool dflt, const std::string& where) {
   const auto& v = at(j, key);
   if (v.is_null()) return dflt;
-  if (!v.is_boolean()) fail(kFn, where + ": \"" + key + "\" must be true or false, got " + v.dump());
+  if (!v.is_boolean()) fail_format(kFn, where + ": \"" + key + "\" must be true or false, got " + v.dump());
   return v.get<bool>();
 }
 
 std::string get_string_or(const nlohmann::json& j, const char* key, const char* dflt, const std::string& where) {
   const auto& v = at(j, key);
   if (v.is_null()) return dflt;
-  if (!v.is_string()) fail(kFn, where + ": \"" + key + "\" must be a string, got " + v.dump());
+  if (!v.is_string()) fail_format(kFn, where + ": \"" + key + "\" must be a string, got " + v.dump());
   return v.get<std::string>();
 }
 
@@ -100,7 +100,7 @@ Config llama_config(const nlohmann::json& j, const std::string& where) {
   c.rope_theta = get_float_or(j, "rope_theta", 10000.0f, where);
   const auto& rp = at(j, "rope_parameters");
   if (!rp.is_null()) {
-    if (!rp.is_object()) fail(kFn, where + ": \"rope_parameters\" must be an object, got " + rp.dump());
+    if (!rp.is_object()) fail_format(kFn, where + ": \"rope_parameters\" must be an object, got " + rp.dump());
     c.rope_theta = get_float_or(rp, "rope_theta", c.rope_theta, where + " rope_parameters");
     require(get_string_or(rp, "rope_type", "default", where) == "default", where, "rope_parameters", j,
             "the default rotary embedding, rope_type \"default\"");

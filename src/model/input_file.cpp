@@ -26,6 +26,10 @@ const char* kind_of(mode_t m) {
 [[noreturn]] void refuse(const std::string& path, std::string_view fn, std::string_view arg, const std::string& why) {
   fail(fn, std::string(arg) + " '" + path + "': " + why);
 }
+// The system failed an open or read that the checks above expected to work.
+[[noreturn]] void refuse_io(const std::string& path, std::string_view fn, std::string_view arg, const std::string& why) {
+  fail_io(fn, std::string(arg) + " '" + path + "': " + why);
+}
 
 }  // namespace
 
@@ -47,7 +51,7 @@ int open_input_file(const std::string& path, std::string_view fn, std::string_vi
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
-    refuse(path, fn, arg, std::string("cannot open: ") + (e == EACCES ? "permission denied" : std::strerror(e)));
+    refuse_io(path, fn, arg, std::string("cannot open: ") + (e == EACCES ? "permission denied" : std::strerror(e)));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -78,7 +82,7 @@ std::string read_input_file(const std::string& path, std::string_view fn, std::s
       if (errno == EINTR) continue;
       const int e = errno;
       ::close(fd);
-      refuse(path, fn, arg, std::string("read failed: ") + std::strerror(e));
+      refuse_io(path, fn, arg, std::string("read failed: ") + std::strerror(e));
     }
     out.append(buf, static_cast<std::size_t>(n));
     if (out.size() > max_bytes) {

@@ -19,12 +19,12 @@ namespace qkv::detail {
 inline constexpr int kJsonMaxDepth = 64;
 
 // The callback of nlohmann::json::parse(text, callback, ...): keeps every value, and throws
-// std::invalid_argument (naming `fn` and `where`, e.g. "config 'model.json'") as soon as arrays
+// qkv::FormatError (naming `fn` and `where`, e.g. "config 'model.json'") as soon as arrays
 // and objects nest deeper than kJsonMaxDepth.
 inline nlohmann::json::parser_callback_t json_depth_limit(std::string fn, std::string where) {
   return [fn = std::move(fn), where = std::move(where)](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
     if (depth > kJsonMaxDepth)
-      fail(fn, where + ": JSON nested more than " + std::to_string(kJsonMaxDepth) +
+      fail_format(fn, where + ": JSON nested more than " + std::to_string(kJsonMaxDepth) +
                    " levels deep (arrays and objects inside each other); not a file qkv reads");
     return true;
   };

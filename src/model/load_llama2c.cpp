@@ -36,7 +36,7 @@ Weights load_llama2c(const std::string& path) {
   const std::string where = "file '" + path + "'";
   constexpr std::size_t kHeader = 7 * sizeof(std::int32_t);
   if (file->size() < kHeader)
-    fail(fn, where + ": " + std::to_string(file->size()) + " bytes is shorter than the 28-byte header");
+    fail_format(fn, where + ": " + std::to_string(file->size()) + " bytes is shorter than the 28-byte header");
   std::int32_t h[7];
   std::memcpy(h, file->data(), kHeader);
   Config c;
@@ -59,7 +59,7 @@ Weights load_llama2c(const std::string& path) {
   try {
     c.validate("header");
   } catch (const std::invalid_argument& e) {
-    fail(fn, where + ": impossible " + header + ": " + e.what());
+    fail_format(fn, where + ": impossible " + header + ": " + e.what());
   }
 
   // Sizes are bounded by validate(), so these products fit comfortably in 64 bits.
@@ -69,7 +69,7 @@ Weights load_llama2c(const std::string& path) {
                               3 * L * Hd * C + C + P * D + (c.tied_embeddings ? 0 : V * C);
   const std::uint64_t want = kHeader + static_cast<std::uint64_t>(floats) * sizeof(float);
   if (file->size() != want)
-    fail(fn, where + ": is " + std::to_string(file->size()) + " bytes but its " + header + " implies " +
+    fail_format(fn, where + ": is " + std::to_string(file->size()) + " bytes but its " + header + " implies " +
                  std::to_string(want) + (file->size() < want ? " (truncated)" : " (trailing bytes)"));
 
   Weights w;

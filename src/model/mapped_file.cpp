@@ -24,7 +24,7 @@ MappedFile::MappedFile(const std::string& path, const char* fn) {
     if (p == MAP_FAILED) {
       const int e = errno;
       ::close(fd);
-      fail(fn, "path '" + path + "': cannot map " + std::to_string(size_) + " bytes: " + std::strerror(e));
+      fail_io(fn, "path '" + path + "': cannot map " + std::to_string(size_) + " bytes: " + std::strerror(e));
     }
     data_ = static_cast<std::uint8_t*>(p);
   }

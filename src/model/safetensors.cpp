@@ -34,21 +34,21 @@ std::size_t safetensors_dtype_bytes(std::string_view d) {
 
 SafetensorsHeader parse_safetensors(const std::uint8_t* bytes, std::uint64_t size, std::string_view fn,
                                     const std::string& where) {
-  if (size < 8) fail(fn, where + ": " + std::to_string(size) + " bytes is shorter than the 8-byte header length");
+  if (size < 8) fail_format(fn, where + ": " + std::to_string(size) + " bytes is shorter than the 8-byte header length");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
   // The reference implementation refuses headers over 100 MB.
   if (n > 100'000'000 || n > size - 8)
-    fail(fn, where + ": header length " + std::to_string(n) + " does not fit in the file of " + std::to_string(size) +
+    fail_format(fn, where + ": header length " + std::to_string(n) + " does not fit in the file of " + std::to_string(size) +
                  " bytes (limit 100000000)");
   const std::string fn_s(fn);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(bytes + 8, bytes + 8 + n, json_depth_limit(fn_s.c_str(), where));
   } catch (const nlohmann::json::exception& e) {
-    fail(fn, where + ": header is not valid JSON (" + e.what() + ")");
+    fail_format(fn, where + ": header is not valid JSON (" + e.what() + ")");
   }
-  if (!j.is_object()) fail(fn, where + ": header must be a JSON object, got " + std::string(j.type_name()));
+  if (!j.is_object()) fail_format(fn, where + ": header must be a JSON object, got " + std::string(j.type_name()));
   SafetensorsHeader h;
   h.data = bytes + 8 + n;
   h.data_size = size - 8 - n;
@@ -56,45 +56,45 @@ SafetensorsHeader parse_safetensors(const std::uint8_t* bytes, std::uint64_t siz
     const std::string& name = it.key();
     const auto& v = it.value();
     if (name == "__metadata__") {
-      if (!v.is_object()) fail(fn, where + ": __metadata__ must be an object of strings");
+      if (!v.is_object()) fail_format(fn, where + ": __metadata__ must be an object of strings");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) fail(fn, where + ": __metadata__[\"" + m.key() + "\"] is not a string");
+        if (!m.value().is_string()) fail_format(fn, where + ": __metadata__[\"" + m.key() + "\"] is not a string");
         h.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     const std::string t = where + ": tensor \"" + name + "\"";
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
-      fail(fn, t + ": needs dtype, shape and data_offsets, got " + v.dump().substr(0, 200));
+      fail_format(fn, t + ": needs dtype, shape and data_offsets, got " + v.dump().substr(0, 200));
     SafetensorsEntry info;
-    if (!v["dtype"].is_string()) fail(fn, t + ": dtype must be a string");
+    if (!v["dtype"].is_string()) fail_format(fn, t + ": dtype must be a string");
     info.dtype = v["dtype"].get<std::string>();
     const auto& shape = v["shape"];
-    if (!shape.is_array() || shape.size() > 8) fail(fn, t + ": shape must be an array of at most 8 sizes");
+    if (!shape.is_array() || shape.size() > 8) fail_format(fn, t + ": shape must be an array of at most 8 sizes");
     for (const auto& d : shape) {
       if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (1ull << 40))
-        fail(fn, t + ": shape " + shape.dump() + " has an impossible size");
+        fail_format(fn, t + ": shape " + shape.dump() + " has an impossible size");
       info.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
     }
     const auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      fail(fn, t + ": data_offsets must be [begin, end], got " + off.dump());
+      fail_format(fn, t + ": data_offsets must be [begin, end], got " + off.dump());
     info.begin = off[0].get<std::uint64_t>();
     info.end = off[1].get<std::uint64_t>();
     if (info.begin > info.end || info.end > h.data_size)
-      fail(fn, t + ": data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
+      fail_format(fn, t + ": data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
                    "] outside the data region of " + std::to_string(h.data_size) + " bytes");
     const std::size_t eb = safetensors_dtype_bytes(info.dtype);
     if (eb != 0) {
       // Each size ≤ 2^40 and rank ≤ 8 could still overflow the product: refused here.
       std::int64_t numel = 1;
       for (auto d : info.shape) {
-        if (d != 0 && numel > (std::int64_t{1} << 62) / d) fail(fn, t + ": shape " + shape.dump() + " overflows");
+        if (d != 0 && numel > (std::int64_t{1} << 62) / d) fail_format(fn, t + ": shape " + shape.dump() + " overflows");
         numel *= d;
       }
       if (static_cast<std::uint64_t>(numel) > (std::uint64_t{1} << 61) ||
           static_cast<std::uint64_t>(numel) * eb != info.end - info.begin)
-        fail(fn, t + ": " + info.dtype + " " + shape.dump() + " needs " + std::to_string(numel) + " × " +
+        fail_format(fn, t + ": " + info.dtype + " " + shape.dump() + " needs " + std::to_string(numel) + " × " +
                      std::to_string(eb) + " bytes but data_offsets span " + std::to_string(info.end - info.begin));
     }
     h.tensors[name] = std::move(info);
@@ -106,12 +106,12 @@ SafetensorsHeader parse_safetensors(const std::uint8_t* bytes, std::uint64_t siz
   std::uint64_t at = 0;
   for (const auto& [b, e] : spans) {
     if (b != at)
-      fail(fn, where + ": tensor data " + (b < at ? "overlaps" : "leaves a hole") + " at byte " + std::to_string(b) +
+      fail_format(fn, where + ": tensor data " + (b < at ? "overlaps" : "leaves a hole") + " at byte " + std::to_string(b) +
                    " of the data region");
     at = e;
   }
   if (at != h.data_size)
-    fail(fn, where + ": the tensors cover " + std::to_string(at) + " bytes of a data region of " +
+    fail_format(fn, where + ": the tensors cover " + std::to_string(at) + " bytes of a data region of " +
                  std::to_string(h.data_size) + " (trailing bytes)");
   return h;
 }
@@ -183,12 +183,12 @@ const StTensor& get(const StFile& f, const std::string& name, const char* dtype,
                     const std::string& what) {
   const char* fn = "qkv::read_checkpoint";
   const auto it = f.tensors.find(name);
-  if (it == f.tensors.end()) fail(fn, what + ": tensor '" + name + "' is missing");
+  if (it == f.tensors.end()) fail_format(fn, what + ": tensor '" + name + "' is missing");
   const StTensor& t = it->second;
   std::int64_t count = 1;
   for (auto d : t.shape) count *= d;
   if (t.dtype != dtype || count != n)
-    fail(fn, what + ": tensor '" + name + "' should be " + dtype + " with " + std::to_string(n) +
+    fail_format(fn, what + ": tensor '" + name + "' should be " + dtype + " with " + std::to_string(n) +
                  " elements, got " + t.dtype + " with " + std::to_string(count));
   return t;
 }

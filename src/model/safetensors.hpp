@@ -38,7 +38,8 @@ struct SafetensorsHeader {
   std::uint64_t data_size = 0;
 };
 
-// The validated header of the safetensors file `bytes[0, size)`; errors read "[fn] where: what".
+// The validated header of the safetensors file `bytes[0, size)`; a violation throws qkv::FormatError
+// "[fn] where: what".
 SafetensorsHeader parse_safetensors(const std::uint8_t* bytes, std::uint64_t size, std::string_view fn,
                                     const std::string& where);
 
@@ -76,7 +77,7 @@ void write_safetensors(const std::string& path, const StFile& file, std::string_
 StTensor st_f32(const float* data, std::vector<std::int64_t> shape);
 StTensor st_u64(const std::vector<std::uint64_t>& data);
 StTensor st_i64(const std::vector<std::int64_t>& data);
-// Copies a tensor out, checking its dtype and element count (naming `what` in errors).
+// Copies a tensor out, checking its dtype and element count (qkv::FormatError naming `what`).
 void st_copy_f32(const StFile& f, const std::string& name, float* out, std::int64_t n, const std::string& what);
 std::vector<std::uint64_t> st_get_u64(const StFile& f, const std::string& name, std::int64_t n, const std::string& what);
 std::vector<std::int64_t> st_get_i64(const StFile& f, const std::string& name, std::int64_t n, const std::string& what);

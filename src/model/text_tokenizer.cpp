@@ -214,42 +214,42 @@ TextTokenizer TextTokenizer::from_json(std::string_view json) {
   const char* fn = "qkv::TextTokenizer::from_json";
   const auto j = nlohmann::json::parse(json, json_depth_limit(fn, "json"), false);
   if (j.is_discarded() || !j.is_object() || !j.contains("kind"))
-    fail(fn, "json: not a tokenizer description (an object with \"kind\")");
+    fail_format(fn, "json: not a tokenizer description (an object with \"kind\")");
   TextTokenizer t;
   if (j["kind"] == "chars") {
     t.kind_ = Kind::chars;
     if (!j.contains("chars") || !j["chars"].is_array() || j["chars"].empty())
-      fail(fn, "json: \"chars\" must be a non-empty array of strings");
+      fail_format(fn, "json: \"chars\" must be a non-empty array of strings");
     for (const auto& c : j["chars"]) {
-      if (!c.is_string()) fail(fn, "json: \"chars\" must hold strings, got " + c.dump());
+      if (!c.is_string()) fail_format(fn, "json: \"chars\" must hold strings, got " + c.dump());
       t.pieces_.push_back(c.get<std::string>());
     }
   } else if (j["kind"] == "bpe") {
     t.kind_ = Kind::bpe;
     for (int b = 0; b < 256; ++b) t.pieces_.emplace_back(1, static_cast<char>(b));
-    if (!j.contains("merges") || !j["merges"].is_array()) fail(fn, "json: \"merges\" must be an array");
+    if (!j.contains("merges") || !j["merges"].is_array()) fail_format(fn, "json: \"merges\" must be an array");
     if (j["merges"].size() > 65536 - 256)
-      fail(fn, "json: " + std::to_string(j["merges"].size()) + " merges, more than a 65536-token vocabulary holds");
+      fail_format(fn, "json: " + std::to_string(j["merges"].size()) + " merges, more than a 65536-token vocabulary holds");
     std::int64_t token_bytes = 256;  // the bytes of all tokens so far (kMaxBpeTokenBytes)
     for (const auto& m : j["merges"]) {
       const auto next = static_cast<std::int32_t>(t.pieces_.size());
       if (!m.is_array() || m.size() != 2 || !m[0].is_number_integer() || !m[1].is_number_integer() ||
           m[0].get<std::int64_t>() < 0 || m[0].get<std::int64_t>() >= next || m[1].get<std::int64_t>() < 0 ||
           m[1].get<std::int64_t>() >= next)
-        fail(fn, "json: merge " + std::to_string(next - 256) + " must be two ids below " + std::to_string(next) +
+        fail_format(fn, "json: merge " + std::to_string(next - 256) + " must be two ids below " + std::to_string(next) +
                      ", got " + m.dump());
       const auto a = m[0].get<std::int32_t>(), b = m[1].get<std::int32_t>();
       token_bytes += static_cast<std::int64_t>(t.pieces_[static_cast<std::size_t>(a)].size() +
                                                t.pieces_[static_cast<std::size_t>(b)].size());
       if (token_bytes > kMaxBpeTokenBytes)
-        fail(fn, "json: merge " + std::to_string(next - 256) + " " + m.dump() + " makes the tokens " +
+        fail_format(fn, "json: merge " + std::to_string(next - 256) + " " + m.dump() + " makes the tokens " +
                      std::to_string(token_bytes) + " bytes long in all, more than the limit of " +
                      std::to_string(kMaxBpeTokenBytes) + " (merges that join a token with itself double it)");
       t.merges_.emplace_back(a, b);
       t.pieces_.push_back(t.pieces_[static_cast<std::size_t>(a)] + t.pieces_[static_cast<std::size_t>(b)]);
     }
   } else {
-    fail(fn, "json: \"kind\" must be \"chars\" or \"bpe\", got " + j["kind"].dump());
+    fail_format(fn, "json: \"kind\" must be \"chars\" or \"bpe\", got " + j["kind"].dump());
   }
   return t;
 }

@@ -72,8 +72,8 @@ Tokenizer Tokenizer::load_qkv_json(const std::string& path, const std::string& b
   detail::TextTokenizer tt;
   try {
     tt = detail::TextTokenizer::from_json(bytes);
-  } catch (const std::invalid_argument& e) {
-    fail(fn, where + ": " + e.what() + "; " + kFormats);
+  } catch (const FormatError& e) {
+    fail_format(fn, where + ": " + e.what() + "; " + kFormats);
   }
   if (tt.vocab_size() != vocab_size)
     fail(fn, where + ": " + std::to_string(tt.vocab_size()) + " tokens, but the model's vocabulary has " +
@@ -93,7 +93,7 @@ Tokenizer Tokenizer::load_llama2c(const std::string& path, const std::string& by
   std::size_t at = 0;
   auto read_i32 = [&](const char* what, std::int64_t index) {
     if (bytes.size() - at < 4)
-      fail(fn, where + ": truncated at byte " + std::to_string(at) + " reading the " + what +
+      fail_format(fn, where + ": truncated at byte " + std::to_string(at) + " reading the " + what +
                    (index >= 0 ? " of token " + std::to_string(index) : std::string()) + " (file is " +
                    std::to_string(bytes.size()) + " bytes, vocab_size " + std::to_string(vocab_size) + ")");
     std::int32_t v;
@@ -104,7 +104,7 @@ Tokenizer Tokenizer::load_llama2c(const std::string& path, const std::string& by
   Tokenizer t;
   t.max_token_length_ = read_i32("max_token_length", -1);
   if (t.max_token_length_ < 1 || t.max_token_length_ > (1 << 16))
-    fail(fn, where + ": impossible max_token_length " + std::to_string(t.max_token_length_) + " (expected 1..65536); " +
+    fail_format(fn, where + ": impossible max_token_length " + std::to_string(t.max_token_length_) + " (expected 1..65536); " +
                  kFormats);
   t.vocab_.reserve(static_cast<std::size_t>(vocab_size));
   t.scores_.reserve(static_cast<std::size_t>(vocab_size));
@@ -113,13 +113,13 @@ Tokenizer Tokenizer::load_llama2c(const std::string& path, const std::string& by
     float score;
     std::memcpy(&score, &s, 4);
     if (!std::isfinite(score))
-      fail(fn, where + ": token " + std::to_string(i) + " has a non-finite score " + std::to_string(score));
+      fail_format(fn, where + ": token " + std::to_string(i) + " has a non-finite score " + std::to_string(score));
     const std::int32_t len = read_i32("length", i);
     if (len < 0 || len > t.max_token_length_)
-      fail(fn, where + ": token " + std::to_string(i) + " has impossible length " + std::to_string(len) +
+      fail_format(fn, where + ": token " + std::to_string(i) + " has impossible length " + std::to_string(len) +
                    " (max_token_length " + std::to_string(t.max_token_length_) + ")");
     if (bytes.size() - at < static_cast<std::size_t>(len))
-      fail(fn, where + ": truncated in token " + std::to_string(i) + ": its length " + std::to_string(len) +
+      fail_format(fn, where + ": truncated in token " + std::to_string(i) + ": its length " + std::to_string(len) +
                    " runs past the end of the file (" + std::to_string(bytes.size() - at) + " bytes left)");
     t.vocab_.emplace_back(bytes.data() + at, static_cast<std::size_t>(len));
     t.scores_.push_back(score);
@@ -376,7 +376,7 @@ void utf8_append(std::string& out, char32_t c) {
 
 int vocab_id(const std::unordered_map<std::string, int>& ids, const std::string& token, const std::string& where) {
   auto it = ids.find(token);
-  if (it == ids.end()) fail(kWp, where + ": the vocabulary has no token \"" + token + "\"");
+  if (it == ids.end()) fail_format(kWp, where + ": the vocabulary has no token \"" + token + "\"");
   return it->second;
 }
 
@@ -396,7 +396,7 @@ Tokenizer Tokenizer::load_wordpiece(const std::string& path) {
     try {
       j = nlohmann::json::parse(bytes, detail::json_depth_limit(kWp, where), true, false);
     } catch (const nlohmann::json::exception& e) {
-      fail(kWp, where + ": not valid JSON (" + e.what() + ")");
+      fail_format(kWp, where + ": not valid JSON (" + e.what() + ")");
     }
     if (j.is_object() && j.contains("kind") && !j.contains("model"))
       fail(kWp, where + ": it is qkv train's tokenizer.json (\"kind\": " + j["kind"].dump().substr(0, 40) +
@@ -445,7 +445,7 @@ Tokenizer Tokenizer::load_wordpiece(const std::string& path) {
         wp->added.emplace_back(a.at("content").get<std::string>(), a.at("id").get<int>());
       }
     } catch (const nlohmann::json::exception& e) {
-      fail(kWp, where + ": " + e.what());
+      fail_format(kWp, where + ": " + e.what());
     }
   } else {
     // vocab.txt: token i on line i. Settings from tokenizer_config.json beside it (BertTokenizer's
@@ -473,7 +473,7 @@ Tokenizer Tokenizer::load_wordpiece(const std::string& path) {
         if (!j.value("do_basic_tokenize", true))
           fail(kWp, cwhere + ": \"do_basic_tokenize\" false is not supported (qkv runs BERT's basic tokenisation)");
       } catch (const nlohmann::json::exception& e) {
-        fail(kWp, cwhere + ": " + e.what());
+        fail_format(kWp, cwhere + ": " + e.what());
       }
     }
     wp->unk = vocab_id(wp->ids, "[UNK]", where);
@@ -487,7 +487,7 @@ Tokenizer Tokenizer::load_wordpiece(const std::string& path) {
   std::vector<bool> seen(wp->ids.size());
   for (const auto& [token, id] : wp->ids) {
     if (id < 0 || static_cast<std::size_t>(id) >= vocab.size() || seen[static_cast<std::size_t>(id)])
-      fail(kWp, "file '" + path + "': token \"" + token + "\" has id " + std::to_string(id) +
+      fail_format(kWp, "file '" + path + "': token \"" + token + "\" has id " + std::to_string(id) +
                     ", but the ids of a vocabulary of " + std::to_string(vocab.size()) +
                     " tokens must be 0 … V − 1, each once");
     seen[static_cast<std::size_t>(id)] = true;
@@ -495,7 +495,7 @@ Tokenizer Tokenizer::load_wordpiece(const std::string& path) {
   }
   for (const auto& [content, id] : wp->added)
     if (content.empty() || id < 0 || static_cast<std::size_t>(id) >= vocab.size())
-      fail(kWp, "file '" + path + "': added token \"" + content + "\" (id " + std::to_string(id) +
+      fail_format(kWp, "file '" + path + "': added token \"" + content + "\" (id " + std::to_string(id) +
                     ") is empty or outside the vocabulary");
   // Leftmost-longest matching: at each position the longest added token wins.
   std::stable_sort(wp->added.begin(), wp->added.end(),

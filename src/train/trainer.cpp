@@ -83,7 +83,7 @@ class OutLock {
   explicit OutLock(const std::string& dir) {
     const std::string path = dir + "/.qkv-train.lock";
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(kFn, "--out '" + dir + "': cannot write in the folder: " + std::strerror(errno));
+    if (fd_ < 0) fail_io(kFn, "--out '" + dir + "': cannot write in the folder: " + std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       char buf[32] = {};
       const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
@@ -97,7 +97,7 @@ class OutLock {
     if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
       const int e = errno;
       ::close(fd_);
-      fail(kFn, "--out '" + dir + "': cannot write in the folder: " + std::strerror(e));
+      fail_io(kFn, "--out '" + dir + "': cannot write in the folder: " + std::strerror(e));
     }
   }
   ~OutLock() { ::close(fd_); }  // closing releases the lock
@@ -381,7 +381,7 @@ std::vector<LossRow> read_csv_before(const std::string& path, std::int64_t step)
       r.tokens_per_s = std::stod(cells[5]);
       r.elapsed_s = std::stod(cells[6]);
     } catch (const std::exception&) {
-      fail(kFn, "--resume: '" + path + "' holds a line that is not a loss row: '" + line + "'");
+      fail_format(kFn, "--resume: '" + path + "' holds a line that is not a loss row: '" + line + "'");
     }
     rows.push_back(r);
   }
@@ -496,10 +496,10 @@ std::vector<std::string> model_flag_errors(const TrainOptions& o, const Config& 
 // checkpoint's, `saved`); returns the schedule changes as "name old -> new" for the log.
 std::vector<std::string> reconcile_resume(TrainOptions& o, const Config& saved, const std::string& run_text) {
   const auto have_run = nlohmann::json::parse(run_text, nullptr, false);
-  if (!have_run.is_object()) fail(kFn, "--resume: the checkpoint's \"run\" metadata is not a JSON object");
+  if (!have_run.is_object()) fail_format(kFn, "--resume: the checkpoint's \"run\" metadata is not a JSON object");
   std::vector<std::string> errors = model_flag_errors(o, saved), changes;
   for (const ResumeField& f : kResumeFields) {
-    if (!have_run.contains(f.key)) fail(kFn, std::string("--resume: the checkpoint's metadata has no \"") + f.key + "\"");
+    if (!have_run.contains(f.key)) fail_format(kFn, std::string("--resume: the checkpoint's metadata has no \"") + f.key + "\"");
     const nlohmann::json want = run_json(o)[f.key];
     const nlohmann::json& was = have_run[f.key];
     if (want == was) continue;
@@ -597,7 +597,7 @@ TrainSummary train(const TrainOptions& opts) {
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec || !fs::is_directory(o.out_dir))
-    fail(kFn, "--out '" + o.out_dir + "': cannot create the folder" + (ec ? ": " + ec.message() : std::string()));
+    fail_io(kFn, "--out '" + o.out_dir + "': cannot create the folder" + (ec ? ": " + ec.message() : std::string()));
   const OutLock lock(o.out_dir);  // also the check that the folder can be written, before any work
   const std::string ckpt = o.out_dir + "/checkpoint.safetensors";
   const bool have_ckpt = fs::exists(ckpt);
@@ -763,7 +763,7 @@ TrainSummary train(const TrainOptions& opts) {
     row.elapsed_s = st.elapsed_s;
     rows.push_back(row);
     if (!std::isfinite(loss))
-      fail(kFn, "training diverged: the loss is " + std::to_string(loss) + " at step " + std::to_string(row.step) +
+      fail_nonfinite(kFn, "training diverged: the loss is " + std::to_string(loss) + " at step " + std::to_string(row.step) +
                     " (try a lower --lr)");
 
     if (o.progress && (tty || st.step % 50 == 0 || st.step == o.steps)) {

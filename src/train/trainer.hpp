@@ -105,6 +105,9 @@ struct TrainSummary {
   bool time_limited = false;   // stopped by time_limit_s before `steps` (validated and saved)
 };
 
+// Errors (qkv/types.hpp): std::invalid_argument for a bad option or file argument; qkv::IoError
+// when the output folder cannot be created or written; qkv::FormatError for a checkpoint or
+// loss.csv whose content is corrupt; qkv::NonFiniteError when the loss becomes NaN or ±inf.
 TrainSummary train(const TrainOptions& o);
 
 // Throws std::invalid_argument naming every bad option with the value given ("--lr: must be a

@@ -23,6 +23,17 @@ expect() {
 expect 0 success "$qkv" params --preset gpt2
 expect 1 error "$qkv" generate --model "$dir/missing.bin"
 expect 2 "usage error" "$qkv" params --no-such-option
+tiny=(--layers 1 --heads 2 --d-model 16 --context 16 --batch 2 --eval-batches 1 --eval-interval 1000 --quiet)
+# /proc/self takes no new file: the lock file's open() fails (EACCES/ENOENT) before any training.
+expect 3 "I/O error" "$qkv" train --data "$data" --out /proc/self "${tiny[@]}" --steps 10
+grep -q "cannot write in the folder" "$dir/err" || fail "3: $(cat "$dir/err")"
+# 11 bytes where a llama2.c checkpoint has a 28-byte header.
+printf 'not a model' >"$dir/short.bin"
+expect 4 "file format error" "$qkv" generate --model "$dir/short.bin" --tokenizer "$dir/short.bin"
+grep -q "shorter than the 28-byte header" "$dir/err" || fail "4: $(cat "$dir/err")"
+# A learning rate of 1e30 from the first step: the weights overflow float and the loss is NaN.
+expect 5 "non-finite numbers" "$qkv" train --data "$data" --out "$dir/diverge" "${tiny[@]}" --steps 20 --lr 1e30 --warmup 0
+grep -q "training diverged" "$dir/err" || fail "5: $(cat "$dir/err")"
 
 # "129, 130, 143: qkv train stopped by SIGHUP, SIGINT, SIGTERM": the n-th code goes with the n-th signal.
 numbers=($(grep -oE '[0-9]+, [0-9]+, [0-9]+: qkv train stopped by' <<<"$codes" | grep -oE '^[0-9, ]+' | tr -d ','))

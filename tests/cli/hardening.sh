@@ -33,8 +33,9 @@ wait_for() { for _ in $(seq 200); do grep -Eq -- "$2" "$1" 2>/dev/null && return
 case $case_name in
 
 # 1. Weights that overflow float (3e38 everywhere in layer 0's w1: finite, so the loader takes
-# them) give NaN logits: generation stops with an error naming the position, greedy or sampled,
-# instead of printing <unk> forever or reading past the sampler's empty candidate list.
+# them) give NaN logits: generation stops with an error naming the position (exit 5, non-finite
+# numbers), greedy or sampled, instead of printing <unk> forever or reading past the sampler's
+# empty candidate list.
 nan_logits)
   python3 - "$model" "$dir/nan.bin" <<'EOF'
 import struct, sys
@@ -47,7 +48,7 @@ b[at:at + 4 * Hd * C] = struct.pack("<f", 3e38) * (Hd * C)
 open(sys.argv[2], "wb").write(b)
 EOF
   for sampling in "--temperature 0" "--temperature 1 --top-p 0.9" "--temperature 0.8 --top-p 0" "--top-k 5"; do
-    run 1 "$qkv" generate --model "$dir/nan.bin" --tokenizer "$tok" --prompt "Once upon" --steps 50 --seed 3 $sampling
+    run 5 "$qkv" generate --model "$dir/nan.bin" --tokenizer "$tok" --prompt "Once upon" --steps 50 --seed 3 $sampling
     has err "logits at position [0-9]+ are not finite"
     one_error
     grep -q '<unk>' "$dir/out" && fail "printed <unk>"
@@ -227,7 +228,7 @@ bad_values)
 # 19. An --out that cannot be written is refused before training; a write that fails (a file size
 # limit stands in for a full disk) removes its temporary; attend caps its grid.
 out_checks)
-  run 1 "$qkv" train --data "$data" --out /proc/self "${tiny[@]}" --steps 100000
+  run 3 "$qkv" train --data "$data" --out /proc/self "${tiny[@]}" --steps 100000
   has err "--out '/proc/self': cannot write in the folder"
   grep -q "^qkv train:" "$dir/err" && fail "training started before --out was checked"
   # 24 kB: the lock file fits, the checkpoint (≈ 4,700 weights and two AdamW moments each, ≈ 56 kB) does not.
@@ -235,7 +236,7 @@ out_checks)
     >"$dir/out" 2>"$dir/err"
   rc=$?
   echo "under ulimit -f 24: exit $rc"
-  [[ $rc == 1 ]] || fail "exit code $rc under a 24 kB file size limit, expected 1"
+  [[ $rc == 3 ]] || fail "exit code $rc under a 24 kB file size limit, expected 3 (an I/O error)"
   has err "write failed.*File too large \\(the temporary was removed\\)"
   ls -a "$dir/full"
   ls -a "$dir/full" | grep -q '\.tmp' && fail "a temporary file was left behind"

@@ -123,12 +123,13 @@ TEST(Generate, Stories260KGreedyWithBf16WeightsFlipsOnlyNearTies) {
   EXPECT_EQ(same == out.size() || same == pub.size(), flips == 0) << "the text may leave the published one only at a flip";
 }
 
-// The message of the std::invalid_argument f throws, or "(no error)".
-template <class F>
+// The message of the error of type E that f throws (a bad argument unless E says otherwise;
+// qkv/types.hpp), or "(no error)".
+template <class E = std::invalid_argument, class F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const E& e) {
     std::printf("  refused: %s\n", e.what());
     return e.what();
   }
@@ -159,7 +160,7 @@ TEST(Generate, NonFiniteLogitsStopWithThePosition) {
     opt.sampling.top_k = top_k;
     opt.sampling.seed = 7;
     std::string out;
-    const std::string m = error_of([&] { qkv::generate(model, tok, "Once upon", opt, [&](std::string_view p) { out += p; }); });
+    const std::string m = error_of<qkv::NonFiniteError>([&] { qkv::generate(model, tok, "Once upon", opt, [&](std::string_view p) { out += p; }); });
     EXPECT_NE(m.find(where), std::string::npos) << m;
     EXPECT_EQ(out, "Once upon");  // the prompt, then nothing
   }
@@ -223,7 +224,7 @@ TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
   // says which format the file was taken for.
   const std::string not_tok = dir + "model.json";
   std::ofstream(not_tok) << R"({"dim": 8})";
-  EXPECT_NE(error_of([&] { qkv::Tokenizer::load(not_tok, 65); }).find("read as qkv train's tokenizer.json"), std::string::npos);
+  EXPECT_NE(error_of<qkv::FormatError>([&] { qkv::Tokenizer::load(not_tok, 65); }).find("read as qkv train's tokenizer.json"), std::string::npos);
   EXPECT_NE(error_of([&] { qkv::Tokenizer::load(kDir + "tok512.bin", 65); }).find("read as a llama2.c tokenizer.bin"),
             std::string::npos);
   // Merges that each double a piece ([97, 97], [256, 256], [257, 257], ...): 40 of them would ask
@@ -232,7 +233,7 @@ TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
   for (int i = 0; i < 39; ++i) doubling += ", [" + std::to_string(256 + i) + ", " + std::to_string(256 + i) + "]";
   const std::string bomb = dir + "bomb.json";
   std::ofstream(bomb) << doubling << "]}";
-  EXPECT_NE(error_of([&] { qkv::Tokenizer::load(bomb, 296); }).find("more than the limit of 16777216"), std::string::npos);
+  EXPECT_NE(error_of<qkv::FormatError>([&] { qkv::Tokenizer::load(bomb, 296); }).find("more than the limit of 16777216"), std::string::npos);
 }
 
 // Issue #24: one Tokenizer::load for every format, told by content. A Hugging Face WordPiece
@@ -266,7 +267,7 @@ TEST(Tokenizer, ToldByContentWithMismatchErrors) {
   // A vocab.txt given to Tokenizer::load is read as llama2.c's binary; the error lists what load reads.
   const std::string vocab = dir + "vocab.txt";
   std::ofstream(vocab) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n";
-  m = error_of([&] { qkv::Tokenizer::load(vocab, 5); });
+  m = error_of<qkv::FormatError>([&] { qkv::Tokenizer::load(vocab, 5); });
   EXPECT_NE(m.find("read as a llama2.c tokenizer.bin"), std::string::npos) << m;
   EXPECT_NE(m.find("impossible max_token_length"), std::string::npos) << m;
   EXPECT_NE(m.find("qkv train's tokenizer.json"), std::string::npos) << m;

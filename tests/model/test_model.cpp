@@ -37,13 +37,14 @@ std::string write_tmp(const std::string& name, const std::string& bytes) {
   return p;
 }
 
-// Runs f, expecting std::invalid_argument whose message contains every one of `parts`.
-template <class F>
+// Runs f, expecting an error of type E (a bad argument unless E says otherwise; qkv/types.hpp)
+// whose message contains every one of `parts`.
+template <class E = std::invalid_argument, class F>
 void expect_error(F f, std::initializer_list<const char*> parts) {
   try {
     f();
     ADD_FAILURE() << "no exception; expected one mentioning " << *parts.begin();
-  } catch (const std::invalid_argument& e) {
+  } catch (const E& e) {
     const std::string m = e.what();
     std::printf("  refused: %s\n", m.c_str());
     for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "message: " << m << "\nmissing: " << p;
@@ -366,22 +367,22 @@ TEST(Model, SafetensorsRefusesBadFiles) {
   const std::string bytes = read_file(good);
 
   auto p = write_tmp("trunc.safetensors", bytes.substr(0, bytes.size() - 3));
-  expect_error([&] { qkv::load_safetensors(p, c); }, {"trunc.safetensors", "data_offsets"});
+  expect_error<qkv::FormatError>([&] { qkv::load_safetensors(p, c); }, {"trunc.safetensors", "data_offsets"});
   p = write_tmp("over.safetensors", bytes + "xxxx");
-  expect_error([&] { qkv::load_safetensors(p, c); }, {"over.safetensors", "trailing bytes"});
+  expect_error<qkv::FormatError>([&] { qkv::load_safetensors(p, c); }, {"over.safetensors", "trailing bytes"});
   p = write_tmp("short.safetensors", bytes.substr(0, 5));
-  expect_error([&] { qkv::load_safetensors(p, c); }, {"short.safetensors", "8-byte header length"});
+  expect_error<qkv::FormatError>([&] { qkv::load_safetensors(p, c); }, {"short.safetensors", "8-byte header length"});
   p = write_tmp("hlen.safetensors", std::string("\xff\xff\xff\xff\x00\x00\x00\x00{}", 10));
-  expect_error([&] { qkv::load_safetensors(p, c); }, {"hlen.safetensors", "does not fit"});
+  expect_error<qkv::FormatError>([&] { qkv::load_safetensors(p, c); }, {"hlen.safetensors", "does not fit"});
   p = write_tmp("json.safetensors", safetensors_bytes("{\"a\": [1,", 0));
-  expect_error([&] { qkv::load_safetensors(p, c); }, {"json.safetensors", "not valid JSON"});
+  expect_error<qkv::FormatError>([&] { qkv::load_safetensors(p, c); }, {"json.safetensors", "not valid JSON"});
   p = write_tmp("shape.safetensors",
                 safetensors_bytes(R"({"x": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})", 20));
-  expect_error([&] { qkv::load_safetensors(p, c); }, {"shape.safetensors", "\"x\"", "needs 6 × 4 bytes"});
+  expect_error<qkv::FormatError>([&] { qkv::load_safetensors(p, c); }, {"shape.safetensors", "\"x\"", "needs 6 × 4 bytes"});
   p = write_tmp("overlap.safetensors",
                 safetensors_bytes(R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
                                       "y": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12));
-  expect_error([&] { qkv::load_safetensors(p, c); }, {"overlap.safetensors", "overlaps"});
+  expect_error<qkv::FormatError>([&] { qkv::load_safetensors(p, c); }, {"overlap.safetensors", "overlaps"});
   p = write_tmp("dtype.safetensors",
                 safetensors_bytes(R"({"tok_embeddings.weight": {"dtype": "I64", "shape": [5, 8], "data_offsets": [0, 320]}})", 320));
   expect_error([&] { qkv::load_safetensors(p, c); }, {"dtype.safetensors", "I64"});
@@ -402,10 +403,10 @@ TEST(Model, SafetensorsRefusesBadFiles) {
   qkv::save_safetensors(nan, p);
   expect_error([&] { qkv::load_safetensors(p, c); }, {"nan.safetensors", "layers.0.attention.wk.weight", "non-finite"});
   // Configs: unknown key, bad value, missing size.
-  expect_error([] { qkv::config_from_json(R"({"dim": 8})", "cfg.json"); }, {"cfg.json", "hidden_dim"});
+  expect_error<qkv::FormatError>([] { qkv::config_from_json(R"({"dim": 8})", "cfg.json"); }, {"cfg.json", "hidden_dim"});
   expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":3,"n_kv_heads":1,"vocab_size":5,"seq_len":4,"pos":"rotary","norm":"rmsnorm","mlp":"swiglu","tied_embeddings":true,"bias":false,"norm_eps":1e-5,"rope_theta":1e4})", "cfg.json"); },
                {"cfg.json", "multiple of n_heads"});
-  expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":2,"n_kv_heads":1,"vocab_size":5,"seq_len":4,"pos":"rotary","norm":"rmsnorm","mlp":"swiglu","tied_embeddings":true,"bias":false,"norm_eps":1e-5,"rope_theta":1e4,"rope":1})", "cfg.json"); },
+  expect_error<qkv::FormatError>([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":2,"n_kv_heads":1,"vocab_size":5,"seq_len":4,"pos":"rotary","norm":"rmsnorm","mlp":"swiglu","tied_embeddings":true,"bias":false,"norm_eps":1e-5,"rope_theta":1e4,"rope":1})", "cfg.json"); },
                {"cfg.json", "unknown key \"rope\""});
 }
 
@@ -463,7 +464,7 @@ TEST(Model, HuggingFaceCheckpoints) {
               l.mlp == qkv::MlpKind::swiglu && l.n_kv_heads == 1 && l.rope_theta == 500000.0f && l.norm_eps == 1e-6f);
   expect_error([] { qkv::config_from_json(R"({"model_type": "t5", "d_model": 8})", "t5.json"); },
                {"t5.json", "\"t5\" is not supported", "gpt2, llama and bert"});
-  expect_error([] { qkv::config_from_json(R"({"model_type": "gpt2", "n_embd": 8})", "g.json"); }, {"g.json", "n_head"});
+  expect_error<qkv::FormatError>([] { qkv::config_from_json(R"({"model_type": "gpt2", "n_embd": 8})", "g.json"); }, {"g.json", "n_head"});
 
   // GPT-2: Conv1D weights [in, out], W_Q | W_K | W_V fused in c_attn [C, 3C].
   {
@@ -542,21 +543,21 @@ TEST(Model, HuggingFaceCheckpoints) {
 TEST(Model, Llama2cLoaderRefusesBadFiles) {
   const std::string bytes = read_file(kModel);
   auto p = write_tmp("trunc.bin", bytes.substr(0, bytes.size() - 100));
-  expect_error([&] { qkv::load_llama2c(p); }, {"trunc.bin", "1056440 bytes", "implies 1056540", "truncated"});
+  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"trunc.bin", "1056440 bytes", "implies 1056540", "truncated"});
   p = write_tmp("over.bin", bytes + std::string(8, '\0'));
-  expect_error([&] { qkv::load_llama2c(p); }, {"over.bin", "trailing bytes"});
+  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"over.bin", "trailing bytes"});
   p = write_tmp("tiny.bin", bytes.substr(0, 20));
-  expect_error([&] { qkv::load_llama2c(p); }, {"tiny.bin", "28-byte header"});
+  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"tiny.bin", "28-byte header"});
   std::string bad = bytes;
   const std::int32_t seven = 7;
   std::memcpy(bad.data() + 12, &seven, 4);  // n_heads 7 does not divide dim 64
   p = write_tmp("heads.bin", bad);
-  expect_error([&] { qkv::load_llama2c(p); }, {"heads.bin", "n_heads 7", "multiple of n_heads"});
+  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"heads.bin", "n_heads 7", "multiple of n_heads"});
   bad = bytes;
   const std::int32_t huge = 0x7fffffff;
   std::memcpy(bad.data() + 20, &huge, 4);  // vocab_size 2^31 − 1
   p = write_tmp("vocab.bin", bad);
-  expect_error([&] { qkv::load_llama2c(p); }, {"vocab.bin", "vocab_size"});
+  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"vocab.bin", "vocab_size"});
   expect_error([] { qkv::load_llama2c("/nonexistent/model.bin"); }, {"/nonexistent/model.bin", "no such file"});
 }
 
@@ -609,7 +610,7 @@ TEST(Model, ConfigMissingFieldNamesFileAndKey) {
     ASSERT_NE(at, std::string::npos) << key;
     j.erase(at, j.find('\n', at) + 1 - at);  // one "key": value line of the indented JSON
     const std::string p = write_tmp(std::string("no_") + key + ".json", j);
-    expect_error([&] { qkv::load_config(p); }, {p.c_str(), "missing required key", needle.substr(0, needle.size() - 1).c_str()});
+    expect_error<qkv::FormatError>([&] { qkv::load_config(p); }, {p.c_str(), "missing required key", needle.substr(0, needle.size() - 1).c_str()});
   }
   // rope_theta is needed by a rotary model only.
   qkv::Config rot = qkv::Config::gpt2_small();
@@ -618,7 +619,7 @@ TEST(Model, ConfigMissingFieldNamesFileAndKey) {
   j.erase(j.find("\"rope_theta\""));  // the last key: cut it and the comma before it, close the object
   while (!j.empty() && (j.back() == ' ' || j.back() == '\n' || j.back() == ',')) j.pop_back();
   j += "}";
-  expect_error([&] { qkv::config_from_json(j, "rot.json"); }, {"rot.json", "missing required key \"rope_theta\""});
+  expect_error<qkv::FormatError>([&] { qkv::config_from_json(j, "rot.json"); }, {"rot.json", "missing required key \"rope_theta\""});
 }
 
 // Issue #16, defect 15 (and 13): every loader names the path and what is wrong with it, a folder,
@@ -639,20 +640,20 @@ TEST(Model, LoadersNameWhatThePathIs) {
 TEST(Model, TokenizerRefusesBadFilesAndRoundTrips) {
   const std::string bytes = read_file(kTok);
   EXPECT_NO_THROW(qkv::Tokenizer::load(kTok, 512));
-  expect_error([&] { qkv::Tokenizer::load(kTok, 600); }, {"tok512.bin", "truncated"});
+  expect_error<qkv::FormatError>([&] { qkv::Tokenizer::load(kTok, 600); }, {"tok512.bin", "truncated"});
   expect_error([&] { qkv::Tokenizer::load(kTok, 500); }, {"tok512.bin", "bytes left after 500 tokens"});
   std::string bad = bytes;
   const std::int32_t len = 1 << 20;
   std::memcpy(bad.data() + 4 + 4, &len, 4);  // token 0's length
   auto p = write_tmp("tok_len.bin", bad);
-  expect_error([&] { qkv::Tokenizer::load(p, 512); }, {"tok_len.bin", "token 0", "impossible length 1048576"});
+  expect_error<qkv::FormatError>([&] { qkv::Tokenizer::load(p, 512); }, {"tok_len.bin", "token 0", "impossible length 1048576"});
   const std::int32_t neg = -5;
   std::memcpy(bad.data() + 8, &neg, 4);
   p = write_tmp("tok_neg.bin", bad);
-  expect_error([&] { qkv::Tokenizer::load(p, 512); }, {"tok_neg.bin", "impossible length -5"});
+  expect_error<qkv::FormatError>([&] { qkv::Tokenizer::load(p, 512); }, {"tok_neg.bin", "impossible length -5"});
   std::memcpy(bad.data(), &neg, 4);
   p = write_tmp("tok_max.bin", bad);
-  expect_error([&] { qkv::Tokenizer::load(p, 512); }, {"tok_max.bin", "max_token_length -5"});
+  expect_error<qkv::FormatError>([&] { qkv::Tokenizer::load(p, 512); }, {"tok_max.bin", "max_token_length -5"});
 
   // decode(encode(text)) gives the text back: the dummy-prefix space is dropped after BOS, and
   // characters outside the 512-token vocabulary (ü, 猫) go through byte fallback and come back whole.

@@ -1,5 +1,5 @@
 // Regression tests for the findings of the fuzz harnesses (fuzz/, docs/fuzzing.md): inputs that
-// crashed or exhausted memory in a parser must now be refused with std::invalid_argument, and
+// crashed or exhausted memory in a parser must now be refused with qkv::FormatError, and
 // inputs just inside each limit must still load.
 #include <cstdint>
 #include <filesystem>
@@ -31,10 +31,10 @@ constexpr std::size_t kDeep = 1'000'000;
 std::string message_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const qkv::FormatError& e) {
     return e.what();
   }
-  return "(no std::invalid_argument)";
+  return "(no qkv::FormatError)";
 }
 
 std::string safetensors_file(const std::string& name, const std::string& header) {

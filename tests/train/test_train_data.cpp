@@ -45,11 +45,13 @@ void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-template <class F>
+// The message of the error of type E that f throws (a bad argument unless E says otherwise), or
+// "(no error)".
+template <class E = std::invalid_argument, class F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "(no error)";
@@ -216,7 +218,8 @@ TEST(Train, FailedWriteRemovesItsTemporary) {
   rlimit small = old;
   small.rlim_cur = 4096;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  const std::string m = error_of([&] { qkv::detail::write_file_atomic(dir + "/big.bin", std::string(10000, 'x'), "test"); });
+  const std::string m =
+      error_of<qkv::IoError>([&] { qkv::detail::write_file_atomic(dir + "/big.bin", std::string(10000, 'x'), "test"); });
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, old_handler);
   std::printf("refused: %s\n", m.c_str());
