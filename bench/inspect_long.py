@@ -25,6 +25,7 @@ Medians over the rounds; the load average is printed with the table.
                                   [--bertviz-timeout 120]
 """
 import argparse
+import importlib.metadata
 import os
 import resource
 import statistics
@@ -82,7 +83,9 @@ def bertviz_ready(browser, path, n_thumbs, timeout):
             if browser.eval(f"document.querySelectorAll('[id^=attn_background_]').length === {n_thumbs}",
                             timeout=max(1.0, timeout - (time.monotonic() - t0))):
                 return time.monotonic() - t0
-        except Exception:  # the page still busy past the timeout
+        except RuntimeError:  # no page to evaluate in yet (navigating)
+            pass
+        except TimeoutError:  # the page busy drawing past the timeout
             return None
         time.sleep(0.05)
     return None
@@ -141,7 +144,11 @@ def main():
                 page = os.path.join(tmp, f"bertviz{n}.html")
                 wall, cpu, S = bertviz_page(models[n], prompts[n], page)
                 assert S == n, f"the {n}-token prompt gave {S} tokens"
-                ready = bertviz_ready(browser, page, 40, a.bertviz_timeout)
+                peer_browser = Browser()  # its own: a page still drawing at the timeout is closed with it
+                try:
+                    ready = bertviz_ready(peer_browser, page, 40, a.bertviz_timeout)
+                finally:
+                    peer_browser.close()
                 for k, v in (("compute", wall), ("cpu", cpu), ("size", os.path.getsize(page)),
                              ("ready", float("inf") if ready is None else ready)):
                     peer_rows[n][k].append(v)
@@ -159,7 +166,7 @@ def main():
         lines.append(f"| {n} | {m['compute']:.1f} s ({m['cpu']:.1f} s) | {m['size'] / 1e6:.2f} MB | {m['ready']:.2f} s | "
                      f"{m['thumbs'] * 1e3:.0f} ms | {m['scroll'] * 1e3:.1f} ms |")
     if peer:
-        lines += ["", f"bertviz {bertviz.__version__ if hasattr(bertviz, '__version__') else ''} model view of the same "
+        lines += ["", f"bertviz {importlib.metadata.version('bertviz')} model view of the same "
                   f"patterns (∞: not drawn within {a.bertviz_timeout:.0f} s):", "",
                   "| tokens | bertviz model_view wall (CPU) | its HTML | page ready (chromium, wall) |", "|---|---|---|---|"]
         for n in prompts:

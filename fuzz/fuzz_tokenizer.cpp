@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const auto tok = qkv::Tokenizer::load(qkv::fuzz::as_file(data + 2, size - 2), vocab);
     const auto ids = tok.encode(
-        "Once upon a time, a caf\xc3\xa9 \xe7\x8c\xab.  \t\n\xf0\x9f\x98\x80 it's <s></s><|endoftext|> \xe2\x96\x81an", true, true);
+        "Once upon a time, a caf\xc3\xa9 \xe7\x8c\xab.  \t\n\xf0\x9f\x98\x80 it's <s></s><|endoftext|> \xe2\x96\x81" "an", true, true);
     std::size_t n = 0;
     for (std::size_t i = 1; i < ids.size(); ++i) n += tok.decode(ids[i - 1], ids[i]).size();
     for (int id = 0; id < tok.vocab_size(); ++id) n += tok.decode(tok.bos_id(), id).size();

@@ -180,7 +180,8 @@ class Tokenizer {
   // finds it) for a vocabulary of `vocab_size` tokens. The format is told by the content: a file
   // whose first non-blank byte is '{' is a Hugging Face tokenizer.json if it has "model" (its
   // "model"."type" "WordPiece": load_wordpiece; "BPE": Hugging Face BPE), GPT-2's vocab.json if it
-  // maps tokens to integer ids (with merges.txt beside it), else qkv train's tokenizer.json
+  // maps tokens to integer ids and is named vocab.json or has merges.txt beside it (merges.txt is
+  // read from beside it), else qkv train's tokenizer.json
   // ("kind"); a file starting "#version" is GPT-2's merges.txt (vocab.json beside it); anything
   // else a llama2.c binary. Every length is checked against the file, and an error says which
   // format the file was read as and which formats load reads.

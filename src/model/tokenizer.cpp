@@ -74,7 +74,7 @@ Tokenizer Tokenizer::load(const std::string& given, std::int64_t vocab_size) {
   if (std::filesystem::is_directory(given)) {
     path = detail::tokenizer_beside(given, fn, "path");
     if (path.empty())
-      fail(fn, "path '" + given + "': a folder without tokenizer.json, tokenizer.bin, vocab.json or tok*.bin");
+      fail(fn, "path '" + given + "': is a directory without tokenizer.json, tokenizer.bin, vocab.json or tok*.bin");
   }
   const std::string bytes = detail::read_input_file(path, fn, "path", std::size_t{1} << 30);
   const auto checked = [&](Tokenizer t, const char* as) {
@@ -97,9 +97,12 @@ Tokenizer Tokenizer::load(const std::string& given, std::int64_t vocab_size) {
       return checked(load_hf_bpe(path, bytes, false), "a Hugging Face BPE tokenizer.json: \"model\".\"type\" is \"BPE\"");
     return checked(load_wordpiece(path), "a Hugging Face WordPiece tokenizer.json: it has \"model\"");
   }
-  // GPT-2's vocab.json: a non-empty object of token → integer id.
+  // GPT-2's vocab.json: a non-empty object of token → integer id, named vocab.json or with
+  // merges.txt beside it (a model.json of integers is neither).
+  const std::filesystem::path p(path);
   if (!j.is_discarded() && j.is_object() && !j.empty() && !j.contains("kind") &&
-      std::all_of(j.begin(), j.end(), [](const auto& v) { return v.is_number_integer(); }))
+      std::all_of(j.begin(), j.end(), [](const auto& v) { return v.is_number_integer(); }) &&
+      (p.filename() == "vocab.json" || std::filesystem::is_regular_file(p.parent_path() / "merges.txt")))
     return checked(load_hf_bpe(path, bytes, true), "GPT-2's vocab.json: an object of token → id");
   return load_qkv_json(path, bytes, vocab_size);
 }
