@@ -1,7 +1,8 @@
-"""The long `qkv inspect` page: compute time, page size and render time in a headless Chromium.
+"""The long `qkv inspect` page: compute time, page size and render time in a headless Chromium,
+beside bertviz's model view (the peer) of the same attention patterns.
 
-stories260K (5 layers × 8 heads) at 512 tokens and, through a copy whose header allows 1,024
-(tests/inspect/long_context.py), at 1,000 tokens. Each round, for each length:
+stories260K (5 layers × 8 heads) at 128 and 512 tokens and, through a copy whose header allows
+1,024 (tests/inspect/long_context.py), at 1,000 tokens. Each round, for each length:
   compute  the wall and CPU time (user + system, getrusage of the child) of
            `qkv inspect --prompt … --out DIR` (load, tokenise, traced forward,
            attribution, lens, the page's encoding and the PNGs; the ablation table is skipped by
@@ -10,11 +11,21 @@ stories260K (5 layers × 8 heads) at 512 tokens and, through a copy whose header
   ready    seconds from navigation until the page has drawn every thumbnail and its first head
            (body[data-ready]), in Debian's chromium (tests/inspect/browser.py), a fresh load;
   redraw   one redraw of all 40 thumbnails (drawAllSmall) and one scrolled redraw of the open head.
+bertviz (when it is installed; skipped with a message otherwise), the same rounds and lengths:
+  compute  wall and CPU time (this process) of qkv.Model.trace's patterns → bertviz.model_view(...,
+           html_action="return"), bertviz's own work: it takes the patterns as given;
+  size     its HTML (require.js, d3 and jQuery are fetched from a CDN by bertviz's page; here they are
+           Debian's libjs-requirejs, libjs-d3 (3.5, with d3.schemeCategory10 defined from its
+           category10) and libjs-jquery, loaded from /usr/share/javascript and not counted);
+  ready    seconds from navigation until all 40 thumbnails are drawn (bertviz draws them in one
+           task: the first evaluation that can run sees them all), at most --bertviz-timeout.
 Medians over the rounds; the load average is printed with the table.
 
     python3 bench/inspect_long.py [--qkv build-ci/qkv] [--rounds 3] [--out bench/results/inspect_long.md]
+                                  [--bertviz-timeout 120]
 """
 import argparse
+import importlib.metadata
 import os
 import resource
 import statistics
@@ -28,7 +39,56 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "inspect"))
 from browser import Browser  # noqa: E402
 from long_context import PROMPT_1000, STORY, stories260k_with_context  # noqa: E402
 
+PROMPT_128 = STORY * 4 + "Once upon a"  # 128 tokens with BOS
 PROMPT_512 = STORY * 16 + "Once upon a time, there was a little girl named Lily."  # 512 tokens with BOS
+JS = "/usr/share/javascript"
+BERTVIZ_LIBS = {  # bertviz's CDN addresses → Debian's files
+    "https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js": f"file://{JS}/requirejs/require.min.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min": f"file://{JS}/d3/d3.min",
+    "https://cdnjs.cloudflare.com/ajax/libs/jquery/2.0.0/jquery.min": f"file://{JS}/jquery/jquery.min",
+}
+
+
+def bertviz_page(model_path, prompt, path):
+    """bertviz's model view of qkv's patterns for `prompt`: (wall s, CPU s, bytes) of making it."""
+    import bertviz
+    import qkv
+    import torch
+    model = qkv.Model.load(model_path)
+    tok = qkv.Tokenizer.load(os.path.join(os.path.dirname(model_path), "tok512.bin"), model.config["vocab_size"])
+    ids = tok.encode(prompt)
+    tr = model.trace(ids)
+    tokens = ["<s>"] + [tok.piece(a, b).decode("utf-8", "replace") for a, b in zip(ids, ids[1:])]
+    t, c = time.perf_counter(), time.process_time()
+    attention = [torch.from_numpy(layer.pattern)[None] for layer in tr.layers]
+    html = bertviz.model_view(attention, tokens, html_action="return").data
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    for cdn, local in BERTVIZ_LIBS.items():
+        html = html.replace(cdn, local)
+    # d3 3.5 has category10 where bertviz (written for d3 5) reads schemeCategory10.
+    html = html.replace("requirejs(['jquery', 'd3'], function($, d3) {",
+                        "requirejs(['jquery', 'd3'], function($, d3) {\n"
+                        "  if (!d3.schemeCategory10) d3.schemeCategory10 = d3.scale.category10().range();")
+    with open(path, "w") as f:
+        f.write("<!DOCTYPE html><html><body>" + html + "</body></html>")
+    return wall, cpu, len(ids)
+
+
+def bertviz_ready(browser, path, n_thumbs, timeout):
+    """Seconds from navigation until bertviz has drawn n_thumbs thumbnails, or None after timeout."""
+    t0 = time.monotonic()
+    browser.call("Page.navigate", session=True, url="file://" + os.path.abspath(path))
+    while time.monotonic() - t0 < timeout:
+        try:
+            if browser.eval(f"document.querySelectorAll('[id^=attn_background_]').length === {n_thumbs}",
+                            timeout=max(1.0, timeout - (time.monotonic() - t0))):
+                return time.monotonic() - t0
+        except RuntimeError:  # no page to evaluate in yet (navigating)
+            pass
+        except TimeoutError:  # the page busy drawing past the timeout
+            return None
+        time.sleep(0.05)
+    return None
 
 
 def main():
@@ -36,13 +96,26 @@ def main():
     ap.add_argument("--qkv", default=os.path.join(ROOT, "build-ci", "qkv"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "inspect_long.md"))
+    ap.add_argument("--bertviz-timeout", type=float, default=120.0)
     a = ap.parse_args()
+    try:
+        import bertviz  # noqa: F401
+        import qkv  # noqa: F401  (the patterns bertviz is given)
+        peer = all(os.path.exists(p[len("file://"):] + (".js" if not p.endswith(".js") else ""))
+                   for p in BERTVIZ_LIBS.values())
+        if not peer:
+            print("bertviz: skipped (Debian's libjs-requirejs, libjs-d3, libjs-jquery are not installed)")
+    except ImportError as e:
+        peer = False
+        print(f"bertviz: skipped ({e}; pip install bertviz, and the qkv package)")
     tmp = tempfile.mkdtemp(prefix="qkv-inspect-bench-")
-    models = {512: os.path.join(ROOT, "data", "models", "stories260K", "stories260K.bin"),
+    models = {128: os.path.join(ROOT, "data", "models", "stories260K", "stories260K.bin"),
+              512: os.path.join(ROOT, "data", "models", "stories260K", "stories260K.bin"),
               1000: stories260k_with_context(os.path.join(ROOT, "data", "models", "stories260K"),
                                              os.path.join(tmp, "model1024"))}
-    prompts = {512: PROMPT_512, 1000: PROMPT_1000}
+    prompts = {128: PROMPT_128, 512: PROMPT_512, 1000: PROMPT_1000}
     rows = {n: {"compute": [], "cpu": [], "size": [], "ready": [], "thumbs": [], "scroll": []} for n in prompts}
+    peer_rows = {n: {"compute": [], "cpu": [], "size": [], "ready": []} for n in prompts}
     load0 = os.getloadavg()
     browser = Browser()
     try:
@@ -66,6 +139,21 @@ def main():
                     for (let i = 0; i < 10; i++) { wrap.scrollTop = 300 * i; wrap.scrollLeft = 200 * i; drawDetail(); }
                     return (performance.now() - t) / 10; })()""") / 1e3)
                 print(f"round {r}, {n} tokens: " + ", ".join(f"{k} {v[-1]:.3g}" for k, v in rows[n].items()), flush=True)
+                if not peer:
+                    continue
+                page = os.path.join(tmp, f"bertviz{n}.html")
+                wall, cpu, S = bertviz_page(models[n], prompts[n], page)
+                assert S == n, f"the {n}-token prompt gave {S} tokens"
+                peer_browser = Browser()  # its own: a page still drawing at the timeout is closed with it
+                try:
+                    ready = bertviz_ready(peer_browser, page, 40, a.bertviz_timeout)
+                finally:
+                    peer_browser.close()
+                for k, v in (("compute", wall), ("cpu", cpu), ("size", os.path.getsize(page)),
+                             ("ready", float("inf") if ready is None else ready)):
+                    peer_rows[n][k].append(v)
+                print(f"round {r}, {n} tokens, bertviz: " + ", ".join(f"{k} {v[-1]:.3g}" for k, v in peer_rows[n].items()),
+                      flush=True)
     finally:
         browser.close()
     load1 = os.getloadavg()
@@ -77,6 +165,14 @@ def main():
     for n, m in med.items():
         lines.append(f"| {n} | {m['compute']:.1f} s ({m['cpu']:.1f} s) | {m['size'] / 1e6:.2f} MB | {m['ready']:.2f} s | "
                      f"{m['thumbs'] * 1e3:.0f} ms | {m['scroll'] * 1e3:.1f} ms |")
+    if peer:
+        lines += ["", f"bertviz {importlib.metadata.version('bertviz')} model view of the same "
+                  f"patterns (∞: not drawn within {a.bertviz_timeout:.0f} s):", "",
+                  "| tokens | bertviz model_view wall (CPU) | its HTML | page ready (chromium, wall) |", "|---|---|---|---|"]
+        for n in prompts:
+            m = {k: statistics.median(v) for k, v in peer_rows[n].items()}
+            ready = "∞" if m["ready"] == float("inf") else f"{m['ready']:.2f} s"
+            lines.append(f"| {n} | {m['compute']:.2f} s ({m['cpu']:.2f} s) | {m['size'] / 1e6:.2f} MB | {ready} |")
     text = "\n".join(lines) + "\n"
     print(text)
     with open(a.out, "w") as f:

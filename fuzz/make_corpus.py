@@ -66,6 +66,45 @@ put("tokenizer", "bytes_and_words.bin", tok(byte_pieces + [b" ", b"a", b"b", b"a
 put("tokenizer", "three.bin", tok([b"<unk>", b"<s>", b"</s>"]))
 put("tokenizer", "empty_pieces.bin", tok([b"", b"", b"", b""], max_len=0))
 
+# Hugging Face BPE tokenizer.json files (Tokenizer::load tells them by content), with the same two
+# bytes in front: GPT-2's byte-level style, Llama's legacy normalizer and its Metaspace pre-tokenizer.
+def hf_bpe(vocab, merges, **rest):
+    body = {"model": {"type": "BPE", "dropout": None, "unk_token": rest.pop("unk", None), "byte_fallback": rest.pop(
+        "byte_fallback", False), "fuse_unk": True, "vocab": vocab, "merges": merges}}
+    body.update(rest)
+    return struct.pack("<H", len(vocab) - 3) + json.dumps(body, ensure_ascii=False).encode()
+
+
+def added(*names):
+    return [{"id": i, "content": n, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+             "special": True} for i, n in enumerate(names)]
+
+
+gpt2_vocab = {t: i for i, t in enumerate(["<|endoftext|>", "\u0120", "a", "b", "\u0120a", "ab", "\u0120ab", "\u00c3",
+                                          "\u00a9", "\u00c3\u00a9", "'", "s", "'s", "\u010a"])}
+put("tokenizer", "hf_gpt2.json", hf_bpe(gpt2_vocab, ["\u0120 a", "a b", "\u0120a b", "\u00c3 \u00a9", "' s"],
+                                        added_tokens=added("<|endoftext|>"), normalizer=None,
+                                        pre_tokenizer={"type": "ByteLevel", "add_prefix_space": False,
+                                                       "trim_offsets": True, "use_regex": True},
+                                        post_processor={"type": "ByteLevel"}))
+sp_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+sp_vocab.update({"<0x%02X>" % b: 3 + b for b in range(256)})
+sp_vocab.update({t: 259 + i for i, t in enumerate(["\u2581", "a", "\u2581a", "n", "\u2581an"])})
+template = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                     {"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+put("tokenizer", "hf_llama_legacy.json", hf_bpe(
+    sp_vocab, [["\u2581", "a"], ["\u2581a", "n"]], unk="<unk>", byte_fallback=True,
+    added_tokens=added("<unk>", "<s>", "</s>"), pre_tokenizer=None, post_processor=template,
+    normalizer={"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                    {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}))
+put("tokenizer", "hf_llama_metaspace.json", hf_bpe(
+    sp_vocab, ["\u2581 a", "\u2581a n"], unk="<unk>", byte_fallback=True, added_tokens=added("<unk>", "<s>", "</s>"),
+    normalizer=None, post_processor=template,
+    pre_tokenizer={"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}))
+put("tokenizer", "gpt2_vocab.json", struct.pack("<H", len(gpt2_vocab) - 3) + json.dumps(gpt2_vocab).encode())
+put("tokenizer", "gpt2_merges.txt", struct.pack("<H", len(gpt2_vocab) - 3) + "#version: 0.2\n\u0120 a\na b\n".encode())
+
 # Model safetensors: the first byte picks the config the harness checks against (0: Llama-like,
 # 1: GPT-2-like), the rest is the file, in qkv's own names and in both Hugging Face layouts.
 F = "F32"

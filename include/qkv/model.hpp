@@ -162,7 +162,8 @@ void save_safetensors(const Weights& w, const std::string& path);
 // ---------------------------------------------------------------------------------------------
 // Tokenizer: llama2.c's tokenizer.bin (sentencepiece BPE exported with scores), the
 // tokenizer.json `qkv train` writes (characters or byte-level BPE, src/model/text_tokenizer.hpp), or
-// BERT's WordPiece (a Hugging Face tokenizer.json or a vocab.txt, for encoders).
+// BERT's WordPiece (a Hugging Face tokenizer.json or a vocab.txt, for encoders), or Hugging Face BPE
+// (GPT-2's byte-level BPE, Llama's SentencePiece-style BPE with byte fallback).
 // ---------------------------------------------------------------------------------------------
 namespace detail {
 class TextTokenizer;
@@ -173,13 +174,30 @@ class Tokenizer {
   // llama2.c's special ids (bos_id() and eos_id() of a llama2.c tokenizer).
   static constexpr int bos = 1;
   static constexpr int eos = 2;
-  enum class Format : std::uint8_t { llama2c, qkv_json, wordpiece };
+  enum class Format : std::uint8_t { llama2c, qkv_json, wordpiece, hf_bpe };
 
-  // Reads `path` for a vocabulary of `vocab_size` tokens. The format is told by the content: a
-  // file whose first non-blank byte is '{' is a Hugging Face WordPiece tokenizer.json if it has
-  // "model" (load_wordpiece), else qkv train's tokenizer.json ("kind"); anything else a llama2.c
-  // binary. Every length is checked against the file, and an error says which format the file
-  // was read as and which formats load reads.
+  // Reads `path` (a file, or a model folder: the tokenizer in it, as detail::tokenizer_beside
+  // finds it) for a vocabulary of `vocab_size` tokens. The format is told by the content: a file
+  // whose first non-blank byte is '{' is a Hugging Face tokenizer.json if it has "model" (its
+  // "model"."type" "WordPiece": load_wordpiece; "BPE": Hugging Face BPE), GPT-2's vocab.json if it
+  // maps tokens to integer ids and is named vocab.json or has merges.txt beside it (merges.txt is
+  // read from beside it), else qkv train's tokenizer.json
+  // ("kind"); a file starting "#version" is GPT-2's merges.txt (vocab.json beside it); anything
+  // else a llama2.c binary. Every length is checked against the file, and an error says which
+  // format the file was read as and which formats load reads.
+  //
+  // Hugging Face BPE (the "BPE" model of Hugging Face tokenizers, without dropout or subword
+  // affixes) in one of two styles:
+  //   byte-level (GPT-2): pre_tokenizer "ByteLevel" (GPT-2's word split, the bytes spelled in its
+  //     256-character alphabet), or vocab.json + merges.txt;
+  //   metaspace (Llama 1/2): spaces as "▁", written by the normalizer Sequence [Prepend "▁",
+  //     Replace " " → "▁"] or the pre_tokenizer "Metaspace"; characters missing from the
+  //     vocabulary as byte tokens <0xXX> when "byte_fallback" is set.
+  // Added tokens are matched in the raw text first (leftmost, longest). BOS is the special token
+  // that the post_processor's template puts first (none for GPT-2); EOS is tokenizer_config.json's
+  // "eos_token" when that file is beside the tokenizer, else the template's last special token,
+  // else GPT-2's "<|endoftext|>" for vocab.json. Settings qkv does not implement are errors
+  // naming the file, the field and its value.
   static Tokenizer load(const std::string& path, std::int64_t vocab_size);
   // BERT's WordPiece, as Hugging Face tokenizers' BertNormalizer + BertPreTokenizer + WordPiece
   // compute it, from `path`: a tokenizer.json (told by its leading '{'; model "WordPiece",
@@ -194,6 +212,9 @@ class Tokenizer {
   // byte-fallback tokens <0xXX> = 3 + byte), then repeatedly the adjacent pair whose concatenation
   // is a token with the highest score is merged. [EOS] if asked.
   // qkv_json: the trained tokenizer's encoding; it has no BOS or EOS, so add_bos/add_eos do nothing.
+  // hf_bpe: the text split at added tokens; each other part split into words (byte-level: GPT-2's
+  // regex; metaspace: after "▁" replaces spaces and is prepended) and each word merged by BPE,
+  // lowest merge rank first; BOS first (add_bos) and EOS last (add_eos) where the tokenizer has them.
   // wordpiece: text split at added tokens, each other part cleaned (control characters removed,
   // whitespace → ' '), CJK characters spaced, accents stripped (NFD, then marks Mn removed) and
   // lower-cased as configured, split at whitespace and punctuation, each word → the longest
@@ -201,8 +222,9 @@ class Tokenizer {
   // or if it has more than 100 characters); [CLS] first (add_bos) and [SEP] last (add_eos).
   // Invalid UTF-8 is an error naming the byte offset.
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
-  // The text of `token` following `prev`. llama2.c: a token after BOS drops its leading space;
-  // byte tokens <0xXX> become the byte itself. qkv_json, wordpiece: the token's bytes.
+  // The text of `token` following `prev`. llama2.c and metaspace hf_bpe: a token after BOS drops
+  // its leading space (metaspace: when a "▁" is prepended); byte tokens <0xXX> become the byte
+  // itself. qkv_json, wordpiece, byte-level hf_bpe: the token's bytes.
   std::string_view decode(int prev, int token) const;
   // Whether generate prints a piece: every piece but an empty one, one starting with NUL, or a
   // lone control byte other than whitespace. A lone byte ≥ 0x80 (part of a UTF-8 character split
@@ -220,14 +242,19 @@ class Tokenizer {
  private:
   Format format_ = Format::llama2c;
   int bos_id_ = bos, eos_id_ = eos;
-  std::vector<std::string> vocab_;
-  std::vector<float> scores_;  // llama2c only (qkv_json: zeros)
+  std::vector<std::string> vocab_;  // each token's piece (byte-level hf_bpe: its bytes; metaspace: "▁" as " ", <0xXX> kept)
+  std::vector<float> scores_;  // llama2c only (qkv_json, wordpiece, hf_bpe: zeros)
   std::vector<int> sorted_;  // llama2c: token ids ordered by piece, for lookups (first id wins on duplicates)
   int max_token_length_ = 0;
   std::shared_ptr<const detail::TextTokenizer> text_;  // qkv_json: the trained tokenizer that encodes
   struct WordPiece;  // wordpiece: settings, vocabulary and added tokens (tokenizer.cpp)
   std::shared_ptr<const WordPiece> wp_;
   std::vector<int> encode_wordpiece(std::string_view text, bool add_bos, bool add_eos) const;
+  struct Bpe;  // hf_bpe: style, vocabulary, merges and added tokens (tokenizer.cpp)
+  std::shared_ptr<const Bpe> bpe_;
+  std::vector<int> encode_bpe(std::string_view text, bool add_bos, bool add_eos) const;
+  // gpt2_files: `path` is GPT-2's vocab.json or merges.txt (`bytes` its content), else a tokenizer.json.
+  static Tokenizer load_hf_bpe(const std::string& path, const std::string& bytes, bool gpt2_files);
   int lookup(std::string_view s) const;
   static Tokenizer load_llama2c(const std::string& path, const std::string& bytes, std::int64_t vocab_size);
   static Tokenizer load_qkv_json(const std::string& path, const std::string& bytes, std::int64_t vocab_size);
@@ -391,7 +418,7 @@ struct GenerateStats {
 };
 
 // llama2.c's generation loop: emits the prompt's pieces, then each sampled token's piece, through
-// `emit` as they come; stops at BOS or EOS or after `steps` positions. The caller prints the
+// `emit` as they come; stops at a sampled EOS (llama2.c: or BOS) or after `steps` positions. The caller prints the
 // final newline llama2.c adds. The prompt is prefilled in one forward call, then each new token is
 // one query against the cache. A tokenizer without BOS (qkv train's) starts from the prompt's
 // first token, which is emitted too, or, for an empty prompt, from its "\n" token (nanoGPT's start).

@@ -142,7 +142,7 @@ def inspect(model: str, text: Optional[str] = None, *, tokens: Optional[Sequence
             tokenizer: Optional[str] = None, config: Optional[str] = None, ablate: Sequence[str] = (),
             ablation_table: str = "auto") -> Inspection:
     """Inspects ``model`` (a llama2.c .bin, a .safetensors, a Hugging Face or sentence-transformers
-    folder) on ``text`` — or on token ids ``tokens`` for a model whose tokenizer qkv does not read —
+    folder) on ``text`` — or on token ids ``tokens`` for a model without a tokenizer qkv reads —
     as `qkv inspect` does, in this process, and returns an :class:`Inspection`. ``tokenizer`` and
     ``config``: as the command's flags (default: the files beside the model). ``ablate``: heads to
     knock out, "L.H" or "L.H:mean"; ``ablation_table``: "auto", "on" or "off" (docs/inspect.md).

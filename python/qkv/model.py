@@ -95,7 +95,10 @@ def _real(fn: str, name: str, x: Any) -> float:
 class Tokenizer:
     """Any tokenizer qkv reads, told apart by the file's content: llama2.c's tokenizer.bin
     (score-ordered merges, byte fallback, BOS = 1 and EOS = 2), the tokenizer.json ``qkv train``
-    writes (characters or byte-level BPE, no BOS/EOS) or a Hugging Face WordPiece tokenizer.json."""
+    writes (characters or byte-level BPE, no BOS/EOS), a Hugging Face WordPiece tokenizer.json, or
+    Hugging Face BPE: GPT-2's byte-level BPE (tokenizer.json, or vocab.json + merges.txt) and Llama's
+    SentencePiece-style BPE with byte fallback (tokenizer.json), encoding as Hugging Face
+    tokenizers does. ``load`` also takes a model folder (the tokenizer in it)."""
 
     bos = 1
     eos = 2
@@ -114,17 +117,30 @@ class Tokenizer:
         return self._t.vocab_size
 
     @property
+    def bos_id(self) -> int:
+        """The id encode puts first (llama2.c: 1; Hugging Face BPE: its post-processor's), -1 if none."""
+        return self._t.bos_id
+
+    @property
+    def eos_id(self) -> int:
+        """The id that ends generation (llama2.c: 2; Hugging Face BPE: tokenizer_config.json's
+        eos_token, or the post-processor's last special token), -1 if none."""
+        return self._t.eos_id
+
+    @property
     def format(self) -> str:
-        """"llama2c", "qkv_json" or "wordpiece"."""
+        """"llama2c", "qkv_json", "wordpiece" or "hf_bpe"."""
         return self._t.format
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> List[int]:
-        """Token ids of ``text`` ([BOS] first unless ``bos=False``, where the format has one)."""
+        """Token ids of ``text`` ([BOS] first unless ``bos=False``, where the format has one;
+        Hugging Face BPE: the BOS its post-processor adds, as ``tokenizer(text)`` gives)."""
         return list(self._t.encode(text, bos, eos))
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens`` as generation prints it (llama2.c: a token after BOS drops its
-        leading space; BOS and EOS, where the format has them, print nothing)."""
+        leading space; Hugging Face BPE in metaspace style: the first piece does, as its decoder's
+        Strip; BOS and EOS, where the format has them, print nothing)."""
         ids = _tokens("qkv.Tokenizer.decode", tokens)
         specials = {t for t in (self._t.bos_id, self._t.eos_id) if t >= 0}
         prev = self._t.bos_id if self._t.bos_id >= 0 else 0  # a format without BOS ignores prev
@@ -132,7 +148,9 @@ class Tokenizer:
         for t in ids:
             if t not in specials:
                 out += self._t.decode(prev, t)
-            prev = t
+                prev = t
+            elif self._t.format != "hf_bpe":  # llama2.c: a token after any BOS drops its space;
+                prev = t                        # Hugging Face: only the text's first piece does
         return out.decode("utf-8", errors="replace")
 
     def piece(self, prev: int, token: int) -> bytes:
@@ -219,7 +237,7 @@ class Model:
     def generate(self, tokenizer: Tokenizer, prompt: str = "", steps: int = 256, temperature: float = 1.0,
                  top_p: float = 0.9, top_k: int = 0, seed: int = 1, return_stats: bool = False):
         """llama2.c's generation: ``steps`` positions in all (BOS and the prompt included; 0: the
-        whole context), stopping at BOS/EOS; temperature 0 is greedy. Returns the text (prompt +
+        whole context), stopping at a sampled EOS (llama2.c: or BOS); temperature 0 is greedy. Returns the text (prompt +
         continuation), or a :class:`Generation` with timings. Uses a cache of its own (this
         model's is untouched); safe to call from several threads at once (see :class:`Model`).
 

@@ -681,12 +681,13 @@ NB_MODULE(_qkv, m) {
 
   nb::class_<qkv::Tokenizer>(m, "Tokenizer", "A tokenizer of any format qkv reads (use qkv.Tokenizer).")
       .def_static("load", &qkv::Tokenizer::load, "path"_a, "vocab_size"_a,
-                  "Reads a llama2.c tokenizer.bin, qkv train's tokenizer.json or a Hugging Face WordPiece "
-                  "tokenizer.json (told apart by content) for a vocabulary of vocab_size tokens.")
+                  "Reads a llama2.c tokenizer.bin, qkv train's tokenizer.json, a Hugging Face WordPiece or BPE "
+                  "tokenizer.json or GPT-2's vocab.json + merges.txt (told apart by content; a folder: the "
+                  "tokenizer in it) for a vocabulary of vocab_size tokens.")
       .def("encode", &qkv::Tokenizer::encode, "text"_a, "bos"_a, "eos"_a, "Token ids of text in the file's format.")
       .def_prop_ro("format",
                    [](const qkv::Tokenizer& t) {
-                     static const char* const names[] = {"llama2c", "qkv_json", "wordpiece"};  // Format's order
+                     static const char* const names[] = {"llama2c", "qkv_json", "wordpiece", "hf_bpe"};  // Format's order
                      return names[static_cast<int>(t.format())];
                    })
       .def_prop_ro("bos_id", &qkv::Tokenizer::bos_id)

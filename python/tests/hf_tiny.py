@@ -21,9 +21,9 @@ def perturbed(model, seed):
     return model.eval()
 
 
-def gpt2(folder, seed=0, dtype=torch.float32, **over):
+def gpt2(folder, seed=0, dtype=torch.float32, vocab_size=97, **over):
     """GPT-2: LayerNorm, biases, learned positions, tied embeddings; 2 layers × 4 heads, d 64."""
-    cfg = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=2, n_positions=32, vocab_size=97,
+    cfg = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=2, n_positions=32, vocab_size=vocab_size,
                                   attn_implementation="eager", **over)
     torch.manual_seed(seed)
     m = perturbed(transformers.GPT2LMHeadModel(cfg), seed)
@@ -31,10 +31,10 @@ def gpt2(folder, seed=0, dtype=torch.float32, **over):
     return m.float()
 
 
-def llama(folder, seed=0, tied=False, dtype=torch.float32):
+def llama(folder, seed=0, tied=False, dtype=torch.float32, vocab_size=97):
     """Llama: RMSNorm, rotary, SwiGLU, GQA 8 query / 4 kv heads; 2 layers, d 64."""
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=160, num_attention_heads=8,
-                                   num_key_value_heads=4, num_hidden_layers=2, vocab_size=97,
+                                   num_key_value_heads=4, num_hidden_layers=2, vocab_size=vocab_size,
                                    max_position_embeddings=32, tie_word_embeddings=tied, rms_norm_eps=1e-5,
                                    attn_implementation="eager")
     torch.manual_seed(seed)

@@ -162,8 +162,9 @@ void add_generate(CLI::App& app) {
                   "weights: llama2.c checkpoint (.bin) or .safetensors (default: $QKV_MODEL, else the stories260K "
                   "installed with qkv)");
   sub->add_option("--tokenizer", a->tokenizer,
-                  "llama2.c tokenizer.bin or qkv train's tokenizer.json (told apart by content); default: "
-                  "tokenizer.json or tokenizer.bin beside --model, else stories260K's tok512.bin");
+                  "llama2.c tokenizer.bin, qkv train's tokenizer.json, a Hugging Face BPE tokenizer.json or GPT-2's "
+                  "vocab.json (told apart by content); default: tokenizer.json, tokenizer.bin or vocab.json beside "
+                  "--model, else stories260K's tok512.bin");
   sub->add_option("--config", a->config,
                   "config JSON for .safetensors (default: beside the file, then config.json in its folder)");
   auto* prompt = sub->add_option("--prompt,-i", a->prompt,

@@ -4,8 +4,9 @@
 //   qkv inspect --model data/models/stories260K/stories260K.bin --prompt "a fluffy blue creature" --out DIR
 //
 // writes DIR/index.html (self-contained) and DIR/layer_<l>.png, or with --format json DIR/inspect.json,
-// and prints the path of what it wrote. Models: llama2.c checkpoints with their tokenizer, and what
-// `qkv train` exports (model.safetensors + model.json + tokenizer.json).
+// and prints the path of what it wrote. Models: llama2.c checkpoints with their tokenizer, what
+// `qkv train` exports (model.safetensors + model.json + tokenizer.json), and Hugging Face GPT-2 /
+// Llama folders with their tokenizer.json (or GPT-2's vocab.json + merges.txt).
 #include <algorithm>
 #include <iostream>
 #include <memory>
@@ -83,13 +84,15 @@ void add_inspect(CLI::App& app) {
   cmd->add_option("--model", args->model,
                   "weights: a llama2.c checkpoint (.bin) or .safetensors (default: $QKV_MODEL, else the stories260K "
                   "installed with qkv)");
-  cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json (qkv train) or llama2.c .bin; default: the one beside the model");
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "tokenizer.json (qkv train's, or a Hugging Face BPE/WordPiece one), GPT-2's vocab.json or a llama2.c "
+                  ".bin (told apart by content); default: the one beside the model");
   cmd->add_option("--config", args->config, "config JSON of a .safetensors model; default: the one beside it");
   cmd->add_option("--prompt", args->prompt,
                   "the text to run; - reads it from stdin (an encoder: one text per line, the first traced)");
   cmd->add_option("--tokens", args->tokens,
                   "token ids, comma-separated, instead of --prompt: for a model whose tokenizer qkv does not read "
-                  "(a Hugging Face GPT-2 or Llama folder); tokens show as #id");
+                  "(or a folder without one); tokens show as #id");
   cmd->add_option("--out", args->out, "output directory (created if missing)")->required();
   cmd->add_option("--format", args->format, "html: index.html and layer PNGs; json: inspect.json")
       ->check(CLI::IsMember({"html", "json"}));

@@ -141,7 +141,7 @@ namespace {
 // One sequence of llama2.c's generation loop, as a state machine so that several can share each
 // decoding step (generate_batch). Position pos holds `token`; its successor is the prompt's next
 // token or a sample. llama2.c prints the successor's piece at each of the `steps` positions and
-// stops at BOS or EOS.
+// stops at a sampled EOS (llama2.c: or BOS).
 struct Sequence {
   std::vector<int> tokens;  // the prompt (with BOS when the tokenizer has one)
   std::int64_t n = 0, pos = 0;
@@ -215,7 +215,11 @@ class Generator {
         s.st.tokens.push_back(next);
         s.st.pieces.emplace_back();
       }
-      if (next == tok_.bos_id() || next == tok_.eos_id()) break;
+      // A sampled EOS ends the text; llama2.c also stops at a sampled BOS. A Hugging Face prompt
+      // may hold them as added tokens written in the text, and goes on.
+      const bool sampled = s.pos >= s.n - 1;
+      if (sampled && (next == tok_.eos_id() || (tok_.format() == Tokenizer::Format::llama2c && next == tok_.bos_id())))
+        break;
       const std::string_view piece = tok_.decode(s.token, next);
       if (Tokenizer::printable(piece)) {
         s.st.pieces[static_cast<std::size_t>(s.pos + 1)] = piece;

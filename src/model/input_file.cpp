@@ -100,6 +100,9 @@ std::string tokenizer_beside(const std::string& model, std::string_view fn, std:
   const fs::path dir = fs::is_directory(p) ? p : p.parent_path().empty() ? fs::path(".") : p.parent_path();
   for (const char* name : {"tokenizer.json", "tokenizer.bin"})
     if (fs::is_regular_file(dir / name)) return (dir / name).string();
+  // GPT-2's two files (a folder saved by the slow GPT2Tokenizer): vocab.json, merges.txt beside it.
+  if (fs::is_regular_file(dir / "vocab.json") && fs::is_regular_file(dir / "merges.txt"))
+    return (dir / "vocab.json").string();
   std::string found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {

@@ -27,7 +27,8 @@ std::string read_input_file(const std::string& path, std::string_view fn, std::s
 
 // The tokenizer of `model` (a file, or a folder as `qkv train` and save_pretrained write) when none
 // is given: in the model's folder, tokenizer.json (qkv train's, or a Hugging Face one), else
-// tokenizer.bin, else the one tok*.bin (llama2.c names it tok<V>.bin); "" if there is none. Several
+// tokenizer.bin, else GPT-2's vocab.json (with merges.txt), else the one tok*.bin (llama2.c names it
+// tok<V>.bin); "" if there is none. Several
 // tok*.bin are an error "[fn] arg: not given, and DIR holds several tok*.bin". Tokenizer::load then
 // tells the format by content. Used by qkv generate / inspect / train and qkv.inspect.
 std::string tokenizer_beside(const std::string& model, std::string_view fn, std::string_view arg);

@@ -4,8 +4,8 @@ writes them): GPT-2 (LayerNorm, biases, learned positions) and Llama (RMSNorm, r
 The oracle is transformers itself on the same weights, float32, eager attention:
 `output_attentions=True` gives every layer's pattern and `.logits` the prediction. The weights are
 random and perturbed away from their initial values (python/tests/hf_tiny.py), so a wrong
-layout would change patterns and logits by O(1). qkv reads no GPT-2/Llama tokenizer, so the
-tokens are given as ids (`--tokens`).
+layout would change patterns and logits by O(1). These folders hold no tokenizer, so the tokens
+are given as ids (`--tokens`); python/tests/test_hf_tokenizers.py inspects folders with one from text.
 
 Tolerance: the same f32 model with different summation orders: patterns within 1e-5 absolute,
 probabilities within 1e-5, the attribution's parts sum to transformers' logit within
