@@ -102,7 +102,10 @@ struct DecodeOpsI8 {
   template <int R>
   void scores_rows(int r0, int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, float* Ps) const {
     constexpr int C = 16 / R;
-    for (int r = nr; r < r0 + R; ++r) std::memset(Qw + r * dp32, 0, sizeof(std::int16_t) * static_cast<std::size_t>(dp32));
+    for (int r = nr; r < r0 + R; ++r) {  // padding rows of the last group: score 0, not stored
+      std::memset(Qw + r * dp32, 0, sizeof(std::int16_t) * static_cast<std::size_t>(dp32));
+      qs[r] = 0.0f;
+    }
     for (i64 c0 = (j_lo - t0) / C * C; t0 + c0 < j_hi; c0 += C) {
       const std::int8_t* kp[C];
       float ks[C];
