@@ -5,7 +5,8 @@
 //   int8   : int8 rows with an f32 scale per (row, head), contiguous or paged
 // Decode reads the cache once, so the counter GB/s = cache bytes read per second (K, V and the
 // scales) is the figure to set beside the machine's read bandwidth (bench/machine_peak), and the
-// time the one to compare between layouts. One thread, timed by its CPU time (Google Benchmark's
+// time the one to compare between layouts. Skv = 2048 keeps the cache in L2/L3 (the kernel's own
+// cost per key); 16384 and 32768 read it from memory (the bandwidth-bound case). One thread, timed by its CPU time (Google Benchmark's
 // CPU column), as bench_variants: on the shared machine the wall clock moves with the load.
 //
 //   bench_kvcache [Google Benchmark flags]
@@ -75,7 +76,7 @@ void run(benchmark::State& st, bool paged, DType dt, std::int64_t Sc, std::int64
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (std::int64_t Skv : {16384, 32768})
+  for (std::int64_t Skv : {2048, 16384, 32768})
     for (int threads : {1})
       for (DType t : {DType::f32, DType::bf16, DType::i8})
         for (std::int64_t Sc : {0, 16, 256}) {

@@ -216,7 +216,10 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
 // [0, key_lengths[b]) are read, and their entries must be in [0, Bc); the rest of a row of the
 // table is never read (vLLM pads it with anything).
 // int8 (cache.k.dtype i8, q f32 or bf16): each row of K and V is dequantised by its scale inside
-// the kernel; the result is attention() on the dequantised cache (in f32).
+// the kernel; the result is attention() on the dequantised cache (in f32). On AVX-512 the kernel
+// reads the int8 rows as they are and quantises each query row to int16 first
+// (q16 = round(q · 32767 / max|q|): a step of 2^-15 of the row's largest element, 256× finer than
+// K's), so there it is attention() on that q and the dequantised cache.
 // f16 (cache.k.dtype f16, q f32 or bf16): rows widened exactly to f32 inside the kernel (as int8,
 // scale 1); kvcache_append rounds to nearest. Half the bytes of f32, finer steps than bf16.
 // Every other option is attention()'s (causal alignments, masks [.., Sq, Skv], variants,

@@ -81,12 +81,14 @@ def _aux_dtype(dtype: torch.dtype) -> torch.dtype:
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], key_lengths: Optional[Tensor],
                   scale: Optional[float], causal: bool, align: str, window_left: int,
                   window_right: int, dropout_p: float, seed: Optional[Tensor], softcap: Optional[float] = None,
-                  alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                  alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                  keep_first: int = 0) -> Tuple[Tensor, Tensor]:
     B, H, L, _ = q.shape
     out = torch.empty((B, H, L, v.shape[3]), dtype=q.dtype)
     lse = torch.empty((B, H, L), dtype=_aux_dtype(q.dtype))
     _qkv.attention(q, k, v, out, mask, key_lengths, lse, None, scale, causal, align, window_left, window_right, 0,
-                   "automatic", dropout_p, _seed_int(seed), 0, softcap, _detached(alibi_slopes), _detached(sinks))
+                   "automatic", dropout_p, _seed_int(seed), 0, softcap, _detached(alibi_slopes), _detached(sinks),
+                   keep_first=keep_first)
     return out, lse
 
 
@@ -97,7 +99,7 @@ def _detached(t: Optional[Tensor]) -> Optional[Tensor]:
 
 @_attention_op.register_fake
 def _(q, k, v, mask, key_lengths, scale, causal, align, window_left, window_right, dropout_p, seed, softcap=None,
-      alibi_slopes=None, sinks=None):
+      alibi_slopes=None, sinks=None, keep_first=0):
     B, H, L, _ = q.shape
     return q.new_empty((B, H, L, v.shape[3])), q.new_empty((B, H, L), dtype=_aux_dtype(q.dtype))
 
@@ -107,18 +109,20 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tenso
                            out: Tensor, lse: Tensor, dout: Tensor, scale: Optional[float], causal: bool, align: str,
                            window_left: int, window_right: int, dropout_p: float, seed: Optional[Tensor],
                            softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
-                           sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                           sinks: Optional[Tensor] = None, keep_first: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    # keep_first > 0: the "automatic" kernel is the f64 reference backward (the flash backward
+    # refuses it, qkv/attention.hpp).
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
     dsinks = torch.empty((0 if sinks is None else q.shape[1],), dtype=torch.float64)
     _qkv.attention_backward(q, k, v, out, dout, lse, dq, dk, dv, mask, key_lengths, scale, causal, align, window_left,
                             window_right, 0, "automatic", dropout_p, _seed_int(seed), 0, softcap, _detached(alibi_slopes),
-                            _detached(sinks), None if sinks is None else dsinks)
+                            _detached(sinks), None if sinks is None else dsinks, keep_first=keep_first)
     return dq, dk, dv, dsinks
 
 
 @_attention_backward_op.register_fake
 def _(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, window_left, window_right, dropout_p, seed,
-      softcap=None, alibi_slopes=None, sinks=None):
+      softcap=None, alibi_slopes=None, sinks=None, keep_first=0):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty((0 if sinks is None else q.shape[1],), dtype=torch.float64))
 
@@ -146,15 +150,16 @@ def _diag(L: int, S: int, key_lengths: Optional[Tensor], align: str) -> Tensor:
 
 
 def _allowed(L: int, S: int, key_lengths: Optional[Tensor], causal: bool, align: str, wl: int,
-             wr: int) -> Optional[Tensor]:
-    """Bool [B|1, 1, L, S]: which keys each query may attend under qkv's rules (None = every key)."""
+             wr: int, keep_first: int = 0) -> Optional[Tensor]:
+    """Bool [B|1, 1, L, S]: which keys each query may attend under qkv's rules (None = every key);
+    keys j < keep_first escape window_left only."""
     j = torch.arange(S).unsqueeze(0)
     diag = _diag(L, S, key_lengths, align)
     rules = []
     if causal:
         rules.append(j <= diag)
     if wl >= 0:
-        rules.append(j >= diag - wl)
+        rules.append((j >= diag - wl) | (j < keep_first))
     if wr >= 0:
         rules.append(j <= diag + wr)
     if key_lengths is not None:
@@ -178,7 +183,7 @@ def _(like, dropout_p, seed):
 
 
 def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr, dropout_p, seed,
-               softcap=None, alibi_slopes=None) -> Tensor:
+               softcap=None, alibi_slopes=None, keep_first=0) -> Tensor:
     """dL/dmask = dL/dS [B, H, L, S] = P ∘ (dP − rowsum(dO ∘ O)), P recomputed from lse (torch ops;
     the mask is added after softcap, so no tanh factor; with sinks lse includes them).
 
@@ -199,7 +204,7 @@ def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align,
         s = s - alibi_slopes.detach().to(acc).reshape(-1, q.shape[1], 1, 1) * dist.to(acc)  # [H] or [B, H]
     finite = torch.isfinite(lse).unsqueeze(-1)     # rows with no allowed key: P = 0 there
     p = torch.where(finite, torch.exp(s - torch.where(finite, lse.unsqueeze(-1), 0.0)), 0.0)
-    ok = _allowed(q.shape[2], k.shape[2], key_lengths, causal, align, wl, wr)
+    ok = _allowed(q.shape[2], k.shape[2], key_lengths, causal, align, wl, wr, keep_first)
     if ok is not None:
         p = torch.where(ok, p, 0.0)
     dp = ga @ va.transpose(-1, -2)
@@ -211,24 +216,24 @@ def _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align,
 
 
 def _setup_attention(ctx, inputs, output):
-    q, k, v, mask, key_lengths, scale, causal, align, wl, wr, dropout_p, seed, softcap, alibi_slopes, sinks = inputs
+    q, k, v, mask, key_lengths, scale, causal, align, wl, wr, dropout_p, seed, softcap, alibi_slopes, sinks, kf = inputs
     out, lse = output
-    ctx.opts = (scale, causal, align, wl, wr, dropout_p, softcap)
+    ctx.opts = (scale, causal, align, wl, wr, dropout_p, softcap, kf)
     ctx.save_for_backward(q, k, v, mask, key_lengths, out, lse, seed, alibi_slopes, sinks)
 
 
 def _attention_grad(ctx, dout, dlse):
     # lse is returned detached by every public entry point (as FlashAttention's is): dlse carries nothing.
     q, k, v, mask, key_lengths, out, lse, seed, alibi_slopes, sinks = ctx.saved_tensors
-    scale, causal, align, wl, wr, dropout_p, softcap = ctx.opts
+    scale, causal, align, wl, wr, dropout_p, softcap, kf = ctx.opts
     dq, dk, dv, dsinks = _attention_backward_op(q, k, v, mask, key_lengths, out, lse, dout.contiguous(), scale, causal,
-                                                align, wl, wr, dropout_p, seed, softcap, alibi_slopes, sinks)
+                                                align, wl, wr, dropout_p, seed, softcap, alibi_slopes, sinks, kf)
     dmask = None
     if ctx.needs_input_grad[3]:
         dmask = _mask_grad(q, k, v, mask, key_lengths, out, lse, dout, scale, causal, align, wl, wr, dropout_p, seed,
-                           softcap, alibi_slopes)
+                           softcap, alibi_slopes, kf)
     dsink = dsinks.to(sinks.dtype) if sinks is not None and ctx.needs_input_grad[14] else None
-    return dq, dk, dv, dmask, None, None, None, None, None, None, None, None, None, None, dsink
+    return dq, dk, dv, dmask, None, None, None, None, None, None, None, None, None, None, dsink, None
 
 
 torch.library.register_autograd("qkv::attention", _attention_grad, setup_context=_setup_attention)
@@ -239,12 +244,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
               align: str = "top_left", window_left: Optional[int] = None,
               window_right: Optional[int] = None, dropout_p: float = 0.0,
               generator: Optional[torch.Generator] = None, seed: Optional[int] = None, softcap: Optional[float] = None,
-              alibi_slopes=None, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+              alibi_slopes=None, sinks: Optional[Tensor] = None, keep_first: int = 0) -> Tuple[Tensor, Tensor]:
     """qkv's attention in its own layout, differentiable, through the ``qkv::attention`` op.
 
     q [B, H, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] (H % Hkv == 0), mask [B, H, L, S] (bool:
     True = may attend; float: added to the scores; broadcast views are fine), key_lengths int [B].
-    Options as :func:`qkv.attention` (softcap, alibi_slopes [H] or True, sinks [H] included).
+    Options as :func:`qkv.attention` (softcap, alibi_slopes [H] or True, sinks [H], keep_first
+    included; with keep_first > 0 the gradients come from the f64 reference backward).
     Returns (out [B, H, L, Ev], lse [B, H, L]); lse is detached. Gradients flow to q, k, v, a
     float mask and the sinks; float16 is computed in float32 and rounded once.
     Dropout: ``dropout_p`` in [0, 1) whenever > 0; the mask is ``qkv.dropout_mask(..., seed)`` with
@@ -270,7 +276,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Tensor] = None,
         sinks = sinks.float()   # differentiable; its gradient comes back in the caller's dtype
     out, lse = _attention_op(q, k, v, mask, key_lengths, P.check_scale(fn, scale), bool(causal), align,
                              P.check_window(fn, "window_left", window_left), P.check_window(fn, "window_right", window_right),
-                             dropout_p, seed_t, var.softcap, slopes, sinks)
+                             dropout_p, seed_t, var.softcap, slopes, sinks, P.check_keep_first(fn, keep_first))
     return (out.half() if half else out), lse.detach()
 
 

@@ -2,7 +2,8 @@
 
 - the f64 peer: torch's explicit attention (matmul, masked_fill, softmax) over the cache's keys, each
   sequence causal to its own length (FlashAttention's cache_seqlens), on the dequantised values for
-  int8 (k_scale · k, the scales as float32);
+  int8 (k_scale · k, the scales as float32) and, on AVX-512, on q as the int8 kernel quantises it
+  (int16 per row, qkv/attention.hpp);
 - paged = contiguous bit for bit (the same kernel over the same rows, addressed by the block table).
 Tolerance for float32 outputs, FlashAttention's rule: 2x the error of the same explicit formula run
 in float32 against float64, plus 2^-20 of the largest output (2 ulps).
@@ -27,6 +28,15 @@ def explicit(q, k, v, lens, dtype=torch.float64, causal=True):
     lens = torch.as_tensor(lens)[:, None, None, None]
     s = s.masked_fill(((j > i + lens - Sq) & causal) | (j >= lens), -float("inf"))
     return torch.softmax(s, -1).nan_to_num(0.0) @ v
+
+
+def int8_kernel_q(q):
+    """q [.., D] as the int8 decode kernel on AVX-512 sees it: each row rounded to int16 steps of
+    max|q| / 32767 (float32 arithmetic, as the kernel; the values in float64); q elsewhere."""
+    if qkv.active_isa() not in ("avx512", "avx512_bf16"):
+        return q
+    amax = q.float().abs().amax(-1, keepdim=True)
+    return torch.round(q.float() * (32767 / amax)).double() * (amax / 32767).double()
 
 
 def rule_tol(got, q, k, v, lens):
@@ -63,6 +73,7 @@ def test_kvcache_prefill_then_decode(block_size, dtype):
             x = torch.cat(ks, 1)
             step = x.abs().amax(-1, keepdim=True) / 127
             assert ((k - x).abs() <= step / 2 * (1 + 1e-5)).all()
+            q = int8_kernel_q(q)
         else:
             k, v = torch.cat(ks, 1), torch.cat(vs, 1)
         err, tol = rule_tol(out, q, k, v, [n] * B)

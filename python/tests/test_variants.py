@@ -436,6 +436,37 @@ def test_keep_first_against_explicit_mask(Sq, Skv, window_left, keep_first, rest
             assert np.abs(f.out.double().numpy() - want).max() <= tol, (isa, kern)
 
 
+def test_torch_keep_first_gradients_against_autograd():
+    """qkv.torch.attention with keep_first + window_left (f64, the reference backward: the flash
+    backward refuses keep_first) against torch autograd through the same rule as a bool mask
+    (streaming_mask) plus a float mask whose gradient qkv forms itself; 1e-9: f64 on both sides,
+    sums of <= 200 terms. float32 runs the flash forward and the reference backward."""
+    B, H, Hkv, Sq, Skv, D, wl, kf = 2, 4, 2, 9, 40, 16, 6, 5
+    q, k, v = (rand(*s, seed=i + 50).requires_grad_() for i, s in
+               enumerate([(B, H, Sq, D), (B, Hkv, Skv, D), (B, Hkv, Skv, D)]))
+    bias = rand(Sq, Skv, seed=60).requires_grad_()
+    allowed = torch.from_numpy(streaming_mask(Sq, Skv, wl, kf, Skv - Sq))
+    out, _ = qkv.torch.attention(q, k, v, mask=bias, causal=True, align="bottom_right", window_left=wl, keep_first=kf)
+    want = explicit(q, k, v, mask=bias.masked_fill(~allowed, -math.inf), causal=True, offset=Skv - Sq)
+    assert (out - want).abs().max() < 1e-10
+    g = rand(*out.shape, seed=61)
+    got = torch.autograd.grad(out, (q, k, v, bias), g)
+    ref = torch.autograd.grad(want, (q, k, v, bias), g)
+    for name, a, b in zip(["q", "k", "v", "mask"], got, ref):
+        assert (a - b).abs().max() < 1e-9, name
+    # Without keep_first the same call differs (the kept keys matter here).
+    base, _ = qkv.torch.attention(q, k, v, mask=bias, causal=True, align="bottom_right", window_left=wl)
+    assert (base - want).abs().max() > 1e-3
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    o32, _ = qkv.torch.attention(q32, k32, v32, causal=True, align="bottom_right", window_left=wl, keep_first=kf)
+    o32.backward(g.float())
+    want32 = explicit(q, k, v, mask=torch.zeros(Sq, Skv, dtype=torch.float64).masked_fill(~allowed, -math.inf),
+                      causal=True, offset=Skv - Sq)
+    ref32 = torch.autograd.grad(want32, (q, k, v), g)
+    for name, a, b in zip(["q", "k", "v"], (q32.grad, k32.grad, v32.grad), ref32):
+        assert (a.double() - b).abs().max() < 1e-5, name   # float32 inputs and outputs: ~2^-20 relative sums
+
+
 def test_keep_first_errors():
     x = torch.zeros(1, 1, 2, 4)
     with pytest.raises(ValueError, match=r"\[qkv.attention\] keep_first: must be an int >= 0, got -1"):

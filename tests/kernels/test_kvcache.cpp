@@ -1,11 +1,15 @@
 // KV caches (issue #19 item 6): qkv::attention_kvcache over a contiguous, a paged (block table) and
 // an int8 cache, and qkv::kvcache_append, on every instruction set this CPU has (set_isa).
 //   - paged = contiguous, bit for bit: the decode kernel reads the same rows in the same order,
-//     only their addresses differ (except bf16 on AVX-512 BF16, where the contiguous cache takes
-//     the vdpbf16ps policy and the paged one the generic rows: FlashAttention's rule there).
-//   - int8 = the f32 kernel on the dequantised cache (scale · int8, one f32 product each, as the
-//     kernel forms it), bit for bit; and against the f64 reference on the dequantised values
-//     within FlashAttention's rule (2× a naive f32 computation's error + 2 ulps of the largest).
+//     only their addresses differ (except bf16 on AVX-512 BF16 with blocks of < 16 rows, where the
+//     contiguous cache takes the vdpbf16ps policy and the paged one the generic rows:
+//     FlashAttention's rule there).
+//   - int8, generic rows (scalar, AVX2) = the f32 kernel on the dequantised cache (scale · int8,
+//     one f32 product each, as the kernel forms it), bit for bit; the AVX-512 int8 policy
+//     (decode_i8_avx512.hpp, q quantised to int16) paged = contiguous bit for bit. Both against
+//     the f64 reference on the dequantised values — and, for the policy, on q quantised as it
+//     does — within FlashAttention's rule (2× a naive f32 computation's error + 2^-20 of the
+//     largest).
 //   - f16 = the f32 kernel on the widened cache (binary16 → f32 is exact), bit for bit.
 //   - append writes the rows it is given (f32: exactly) and int8 rows within half a step:
 //     |scale · q − x| ≤ scale / 2 with scale = max|x| / 127 (round to nearest).
@@ -115,6 +119,7 @@ std::vector<Shape> shapes() {
       {2, 8, 2, 1, 128, 128, 16, 40, {640, 333}},    // decode, GQA, vLLM's block size
       {3, 4, 4, 1, 64, 64, 256, 3, {700, 1, 256}},    // FlashAttention's page size, a 1-key sequence
       {2, 6, 2, 7, 40, 24, 64, 5, {300, 130}},        // prefill of 7 queries, odd head dims
+      {2, 6, 2, 1, 64, 48, 8, 20, {160, 77}},         // blocks of 8 rows, GQA 3
       {1, 2, 1, 3, 32, 32, 32, 9, {200}},             // lens[0] ≤ 8·32: the spare NaN block is in the table
   };
 }
@@ -149,7 +154,7 @@ TEST(KvCache, PagedEqualsContiguousBitForBit) {
           const double e = max_abs_diff(values(o1), values(o2)), el = max_abs_diff(values(l1), values(l2));
           std::printf("Sc %3ld Sq %ld %-5s %-34s vs %-34s out %.2e lse %.2e\n", static_cast<long>(s.Sc),
                       static_cast<long>(s.Sq), qkv::dtype_name(t), i1.name, i2.name, e, el);
-          if (t == DType::bf16 && isa == Isa::avx512_bf16) {
+          if (t == DType::bf16 && isa == Isa::avx512_bf16 && s.Sc < 16) {
             // Different kernels (vdpbf16ps against f32 rows): within 2^-7 of the largest output,
             // bf16's 2 ulps (test_variants.cpp's floor), scores differing by f32 rounding only.
             double big = 1e-3;
@@ -211,6 +216,21 @@ std::vector<double> naive(const Shape& s, const std::vector<double>& q, const st
   return out;
 }
 
+// q [B, H, Sq, D] as the AVX-512 int8 policy quantises each row (decode_i8_avx512.hpp):
+// q16 = round(q · (32767 / max|q|)) in f32, worth q16 · (max|q| / 32767).
+std::vector<double> quantise_q16(const Buffer& q, std::int64_t D) {
+  std::vector<double> r(static_cast<std::size_t>(q.numel()));
+  const float* x = q.ptr<float>();
+  for (std::int64_t row = 0; row < q.numel() / D; ++row) {
+    float amax = 0.0f;
+    for (std::int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[row * D + d]));
+    const float inv = 32767.0f / amax, step = amax / 32767.0f;
+    for (std::int64_t d = 0; d < D; ++d)
+      r[static_cast<std::size_t>(row * D + d)] = std::nearbyint(x[row * D + d] * inv) * static_cast<double>(step);
+  }
+  return r;
+}
+
 // An int8 cache filled by kvcache_append from the contiguous f32 cache, paged or not.
 struct Int8Cache {
   Buffer k, v, ks, vs;
@@ -236,6 +256,7 @@ TEST(KvCache, Int8AgainstReferenceOnDequantisedValues) {
     // caches here, so that shape's table must reference real blocks only.
     if (s.lens[0] <= (s.max_blocks - 1) * s.Sc) continue;
     const Caches c(s, DType::f32, 21);
+    std::vector<double> contiguous_out[4];  // per Isa: the contiguous cache's output
     for (bool paged : {false, true}) {
       const Int8Cache ic(s, c, paged);
       const KvCacheView cache = ic.view(paged ? &c : nullptr);
@@ -271,21 +292,33 @@ TEST(KvCache, Int8AgainstReferenceOnDequantisedValues) {
       }
       Buffer q(DType::f32, {s.B, s.H, s.Sq, s.D});
       fill(q, 9);
-      const std::vector<double> qv = values(q), kdv = values(kd), vdv = values(vd);
-      const std::vector<double> want = naive<double>(s, qv, kdv, vdv), lowp = naive<float>(s, qv, kdv, vdv);
+      const std::vector<double> qv = values(q), qq = quantise_q16(q, s.D), kdv = values(kd), vdv = values(vd);
+      // The oracle and its tolerance on q as given (generic rows) and on q as the policy quantises it.
+      const std::vector<double> want = naive<double>(s, qv, kdv, vdv), want_q = naive<double>(s, qq, kdv, vdv);
       double big = 1e-3;
       for (double x : want) big = std::max(big, std::abs(x));
-      const double tol = 2 * max_abs_diff(lowp, want) + 0x1p-20 * big;
+      const double tol = 2 * max_abs_diff(naive<float>(s, qv, kdv, vdv), want) + 0x1p-20 * big;
+      const double tol_q = 2 * max_abs_diff(naive<float>(s, qq, kdv, vdv), want_q) + 0x1p-20 * big;
       AttentionOptions o = options(c, false);
       for (Isa isa : isas()) {
         qkv::set_isa(isa);
+        const bool policy = isa >= Isa::avx512;  // decode_i8_avx512.hpp
         Buffer out(DType::f32, {s.B, s.H, s.Sq, s.Dv}), dense(DType::f32, {s.B, s.H, s.Sq, s.Dv});
         o.kernel = qkv::Kernel::automatic;
         const auto info = qkv::attention_kvcache(q.view(), cache, out.view(), o);
-        const double e = max_abs_diff(values(out), want);
+        const double e = max_abs_diff(values(out), policy ? want_q : want);
         std::printf("int8 %s Sc %3ld Sq %ld %-28s err %.2e (tol %.2e)\n", paged ? "paged" : "contig",
-                    static_cast<long>(s.Sc), static_cast<long>(s.Sq), info.name, e, tol);
-        EXPECT_LE(e, tol) << info.name;
+                    static_cast<long>(s.Sc), static_cast<long>(s.Sq), info.name, e, policy ? tol_q : tol);
+        EXPECT_LE(e, policy ? tol_q : tol) << info.name;
+        std::vector<double>& first = contiguous_out[static_cast<std::size_t>(isa)];
+        if (!paged) first = values(out);
+        if (policy) {
+          // The policy reads the same rows in the same order through the table: the same bits.
+          if (paged) {
+            EXPECT_EQ(max_abs_diff(values(out), first), 0.0) << info.name;
+          }
+          continue;
+        }
         // The same kernel on the dense dequantised f32 cache: the same bits.
         o.kernel = qkv::Kernel::flash_decode;
         qkv::attention_kvcache(q.view(), {kd.view(), vd.view(), std::nullopt, std::nullopt, std::nullopt}, dense.view(), o);
@@ -297,6 +330,46 @@ TEST(KvCache, Int8AgainstReferenceOnDequantisedValues) {
       qkv::attention_kvcache(q.view(), cache, ref.view(), o);
       EXPECT_LE(max_abs_diff(values(ref), want), 0x1p-23 * big) << "reference";  // f32 output rounding
     }
+  }
+}
+
+// Non-finite and zero query rows on an int8 cache (qkv/attention.hpp's policy), every ISA: a NaN
+// or +∞ in q makes its row NaN, an all-zero q row averages V uniformly (the reference's value,
+// within 2^-20 of the largest: f32 sums), and the other rows are untouched (= their own run).
+TEST(KvCache, Int8NonFiniteAndZeroQueries) {
+  IsaGuard guard;
+  const Shape s{1, 4, 1, 1, 64, 64, 16, 4, {64}};
+  const Caches c(s, DType::f32, 41);
+  const Int8Cache ic(s, c, false);
+  const KvCacheView cache = ic.view(nullptr);
+  Buffer q(DType::f32, {1, 4, 1, 64}), q3(DType::f32, {1, 1, 1, 64});
+  fill(q, 12);
+  float* x = q.ptr<float>();
+  x[3] = NAN;                                 // head 0
+  x[64 + 5] = INFINITY;                       // head 1
+  std::fill(x + 128, x + 192, 0.0f);          // head 2
+  std::copy(x + 192, x + 256, q3.ptr<float>());  // head 3 on its own (Hkv = 1: same cache)
+  AttentionOptions o = options(c, false);
+  o.key_lengths = std::nullopt, o.align = Align::bottom_right;
+  Buffer ref(DType::f32, {1, 4, 1, 64});
+  o.kernel = qkv::Kernel::reference;
+  qkv::attention_kvcache(q.view(), cache, ref.view(), o);
+  const std::vector<double> r = values(ref);
+  double big = 1e-3;
+  for (std::int64_t e = 128; e < 192; ++e) big = std::max(big, std::abs(r[static_cast<std::size_t>(e)]));
+  for (Isa isa : isas()) {
+    qkv::set_isa(isa);
+    Buffer out(DType::f32, {1, 4, 1, 64}), out3(DType::f32, {1, 1, 1, 64});
+    o.kernel = qkv::Kernel::flash_decode;
+    const auto info = qkv::attention_kvcache(q.view(), cache, out.view(), o);
+    qkv::attention_kvcache(q3.view(), cache, out3.view(), o);
+    const std::vector<double> got = values(out);
+    for (std::int64_t e = 0; e < 128; ++e) EXPECT_TRUE(std::isnan(got[static_cast<std::size_t>(e)])) << info.name << " " << e;
+    double err = 0.0;
+    for (std::int64_t e = 128; e < 192; ++e)
+      err = std::max(err, std::abs(got[static_cast<std::size_t>(e)] - r[static_cast<std::size_t>(e)]));
+    EXPECT_LE(err, 0x1p-20 * big) << info.name;
+    for (std::int64_t e = 0; e < 64; ++e) EXPECT_EQ(got[static_cast<std::size_t>(192 + e)], out3.ptr<float>()[e]) << info.name;
   }
 }
 

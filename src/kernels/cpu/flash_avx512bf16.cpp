@@ -4,6 +4,7 @@
 // f32 code of flash_tile.hpp; P is rounded to bf16 for P·V (as a bf16 matmul would).
 // Compiled with -mavx512bf16 on top of the AVX-512 flags (CMakeLists.txt).
 #include "kernels/cpu/simd_avx512.hpp"  // first: see simd_avx512.hpp on GCC 12
+#include "kernels/cpu/decode_i8_avx512.hpp"
 #include "kernels/cpu/flash_decode_impl.hpp"
 #include "kernels/cpu/flash_forward_impl.hpp"
 
@@ -179,30 +180,6 @@ struct OperandsBf16 {
   }
 };
 
-// Sum of each of 16 vectors: lane c of the result = Σ lanes of acc[c]. Four rounds of
-// shuffle + add halve the partial sums per key (16 → 8 → 4 → 2 → 1 lanes) while packing two
-// keys' partials into the room freed; 45 instructions for 16 keys instead of a horizontal sum
-// (≈ 8 dependent instructions and a scalar store) per key. The rounds leave key
-// kSlot[p] in lane p, so acc[kSlot[s]] is fed as the s-th input and the lanes come out in order.
-inline __m512 reduce16(const __m512* acc) {
-  // Lane 4L + m of the last round holds input L + {0, 8, 4, 12}[m]: input s feeds lane kSlot[s].
-  constexpr int kSlot[16] = {0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15};
-  __m512 x[8], y[4], z[2];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {  // x[i]: 8 partials of input 2i, then of 2i + 1 (256-bit halves)
-    const __m512 a = acc[kSlot[2 * i]], b = acc[kSlot[2 * i + 1]];
-    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)  // y[i]: 128-bit lane L holds 4 partials of input 4i + L
-    y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xdd));
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i)  // z[i], lane L: 2 partials of inputs 8i + L and 8i + 4 + L, interleaved
-    z[i] = _mm512_add_ps(_mm512_unpacklo_ps(y[2 * i], y[2 * i + 1]), _mm512_unpackhi_ps(y[2 * i], y[2 * i + 1]));
-  return _mm512_add_ps(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
-}
-
 // Decode from bf16 K and V read in place (unit element stride), everything on vdpbf16ps
 // (32 products per instruction, no widening of K or V rows):
 //   scores  several query rows (GQA): 16 keys at a time per row, 16 accumulators of q·k partial
@@ -223,16 +200,23 @@ struct DecodeOpsBf16 {
   static constexpr int kRowsPv = 2;
   static i64 Dp32(const FlashArgs& a) { return round_up(a.D, 32); }
   static i64 scratch_floats(const FlashArgs& a) { return kDecRows * Dp32(a) / 2 + kDecRows * kNt / 2; }
-  // Not a paged or int8 cache: decode's generic rows read those.
-  static bool takes_k(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1 && !a.block_table && !a.kv_i8 && !a.kv_f16; }
-  static bool takes_v(const FlashArgs& a) { return a.bf16 && a.sv[3] == 1 && !a.block_table && !a.kv_i8 && !a.kv_f16; }
+  // bf16 K and V rows (not an int8 or f16 cache). Paged with blocks of ≥ 16 rows: a group of 16
+  // keys (scores16, 16-aligned) and a pair of keys (pv_cols) then lie in one block, evenly strided;
+  // smaller blocks go to decode's generic rows.
+  static bool pages_ok(const FlashArgs& a) { return !a.block_table || a.page_shift >= 4; }
+  static bool takes_k(const FlashArgs& a) { return a.bf16 && a.sk[3] == 1 && pages_ok(a) && !a.kv_i8 && !a.kv_f16; }
+  static bool takes_v(const FlashArgs& a) { return a.bf16 && a.sv[3] == 1 && pages_ok(a) && !a.kv_i8 && !a.kv_f16; }
 
   const FlashArgs& a;
   i64 dp32;
   std::uint16_t *Qb, *Pb;
-  i64 kbase_ = 0, j_end_ = 0;  // of the tile scores() saw last: where pv() prefetches K from
+  i64 b_ = 0, hk_ = 0;         // the item's batch row and kv head (set by scores() and pv())
+  i64 j_end_ = 0;              // of the tile scores() saw last: how far pv() prefetches K
   DecodeOpsBf16(const FlashArgs& args, float* mem)
       : a(args), dp32(Dp32(args)), Qb(reinterpret_cast<std::uint16_t*>(mem)), Pb(Qb + kDecRows * dp32) {}
+
+  const std::uint16_t* krow(i64 j) const { return static_cast<const std::uint16_t*>(a.k) + kv_row(a, a.sk, b_, hk_, j); }
+  const std::uint16_t* vrow(i64 j) const { return static_cast<const std::uint16_t*>(a.v) + kv_row(a, a.sv, b_, hk_, j); }
 
   void load_q(int r, i64 off) {
     const auto* q = static_cast<const std::uint16_t*>(a.q) + off;
@@ -271,25 +255,24 @@ struct DecodeOpsBf16 {
   // own. Here the kernel is bound by reading K and V from DRAM, and this steady order streams
   // best: with the 16-key blocks of scores16 (64 line misses issued at once per block, with or
   // without software prefetch) one thread read K and V at about half the rate.
-  void scores1(const std::uint16_t* k, i64 ldk, i64 t0, i64 j_lo, i64 j_hi, float* ps, const std::uint16_t* v) const {
+  void scores1(i64 t0, i64 j_lo, i64 j_hi, float* ps) const {
     for (i64 j = j_lo; j < j_hi; ++j) {
-      if (a.sv[3] == 1) pf_row(v + j * a.sv[2], 2 * a.Dv);  // this key's V row, read next by pv()
+      pf_row(vrow(j), 2 * a.Dv);  // this key's V row, read next by pv()
+      const std::uint16_t* k = krow(j);
       __m512 acc = _mm512_setzero_ps();
       for (i64 d = 0; d < dp32; d += 32) {
         const __mmask32 m = a.D - d >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (a.D - d)) - 1u);
-        const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, k + j * ldk + d));
+        const __m512bh kv = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, k + d));
         acc = _mm512_dpbf16_ps(acc, load_bh(Qb + d), kv);
       }
       ps[j - t0] = _mm512_reduce_add_ps(acc) * a.scale_log2;
     }
   }
-  void scores(int nr, i64 kbase, i64 vbase, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
-    kbase_ = kbase, j_end_ = j_end;
-    const auto* k = static_cast<const std::uint16_t*>(a.k) + kbase;
-    const auto* v = static_cast<const std::uint16_t*>(a.v) + vbase;
+  void scores(int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
+    b_ = b, hk_ = hk, j_end_ = j_end;
     const i64 ldk = a.sk[2];
     if (nr == 1) {
-      scores1(k, ldk, t0, j_lo, j_hi, Ps, v);
+      scores1(t0, j_lo, j_hi, Ps);
       return;
     }
     for (i64 c0 = (j_lo - t0) / 16 * 16; t0 + c0 < j_hi; c0 += 16) {
@@ -297,17 +280,16 @@ struct DecodeOpsBf16 {
       // The V rows of these 16 keys into L2, read next by pv(), which in turn prefetches the
       // next tile's K rows (see pf_row in flash_tile.hpp); prefetching the next 16 keys' K and V
       // rows here instead streamed 20–25 % slower.
-      if (a.sv[3] == 1)
-        for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(v + j * a.sv[2], 2 * a.Dv);
+      for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(vrow(j), 2 * a.Dv);
       if (j0 >= j_lo && j0 + 16 <= j_hi && a.D % 32 == 0) {
-        scores16<false>(nr, k + j0 * ldk, ldk, nullptr, nullptr, Ps, c0);
+        scores16<false>(nr, krow(j0), ldk, nullptr, nullptr, Ps, c0);
         continue;
       }
       const std::uint16_t* kp[16];
       __mmask32 km[16];
       for (int c = 0; c < 16; ++c) {
         const bool in = j0 + c >= j_lo && j0 + c < j_hi;
-        kp[c] = k + (in ? j0 + c : j_lo) * ldk;
+        kp[c] = krow(in ? j0 + c : j_lo);
         km[c] = in ? ~__mmask32{0} : 0;
       }
       scores16<true>(nr, nullptr, 0, kp, km, Ps, c0);
@@ -319,7 +301,7 @@ struct DecodeOpsBf16 {
   // anything, NaN included). Columns past Dv are read as zero; Od has Dvp ≥ Dv columns, so the
   // upper 16 of the last 32-column block may not exist (e0 + 16 ≥ Dvp): neither loaded nor stored.
   template <int R, int NB>
-  void pv_cols(const std::uint16_t* pb, const std::uint16_t* v, i64 ldv, i64 t0, i64 j_lo, i64 j_hi, i64 jp0,
+  void pv_cols(const std::uint16_t* pb, i64 t0, i64 j_lo, i64 j_hi, i64 jp0,
                i64 jp1, float* o, i64 Dvp, i64 e0, const char* pf = nullptr, i64 pf_ld = 0, i64 pf_end = 0) const {
     // Accumulator lane i of a 32-column block: column lo_idx[i] (unpacklo) or hi_idx[i] (unpackhi),
     // as indices into the natural pair (columns 0–15, columns 16–31) for permutex2var.
@@ -352,8 +334,8 @@ struct DecodeOpsBf16 {
       }
       const i64 ja = t0 + 2 * jp, jb = ja + 1;
       const bool in_a = ja >= j_lo && ja < j_hi, in_b = jb >= j_lo && jb < j_hi;
-      const std::uint16_t* va = v + (in_a ? ja : jb) * ldv + e0;
-      const std::uint16_t* vb = v + (in_b ? jb : ja) * ldv + e0;
+      const std::uint16_t* va = vrow(in_a ? ja : jb) + e0;  // a pair lies in one block (pages_ok)
+      const std::uint16_t* vb = vrow(in_b ? jb : ja) + e0;
       const __mmask32 ma = in_a ? ~__mmask32{0} : 0, mb = in_b ? ~__mmask32{0} : 0;
       __m512bh lo[NB], hi[NB];
 #pragma GCC unroll 4
@@ -384,38 +366,39 @@ struct DecodeOpsBf16 {
   }
   // All columns for R ≤ kRowsPv rows: 128-column blocks, then single 32-column blocks.
   template <int R>
-  void pv_rows(const std::uint16_t* pb, const std::uint16_t* v, i64 ldv, i64 t0, i64 j_lo, i64 j_hi, i64 jp0,
-               i64 jp1, float* o, i64 Dvp, const char* pf, i64 pf_ld, i64 pf_end) const {
+  void pv_rows(const std::uint16_t* pb, i64 t0, i64 j_lo, i64 j_hi, i64 jp0, i64 jp1, float* o, i64 Dvp, const char* pf,
+               i64 pf_ld, i64 pf_end) const {
     constexpr int NB = 4;
     i64 e0 = 0;
     for (; e0 + 32 * NB <= Dvp; e0 += 32 * NB) {
-      pv_cols<R, NB>(pb, v, ldv, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0, pf, pf_ld, pf_end);
+      pv_cols<R, NB>(pb, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0, pf, pf_ld, pf_end);
       pf = nullptr;
     }
     for (; e0 < Dvp; e0 += 32) {
-      pv_cols<R, 1>(pb, v, ldv, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0, pf, pf_ld, pf_end);
+      pv_cols<R, 1>(pb, t0, j_lo, j_hi, jp0, jp1, o, Dvp, e0, pf, pf_ld, pf_end);
       pf = nullptr;
     }
   }
-  void pv(int nr, const float* Ps, i64 vbase, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp) {
+  void pv(int nr, const float* Ps, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp) {
+    b_ = b, hk_ = hk;
     for (int r = 0; r < nr; ++r)
       for (int c = 0; c < kNt; c += 32) {
         const __m512bh p = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(Ps + r * kNt + c + 16), _mm512_loadu_ps(Ps + r * kNt + c));
         _mm512_storeu_si512(reinterpret_cast<void*>(Pb + r * kNt + c), reinterpret_cast<__m512i>(p));
       }
-    const auto* v = static_cast<const std::uint16_t*>(a.v) + vbase;
     const i64 jp0 = (j_lo - t0) / 2, jp1 = (j_hi - t0 + 1) / 2;
     static_assert(kNt % 2 == 0, "key pairs stay inside a tile");
     // While this tile's V rows are read: the next tile's K rows that this item scores (when
-    // scores() reads K, which set kbase_ and j_end_).
-    const char* pf = takes_k(a) ? reinterpret_cast<const char*>(static_cast<const std::uint16_t*>(a.k) + kbase_ + (t0 + kNt) * a.sk[2]) : nullptr;
-    const i64 pf_ld = 2 * a.sk[2], pf_end = j_end_ - t0 - kNt;
+    // scores() reads K, which set j_end_), as far as they are evenly strided (paged: to the end
+    // of the next tile's first block).
+    const char* pf = takes_k(a) && t0 + kNt < j_end_ ? reinterpret_cast<const char*>(krow(t0 + kNt)) : nullptr;
+    const i64 pf_ld = 2 * a.sk[2], pf_end = imin(j_end_, kv_run_end(a, t0 + kNt)) - t0 - kNt;
     for (int r = 0; r < nr; r += kRowsPv) {
       const std::uint16_t* pb = Pb + r * kNt;
       float* o = Od + r * Dvp;
       static_assert(kRowsPv == 2, "one case per row count below");
-      if (nr - r == 1) pv_rows<1>(pb, v, a.sv[2], t0, j_lo, j_hi, jp0, jp1, o, Dvp, pf, pf_ld, pf_end);
-      else pv_rows<2>(pb, v, a.sv[2], t0, j_lo, j_hi, jp0, jp1, o, Dvp, pf, pf_ld, pf_end);
+      if (nr - r == 1) pv_rows<1>(pb, t0, j_lo, j_hi, jp0, jp1, o, Dvp, pf, pf_ld, pf_end);
+      else pv_rows<2>(pb, t0, j_lo, j_hi, jp0, jp1, o, Dvp, pf, pf_ld, pf_end);
       pf = nullptr;
     }
   }
@@ -424,6 +407,9 @@ struct DecodeOpsBf16 {
 }  // namespace
 
 void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n) { forward<S, OperandsBf16>(list, n); }
-void flash_decode_avx512_bf16(const FlashArgs& a) { decode<S, DecodeOpsBf16>(a); }
+void flash_decode_avx512_bf16(const FlashArgs& a) {
+  if (a.kv_i8) decode<S, DecodeOpsI8>(a);
+  else decode<S, DecodeOpsBf16>(a);
+}
 
 }  // namespace qkv::kernels::cpu

@@ -98,10 +98,11 @@ inline void dec_pv(const float* p, const float* v, i64 ldv, i64 c_lo, i64 c_hi, 
 //   scratch_floats(a)   its per-thread scratch; takes_k(a) / takes_v(a): whether it computes the
 //                       scores (from K) / the P·V (from V) of this call
 //   load_q(r, off)      query row r of the item from q + off
-//   scores(nr, kbase, vbase, t0, j_lo, j_hi, j_end, Ps)  Ps[r][j − t0] ← q_r·k_j · scale · log2 e
-//                       for keys j ∈ [j_lo, j_hi) of the tile at t0, rows [0, nr); the other
-//                       columns finite. Keys [j_hi, j_end) come next in this item (prefetching).
-//   pv(nr, Ps, vbase, t0, j_lo, j_hi, Od, Dvp)  Od[r][0, Dvp) += Σ_{j ∈ [j_lo, j_hi)} Ps[r][j − t0] v_j
+//   scores(nr, b, hk, t0, j_lo, j_hi, j_end, Ps)  Ps[r][j − t0] ← q_r·k_j · scale · log2 e
+//                       for keys j ∈ [j_lo, j_hi) of the tile at t0 of batch row b, kv head hk,
+//                       rows [0, nr); the other columns finite. Keys [j_hi, j_end) come next in
+//                       this item (prefetching). Rows are found by kv_row (paged or not).
+//   pv(nr, Ps, b, hk, t0, j_lo, j_hi, Od, Dvp)  Od[r][0, Dvp) += Σ_{j ∈ [j_lo, j_hi)} Ps[r][j − t0] v_j
 struct DecodeOpsF32 {
   static constexpr bool kEnabled = false;
   static i64 scratch_floats(const FlashArgs&) { return 0; }
@@ -110,7 +111,7 @@ struct DecodeOpsF32 {
   DecodeOpsF32(const FlashArgs&, float*) {}
   void load_q(int, i64) {}
   void scores(int, i64, i64, i64, i64, i64, i64, float*) const {}
-  void pv(int, const float*, i64, i64, i64, i64, float*, i64) {}
+  void pv(int, const float*, i64, i64, i64, i64, i64, float*, i64) {}
 };
 
 template <class S, class Ops = DecodeOpsF32>
@@ -176,18 +177,13 @@ void decode(const FlashArgs& a) {
       const i64 k0 = sp * split, k1 = imin(a.Skv, k0 + split);
       const int nr = static_cast<int>(imin(kDecRows, GS - g * kDecRows));
       const i64 klen = a.key_len[b];
-      i64 ulo = k1, uhi = k0;     // hull of the rows' keys in this chunk
-      i64 uke = k0, uwlo = k1;    // the item's gap [uke, uwlo): no row's key (keep_first)
+      KeySpan span(k0, k1);  // the rows' keys in this chunk
       for (int r = 0; r < nr; ++r) {
         const i64 gr = g * kDecRows + r;
         hs[r] = hk * G + gr / a.Sq, is[r] = gr % a.Sq;
         if (a.dropout) dkey[r] = dropout_row_key(a.dropout_seed, a.dropout_offset, a.dropout_b0 + b, hs[r], is[r]);
         key_range(a, is[r], klen, &ke[r], &lo[r], &hi[r]);
-        if (ke[r] > k0) ulo = k0, uke = imax(uke, imin(ke[r], k1)), uhi = imax(uhi, uke);
-        if (hi[r] > lo[r] && lo[r] < k1 && hi[r] > k0) {
-          ulo = imin(ulo, imax(lo[r], k0)), uhi = imax(uhi, imin(hi[r], k1));
-          uwlo = imin(uwlo, imax(lo[r], k0));
-        }
+        span.add(ke[r], lo[r], hi[r]);
         const i64 qoff = b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2];
         if (ops_k) ops.load_q(r, qoff);
         else load_row(a, a.q, qoff, a.sq[3], D, a.scale_log2, Qd + r * Dp);
@@ -196,12 +192,10 @@ void decode(const FlashArgs& a) {
         Md[r] = kNegInf;
         S::storeu(Ld + r * L, S::zero());
       }
-      const i64 kbase = b * a.sk[0] + hk * a.sk[1];
-      const i64 vbase = b * a.sv[0] + hk * a.sv[1];
-      for (i64 t0 = ulo / kNt * kNt; t0 < uhi; t0 += kNt) {
-        if (t0 >= uke && t0 + kNt <= uwlo) continue;  // between kept keys and every row's window
-        const i64 j_lo = imax(t0 < uke ? ulo : uwlo, t0), j_hi = imin(t0 + kNt, uhi);
-        if (ops_k) ops.scores(nr, kbase, vbase, t0, j_lo, j_hi, uhi, Ps);
+      for (i64 t0 = span.first_tile(); t0 < span.hi; t0 += kNt) {
+        if (span.skips(t0)) continue;  // between kept keys and every row's window
+        const i64 j_lo = span.tile_lo(t0), j_hi = span.tile_hi(t0);
+        if (ops_k) ops.scores(nr, b, hk, t0, j_lo, j_hi, span.hi, Ps);
         for (i64 j = ops_k ? j_hi : j_lo; j < j_hi; ++j) {
           if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk, j), esz * Dv);
           const i64 koff = kv_row(a, a.sk, b, hk, j);
@@ -223,7 +217,7 @@ void decode(const FlashArgs& a) {
         for (int r = 0; r < nr; ++r) {
           // The chunk bounds cut like the rule does: keys outside [k0, k1) are not this item's.
           // Kept keys [0, rke) in mask_row's form: a tile with kept keys starts at j_lo = t0 ≥ k0
-          // (t0 < uke above; chunks start at multiples of kNt), so every kept column was computed.
+          // (t0 < span.ke above; chunks start at multiples of kNt), so every kept column was computed.
           const i64 rlo = imax(lo[r], imax(k0, j_lo)), rhi = imin(hi[r], imin(k1, j_hi));
           const i64 rke = imin(ke[r], imin(k1, j_hi));
           const i64 moff = b * a.smask[0] + hs[r] * a.smask[1] + is[r] * a.smask[2];
@@ -236,16 +230,16 @@ void decode(const FlashArgs& a) {
           if (a.dropout) dropout_tile_row(a, dkey[r], Ps + r * kNt, t0, j_lo - t0, j_hi - t0);
         }
         if (ops_v) {
-          ops.pv(nr, Ps, vbase, t0, j_lo, j_hi, Od, Dvp);
+          ops.pv(nr, Ps, b, hk, t0, j_lo, j_hi, Od, Dvp);
           continue;
         }
         // While P·V reads this tile's V rows: the next tile's K rows, those this item scores (as far
         // as they are evenly strided: the next tile's first block when paged).
         const char* pf = nullptr;
         i64 pf_end = 0;
-        if (prefetch && t0 + kNt < uhi) {
+        if (prefetch && t0 + kNt < span.hi) {
           pf = static_cast<const char*>(a.k) + esz * kv_row(a, a.sk, b, hk, t0 + kNt);
-          pf_end = imin(uhi, kv_run_end(a, t0 + kNt)) - t0 - kNt;
+          pf_end = imin(span.hi, kv_run_end(a, t0 + kNt)) - t0 - kNt;
         }
         const i64 pf_ld = esz * a.sk[2], pf_bytes = esz * D;
         // P·V over keys [c_lo, c_hi) of probabilities P (rows r at P + r·kNt) whose V rows are f32
@@ -260,7 +254,7 @@ void decode(const FlashArgs& a) {
           pf = nullptr;
         };
         if (v_in_place && !a.block_table) {
-          pv(Ps, static_cast<const float*>(a.v) + vbase + t0 * a.sv[2], a.sv[2], j_lo - t0, j_hi - t0);
+          pv(Ps, static_cast<const float*>(a.v) + kv_row(a, a.sv, b, hk, t0), a.sv[2], j_lo - t0, j_hi - t0);
           continue;
         }
         if (v_in_place) {

@@ -187,8 +187,7 @@ void forward(const FlashArgs* list, i64 n) {
     float* Ls = Ms + kMb;
     float* Ps = Ls + kMb * S::L;
     i64 ke[kMb], lo[kMb], hi[kMb];           // allowed keys [0, ke) ∪ [lo, hi) of each row (key_range; none past Sq)
-    i64 slo[kMb / kRows], shi[kMb / kRows];  // hull of the ranges of each strip
-    i64 ske[kMb / kRows], swlo[kMb / kRows]; // a strip's gap [ske, swlo): no row's key (keep_first)
+    KeySpan strip[kMb / kRows];              // the keys of each strip's rows (set per item)
     std::uint64_t dkey[kMb];                 // dropout_row_key of each row, when a.dropout
 
     for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
@@ -214,18 +213,15 @@ void forward(const FlashArgs* list, i64 n) {
       const bool mods = a.softcap_log2 > 0.0f || a.alibi;
       const float slope2 = a.alibi ? static_cast<float>(a.alibi[b * a.alibi_sb + h] * kLog2e) : 0.0f;
 
-      i64 blo = a.Skv, bhi = 0, bke = 0, bwlo = a.Skv;  // hull and gap over the block
+      KeySpan block(0, a.Skv);  // the keys of the whole block's rows
       for (int s = 0; s < nstrips; ++s) {
-        slo[s] = a.Skv, shi[s] = 0, ske[s] = 0, swlo[s] = a.Skv;
+        strip[s] = KeySpan(0, a.Skv);
         for (int r = s * kRows; r < (s + 1) * kRows; ++r) {
           if (r < nrows) key_range(a, i0 + r, klen, &ke[r], &lo[r], &hi[r]);
           else ke[r] = lo[r] = hi[r] = 0;
-          if (hi[r] > lo[r]) {
-            slo[s] = imin(slo[s], ke[r] > 0 ? 0 : lo[r]), shi[s] = imax(shi[s], hi[r]);
-            ske[s] = imax(ske[s], ke[r]), swlo[s] = imin(swlo[s], lo[r]);
-          }
+          strip[s].add(ke[r], lo[r], hi[r]);
         }
-        blo = imin(blo, slo[s]), bhi = imax(bhi, shi[s]), bke = imax(bke, ske[s]), bwlo = imin(bwlo, swlo[s]);
+        block.add(strip[s]);
       }
       for (int r = 0; r < nstrips * kRows; ++r) {
         std::memset(Os + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
@@ -241,16 +237,16 @@ void forward(const FlashArgs* list, i64 n) {
       const bool prefetch = a.sk[3] == 1 && a.sv[3] == 1;  // rows contiguous: pf_row covers them
       const i64 esz = a.bf16 ? 2 : 4;                       // bytes per K/V element
       const bool q_rows = a.sq[3] == 1;                     // query rows contiguous (pf_row)
-      const i64 t_first = blo / kNt * kNt;
+      const i64 t_first = block.first_tile();
       const bool out_rows = a.so[3] == 1;                   // output rows contiguous (pf_row_w)
-      for (i64 t0 = t_first; t0 < bhi; t0 += kNt) {
-        if (t0 >= bke && t0 + kNt <= bwlo) continue;  // between kept keys and every row's window
-        // Keys of this tile that some row of the block may attend: only those are read.
-        ops.load_kv(kbase, vbase, t0, imax(t0, blo), imin(t0 + kNt, bhi));
+      for (i64 t0 = t_first; t0 < block.hi; t0 += kNt) {
+        if (block.skips(t0)) continue;  // between kept keys and every row's window
+        // Keys of this tile in the block's hull: only those are read.
+        ops.load_kv(kbase, vbase, t0, imax(t0, block.lo), block.tile_hi(t0));
         // The next tile's K and V rows [n0, n1) are prefetched into L2 (pf_row) while this tile
         // is computed, `per` keys before each strip: at S ≥ 8192 a head's K and V (4–8 MB) come
         // from beyond L2, and load_kv would otherwise wait on each line of the tile in turn.
-        const i64 n0 = t0 + kNt, n1 = imin(n0 + kNt, bhi);
+        const i64 n0 = t0 + kNt, n1 = imin(n0 + kNt, block.hi);
         const i64 per = (kNt + nstrips - 1) / nstrips;
         for (int s = 0; s < nstrips; ++s) {
           if (prefetch)
@@ -259,7 +255,7 @@ void forward(const FlashArgs* list, i64 n) {
               pf_row(static_cast<const char*>(a.v) + esz * (vbase + j * a.sv[2]), esz * a.Dv);
             }
           // In the last tile: the strip's output rows, written by store_row once the tile is done.
-          if (out_rows && n0 >= bhi)
+          if (out_rows && n0 >= block.hi)
             for (i64 r = s * kRows; r < imin((s + 1) * kRows, nrows); ++r)
               pf_row_w(static_cast<char*>(a.out) + esz * (b * a.so[0] + h * a.so[1] + (i0 + r) * a.so[2]), esz * a.Dv);
           const int r0 = s * kRows;
@@ -273,9 +269,9 @@ void forward(const FlashArgs* list, i64 n) {
               for (i64 r = r0 + kRows; r < imin(r0 + 2 * kRows, nrows); ++r)
                 pf_row(static_cast<const char*>(a.q) + esz * (b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2]), esz * a.D);
           }
-          if (slo[s] >= t0 + kNt || shi[s] <= t0) continue;  // the rule removes the whole strip
-          if (t0 >= ske[s] && t0 + kNt <= swlo[s]) continue;  // in the strip's keep_first gap
-          const i64 c_lo = imax(t0 < ske[s] ? slo[s] : swlo[s], t0) - t0, c_hi = imin(shi[s], t0 + kNt) - t0;
+          if (strip[s].lo >= t0 + kNt || strip[s].hi <= t0) continue;  // the rule removes the whole strip
+          if (strip[s].skips(t0)) continue;                             // in the strip's keep_first gap
+          const i64 c_lo = strip[s].tile_lo(t0) - t0, c_hi = strip[s].tile_hi(t0) - t0;
           ops.qk(r0, Ps, c_lo, c_hi);
           // Score variants go through the masked path: one pass per row over the computed columns.
           bool cut = a.mask_kind != MaskKind::none || mods;

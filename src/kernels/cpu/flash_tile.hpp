@@ -90,6 +90,35 @@ inline void key_range(const FlashArgs& a, i64 i, i64 key_len, i64* kend, i64* lo
   *kend = k;
 }
 
+// The keys some row of a group attends, inside a window of keys [k0, k1) (decode's chunk; the
+// forward's is [0, Skv)): the rows' key_range unions [0, ke_r) ∪ [lo_r, hi_r), clipped, kept as
+// the hull [lo, hi) and the gap [ke, wlo) inside it that no row attends (between keep_first's
+// keys and every row's window). One loop walks its tiles for the forward and decode:
+//   for (i64 t0 = span.first_tile(); t0 < span.hi; t0 += kNt)
+//     if (!span.skips(t0)) … keys [span.tile_lo(t0), span.tile_hi(t0)) …
+struct KeySpan {
+  i64 k0, k1;
+  i64 lo, hi;   // hull; empty when hi ≤ lo
+  i64 ke, wlo;  // gap [ke, wlo): no key of any row (ke = k0 or less: no kept keys)
+  explicit KeySpan(i64 first = 0, i64 end = 0) : k0(first), k1(end), lo(end), hi(first), ke(first), wlo(end) {}
+  // Row keys [0, rke) ∪ [rlo, rhi) (key_range's form).
+  void add(i64 rke, i64 rlo, i64 rhi) {
+    if (rke > k0) lo = k0, ke = imax(ke, imin(rke, k1)), hi = imax(hi, ke);
+    if (rhi > rlo && rlo < k1 && rhi > k0) {
+      lo = imin(lo, imax(rlo, k0)), hi = imax(hi, imin(rhi, k1));
+      wlo = imin(wlo, imax(rlo, k0));
+    }
+  }
+  void add(const KeySpan& o) { lo = imin(lo, o.lo), hi = imax(hi, o.hi), ke = imax(ke, o.ke), wlo = imin(wlo, o.wlo); }
+  i64 first_tile() const { return lo / kNt * kNt; }
+  // Tile [t0, t0 + kNt) lies wholly in the gap.
+  bool skips(i64 t0) const { return t0 >= ke && t0 + kNt <= wlo; }
+  // The tile's keys that some row may attend: from the hull's start (a tile with kept keys) or
+  // the windows' start, to the hull's end.
+  i64 tile_lo(i64 t0) const { return imax(t0 < ke ? lo : wlo, t0); }
+  i64 tile_hi(i64 t0) const { return imin(t0 + kNt, hi); }
+};
+
 // n elements of row `src` (element stride `stride`, f32 or bf16) → dst as f32 · mul.
 inline void load_row(const FlashArgs& a, const void* base, i64 off, i64 stride, i64 n, float mul, float* dst) {
   if (a.bf16) {

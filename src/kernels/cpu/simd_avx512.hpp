@@ -139,4 +139,38 @@ struct SimdAvx512 {
   static void store_bf16_n(std::uint16_t* p, V x, int n) { _mm256_mask_storeu_epi16(p, first(n), to_bf16(x)); }
 };
 
+// Sum of each of 16 vectors: lane c of the result = Σ lanes of acc[c]. Four rounds of
+// shuffle + add halve the partial sums per key (16 → 8 → 4 → 2 → 1 lanes) while packing two
+// keys' partials into the room freed (add: the lanes' addition, f32 or int32 on the same
+// bits); 45 instructions for 16 keys instead of a horizontal sum (≈ 8 dependent instructions
+// and a scalar store) per key. The rounds leave key
+// kSlot[p] in lane p, so acc[kSlot[s]] is fed as the s-th input and the lanes come out in order.
+template <class Add>
+inline __m512 reduce16(const __m512* acc, Add add) {
+  // Lane 4L + m of the last round holds input L + {0, 8, 4, 12}[m]: input s feeds lane kSlot[s].
+  constexpr int kSlot[16] = {0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15};
+  __m512 x[8], y[4], z[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {  // x[i]: 8 partials of input 2i, then of 2i + 1 (256-bit halves)
+    const __m512 a = acc[kSlot[2 * i]], b = acc[kSlot[2 * i + 1]];
+    x[i] = add(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // y[i]: 128-bit lane L holds 4 partials of input 4i + L
+    y[i] = add(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88), _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xdd));
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)  // z[i], lane L: 2 partials of inputs 8i + L and 8i + 4 + L, interleaved
+    z[i] = add(_mm512_unpacklo_ps(y[2 * i], y[2 * i + 1]), _mm512_unpackhi_ps(y[2 * i], y[2 * i + 1]));
+  return add(_mm512_unpacklo_ps(z[0], z[1]), _mm512_unpackhi_ps(z[0], z[1]));
+}
+
+inline __m512 reduce16(const __m512* acc) { return reduce16(acc, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); }); }
+// The same for 16 vectors of int32 (exact: integer sums).
+inline __m512i reduce16_epi32(const __m512i* acc) {
+  const __m512 r = reduce16(reinterpret_cast<const __m512*>(acc), [](__m512 x, __m512 y) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(x), _mm512_castps_si512(y)));
+  });
+  return _mm512_castps_si512(r);
+}
+
 }  // namespace qkv::kernels::cpu
