@@ -17,8 +17,8 @@ Peers:
   llama2.c   run.c compiled here with `gcc -Ofast -march=native -fopenmp` (its fastest build), run with
              OMP_NUM_THREADS=T; its own "achieved tok/s" is read (it counts every position after the first).
              At T > 1 it runs with OMP_WAIT_POLICY ACTIVE and PASSIVE and the faster counts (CPU seconds: both).
-  llama.cpp  through llama-cpp-python (optional: skipped with a message when it is not installed); tokens are
-             fed one at a time through llama_decode (low-level API), timed around the calls: the Python call
+  llama.cpp  through llama-cpp-python (optional: skipped with a message when it is not installed), driven by
+             bench/llamacpp_driver.py (shared with llamacpp_peer.py): after a warm-up, tokens are fed one at a time through llama_decode (low-level API), timed around the calls: the Python call
              overhead (a few µs) is included, which matters only for stories260K-sized models.
   qkv        `qkv generate -t 0`, QKV_NUM_THREADS=T; the decode tok/s it prints on stderr (sampled tokens after
              the first / decode time), and --batch-file with 8 prompts for the batched rows.
@@ -38,10 +38,12 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_driver import run_llama_cpp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STORIES = ROOT / "data" / "models" / "stories260K"
@@ -197,45 +199,6 @@ def run_llama2c(exe: Path, model: Path, tok: Path, threads: int, steps: int, key
     return best
 
 
-LLAMA_CPP_CHILD = r"""
-import sys, time, ctypes, llama_cpp as L
-path, threads, steps, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-L.llama_backend_init()
-mp = L.llama_model_default_params()
-model = L.llama_load_model_from_file(path.encode(), mp)
-cp = L.llama_context_default_params()
-cp.n_ctx = max(steps, 512) + 8; cp.n_batch = 512; cp.n_threads = threads; cp.n_threads_batch = threads
-ctx = L.llama_new_context_with_model(model, cp)
-batch = L.llama_batch_init(512, 0, 1)
-def feed(tokens, pos0):
-    batch.n_tokens = len(tokens)
-    for i, t in enumerate(tokens):
-        batch.token[i] = t; batch.pos[i] = pos0 + i; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = 0
-        batch.logits[i] = i == len(tokens) - 1
-    assert L.llama_decode(ctx, batch) == 0
-prompt = [1, 403, 407, 261, 378]
-feed(prompt, 0)
-t0 = time.perf_counter()
-for pos in range(len(prompt), steps):
-    feed([(pos * 37) % (vocab - 3) + 3], pos)
-dt = time.perf_counter() - t0
-if hasattr(L, "llama_memory_clear"):
-    L.llama_memory_clear(L.llama_get_memory(ctx), True)
-else:
-    L.llama_kv_cache_clear(ctx)
-pre = [(i * 37) % (vocab - 3) + 3 for i in range(512)]
-t1 = time.perf_counter(); feed(pre, 0) if cp.n_ctx >= 512 else None; dp = time.perf_counter() - t1
-print(f"{(steps - len(prompt)) / dt:.1f} {512 / dp:.1f}")
-"""
-
-
-def run_llama_cpp(python: str, gguf_path: Path, threads: int, steps: int, vocab: int) -> tuple[float, float]:
-    p = subprocess.run([python, "-c", LLAMA_CPP_CHILD, str(gguf_path), str(threads), str(steps), str(vocab)],
-                       capture_output=True, text=True, check=True)
-    dec, pre = p.stdout.split()
-    return float(dec), float(pre)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--qkv", default=str(ROOT / "build-ci" / "qkv"))
@@ -294,8 +257,8 @@ def main() -> int:
                     results.setdefault((name, T, "llama2.c"), []).append(
                         run_llama2c(llama2c, binp, tokp, T, steps, key=(name, T, "llama2.c")))
                 if ggp:
-                    results.setdefault((name, T, "llama.cpp"), []).append(run_llama_cpp(sys.executable, ggp, T, steps,
-                                                                                         SHAPES[name][5])[0])
+                    results.setdefault((name, T, "llama.cpp"), []).append(
+                        run_llama_cpp(ggp, T, steps, SHAPES[name][5], prompt=5)["decode_tok_s"])
                 if a.batch:
                     results.setdefault((name, T, f"qkv B={a.batch}"), []).append(
                         run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file)], key=(name, T, f"qkv B={a.batch}")))
