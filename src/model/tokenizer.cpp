@@ -46,6 +46,28 @@ bool starts_like_json(const std::string& bytes) {
   return first != std::string::npos && bytes[first] == '{';
 }
 
+// Added tokens (special tokens written in the text) are matched first, at the leftmost position and
+// longest first (`added` is sorted that way); the text between them goes to part(piece, offset)
+// and each match's id to out. Shared by WordPiece and Hugging Face BPE.
+template <class Part>
+void split_added(std::string_view text, const std::vector<std::pair<std::string, int>>& added, std::vector<int>& out,
+                 Part&& part) {
+  std::size_t from = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto hit = std::find_if(added.begin(), added.end(),
+                                  [&](const auto& a) { return text.substr(i, a.first.size()) == a.first; });
+    if (hit == added.end()) {
+      ++i;
+      continue;
+    }
+    part(text.substr(from, i - from), from);
+    out.push_back(hit->second);
+    i += hit->first.size();
+    from = i;
+  }
+  part(text.substr(from), from);
+}
+
 }  // namespace
 
 // Hugging Face BPE's settings (the tokenizer's style decides how decode reads a piece).
@@ -630,20 +652,7 @@ std::vector<int> Tokenizer::encode_wordpiece(std::string_view text, bool add_bos
     }
     flush(s.size());
   };
-  std::size_t from = 0;
-  for (std::size_t i = 0; i < text.size();) {
-    const auto hit = std::find_if(wp.added.begin(), wp.added.end(),
-                                  [&](const auto& a) { return text.substr(i, a.first.size()) == a.first; });
-    if (hit == wp.added.end()) {
-      ++i;
-      continue;
-    }
-    part(text.substr(from, i - from), from);
-    out.push_back(hit->second);
-    i += hit->first.size();
-    from = i;
-  }
-  part(text.substr(from), from);
+  split_added(text, wp.added, out, part);
   if (add_eos) out.push_back(eos_id_);
   return out;
 }
@@ -1140,20 +1149,7 @@ std::vector<int> Tokenizer::encode_bpe(std::string_view text, bool add_bos, bool
     }
     word(s.substr(from));
   };
-  std::size_t from = 0;
-  for (std::size_t i = 0; i < text.size();) {
-    const auto hit = std::find_if(b.added.begin(), b.added.end(),
-                                  [&](const auto& a) { return text.substr(i, a.first.size()) == a.first; });
-    if (hit == b.added.end()) {
-      ++i;
-      continue;
-    }
-    part(text.substr(from, i - from), from);
-    out.push_back(hit->second);
-    i += hit->first.size();
-    from = i;
-  }
-  part(text.substr(from), from);
+  split_added(text, b.added, out, part);
   if (add_eos && eos_id_ >= 0) out.push_back(eos_id_);
   return out;
 }
