@@ -59,7 +59,9 @@ EOF
 signals)
   for sig in INT:130 TERM:143 HUP:129; do
     name=${sig%%:*} want=${sig##*:}
-    rm -rf "$dir/run"
+    # Remove the last round's err first: the background shell truncates it only when it gets to
+    # run, and wait_for must not match the previous process's banner (a race seen under ASan).
+    rm -rf "$dir/run" "$dir/out" "$dir/err"
     "$qkv" train --data "$data" --out "$dir/run" "${tiny[@]}" --steps 1000000 --decay-steps 1000 >"$dir/out" 2>"$dir/err" &
     pid=$!
     wait_for "$dir/err" "^qkv train:"
