@@ -100,7 +100,9 @@ class Encoder {
   std::int64_t rows_ = 0;
   void reserve(std::int64_t Tp);
   void qkv_block(std::int64_t l, std::int64_t r0);
+  void out_block(std::int64_t l, std::int64_t r0, float* y, float beta);
   void tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float* hidden);
+  class Projections;  // the attention block's backend (encoder.cpp)
 };
 
 }  // namespace qkv

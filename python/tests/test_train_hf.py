@@ -101,6 +101,23 @@ def test_gpt2_folder_loads_in_transformers_with_equal_logits(tmp_path, bias):
     # block of c_attn in the wrong place or an untransposed Conv1D weight errs by ~0.1.
     assert err < 1e-5
 
+    # `qkv generate` finds the model, its config and its tokenizer in the folder; its greedy tokens
+    # are argmaxes of transformers' logits over the same ids: each token's logit is within 2e-5
+    # (twice the 1e-5 bound above: qkv's max and its pick each off by at most that) of the row's
+    # largest, and a near-tie is the only way the two picks may differ.
+    import torch
+    r = subprocess.run([QKV, "generate", "--model", str(out), "--prompt", "ROMEO:", "--steps", "24",
+                        "--temperature", "0", "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ids, p0 = doc["tokens"], doc["prompt_tokens"]
+    assert doc["text"].startswith("ROMEO:") and doc["generated"] > 0 and len(ids) == p0 + doc["generated"]
+    with torch.no_grad():
+        want = hf(torch.tensor([ids[:-1]])).logits[0].numpy()
+    for p in range(p0, len(ids)):
+        row = want[p - 1]
+        assert row[ids[p]] >= row.max() - 2e-5, (p, ids[p], int(row.argmax()), float(row.max() - row[ids[p]]))
+
 
 def test_resume_across_architectures_is_refused_and_nothing_overwritten(tmp_path):
     out = tmp_path / "run"

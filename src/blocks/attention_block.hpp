@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 
 #include "qkv/attention.hpp"
 #include "qkv/mha.hpp"
@@ -92,5 +93,27 @@ struct AttentionBlockCall {
 // Runs the block (see the top of this file). Rows are handed to qkv::attention as strided views:
 // nothing is transposed. Throws what qkv::attention throws for options that do not fit.
 void attention_block(AttentionProjections& proj, const AttentionBlockCall& call);
+
+// ---------------------------------------------------------------------------------------------
+// Packed texts (the encoder): the same block over B texts of lengths S_b packed into T = Σ S_b rows,
+// no cache and no rotary; each text's queries see only that text's keys (bidirectional with
+// opt.causal = false), which is what a key-padding mask does to padded texts, without the padding.
+//
+//   q, k, v = proj.qkv(proj.att_dtype())     q [T, H·D], k [T, Hkv·D], v [T, Hkv·Dv], in att_dtype()
+//   att = attention_varlen(q, k, v, cu)      att [T, H·Dv] = proj.att(), written in place
+//   before_out(q, att)                       (f32 only: the encoder's layer hook)
+//   y = beta·y + att · W_Oᵀ + b_O            y [T, C] (proj.out(T, y, beta); y null: not run)
+// ---------------------------------------------------------------------------------------------
+struct VarlenBlockCall {
+  std::span<const std::int32_t> cu_seqlens;  // [B + 1]: 0 = cu[0] ≤ … ≤ cu[B] = T
+  MhaConfig shape;                           // resolved, as AttentionBlockCall::shape
+  AttentionOptions opt;                      // as for qkv::attention_varlen
+  float* y = nullptr;                        // [T, C]; null: stop before W_O
+  float beta = 0.0f;                         // 1: y += …
+  std::function<void(const float* q, float* att)> before_out;  // q [T, H·D] (row stride ld_q), att [T, H·Dv]
+};
+
+// Runs the packed block (see above). Throws what qkv::attention_varlen throws.
+void attention_block_varlen(AttentionProjections& proj, const VarlenBlockCall& call);
 
 }  // namespace qkv::blocks

@@ -27,7 +27,7 @@ double log_sum_exp(const float* z, std::int64_t V) {
 
 AblationEffect ablation_effect(const Report& r, const float* logits,
                                const std::function<std::string(std::int32_t)>& token_text) {
-  const std::int64_t S = r.S, V = r.model.vocab;
+  const std::int64_t S = r.S, V = r.model.config.vocab_size;
   AblationEffect e;
   double loss = 0;
   for (std::int64_t s = 0; s + 1 < S; ++s) {
@@ -45,14 +45,14 @@ AblationEffect ablation_effect(const Report& r, const float* logits,
 
 void add_ablation_table(Report& r, const float* logits, const AblatedForward& forward,
                         const std::function<std::string(std::int32_t)>& token_text) {
-  if (!logits || !forward || r.next_tokens.empty() || r.model.vocab < 1) {
+  if (!logits || !forward || r.next_tokens.empty() || r.model.config.vocab_size < 1) {
     fail(kFn, "logits, forward: need the unablated logits, a forward function and a report with next tokens");
   }
   const AblationEffect base = ablation_effect(r, logits, token_text);
   AblationTable t;
   t.p_predicted = base.p_predicted;
   t.loss = base.loss;
-  std::vector<float> z(static_cast<std::size_t>(r.S * r.model.vocab));
+  std::vector<float> z(static_cast<std::size_t>(r.S * r.model.config.vocab_size));
   for (const auto kind : {HeadAblation::Kind::zero, HeadAblation::Kind::mean}) {
     for (std::int64_t l = 0; l < r.L; ++l) {
       for (std::int64_t h = 0; h < r.H; ++h) {

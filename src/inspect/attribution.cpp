@@ -91,7 +91,7 @@ std::vector<NextToken> lens_at(const ModelTail& m, const float* x, std::int64_t 
 }  // namespace
 
 void add_attribution(Report& r, const ModelTail& m, const std::function<std::string(std::int32_t)>& token_text) {
-  const std::int64_t S = r.S, L = r.L, H = r.H, C = r.model.d_model, V = r.model.vocab;
+  const std::int64_t S = r.S, L = r.L, H = r.H, C = r.model.config.dim, V = r.model.config.vocab_size;
   const auto Ls = static_cast<std::size_t>(L);
   if (!m.norm_w || !m.unembed || !m.embed || m.resid.size() != Ls || m.head_delta.size() != Ls ||
       m.out_bias.size() != Ls || !(m.eps >= 0)) {

@@ -74,7 +74,13 @@ Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token
     fail(kFn, "layers[0]: need H ≥ 1 heads and d_model ≥ 1 (got pattern " +
                   layers[0].pattern.shape_str() + ", block_delta " + layers[0].block_delta.shape_str() + ")");
   }
-  if (last_logits.data) expect_shape(last_logits, {model.vocab}, "last_logits");
+  const Config& c = model.config;
+  if (r.L != c.n_layers || H != c.n_heads || d != c.dim) {
+    fail(kFn, "layers: " + std::to_string(r.L) + " layers of " + std::to_string(H) + " heads, d_model " +
+                  std::to_string(d) + ", but model '" + model.name + "' has n_layers " + std::to_string(c.n_layers) +
+                  ", n_heads " + std::to_string(c.n_heads) + ", dim " + std::to_string(c.dim));
+  }
+  if (last_logits.data) expect_shape(last_logits, {model.config.vocab_size}, "last_logits");
 
   const auto HS = static_cast<std::size_t>(H * S * S);
   for (std::int64_t l = 0; l < r.L; ++l) {
@@ -172,7 +178,7 @@ Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token
 
   if (!last_logits.data) return r;
   // Top 10 of softmax(last_logits), computed in f64 with the max subtracted.
-  const std::int64_t V = model.vocab;
+  const std::int64_t V = model.config.vocab_size;
   std::vector<double> z(static_cast<std::size_t>(V));
   double zmax = -std::numeric_limits<double>::infinity();
   for (std::int64_t v = 0; v < V; ++v) {
@@ -386,7 +392,7 @@ json attribution_json(const Report& r, Encoding enc) {
   };
   json out = {{"sigma", a.sigma}, {"tokens", toks}, {"up", by_head(r, a.up, pushed)}, {"down", by_head(r, a.down, pushed)}};
   if (enc == Encoding::kJson) {  // [L][H][C]; the page has no W_U to dot them with, so it goes without
-    const auto C = static_cast<std::size_t>(r.model.d_model);
+    const auto C = static_cast<std::size_t>(r.model.config.dim);
     std::vector<std::vector<float>> rows;
     for (std::size_t i = 0; i + C <= a.head_vectors.size(); i += C) {
       rows.emplace_back(a.head_vectors.begin() + static_cast<std::ptrdiff_t>(i),
@@ -419,10 +425,10 @@ json lens_json(const Report& r) {
 }  // namespace
 
 std::string to_json(const Report& r, Encoding enc, double exact_bytes) {
-  json model = {{"name", r.model.name},         {"n_layers", r.model.n_layers},
-                {"n_heads", r.model.n_heads},   {"n_kv_heads", r.model.n_kv_heads},
-                {"head_dim", r.model.head_dim}, {"d_model", r.model.d_model},
-                {"vocab", r.model.vocab},       {"max_seq", r.model.max_seq}};
+  const Config& c = r.model.config;
+  json model = {{"name", r.model.name},        {"n_layers", c.n_layers},  {"n_heads", c.n_heads},
+                {"n_kv_heads", c.n_kv_heads},  {"head_dim", c.head_dim()}, {"d_model", c.dim},
+                {"vocab", c.vocab_size},       {"max_seq", r.model.max_seq}};
   json tokens = json::array();
   for (const Token& t : r.tokens) {
     tokens.push_back({{"id", t.id}, {"text", t.text}});

@@ -33,17 +33,14 @@
 
 namespace qkv::inspect {
 
-// The model as the report prints it (the JSON's "model" object): the fields of its Config that a
-// reader needs, made from it by of(); a synthetic report (tests) may set them directly.
+// The model the report shows: its one Config, its name and the longest input it runs. The JSON's
+// "model" object (name, n_layers, n_heads, n_kv_heads, head_dim, d_model, vocab, max_seq) is read
+// from these when written; make_report checks the layers it is given against config.
 struct ModelInfo {
   std::string name;  // e.g. the checkpoint's file name
-  std::int64_t n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_model = 0, vocab = 0,
-               max_seq = 0;
-  // max_seq: the longest input it runs, c.seq_len unless the caller knows a shorter one (an
-  // encoder's max_seq_length).
-  static ModelInfo of(std::string name, const Config& c) {
-    return {std::move(name), c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.dim, c.vocab_size, c.seq_len};
-  }
+  Config config;
+  std::int64_t max_seq = 0;  // config.seq_len unless the caller knows a shorter one (an encoder's max_seq_length)
+  static ModelInfo of(std::string name, const Config& c) { return {std::move(name), c, c.seq_len}; }
 };
 
 struct Token {
@@ -191,8 +188,8 @@ struct Report {
 };
 
 // Builds the report; validates every shape and value (finite weights in [0, 1], 0 where the
-// score is −∞, rows summing to 1 within kRowSumTolerance) and throws std::invalid_argument
-// naming the layer and head otherwise. `token_text(id)` gives the piece of a vocabulary id.
+// score is −∞, rows summing to 1 within kRowSumTolerance; L, H and d_model equal to model.config's)
+// and throws std::invalid_argument naming the layer and head otherwise. `token_text(id)` gives the piece of a vocabulary id.
 Report make_report(const ModelInfo& model, std::string prompt, std::vector<Token> tokens,
                    const std::vector<LayerInput>& layers, const View& last_logits,
                    const std::function<std::string(std::int32_t)>& token_text,

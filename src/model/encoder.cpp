@@ -5,8 +5,9 @@
 //   x = norm_e(wte[t] + wpe[pos] + wtt[0])                       x [T, C]
 //   for each layer l:
 //     qkv = x · [W_Q; W_K; W_V]ᵀ + b                             qkv [T, 3C]  (q | k | v per row)
-//     att = attention_varlen(q, k, v, cu_seqlens)                att [T, C]   (bidirectional)
-//     h = x + att · W_Oᵀ + b_O;  x = norm1(h)                    h [T, C]
+//     h = x + W_O · attention_varlen(q, k, v, cu_seqlens) + b_O   h [T, C]     (the attention block,
+//                                                                              bidirectional)
+//     x = norm1(h)
 //     ff = gelu(x · W1ᵀ + b1)                                     ff [T, Hd]
 //     h = x + ff · W2ᵀ + b2;  x = norm2(h)
 #include "qkv/encoder.hpp"
@@ -18,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "blocks/attention_block.hpp"
 #include "blocks/dense.hpp"
 #include "blocks/embedding.hpp"
 #include "blocks/norm.hpp"
@@ -153,9 +155,22 @@ void Encoder::qkv_block(std::int64_t l, std::int64_t r0) {
                 P.pqkv_b, P.bqkv.ptr<float>(), y, bf16, kRows, C, 3 * C, 0.0f, blocks::GemmAct::none);
 }
 
-// Rows [r0, r0 + kRows) of layer l after its attention: everything from W_O on is row by row,
-// so one task runs it all on its block while the rows are in cache, ending with the next
-// layer's qkv projection (or, after the last layer, the rows < T of `hidden`).
+// Rows [r0, r0 + kRows) of y (h, which holds the residual x) += att · W_Oᵀ + b_O for layer l: the
+// attention block's W_O, one GEMM per row block.
+void Encoder::out_block(std::int64_t l, std::int64_t r0, float* y, float beta) {
+  const std::int64_t C = w_.config.dim;
+  const PackedLayer& P = *layers_[static_cast<std::size_t>(l)];
+  const bool bf16 = opt_.dtype == DType::bf16;
+  // The attention's output rows: f32, or bf16 (the W_O GEMM reads them as they are).
+  const float* att = bf16 ? nullptr : att_.ptr<float>() + r0 * C;
+  std::uint16_t* attb = bf16 ? att_.ptr<std::uint16_t>() + r0 * C : nullptr;
+  project_block(opt_.dtype, att, attb, P.po, P.wo_b, P.po_b, w_.layers[static_cast<std::size_t>(l)].bo, y + r0 * C,
+                false, kRows, C, C, beta, blocks::GemmAct::none);
+}
+
+// Rows [r0, r0 + kRows) of layer l after its attention block (h = x + att · W_Oᵀ + b_O): the rest is
+// row by row, so one task runs it all on its block while the rows are in cache, ending with the
+// next layer's qkv projection and residual h = x (or, after the last layer, the rows < T of `hidden`).
 void Encoder::tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float* hidden) {
   const Config& c = w_.config;
   const std::int64_t C = c.dim, Hd = c.hidden_dim, n = std::min(kRows, T - r0);
@@ -165,16 +180,10 @@ void Encoder::tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float*
   float *x = x_.ptr<float>() + r0 * C, *h = h_.ptr<float>() + r0 * C;
   float* ff = ff_.ptr<float>() + r0 * Hd;
   std::uint16_t* xb = xb_.ptr<std::uint16_t>() + r0 * C;
-  // The attention's output rows: f32, or bf16 (the W_O GEMM reads them as they are).
-  const float* att = bf16 ? nullptr : att_.ptr<float>() + r0 * C;
-  std::uint16_t* attb = bf16 ? att_.ptr<std::uint16_t>() + r0 * C : nullptr;
   // bf16: the MLP's hidden rows are bf16 bits in ff's memory, [kRows, Hd] from the block's start.
   std::uint16_t* ffb = ff_.ptr<std::uint16_t>() + r0 * Hd;
   const blocks::GemmAct act = c.mlp == MlpKind::gelu_exact ? blocks::GemmAct::gelu_erf : blocks::GemmAct::gelu_tanh;
 
-  std::copy_n(x, kRows * C, h);  // h = x + att · W_Oᵀ + b_O
-  project_block(opt_.dtype, att, attb, P.po, P.wo_b, P.po_b, L.bo, h, false, kRows, C, C, 1.0f,
-                blocks::GemmAct::none);
   blocks::layernorm_forward(x, nullptr, nullptr, h, L.norm1_w, L.norm1_b, kRows, C, c.norm_eps);
   project_block(opt_.dtype, x, xb, P.p1, P.w1_b, P.p1_b, L.b1, bf16 ? static_cast<void*>(ffb) : ff, bf16, kRows, C,
                 Hd, 0.0f, act);
@@ -187,7 +196,33 @@ void Encoder::tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float*
   }
   blocks::layernorm_forward(x, nullptr, nullptr, h, L.norm2_w, L.norm2_b, kRows, C, c.norm_eps);
   qkv_block(l + 1, r0);
+  std::copy_n(x, kRows * C, h);
 }
+
+// Layer l's projections as the attention block sees them: q, k, v are the column blocks of qkv_
+// [Tp, 3C], already computed (the previous pass's last step, fused per row block); W_O is
+// out_block over every row block.
+class Encoder::Projections final : public blocks::AttentionProjections {
+ public:
+  Projections(Encoder& e, std::int64_t blocks_n, int threads) : e_(e), blocks_n_(blocks_n), threads_(threads) {}
+  std::int64_t layer = 0;
+  blocks::QkvRows qkv(DType) override {
+    const std::int64_t C = e_.w_.config.dim, es = static_cast<std::int64_t>(dtype_size(e_.opt_.dtype));
+    auto* p = static_cast<std::uint8_t*>(e_.qkv_.data());
+    return {p, p + C * es, p + 2 * C * es, 3 * C, 3 * C, 3 * C, e_.opt_.dtype};
+  }
+  void* att() override { return e_.att_.data(); }
+  DType att_dtype() const override { return e_.opt_.dtype; }
+  // n is T; the blocks run kRows rows each, the padding rows [T, Tp) included.
+  void out(std::int64_t, float* y, float beta) override {
+    parallel_for(blocks_n_, threads_, [&](std::int64_t k) { e_.out_block(layer, k * kRows, y, beta); });
+  }
+
+ private:
+  Encoder& e_;
+  std::int64_t blocks_n_;
+  int threads_;
+};
 
 void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden,
                       const LayerHook& on_layer) {
@@ -195,7 +230,6 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
   const Config& c = w_.config;
   const auto T = static_cast<std::int64_t>(tokens.size());
   const std::int64_t B = static_cast<std::int64_t>(cu.size()) - 1, C = c.dim;
-  const std::int64_t H = c.n_heads, D = c.head_dim();
   if (B < 1 || cu[0] != 0 || cu[static_cast<std::size_t>(B)] != T)
     fail(fn, "cu_seqlens: must hold B + 1 ≥ 2 offsets from 0 to T = " + std::to_string(T));
   for (std::int64_t b = 0; b < B; ++b) {
@@ -236,23 +270,24 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
     const std::int64_t r0 = k * kRows, n = std::min(kRows, T - r0);
     blocks::layernorm_forward(x + r0 * C, nullptr, nullptr, h + r0 * C, w_.norme_w, w_.norme_b, n, C, c.norm_eps);
     qkv_block(0, r0);
+    std::copy_n(x + r0 * C, kRows * C, h + r0 * C);  // the residual the attention block adds to
   });
 
-  // q, k, v are the column blocks of qkv [Tp, 3C]; attention reads rows < T as [T, H, D] views, in
-  // the encoder's dtype (bf16: the flash kernel's vdpbf16ps path, f32 accumulation, out rounded to bf16).
-  const View cu_view = View::strided(const_cast<std::int32_t*>(cu.data()), DType::i32, {B + 1}, {1});
-  const DType adt = opt_.dtype;
-  auto* qkv = static_cast<std::uint8_t*>(qkv_.data());
-  auto* att = static_cast<std::uint8_t*>(att_.data());
-  AttentionOptions ao;
-  ao.num_threads = threads;
-  ao.causal = false;
+  // Each layer: the attention block on the packed texts (bidirectional within each text; bf16: the
+  // flash kernel's vdpbf16ps path, f32 accumulation, out rounded to bf16), h += att · W_Oᵀ + b_O,
+  // then the rest of the layer row block by row block.
+  Projections proj(*this, blocks_n, threads);
+  blocks::VarlenBlockCall call;
+  call.cu_seqlens = cu;
+  call.shape = c.attention();
+  call.opt.num_threads = threads;
+  call.opt.causal = false;
+  call.y = h;
+  call.beta = 1.0f;
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    attention_varlen(View::strided(qkv, adt, {T, H, D}, {3 * C, D, 1}),
-                     View::strided(qkv + C * es, adt, {T, H, D}, {3 * C, D, 1}),
-                     View::strided(qkv + 2 * C * es, adt, {T, H, D}, {3 * C, D, 1}),
-                     View::strided(att, adt, {T, H, D}, {C, D, 1}), cu_view, cu_view, ao);
-    if (on_layer) on_layer(l, qkv_.ptr<float>(), att_.ptr<float>());
+    proj.layer = l;
+    if (on_layer) call.before_out = [&](const float*, float* att) { on_layer(l, qkv_.ptr<float>(), att); };
+    blocks::attention_block_varlen(proj, call);
     parallel_for(blocks_n, threads, [&](std::int64_t k) { tail_block(l, k * kRows, T, hidden); });
   }
 }

@@ -560,17 +560,22 @@ Config model_config(const ModelFlags& f, std::int64_t vocab) {
     for (const auto& e : bad) all += (all.empty() ? "" : "; ") + e;
     fail(kFn, all);
   }
-  c.dim = f.embd, c.n_layers = f.layers, c.n_heads = f.heads, c.n_kv_heads = kv;
-  c.vocab_size = vocab, c.seq_len = f.context, c.bias = f.bias, c.tied_embeddings = true, c.norm_eps = 1e-5f;
   if (f.arch == "gpt2") {
-    c.pos = PosEncoding::learned, c.norm = NormKind::layernorm, c.mlp = MlpKind::gelu_exact;
+    // The one GPT-2 preset (learned positions, LayerNorm, GELU MLP of 4·C, tied unembedding) at the
+    // flags' sizes, with nanoGPT's exact GELU (nn.GELU(); GPT-2's own is the tanh form) and biases
+    // only with --bias.
+    c = Config::gpt2_small();
+    c.mlp = MlpKind::gelu_exact;
     c.hidden_dim = f.hidden_dim > 0 ? f.hidden_dim : 4 * f.embd;
   } else {
     // llama2.c's model.py: hidden = 4·dim, then ⅔ of it (SwiGLU's three matrices cost what two of
     // 4·dim would), rounded up to a multiple of 32.
     c.pos = PosEncoding::rotary, c.norm = NormKind::rmsnorm, c.mlp = MlpKind::swiglu, c.rope_theta = 10000.0f;
     c.hidden_dim = f.hidden_dim > 0 ? f.hidden_dim : (2 * 4 * f.embd / 3 + 31) / 32 * 32;
+    c.tied_embeddings = true;
   }
+  c.dim = f.embd, c.n_layers = f.layers, c.n_heads = f.heads, c.n_kv_heads = kv;
+  c.vocab_size = vocab, c.seq_len = f.context, c.bias = f.bias, c.norm_eps = 1e-5f;
   check_trainable(c, kFn);
   return c;
 }

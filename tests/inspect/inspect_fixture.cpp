@@ -79,7 +79,10 @@ int main(int argc, char** argv) {
     const auto id = static_cast<std::int32_t>(i == 0 ? 1 : 2 + (i * 7) % (V - 2));
     tokens.push_back({id, piece(id)});
   }
-  qkv::inspect::ModelInfo info{"synthetic fixture", L, H, H, d / H, d, V, 4096};
+  qkv::Config cfg;  // the shape of the synthetic layers (hidden_dim is not shown)
+  cfg.dim = d; cfg.hidden_dim = 4 * d; cfg.n_layers = L; cfg.n_heads = H; cfg.n_kv_heads = H; cfg.vocab_size = V;
+  cfg.seq_len = 4096;
+  const qkv::inspect::ModelInfo info = qkv::inspect::ModelInfo::of("synthetic fixture", cfg);
   nlohmann::json params = {{"rows", {{{"name", "attention"}, {"count", 144}, {"detail", "synthetic"}}}},
                            {"total", 144}};
   try {

@@ -22,6 +22,13 @@ using qkv::View;
 namespace qi = qkv::inspect;
 constexpr float kNinf = -std::numeric_limits<float>::infinity();
 
+// The model the Tiny report is for: one layer, H = 2 over Hkv = 1, d = 2 (so D = 1), V = 12, P = 8.
+qi::ModelInfo tiny_model() {
+  qkv::Config c;
+  c.dim = 2; c.hidden_dim = 4; c.n_layers = 1; c.n_heads = 2; c.n_kv_heads = 1; c.vocab_size = 12; c.seq_len = 8;
+  return qi::ModelInfo::of("tiny", c);
+}
+
 // One causal layer, H = 2, S = 3, d = 2. Head 0 always attends to the previous token
 // (query 0 to itself); head 1 splits query 2 between keys 0 and 2.
 struct Tiny {
@@ -29,6 +36,7 @@ struct Tiny {
   std::vector<float> head_delta, block_delta;
   std::vector<float> logits;
   std::vector<qi::Token> tokens{{1, "<s>"}, {7, " fluffy"}, {9, " blue"}};
+  qi::ModelInfo model = tiny_model();
   Tiny() {
     // Row-per-query [H=2, S=3, S=3].
     pattern = {1, 0, 0,    1, 0, 0,    0, 1, 0,      // head 0: query 2 → key 1 (previous)
@@ -53,8 +61,7 @@ struct Tiny {
              View::contiguous(block_delta.data(), DType::f32, {3, 2}), {}, {}}};
   }
   qi::Report report() {
-    qi::ModelInfo m{"tiny", 1, 2, 1, 1, 2, 12, 8};
-    return qi::make_report(m, "fluffy blue", tokens, layers(),
+    return qi::make_report(model, "fluffy blue", tokens, layers(),
                            View::contiguous(logits.data(), DType::f32, {12}),
                            [](std::int32_t id) { return "tok" + std::to_string(id); },
                            {{"total", 42}});
@@ -113,12 +120,15 @@ TEST(InspectReport, RefusesBadInput) {
   { Tiny t; t.pattern[4] = 0.5f; expect_fail(t, "a row summing to 1.5"); }
   { Tiny t; t.scores[3] = std::nanf(""); expect_fail(t, "a NaN score"); }
   { Tiny t; t.pattern[0] = -0.0001f; expect_fail(t, "a negative weight"); }
+  // Layers that are not the model's: its config says 2 layers, 3 heads or d_model 4.
+  { Tiny t; t.model.config.n_layers = 2; expect_fail(t, "1 layer for a 2-layer model"); }
+  { Tiny t; t.model.config.n_heads = 3; expect_fail(t, "2 heads for a 3-head model"); }
+  { Tiny t; t.model.config.dim = 4; expect_fail(t, "d_model 2 for a model of dim 4"); }
   {
     Tiny t;
     auto layers = t.layers();
     layers[0].head_delta = View::contiguous(t.head_delta.data(), DType::f32, {2, 2, 3});
-    qi::ModelInfo m{"tiny", 1, 2, 1, 1, 2, 12, 8};
-    EXPECT_THROW(qi::make_report(m, "", t.tokens, layers, View::contiguous(t.logits.data(), DType::f32, {12}),
+    EXPECT_THROW(qi::make_report(t.model, "", t.tokens, layers, View::contiguous(t.logits.data(), DType::f32, {12}),
                                  [](std::int32_t) { return std::string(); }, {}),
                  std::invalid_argument);
   }
@@ -155,6 +165,15 @@ TEST(InspectJson, BothEncodingsCarryEveryCell) {
   EXPECT_EQ(nested["format"], "qkv-inspect");
   EXPECT_EQ(nested["tokens"][1]["text"], " fluffy");
   EXPECT_EQ(nested["params"]["total"], 42);
+  // The "model" object, read from the Config at writing time: tiny_model()'s values by hand
+  // (head_dim = dim / n_heads = 1, max_seq = seq_len), and max_seq when the caller shortens it.
+  const nlohmann::json want = {{"name", "tiny"}, {"n_layers", 1}, {"n_heads", 2}, {"n_kv_heads", 1},
+                               {"head_dim", 1},  {"d_model", 2},  {"vocab", 12},  {"max_seq", 8}};
+  EXPECT_EQ(nested["model"], want);
+  EXPECT_EQ(packed["model"], want);
+  Tiny shorter;
+  shorter.model.max_seq = 5;
+  EXPECT_EQ(nlohmann::json::parse(qi::to_json(shorter.report(), qi::Encoding::kJson))["model"]["max_seq"], 5);
   // Causal: query q stores keys [0, q]; 1 + 2 + 3 = 6 cells per head.
   EXPECT_EQ(packed["key_lo"], (std::vector<int>{0, 0, 0}));
   EXPECT_EQ(packed["key_hi"], (std::vector<int>{1, 2, 3}));
@@ -291,7 +310,7 @@ void check_sum_rule(const qkv::Config& cfg, std::uint64_t seed) {
   std::vector<qi::Token> tokens;
   for (int id : ids) tokens.push_back({id, "t" + std::to_string(id)});
   const auto text = [](std::int32_t id) { return "t" + std::to_string(id); };
-  qi::Report r = qi::make_report({"random", cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim(), C, V, cfg.seq_len},
+  qi::Report r = qi::make_report(qi::ModelInfo::of("random", cfg),
                                  "p", tokens, layers,
                                  View::contiguous(tr.logits.ptr<float>() + (S - 1) * V, DType::f32, {V}), text, {});
   qi::ModelTail tail{cfg.norm, cfg.norm_eps, w.normf_w, w.normf_b, w.wcls, tr.embed.ptr<float>(), {}, {}, {}};

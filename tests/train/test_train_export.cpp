@@ -71,6 +71,28 @@ TEST_P(TrainExport, TrainedModelRunsInTheInferenceModel) {
   fs::remove_all(dir);
 }
 
+// --arch gpt2 at GPT-2 small's sizes is the one GPT-2 preset, Config::gpt2_small(), but for nanoGPT's
+// exact GELU; without --bias it differs only in the biases as well. The preset's values are
+// written here by hand (Radford et al. 2019 and HF's gpt2 config.json), so a change to either side shows.
+TEST(TrainConfig, Gpt2ArchIsTheOneGpt2Preset) {
+  qkv::train::ModelFlags f;
+  f.arch = "gpt2", f.layers = 12, f.heads = 12, f.embd = 768, f.context = 1024, f.bias = true;
+  const qkv::Config c = qkv::train::model_config(f, 50257);
+  qkv::Config want = qkv::Config::gpt2_small();
+  EXPECT_EQ(want.dim, 768);
+  EXPECT_EQ(want.hidden_dim, 3072);
+  EXPECT_EQ(want.pos, qkv::PosEncoding::learned);
+  EXPECT_EQ(want.norm, qkv::NormKind::layernorm);
+  EXPECT_EQ(want.mlp, qkv::MlpKind::gelu);
+  EXPECT_TRUE(want.bias && want.tied_embeddings);
+  want.mlp = qkv::MlpKind::gelu_exact;
+  EXPECT_EQ(qkv::config_to_json(c), qkv::config_to_json(want));
+  EXPECT_EQ(qkv::train::arch_of(c), "gpt2");
+  f.bias = false;
+  want.bias = false;
+  EXPECT_EQ(qkv::config_to_json(qkv::train::model_config(f, 50257)), qkv::config_to_json(want));
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, TrainExport, ::testing::Values("gpt2", "llama"),
                          [](const auto& p) { return std::string(p.param); });
 
