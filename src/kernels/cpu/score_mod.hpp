@@ -65,9 +65,9 @@ inline void softcap_row(float* s, int cb, int ce, float c2, float* dcap = nullpt
 // row whose diagonal is diag. Distances d = j − diag are exact in f32 below 2^24 keys and
 // advance by L per vector. Most tiles lie wholly on one side of the diagonal, where the bias is
 // ∓slope2 · d: one fmadd per vector (the same product, so the same bits, as with |d|); the
-// tile the diagonal crosses takes |d| = max(d, −d). Two instead of six instructions per vector
-// (the scalar distance, its broadcast and the absolute value): ALiBi's cost in the bf16 forward
-// at S = 2048 went from +8 % to +3 % (bench/results/variants.md).
+// tile the diagonal crosses takes |d| = max(d, −d). Two vector instructions instead of six (the
+// scalar distance, its broadcast, the absolute value) on the vector FMA ports the bf16 forward's
+// dot products keep busy.
 template <class S>
 inline void alibi_row(float* s, int cb, int ce, float slope2, std::int64_t t0, std::int64_t diag) {
   alignas(64) static constexpr float kIota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
