@@ -66,7 +66,8 @@ KvCacheView AttentionKvCache::view() const {
 
 std::int64_t AttentionKvCache::length(std::int64_t b) const {
   if (b < 0 || b >= batch_)
-    fail("qkv::AttentionKvCache::length", "b = " + std::to_string(b) + ": must be in [0, batch = " + std::to_string(batch_) + ")");
+    fail("qkv::AttentionKvCache::length",
+         "b = " + std::to_string(b) + ": must be in [0, batch = " + std::to_string(batch_) + ")");
   return lengths_.ptr<std::int64_t>()[b];
 }
 
@@ -75,9 +76,9 @@ void AttentionKvCache::append(const View& k_new, const View& v_new) {
   const std::int64_t Hkv = k_.shape()[2], D = k_.shape()[3], Dv = v_.shape()[3];
   if (k_new.rank != 4 || v_new.rank != 4 || k_new.dim(0) != batch_ || v_new.dim(0) != batch_ || k_new.dim(2) != Hkv ||
       v_new.dim(2) != Hkv || k_new.dim(3) != D || v_new.dim(3) != Dv || v_new.dim(1) != k_new.dim(1))
-    fail(fn, "k_new, v_new: expected [B = " + std::to_string(batch_) + ", Snew, Hkv = " + std::to_string(Hkv) + ", D = " +
-                 std::to_string(D) + "] and [B, Snew, Hkv, Dv = " + std::to_string(Dv) + "], got k_new " + dims(k_new) +
-                 ", v_new " + dims(v_new));
+    fail(fn, "k_new, v_new: expected [B = " + std::to_string(batch_) + ", Snew, Hkv = " + std::to_string(Hkv) +
+                 ", D = " + std::to_string(D) + "] and [B, Snew, Hkv, Dv = " + std::to_string(Dv) + "], got k_new " +
+                 dims(k_new) + ", v_new " + dims(v_new));
   const std::int64_t Snew = k_new.dim(1);
   auto* len = lengths_.ptr<std::int64_t>();
   for (std::int64_t b = 0; b < batch_; ++b)
@@ -90,12 +91,14 @@ void AttentionKvCache::append(const View& k_new, const View& v_new) {
 
 void AttentionKvCache::append_to(std::int64_t b, const View& k_new, const View& v_new) {
   const char* fn = "qkv::AttentionKvCache::append_to";
-  if (b < 0 || b >= batch_) fail(fn, "b = " + std::to_string(b) + ": must be in [0, batch = " + std::to_string(batch_) + ")");
+  if (b < 0 || b >= batch_)
+    fail(fn, "b = " + std::to_string(b) + ": must be in [0, batch = " + std::to_string(batch_) + ")");
   const std::int64_t Hkv = k_.shape()[2], D = k_.shape()[3], Dv = v_.shape()[3];
   if (k_new.rank != 3 || v_new.rank != 3 || k_new.dim(1) != Hkv || v_new.dim(1) != Hkv || k_new.dim(2) != D ||
       v_new.dim(2) != Dv || v_new.dim(0) != k_new.dim(0))
     fail(fn, "k_new, v_new: expected [Snew, Hkv = " + std::to_string(Hkv) + ", D = " + std::to_string(D) +
-                 "] and [Snew, Hkv, Dv = " + std::to_string(Dv) + "], got k_new " + dims(k_new) + ", v_new " + dims(v_new));
+                 "] and [Snew, Hkv, Dv = " + std::to_string(Dv) + "], got k_new " + dims(k_new) + ", v_new " +
+                 dims(v_new));
   const std::int64_t Snew = k_new.dim(0);
   std::int64_t& len = lengths_.ptr<std::int64_t>()[b];
   if (len + Snew > max_len_)
@@ -114,7 +117,8 @@ void AttentionKvCache::append_to(std::int64_t b, const View& k_new, const View& 
     if (one.k_scale) row_b(*one.k_scale), row_b(*one.v_scale);
   }
   auto batch_of_one = [](const View& t) {
-    return View::strided(t.data, t.dtype, {1, t.dim(0), t.dim(1), t.dim(2)}, {0, t.stride(0), t.stride(1), t.stride(2)});
+    return View::strided(t.data, t.dtype, {1, t.dim(0), t.dim(1), t.dim(2)},
+                         {0, t.stride(0), t.stride(1), t.stride(2)});
   };
   kvcache_append(one, batch_of_one(k_new), batch_of_one(v_new), View::contiguous(&len, DType::i64, {1}));
   len += Snew;
@@ -124,7 +128,8 @@ void AttentionKvCache::reset() { zero(lengths_); }
 
 void AttentionKvCache::reset(std::int64_t b) {
   if (b < 0 || b >= batch_)
-    fail("qkv::AttentionKvCache::reset", "b = " + std::to_string(b) + ": must be in [0, batch = " + std::to_string(batch_) + ")");
+    fail("qkv::AttentionKvCache::reset",
+         "b = " + std::to_string(b) + ": must be in [0, batch = " + std::to_string(batch_) + ")");
   lengths_.ptr<std::int64_t>()[b] = 0;
 }
 

@@ -15,14 +15,14 @@
 //   - paged = contiguous, bit for bit (same rows, same order: test_kvcache.cpp's rule), for f32,
 //     f16 and i8 with 16-row blocks.
 //   - Bad input: named errors, and a refused append leaves the lengths as they were.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "qkv/kv_cache.hpp"
 #include "support/expect_rejects.hpp"
@@ -48,7 +48,8 @@ void fill(const Buffer& b, std::mt19937& g) {
 }
 
 // Row j of sequence b (kv head hk, element e) of a cache tensor t, through the documented layout.
-double stored(const AttentionKvCache& c, const qkv::View& t, std::int64_t b, std::int64_t j, std::int64_t hk, std::int64_t e) {
+double stored(const AttentionKvCache& c, const qkv::View& t, std::int64_t b, std::int64_t j, std::int64_t hk,
+              std::int64_t e) {
   if (c.block_size() == 0) return t.load(t.offset(b, j, hk, e));
   const std::int64_t max_blocks = (c.max_len() + c.block_size() - 1) / c.block_size();
   return t.load(t.offset(b * max_blocks + j / c.block_size(), j % c.block_size(), hk, e));
@@ -62,7 +63,9 @@ double stored_scale(const AttentionKvCache& c, const qkv::View& t, std::int64_t 
 // What each sequence should hold: rows [B][len][Hkv][X] of f64 inputs.
 struct Expected {
   std::vector<std::vector<double>> k, v;  // per sequence, row-major [len, Hkv, D | Dv]
-  std::int64_t len(std::int64_t b) const { return static_cast<std::int64_t>(k[static_cast<std::size_t>(b)].size()) / (Hkv * D); }
+  std::int64_t len(std::int64_t b) const {
+    return static_cast<std::int64_t>(k[static_cast<std::size_t>(b)].size()) / (Hkv * D);
+  }
 };
 
 void push_rows(Expected& x, std::int64_t b, const Buffer& kn, const Buffer& vn, std::int64_t seq_in_kn) {
@@ -71,12 +74,14 @@ void push_rows(Expected& x, std::int64_t b, const Buffer& kn, const Buffer& vn, 
   for (std::int64_t t = 0; t < S; ++t) {
     for (std::int64_t hk = 0; hk < Hkv; ++hk)
       for (std::int64_t d = 0; d < D; ++d)
-        x.k[static_cast<std::size_t>(b)].push_back(ks.size() == 4 ? kn.view().load(kn.view().offset(seq_in_kn, t, hk, d))
-                                                                  : kn.view().load(kn.view().offset(t, hk, d)));
+        x.k[static_cast<std::size_t>(b)].push_back(ks.size() == 4
+                                                       ? kn.view().load(kn.view().offset(seq_in_kn, t, hk, d))
+                                                       : kn.view().load(kn.view().offset(t, hk, d)));
     for (std::int64_t hk = 0; hk < Hkv; ++hk)
       for (std::int64_t e = 0; e < Dv; ++e)
-        x.v[static_cast<std::size_t>(b)].push_back(ks.size() == 4 ? vn.view().load(vn.view().offset(seq_in_kn, t, hk, e))
-                                                                  : vn.view().load(vn.view().offset(t, hk, e)));
+        x.v[static_cast<std::size_t>(b)].push_back(ks.size() == 4
+                                                       ? vn.view().load(vn.view().offset(seq_in_kn, t, hk, e))
+                                                       : vn.view().load(vn.view().offset(t, hk, e)));
   }
 }
 
@@ -112,15 +117,20 @@ struct Filled {
 // |stored − x| allowed for an input x of a row whose largest magnitude is amax.
 double step(DType t, double x, double amax) {
   switch (t) {
-    case DType::bf16: return std::abs(x) * 0x1p-8;
-    case DType::f16: return std::abs(x) * 0x1p-11 + 0x1p-25;  // + half the smallest subnormal step
-    case DType::i8: return amax / 127.0 / 2.0 * (1 + 1e-6);   // scale / 2 (scale is f32: a relative 1e-6)
-    default: return 0.0;
+    case DType::bf16:
+      return std::abs(x) * 0x1p-8;
+    case DType::f16:
+      return std::abs(x) * 0x1p-11 + 0x1p-25;  // + half the smallest subnormal step
+    case DType::i8:
+      return amax / 127.0 / 2.0 * (1 + 1e-6);  // scale / 2 (scale is f32: a relative 1e-6)
+    default:
+      return 0.0;
   }
 }
 
 // The dequantised value the cache holds (i8: scale · int8).
-double dequantised(const AttentionKvCache& c, bool key, std::int64_t b, std::int64_t j, std::int64_t hk, std::int64_t e) {
+double dequantised(const AttentionKvCache& c, bool key, std::int64_t b, std::int64_t j, std::int64_t hk,
+                   std::int64_t e) {
   const qkv::KvCacheView v = c.view();
   const double x = stored(c, key ? v.k : v.v, b, j, hk, e);
   return c.dtype() == DType::i8 ? x * stored_scale(c, key ? *v.k_scale : *v.v_scale, b, j, hk) : x;
@@ -142,16 +152,19 @@ TEST(AttentionKvCache, StorageHoldsTheAppendedRows) {
               const std::int64_t X = key ? D : Dv;
               const auto& src = key ? f.want.k[static_cast<std::size_t>(b)] : f.want.v[static_cast<std::size_t>(b)];
               double amax = 0.0;
-              for (std::int64_t e = 0; e < X; ++e) amax = std::max(amax, std::abs(src[static_cast<std::size_t>((j * Hkv + hk) * X + e)]));
+              for (std::int64_t e = 0; e < X; ++e)
+                amax = std::max(amax, std::abs(src[static_cast<std::size_t>((j * Hkv + hk) * X + e)]));
               for (std::int64_t e = 0; e < X; ++e) {
                 const double x = src[static_cast<std::size_t>((j * Hkv + hk) * X + e)];
                 const double err = std::abs(dequantised(f.cache, key, b, j, hk, e) - x);
                 worst = std::max(worst, err);
-                ASSERT_LE(err, step(t, x, amax)) << qkv::dtype_name(t) << " block " << block << " b " << b << " j " << j;
+                ASSERT_LE(err, step(t, x, amax))
+                    << qkv::dtype_name(t) << " block " << block << " b " << b << " j " << j;
               }
             }
       }
-      std::printf("%-5s block %2lld: largest |stored - appended| %.3g\n", qkv::dtype_name(t), static_cast<long long>(block), worst);
+      std::printf("%-5s block %2lld: largest |stored - appended| %.3g\n", qkv::dtype_name(t),
+                  static_cast<long long>(block), worst);
     }
 }
 
@@ -169,7 +182,8 @@ TEST(AttentionKvCache, AttendMatchesOracleOnStoredValues) {
           std::mt19937 g(5);
           Buffer q(qt, {B, H, Sq, D}), out(qt, {B, H, Sq, Dv}), lse(DType::f32, {B, H, Sq});
           fill(q, g);
-          const qkv::KernelInfo info = f.cache.attend(q.view(), out.view(), AttentionKvCache::causal_options(), lse.view());
+          const qkv::KernelInfo info =
+              f.cache.attend(q.view(), out.view(), AttentionKvCache::causal_options(), lse.view());
           double err = 0.0, err_lse = 0.0, amax = 0.0;
           for (std::int64_t b = 0; b < B; ++b) {
             // Sequence b alone over its len keys, as stored: the last query row at key len − 1.
@@ -177,11 +191,14 @@ TEST(AttentionKvCache, AttendMatchesOracleOnStoredValues) {
             Buffer qb(DType::f64, {1, H, Sq, D}), kb(DType::f64, {1, Hkv, len, D}), vb(DType::f64, {1, Hkv, len, Dv});
             for (std::int64_t h = 0; h < H; ++h)
               for (std::int64_t i = 0; i < Sq; ++i)
-                for (std::int64_t d = 0; d < D; ++d) qb.view().store(qb.view().offset(0, h, i, d), q.view().load(q.view().offset(b, h, i, d)));
+                for (std::int64_t d = 0; d < D; ++d)
+                  qb.view().store(qb.view().offset(0, h, i, d), q.view().load(q.view().offset(b, h, i, d)));
             for (std::int64_t j = 0; j < len; ++j)
               for (std::int64_t hk = 0; hk < Hkv; ++hk) {
-                for (std::int64_t d = 0; d < D; ++d) kb.view().store(kb.view().offset(0, hk, j, d), dequantised(f.cache, true, b, j, hk, d));
-                for (std::int64_t e = 0; e < Dv; ++e) vb.view().store(vb.view().offset(0, hk, j, e), dequantised(f.cache, false, b, j, hk, e));
+                for (std::int64_t d = 0; d < D; ++d)
+                  kb.view().store(kb.view().offset(0, hk, j, d), dequantised(f.cache, true, b, j, hk, d));
+                for (std::int64_t e = 0; e < Dv; ++e)
+                  vb.view().store(vb.view().offset(0, hk, j, e), dequantised(f.cache, false, b, j, hk, e));
               }
             qkv::AttentionOptions o;
             o.causal = true;
@@ -200,10 +217,13 @@ TEST(AttentionKvCache, AttendMatchesOracleOnStoredValues) {
           }
           const double tol = qt == DType::bf16 ? 0x1p-6 * amax : t == DType::i8 ? 2e-4 : 1e-5;
           const double tol_lse = qt == DType::bf16 ? 1e-2 : t == DType::i8 ? 2e-4 : 1e-5;
-          std::printf("%-12s cache %-4s q %-4s block %2lld %-28s out %.2e (tol %.2e) lse %.2e (tol %.2e)\n", qkv::isa_name(isa),
-                      qkv::dtype_name(t), qkv::dtype_name(qt), static_cast<long long>(block), info.name, err, tol, err_lse, tol_lse);
-          EXPECT_LE(err, tol) << qkv::isa_name(isa) << " " << qkv::dtype_name(t) << " " << qkv::dtype_name(qt) << " " << block;
-          EXPECT_LE(err_lse, tol_lse) << qkv::isa_name(isa) << " " << qkv::dtype_name(t) << " " << qkv::dtype_name(qt) << " " << block;
+          std::printf("%-12s cache %-4s q %-4s block %2lld %-28s out %.2e (tol %.2e) lse %.2e (tol %.2e)\n",
+                      qkv::isa_name(isa), qkv::dtype_name(t), qkv::dtype_name(qt), static_cast<long long>(block),
+                      info.name, err, tol, err_lse, tol_lse);
+          EXPECT_LE(err, tol) << qkv::isa_name(isa) << " " << qkv::dtype_name(t) << " " << qkv::dtype_name(qt) << " "
+                              << block;
+          EXPECT_LE(err_lse, tol_lse) << qkv::isa_name(isa) << " " << qkv::dtype_name(t) << " " << qkv::dtype_name(qt)
+                                      << " " << block;
         }
   }
 }
@@ -221,7 +241,8 @@ TEST(AttentionKvCache, PagedEqualsContiguousBitForBit) {
       contiguous.cache.attend(q.view(), o1.view());
       paged.cache.attend(q.view(), o2.view());
       for (std::int64_t e = 0; e < o1.numel(); ++e)
-        ASSERT_EQ(o1.ptr<float>()[e], o2.ptr<float>()[e]) << qkv::isa_name(isa) << " " << qkv::dtype_name(t) << " element " << e;
+        ASSERT_EQ(o1.ptr<float>()[e], o2.ptr<float>()[e])
+            << qkv::isa_name(isa) << " " << qkv::dtype_name(t) << " element " << e;
     }
   }
 }
@@ -229,37 +250,47 @@ TEST(AttentionKvCache, PagedEqualsContiguousBitForBit) {
 TEST(AttentionKvCache, ValidationNamesArgumentAndValue) {
   using qkv::testing::expect_rejects;
   expect_rejects([] { AttentionKvCache(0, 8, 1, 4); }, {"qkv::AttentionKvCache", "batch: must be ≥ 1, got 0"});
-  expect_rejects([] { AttentionKvCache(1, 8, 1, 4, DType::f64); }, {"qkv::AttentionKvCache", "dtype: must be f32, bf16, f16 or i8, got f64"});
-  expect_rejects([] { AttentionKvCache(1, 8, 1, 4, DType::f32, 0, 12); }, {"block_size: must be 0 (contiguous) or a power of two, got 12"});
+  expect_rejects([] { AttentionKvCache(1, 8, 1, 4, DType::f64); },
+                 {"qkv::AttentionKvCache", "dtype: must be f32, bf16, f16 or i8, got f64"});
+  expect_rejects([] { AttentionKvCache(1, 8, 1, 4, DType::f32, 0, 12); },
+                 {"block_size: must be 0 (contiguous) or a power of two, got 12"});
   expect_rejects([] { AttentionKvCache(1, 8, 1, 4, DType::f32, -1); }, {"value_dim: must be ≥ 0"});
 
   AttentionKvCache c(2, 8, 1, 4, DType::f32, 0, 4);
   Buffer k6(DType::f32, {2, 6, 1, 4}), k3(DType::f32, {2, 3, 1, 4}), bad(DType::f32, {2, 3, 1, 5});
   c.append(k6.view(), k6.view());
-  expect_rejects([&] { c.append(k3.view(), k3.view()); },
-                 {"qkv::AttentionKvCache::append", "k_new: 3 new rows for sequence 0, which holds 6 of at most max_len = 8"});
+  expect_rejects(
+      [&] { c.append(k3.view(), k3.view()); },
+      {"qkv::AttentionKvCache::append", "k_new: 3 new rows for sequence 0, which holds 6 of at most max_len = 8"});
   EXPECT_EQ(c.length(0), 6);  // refused: nothing appended
   EXPECT_EQ(c.length(1), 6);
-  expect_rejects([&] { c.append(bad.view(), bad.view()); }, {"qkv::AttentionKvCache::append", "D = 4", "got k_new [2, 3, 1, 5]"});
+  expect_rejects([&] { c.append(bad.view(), bad.view()); },
+                 {"qkv::AttentionKvCache::append", "D = 4", "got k_new [2, 3, 1, 5]"});
   Buffer r2(DType::f32, {2, 1, 4}), r3(DType::f32, {3, 1, 4});
   c.reset(1);
   c.append_to(1, r3.view(), r3.view());
   EXPECT_EQ(c.length(0), 6);
   EXPECT_EQ(c.length(1), 3);
-  expect_rejects([&] { c.append_to(0, r3.view(), r3.view()); },
-                 {"qkv::AttentionKvCache::append_to", "k_new: 3 new rows for sequence 0, which holds 6 of at most max_len = 8"});
-  expect_rejects([&] { c.append_to(2, r2.view(), r2.view()); }, {"qkv::AttentionKvCache::append_to", "b = 2: must be in [0, batch = 2)"});
-  expect_rejects([&] { c.append_to(0, k3.view(), k3.view()); }, {"qkv::AttentionKvCache::append_to", "expected [Snew, Hkv = 1, D = 4]"});
+  expect_rejects(
+      [&] { c.append_to(0, r3.view(), r3.view()); },
+      {"qkv::AttentionKvCache::append_to", "k_new: 3 new rows for sequence 0, which holds 6 of at most max_len = 8"});
+  expect_rejects([&] { c.append_to(2, r2.view(), r2.view()); },
+                 {"qkv::AttentionKvCache::append_to", "b = 2: must be in [0, batch = 2)"});
+  expect_rejects([&] { c.append_to(0, k3.view(), k3.view()); },
+                 {"qkv::AttentionKvCache::append_to", "expected [Snew, Hkv = 1, D = 4]"});
   expect_rejects([&] { (void)c.length(-1); }, {"qkv::AttentionKvCache::length", "b = -1"});
   expect_rejects([&] { c.reset(5); }, {"qkv::AttentionKvCache::reset", "b = 5"});
 
   Buffer q(DType::f32, {2, 2, 1, 4}), out(DType::f32, {2, 2, 1, 4}), q1(DType::f32, {1, 2, 1, 4}), kl(DType::i64, {2});
   qkv::AttentionOptions o = AttentionKvCache::causal_options();
   o.key_lengths = kl.view();
-  expect_rejects([&] { c.attend(q.view(), out.view(), o); }, {"qkv::AttentionKvCache::attend", "opt.key_lengths: must be unset"});
-  expect_rejects([&] { c.attend(q1.view(), out.view()); }, {"qkv::AttentionKvCache::attend", "q: expected [B = 2, H, Sq, D], got [1, 2, 1, 4]"});
+  expect_rejects([&] { c.attend(q.view(), out.view(), o); },
+                 {"qkv::AttentionKvCache::attend", "opt.key_lengths: must be unset"});
+  expect_rejects([&] { c.attend(q1.view(), out.view()); },
+                 {"qkv::AttentionKvCache::attend", "q: expected [B = 2, H, Sq, D], got [1, 2, 1, 4]"});
   Buffer qb(DType::bf16, {2, 2, 1, 4}), ob(DType::bf16, {2, 2, 1, 4});
-  expect_rejects([&] { c.attend(qb.view(), ob.view()); }, {"qkv::attention_kvcache", "cache.k: dtype must be q's (bf16)"});
+  expect_rejects([&] { c.attend(qb.view(), ob.view()); },
+                 {"qkv::attention_kvcache", "cache.k: dtype must be q's (bf16)"});
   c.reset();
   EXPECT_EQ(c.length(0), 0);
   EXPECT_EQ(c.length(1), 0);
