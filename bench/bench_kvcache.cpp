@@ -3,6 +3,7 @@
 //   contig : one contiguous cache [1, Skv, Hkv, D] (f32 or bf16)
 //   paged  : the same rows in a shuffled pool of blocks of Sc rows, through a block table
 //   int8   : int8 rows with an f32 scale per (row, head), contiguous or paged
+//   f16    : binary16 rows widened to f32 in the kernel (f32 queries), contiguous or paged
 // Decode reads the cache once, so the counter GB/s = cache bytes read per second (K, V and the
 // scales) is the figure to set beside the machine's read bandwidth (bench/machine_peak), and the
 // time the one to compare between layouts. Skv = 2048 keeps the cache in L2/L3 (the kernel's own
@@ -38,9 +39,9 @@ void fill_random(const Buffer& b, unsigned seed) {
   for (std::int64_t i = 0; i < b.numel(); ++i) b.view().store(i, u(rng));
 }
 
-// layout: "contig" or "paged"; dt: the cache's dtype (f32, bf16, or i8 with f32 queries).
+// layout: "contig" or "paged"; dt: the cache's dtype (f32, bf16, or i8 / f16 with f32 queries).
 void run(benchmark::State& st, bool paged, DType dt, std::int64_t Sc, std::int64_t Skv, int threads) {
-  const DType qt = dt == DType::i8 ? DType::f32 : dt;
+  const DType qt = dt == DType::i8 || dt == DType::f16 ? DType::f32 : dt;
   const std::int64_t rows = paged ? Sc : Skv, blocks = paged ? Skv / Sc : 1;
   Buffer q(qt, {1, kH, 1, kD}), out(qt, {1, kH, 1, kD});
   fill_random(q, 1);
@@ -78,7 +79,7 @@ void run(benchmark::State& st, bool paged, DType dt, std::int64_t Sc, std::int64
 int main(int argc, char** argv) {
   for (std::int64_t Skv : {2048, 16384, 32768})
     for (int threads : {1})
-      for (DType t : {DType::f32, DType::bf16, DType::i8})
+      for (DType t : {DType::f32, DType::bf16, DType::i8, DType::f16})
         for (std::int64_t Sc : {0, 16, 256}) {
           const bool paged = Sc > 0;
           const std::string name = std::string("kv/") + (paged ? "paged" : "contig") + "/" + qkv::dtype_name(t) + "/Sc" +

@@ -14,7 +14,7 @@
 # time, so that a new one is placed on purpose.
 set(QKV_PUBLIC_HEADERS
     core types.hpp runtime.hpp memory.hpp version.hpp  # core/types.cpp, runtime.cpp, memory.cpp; CMake writes version.hpp
-    attention attention.hpp                           # attention/attention.cpp
+    attention attention.hpp kv_cache.hpp              # attention/attention.cpp, kv_cache.cpp
     blocks mha.hpp                                    # blocks/mha.cpp
     model params.hpp model.hpp encoder.hpp)           # model/params.cpp, model/*.cpp
 set(QKV_FLOORS core kernels attention blocks model train inspect cli)

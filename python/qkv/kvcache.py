@@ -155,6 +155,16 @@ class KVCache:
                             self.lengths)
         self.lengths += A.shape_of(kn)[1]
 
+    def reset(self, seq: Optional[int] = None) -> None:
+        """Forgets the tokens of every sequence, or of sequence ``seq`` alone (the next :meth:`append`
+        writes its rows from position 0 again; the others keep theirs)."""
+        if seq is None:
+            self.lengths[:] = 0
+            return
+        if isinstance(seq, bool) or not isinstance(seq, (int, np.integer)) or not 0 <= seq < self.batch:
+            raise ValueError(f"[qkv.KVCache.reset] seq: must be None or an int in [0, batch = {self.batch}), got {seq!r}")
+        self.lengths[seq] = 0
+
     def attend(self, q: Array, *, causal: bool = True, **options) -> Union[Array, AttentionResult]:
         """Attention of q [batch, H, Sq, head_dim] (the newest Sq tokens' queries) against every
         token held: causal by default, each sequence aligned to its own length (the last query sees

@@ -25,8 +25,9 @@ layer) and otherwise passes the bool mask itself. Either way the result is exact
 
 Attention dropout runs as eager's does: with the layer's probability in training mode (the seed
 drawn from torch's default generator, so ``torch.manual_seed`` reproduces a step), p = 0 in eval
-mode. What qkv cannot do raises NotImplementedError naming the model, the layer and the feature:
-softcapping, attention sinks, position biases, flex BlockMasks.
+mode. Gemma 2's logit softcap (``softcap``) and gpt-oss's attention sinks (``s_aux``, with their gradient)
+run in qkv's kernels. What qkv cannot do raises NotImplementedError naming the model, the layer and
+the feature: position biases (T5), flex BlockMasks.
 ``output_attentions=True`` returns qkv's pattern (float32 softmax rows, detached from the graph).
 
 A query row with no allowed key (left padding) gives zeros here; eager gives a uniform average
@@ -166,9 +167,12 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
                       is_causal: Optional[bool] = None, **kwargs) -> Tuple[Tensor, Optional[Tensor]]:
     """transformers' attention interface on qkv (see the module docstring for shapes and masks)."""
     dropout_p = float(dropout) if module.training else 0.0   # eval mode: no dropout, as transformers does
-    for feature in ("softcap", "sinks", "s_aux", "position_bias"):
-        if kwargs.get(feature) is not None:
-            raise _unsupported(module, f"{feature!r}")
+    if kwargs.get("position_bias") is not None:
+        raise _unsupported(module, "'position_bias'")
+    # Gemma 2's logit softcap (scale, softcap, then the mask: qkv's order) and gpt-oss's sinks
+    # (a per-head logit in every row's softmax, passed as s_aux; its gradient flows to the parameter).
+    softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
     B, H, L, _ = query.shape
     S = key.shape[2]
     if key.shape[1] == 0 or H % key.shape[1]:
@@ -201,22 +205,24 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
     if dropout_p > 0.0 and _attentions_requested(kwargs):
         seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
     if (query.dtype != torch.float16 and not torch.compiler.is_compiling() and dropout_p == 0.0
-            and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))):
+            and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
+                                                  or (sinks is not None and sinks.requires_grad)))):
         # Inference: the kernel directly (the custom op's dispatch costs ~50 us per call, a third of a
         # 600-key decode step); the same kernel and options as the op below.
         out = torch.empty((B, H, L, value.shape[3]), dtype=query.dtype)
         _qkv.attention(query, key, value, out, m, plan.key_lengths, None, None, scaling, plan.causal, align, wl, -1,
-                       0, "automatic")
+                       0, "automatic", softcap=softcap, sinks=None if sinks is None else sinks.detach())
     else:
         out, _ = _qtorch.attention(query, key, value, mask=m, key_lengths=plan.key_lengths, scale=scaling,
                                    causal=plan.causal, align=align, window_left=plan.window_left, dropout_p=dropout_p,
-                                   seed=seed)
+                                   seed=seed, softcap=softcap, sinks=sinks)
     weights = None
     if _attentions_requested(kwargs):
         q, k, v = (t.detach().float() if t.dtype == torch.float16 else t.detach() for t in (query, key, value))
         r = _functional.attention(q, k, v, mask=None if m is None else m.detach(), key_lengths=plan.key_lengths,
                                   scale=scaling, causal=plan.causal, align=align, window_left=plan.window_left,
-                                  return_pattern=True, dropout_p=dropout_p, seed=seed)
+                                  return_pattern=True, dropout_p=dropout_p, seed=seed, softcap=softcap,
+                                  sinks=None if sinks is None else sinks.detach().float())
         weights = r.pattern.to(query.dtype)
     return out.transpose(1, 2).contiguous(), weights
 

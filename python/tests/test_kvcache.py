@@ -80,6 +80,33 @@ def test_kvcache_prefill_then_decode(block_size, dtype):
         assert err <= tol, (S, err, tol)
 
 
+@pytest.mark.parametrize("block_size", [None, 16])
+def test_reset_one_sequence_restarts_it_alone(block_size):
+    """reset(1) after a 7-token prompt: the next append writes sequence 1 from position 0 while
+    sequence 0 goes on; attend sees 10 keys for sequence 0 and 3 for sequence 1 (the peer on those)."""
+    B, H, Hkv, D = 2, 4, 2, 16
+    cache = qkv.KVCache(B, 32, Hkv, D, block_size=block_size, framework="torch")
+    g = torch.Generator().manual_seed(4)
+    k1, v1 = torch.randn(B, 7, Hkv, D, generator=g), torch.randn(B, 7, Hkv, D, generator=g)
+    cache.append(k1, v1)
+    cache.reset(1)
+    assert cache.lengths.tolist() == [7, 0]
+    k2, v2 = torch.randn(B, 3, Hkv, D, generator=g), torch.randn(B, 3, Hkv, D, generator=g)
+    cache.append(k2, v2)
+    assert cache.lengths.tolist() == [10, 3]
+    q = torch.randn(B, H, 2, D, generator=g)
+    k = torch.zeros(B, 10, Hkv, D)
+    v = torch.zeros(B, 10, Hkv, D)
+    k[0], v[0] = torch.cat([k1[0], k2[0]]), torch.cat([v1[0], v2[0]])
+    k[1, :3], v[1, :3] = k2[1], v2[1]
+    err, tol = rule_tol(cache.attend(q), q, k, v, [10, 3])
+    assert err <= tol, (err, tol)
+    cache.reset()
+    assert cache.lengths.tolist() == [0, 0]
+    with pytest.raises(ValueError, match=r"\[qkv.KVCache.reset\] seq: must be None or an int in \[0, batch = 2\), got 2"):
+        cache.reset(2)
+
+
 def test_paged_equals_contiguous_bit_for_bit_with_ragged_lengths():
     B, H, Hkv, D, bs, nblk = 3, 8, 2, 64, 16, 12
     g = torch.Generator().manual_seed(2)

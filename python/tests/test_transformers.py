@@ -56,6 +56,34 @@ def mistral(seed=0):
     return _perturbed(transformers.MistralForCausalLM(cfg), seed)
 
 
+def gemma2(seed=0, **over):
+    """Gemma 2: attention logits capped by c · tanh(s / c) (c = 0.5, small enough to bite on these
+    scores), sliding layers of 6 keys beside global ones, GQA 4 on 2, query_pre_attn_scalar as scale."""
+    kw = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              num_hidden_layers=2, vocab_size=97, max_position_embeddings=128, sliding_window=6,
+              attn_logit_softcapping=0.5, final_logit_softcapping=None, query_pre_attn_scalar=16,
+              layer_types=["sliding_attention", "full_attention"], attn_implementation="eager")
+    cfg = transformers.Gemma2Config(**{**kw, **over})
+    torch.manual_seed(seed)
+    return _perturbed(transformers.Gemma2ForCausalLM(cfg), seed)
+
+
+def gpt_oss(seed=0, sinks=True):
+    """gpt-oss: a learned sink logit per head (drawn N(0, 1) here; zeros without ``sinks``), sliding
+    layers of 6 keys beside global ones, GQA 4 on 2, 4 experts (2 per token)."""
+    cfg = transformers.GptOssConfig(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                    head_dim=16, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+                                    vocab_size=97, max_position_embeddings=128, sliding_window=6,
+                                    layer_types=["sliding_attention", "full_attention"], attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = _perturbed(transformers.GptOssForCausalLM(cfg), seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.randn(4, generator=g) if sinks else torch.zeros(4))
+    return model
+
+
 def bert(seed=0, **over):
     kw = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2, vocab_size=97,
               max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -284,8 +312,68 @@ def test_unsupported_features_raise_naming_model_and_layer():
     model.set_attn_implementation("qkv")
     ids, am = batch([5], 5, left=False)
     q = torch.randn(1, 2, 3, 4)
-    with pytest.raises(NotImplementedError, match="'softcap'"):
-        qkv.transformers.attention_forward(model.encoder.layer[0].attention.self, q, q, q, None, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="'position_bias'"):
+        qkv.transformers.attention_forward(model.encoder.layer[0].attention.self, q, q, q, None,
+                                           position_bias=torch.zeros(1, 2, 3, 3))
+
+
+# Gemma 2 (softcap) and gpt-oss (sinks) through attn_implementation="qkv": the variants ride on qkv's
+# kernels. Each test first checks that the variant changes eager's logits by far more than the
+# tolerance, so that a qkv run that ignored it could not pass.
+def _variant_matters(make_with, make_without, ids, am):
+    a = make_with().eval()(input_ids=ids, attention_mask=am).logits
+    b = make_without().eval()(input_ids=ids, attention_mask=am).logits
+    d = (a - b).abs()[am.bool()].max().item()
+    assert d > 100 * ATOL, f"the variant moves eager's logits by only {d:.3g}"
+
+
+@pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
+@pytest.mark.parametrize("family", ["gemma2_softcap", "gpt_oss_sinks"])
+def test_softcap_and_sinks_models_logits_equal_eager(family, left):
+    make, without = ((gemma2, lambda: gemma2(attn_logit_softcapping=None)) if family == "gemma2_softcap"
+                     else (gpt_oss, lambda: gpt_oss(sinks=False)))
+    ids, am = batch([12, 7, 3], 12, left)
+    _variant_matters(make, without, ids, am)
+    want, got = both(make(), lambda m: m(input_ids=ids, attention_mask=am).logits)
+    close(got, want, am, what=f"{family} logits")
+
+
+@pytest.mark.parametrize("make", [gemma2, gpt_oss], ids=["gemma2_softcap", "gpt_oss_sinks"])
+def test_softcap_and_sinks_models_generate_equal_eager(make):
+    """Left-padded prefill, then decode steps on the KV cache (sliding layers past their window)."""
+    model = make()
+    ids, am = batch([9, 5, 2], 9, left=True)
+    kw = dict(attention_mask=am, max_new_tokens=8, do_sample=False, pad_token_id=0, output_scores=True,
+              return_dict_in_generate=True)
+    want, got = both(model, lambda m: m.generate(ids, **kw))
+    assert torch.equal(got.sequences, want.sequences)
+    for step, (a, b) in enumerate(zip(got.scores, want.scores)):
+        close(a, b, what=f"{make.__name__} decode step {step} scores")
+
+
+@pytest.mark.parametrize("make", [gemma2, gpt_oss], ids=["gemma2_softcap", "gpt_oss_sinks"])
+def test_softcap_and_sinks_models_gradients_equal_eager(make):
+    """Training step gradients of every parameter, the gpt-oss sink logits included."""
+    model = make()
+    ids, am = batch([12, 9], 12, left=False)
+    labels = ids.masked_fill(am == 0, -100)
+
+    def grads(m):
+        m.zero_grad()
+        m.train()
+        m(input_ids=ids, attention_mask=am, labels=labels).loss.backward()
+        m.eval()
+        return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    want, got = both(model, grads)
+    assert want.keys() == got.keys()
+    if make is gpt_oss:
+        assert any(n.endswith("self_attn.sinks") for n in want)
+    for n in want:
+        scale = want[n].abs().max().item()
+        err = (got[n] - want[n]).abs().max().item()
+        assert err <= 1e-4 * scale + 1e-7, f"{n}: {err:.3g} vs scale {scale:.3g}"
+    print(f"{make.__name__} gradients: {len(want)} tensors within 1e-4 of their scale")
 
 
 def test_from_pretrained_with_qkv(tmp_path):

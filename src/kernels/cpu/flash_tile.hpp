@@ -158,9 +158,15 @@ inline void widen_i8_row(const std::int8_t* src, i64 stride, i64 n, float scale,
   for (; x < n; ++x) dst[x] = static_cast<float>(src[x * stride]) * scale;
 }
 
-// n elements of a binary16 row (element stride `stride`) → dst[0, n) as f32 (f16 KV caches).
+// n elements of a binary16 row (element stride `stride`) → dst[0, n) as f32 (f16 KV caches):
+// by vectors where S converts them (S::kHasF16, unit stride), the rest element by element; both exact.
+template <class S>
 inline void widen_f16_row(const std::uint16_t* src, i64 stride, i64 n, float* dst) {
-  for (i64 x = 0; x < n; ++x) dst[x] = f16_bits_to_f32(src[x * stride]);
+  i64 x = 0;
+  if constexpr (S::kHasF16)
+    if (stride == 1)
+      for (; x + S::L <= n; x += S::L) S::storeu(dst + x, S::load_f16(src + x));
+  for (; x < n; ++x) dst[x] = f16_bits_to_f32(src[x * stride]);
 }
 
 // Element offset of key/value row j of (b, kv head hk) in a tensor with strides s (a.sk, a.sv,

@@ -72,6 +72,7 @@ struct SimdAvx2 {
 
   static V widen_bf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
   static constexpr bool kHasTranspose16 = false;
+  static constexpr bool kHasF16 = false;  // no load_f16: see SimdAvx512
   static void transpose16(const float*, std::int64_t, float*, std::int64_t) {}
   static V load_i8(const std::int8_t* p) {  // L int8 → f32 (int8 KV caches)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));

@@ -114,6 +114,10 @@ struct SimdAvx512 {
     }
   }
 
+  // L binary16 → f32, exact (vcvtph2ps, AVX-512F): f16 KV caches. kHasF16: the other ISAs widen
+  // element by element (F16C is not part of their run-time check).
+  static constexpr bool kHasF16 = true;
+  static V load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static V load_i8(const std::int8_t* p) {  // L int8 → f32 (int8 KV caches)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }

@@ -110,6 +110,7 @@ struct SimdScalar {
   }
 
   static constexpr bool kHasTranspose16 = false;
+  static constexpr bool kHasF16 = false;  // no load_f16: see SimdAvx512
   static void transpose16(const float*, std::int64_t, float*, std::int64_t) {}
   static V load_i8(const std::int8_t* p) {  // L int8 → f32 (int8 KV caches)
     V r;
