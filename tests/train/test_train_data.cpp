@@ -119,7 +119,6 @@ qkv::train::TrainOptions small_run(const std::string& data, const std::string& o
   o.model.layers = 2, o.model.heads = 2, o.model.embd = 32, o.model.context = 16;
   o.batch = 4, o.accum = 2, o.steps = 6, o.eval_interval = 3, o.eval_batches = 2, o.checkpoint_interval = 100;
   o.opt.warmup = 2, o.opt.decay_steps = 6;
-  o.progress = false;
   return o;
 }
 
@@ -169,7 +168,7 @@ TEST(Train, ResumeTakesTheCheckpointsSettingsAndTheScheduleMayChange) {
   // Only the schedule given (as `qkv train --resume --steps 4 --lr 5e-4`): the model is the
   // checkpoint's although these options hold the defaults (6 layers, d_model 384, ...).
   qkv::train::TrainOptions r;
-  r.data_path = o.data_path, r.out_dir = o.out_dir, r.resume = true, r.progress = false;
+  r.data_path = o.data_path, r.out_dir = o.out_dir, r.resume = true;
   r.steps = 4, r.opt.decay_steps = 4, r.opt.lr = 5e-4, r.eval_batches = 1;
   r.given = std::set<std::string>{"steps", "lr", "eval-batches"};
   EXPECT_EQ(qkv::train::train(r).step, 4);
