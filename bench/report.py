@@ -18,6 +18,7 @@ what lies between and leaves the rest of the file, so the hand-written paragraph
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,11 @@ def save_plot(fig, name):
     tmp = os.path.join(OUT, name + ".tmp.png")
     fig.savefig(tmp, dpi=110)
     os.replace(tmp, os.path.join(OUT, name))
+
+
+def command_line():
+    """How this driver was run, to copy: `python3 bench/DRIVER.py ARGS` (arguments shell-quoted)."""
+    return " ".join(["python3", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *map(shlex.quote, sys.argv[1:])])
 
 
 def loadavg():

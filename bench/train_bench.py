@@ -135,7 +135,7 @@ def main():
                     "measure nothing")
     a = ap.parse_args()
     name = a.name
-    command = "python3 bench/train_bench.py " + " ".join(sys.argv[1:])
+    command = report.command_line()
     if a.stored:
         with open(a.stored) as f:
             data = json.load(f)
