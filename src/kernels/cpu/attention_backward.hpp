@@ -14,7 +14,8 @@
 //   tasks, one per (b, hk, key chunk c), each owning dK, dV of its keys, per key block of Bk keys:
 //     for each query head h of the group, each query block of Bq rows that may see these keys:
 //       S  = Q·Kᵀ                       [Bq, Bk]
-//       P  = 2^(S·scale·log2e + mask − L)   (0 where masked; softcap / ALiBi before − L)
+//       P  = 2^(S·scale·log2e + mask − L)   (0 where masked or outside the row's keys, which with
+//            keep_first are [0, min(n, hi)) ∪ [lo, hi), params.hpp; softcap / ALiBi before − L)
 //       dP = dO·Vᵀ                       [Bq, Bk]
 //       with dropout (W = keep / (1 − p), regenerated from the seed, kernels/dropout.hpp):
 //         dP ∘= W, and Z = P ∘ W takes P's place in dV (the forward's out = Z·V)

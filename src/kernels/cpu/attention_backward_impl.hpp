@@ -149,6 +149,25 @@ inline void row_range(const KeyRange& r, std::int64_t i, std::int64_t key_len, s
                   r.window_right, key_len, lo, hi);
 }
 
+// The keys of query i a tile [k0, k0 + nk) holds, relative to k0: [lo, hi) less [gap0, gap1).
+// With keep_first the row's keys are [0, ke) ∪ [l, h), ke = min(keep_first, h) (params.hpp);
+// when the window starts past the kept keys the gap between them is [ke, l), else it is empty
+// (gap0 = gap1), and lo ≥ hi means the tile holds none of the row's keys.
+struct TileKeys {
+  std::int64_t lo, hi, gap0, gap1;
+};
+inline TileKeys tile_keys(const KeyRange& r, std::int64_t i, std::int64_t key_len, std::int64_t k0, std::int64_t nk) {
+  std::int64_t lo, hi;
+  row_range(r, i, key_len, &lo, &hi);
+  const std::int64_t ke = imax(imin(imin(r.keep_first, hi) - k0, nk), 0);  // kept keys [0, ke) of the tile
+  lo = imax(lo - k0, 0);
+  hi = imin(hi - k0, nk);
+  if (ke == 0) return {lo, hi, 0, 0};
+  if (hi <= lo) return {0, ke, 0, 0};            // no key of the window in the tile: the kept ones only
+  if (ke >= lo) return {0, imax(hi, ke), 0, 0};  // kept keys and window meet: one range
+  return {0, hi, ke, lo};
+}
+
 inline void zero_floats(float* p, std::int64_t n) { std::memset(p, 0, static_cast<std::size_t>(n) * sizeof(float)); }
 
 // The five products on f32 operands: Q and dO rows as the driver left them (Context::q, dout),
@@ -204,10 +223,8 @@ void probabilities(const Context& cx, std::int64_t b, std::int64_t h, std::int64
         V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
       continue;
     }
-    std::int64_t lo, hi;
-    row_range(cx.rule, i0 + r, key_len, &lo, &hi);
-    lo = imax(lo - k0, 0);
-    hi = imin(hi - k0, nk);
+    const TileKeys keys = tile_keys(cx.rule, i0 + r, key_len, k0, nk);
+    const std::int64_t lo = keys.lo, hi = keys.hi;
     if (lo >= hi) {
       zero_floats(Sr, ngk * kLanes);
       if (cx.softcap_log2 > 0.0f) zero_floats(Fc + r * kBk, ngk * kLanes);  // read by dS beside P = 0
@@ -249,6 +266,7 @@ void probabilities(const Context& cx, std::int64_t b, std::int64_t h, std::int64
         V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
     }
     zero_floats(Sr, lo);
+    zero_floats(Sr + keys.gap0, keys.gap1 - keys.gap0);
     zero_floats(Sr + hi, ngk * kLanes - hi);
   }
 }
@@ -330,12 +348,15 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
       for (std::int64_t i0 = 0; i0 < Sq; i0 += kBq) {
         const std::int64_t mq = imin(kBq, Sq - i0), i1 = i0 + mq - 1;
         // The allowed ranges move monotonically with i, so the block's union is
-        // [lo(i0), hi(i1)) and its intersection [lo(i1), hi(i0)).
+        // [lo(i0), hi(i1)) ∪ [0, ke(i1)) and its intersection holds [lo(i1), hi(i0)) ∪ [0, ke(i0))
+        // (ke = min(keep_first, hi): keep_first's kept keys, none without it).
         std::int64_t lo_first, hi_first, lo_last, hi_last;
         row_range(cx.rule, i0, key_len, &lo_first, &hi_first);
         row_range(cx.rule, i1, key_len, &lo_last, &hi_last);
-        if (imax(lo_first, k0) >= imin(hi_last, k0 + nk)) continue;  // no allowed key in the tile
-        const bool full = !cx.has_mask && !mods && nk % kLanes == 0 && lo_last <= k0 && hi_first >= k0 + nk;
+        const std::int64_t ke_first = imin(cx.rule.keep_first, hi_first), ke_last = imin(cx.rule.keep_first, hi_last);
+        if (imax(lo_first, k0) >= imin(hi_last, k0 + nk) && k0 >= ke_last) continue;  // no allowed key in the tile
+        const bool full = !cx.has_mask && !mods && nk % kLanes == 0 &&
+                          ((lo_last <= k0 && hi_first >= k0 + nk) || ke_first >= k0 + nk);
 
         // S = Q·Kᵀ → P; dP = dO·Vᵀ → dS; then the three gradient products.
         ops.scores(b, h, i0, mq, ngk, S);

@@ -24,7 +24,8 @@ std::int64_t live_query_blocks(const AttnParams& p, std::int64_t b, std::int64_t
     std::int64_t lo_first, hi_first, lo_last, hi_last;
     p.rule.range(i0, p.key_len[static_cast<std::size_t>(b)], &lo_first, &hi_first);
     p.rule.range(i1, p.key_len[static_cast<std::size_t>(b)], &lo_last, &hi_last);
-    if (std::max(lo_first, k0) < std::min(hi_last, k0 + nk)) ++n;
+    const bool kept = k0 < std::min(p.rule.keep_first, hi_last);  // keep_first's keys [0, min(n, hi))
+    if (std::max(lo_first, k0) < std::min(hi_last, k0 + nk) || kept) ++n;
   }
   return n;
 }
