@@ -171,15 +171,16 @@ def _pyplot():
 
 def bar_plot(name, title, groups, series, ylabel, note=""):
     """A grouped bar chart as bench/results/NAME (PNG): one group of bars per entry of `groups`, one bar per series
-    (`series`: label → one value per group, None for none), each bar labelled with its value; `note` under the
-    axis (the machine line, say)."""
+    (`series`: label → one value per group, None for none; a series without values, a peer that was skipped, is
+    left out), each bar labelled with its value; `note` under the axis (the machine line, say)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9.5, 4.2))
+    series = {label: values for label, values in series.items() if any(v is not None for v in values)}  # skipped peers
     width = 0.8 / max(len(series), 1)
     for i, (label, values) in enumerate(series.items()):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
         pts = [(x, v) for x, v in zip(xs, values) if v is not None]
-        bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=label)
+        bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=label, color=f"C{i}")
         ax.bar_label(bars, fmt="%.3g", fontsize=7)
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(ylabel)
