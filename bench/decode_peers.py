@@ -308,7 +308,7 @@ def main() -> int:
     report.bar_plot(a.name + ".png", f"Decode tok/s as a share of qkv's (B=1), greedy, medians of {a.rounds} "
                     "interleaved rounds (> 1: faster than qkv)", [f"{n}\n{T} thread{'s' if T > 1 else ''}" for n, T in groups],
                     {e: [med[(n, T, e)] / med[(n, T, "qkv")] if (n, T, e) in med else None for n, T in groups]
-                     for e in engines}, "tok/s ÷ qkv's tok/s", machine)
+                     for e in engines}, "tok/s ÷ qkv's tok/s", machine, ref=1.0)
     return 0
 
 

@@ -184,7 +184,7 @@ def main():
                     "(median of paired rounds; > 1 is faster)", names,
                     {i: [report.median(report.paired_ratios([x["wall_s"] for x in samples[n]["sdpa"]],
                                                             [x["wall_s"] for x in samples[n][i]])) for n in names]
-                     for i in IMPLS}, "sdpa time / this time", machine)
+                     for i in IMPLS}, "sdpa time / this time", machine, ref=1.0)
 
 
 if __name__ == "__main__":

@@ -169,10 +169,11 @@ def _pyplot():
     return plt
 
 
-def bar_plot(name, title, groups, series, ylabel, note=""):
+def bar_plot(name, title, groups, series, ylabel, note="", log=False, ref=None):
     """A grouped bar chart as bench/results/NAME (PNG): one group of bars per entry of `groups`, one bar per series
     (`series`: label → one value per group, None for none; a series without values, a peer that was skipped, is
-    left out), each bar labelled with its value; `note` under the axis (the machine line, say)."""
+    left out), each bar labelled with its value; `note` under the axis (the machine line, say); `log`: a log axis
+    (ratios that span decades); `ref`: a dashed line at that value (1 for ratios)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9.5, 4.2))
     series = {label: values for label, values in series.items() if any(v is not None for v in values)}  # skipped peers
@@ -182,7 +183,11 @@ def bar_plot(name, title, groups, series, ylabel, note=""):
         pts = [(x, v) for x, v in zip(xs, values) if v is not None]
         bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=label, color=f"C{i}")
         ax.bar_label(bars, fmt="%.3g", fontsize=7)
-    ax.set_xticks(range(len(groups)), groups)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    if ref is not None:
+        ax.axhline(ref, color="0.4", linestyle="--", linewidth=0.8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, never over a bar
