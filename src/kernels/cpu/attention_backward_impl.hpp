@@ -266,7 +266,7 @@ void probabilities(const Context& cx, std::int64_t b, std::int64_t h, std::int64
         V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
     }
     zero_floats(Sr, lo);
-    zero_floats(Sr + keys.gap0, keys.gap1 - keys.gap0);
+    if (keys.gap1 > keys.gap0) zero_floats(Sr + keys.gap0, keys.gap1 - keys.gap0);
     zero_floats(Sr + hi, ngk * kLanes - hi);
   }
 }
