@@ -185,7 +185,10 @@ def bar_plot(name, title, groups, series, ylabel, note="", log=False, ref=None):
         ax.bar_label(bars, fmt="%.3g", fontsize=7)
     ax.set_xticks(range(len(groups)), groups, fontsize=8)
     if log:
+        from matplotlib.ticker import FormatStrFormatter
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))  # 4, not 4×10⁰
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
     if ref is not None:
         ax.axhline(ref, color="0.4", linestyle="--", linewidth=0.8)
     ax.set_ylabel(ylabel)
