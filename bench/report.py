@@ -94,9 +94,10 @@ def save_plot(fig, name):
     os.replace(tmp, os.path.join(OUT, name))
 
 
-def command_line():
-    """How this driver was run, to copy: `python3 bench/DRIVER.py ARGS` (arguments shell-quoted)."""
-    return " ".join(["python3", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *map(shlex.quote, sys.argv[1:])])
+def command_line(launcher="python3"):
+    """How this driver was run, to copy: `LAUNCHER bench/DRIVER.py ARGS` (arguments shell-quoted; launcher
+    "torchrun --standalone --nproc-per-node P" for the drivers torchrun starts)."""
+    return " ".join([launcher, os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *map(shlex.quote, sys.argv[1:])])
 
 
 def loadavg():
