@@ -136,7 +136,7 @@ def machine_line(before, after, loads=()):
         if xs:
             parts.append(f"{what} {span(xs, '{:.0f}')} {unit}")
     head = ("machine (2 threads, bench_attention --peak before and after): " + ", ".join(parts) if parts
-            else "machine peak not measured (bench_attention not built)")
+            else "machine peak not measured")
     ls = [x for x in loads] + [d["load"] for d in (before, after) if d and "load" in d]
     return head + (f"; load average {span(ls, '{:.1f}')}" if ls else "")
 
