@@ -24,7 +24,9 @@ Peers:
              the first / decode time), and --batch-file with 8 prompts for the batched rows.
 
 Runs are interleaved (qkv, llama2.c, llama.cpp, qkv, …) for `--rounds` rounds; medians are printed, with
-`uptime`'s load before and after. Output: a Markdown table on stdout.
+the load after every round and the machine's peak (bench_attention --peak beside --qkv, when built) before and
+after. Output: a Markdown table on stdout and, through bench/report.py, bench/results/NAME.{md,json} and the
+plot NAME.png (--name, default decode_peers).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report  # noqa: E402
 from llamacpp_driver import run_llama_cpp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,10 +59,6 @@ SHAPES = {
     "random-6.1M": (288, 768, 6, 6, 6, 512, 256),
     "random-110M": (768, 2048, 12, 12, 12, 32000, 1024),
 }
-
-
-def load() -> str:
-    return open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
 
 
 def read_tok512() -> list[tuple[float, bytes]]:
@@ -208,6 +207,7 @@ def main() -> int:
     ap.add_argument("--models", default="stories260K,random-6.1M,random-110M")
     ap.add_argument("--batch", type=int, default=8, help="prompts in the --batch-file rows (0: none)")
     ap.add_argument("--work", default="", help="folder for the generated models (default: a temporary one)")
+    ap.add_argument("--name", default="decode_peers", help="writes bench/results/NAME.{md,json,png}")
     a = ap.parse_args()
 
     work = Path(a.work or tempfile.mkdtemp(prefix="qkv_decode_peers_"))
@@ -247,7 +247,9 @@ def main() -> int:
     results: dict[tuple, list] = {}
     batch_file = work / "prompts.txt"
     batch_file.write_text("".join(f"{PROMPT}{' there was' * (i % 3)}\n" for i in range(max(a.batch, 1))))
-    loads = [load()]
+    build = str(Path(a.qkv).resolve().parent)
+    before = report.measure_peak(build)
+    loads = [report.loadavg()]
     for _ in range(a.rounds):
         for name, (binp, tokp, ggp) in models.items():
             steps = STEPS[name]
@@ -262,13 +264,20 @@ def main() -> int:
                 if a.batch:
                     results.setdefault((name, T, f"qkv B={a.batch}"), []).append(
                         run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file)], key=(name, T, f"qkv B={a.batch}")))
-        loads.append(load())
+        loads.append(report.loadavg())
+    after = report.measure_peak(build)
+    machine = report.machine_line(before, after, loads)
+    lines = []
 
-    print(f"load (1-min) over the rounds: {', '.join(loads)}; {a.rounds} interleaved rounds, medians, tok/s\n")
+    def say(line=""):
+        print(line)
+        lines.append(line)
+
+    say(f"load (1-min) over the rounds: {', '.join(map(str, loads))}; {a.rounds} interleaved rounds, medians, tok/s\n")
     peers = ["llama2.c", "llama.cpp"]
-    print("| model | threads | qkv | " + " | ".join(f"{p} | qkv / {p}" for p in peers) +
-          f" | qkv B={a.batch} (all sequences) | B={a.batch} / B=1 |")
-    print("|---|---|---|" + "---|---|" * len(peers) + "---|---|")
+    say("| model | threads | qkv | " + " | ".join(f"{p} | qkv / {p}" for p in peers) +
+        f" | qkv B={a.batch} (all sequences) | B={a.batch} / B=1 |")
+    say("|---|---|---|" + "---|---|" * len(peers) + "---|---|")
     for name in models:
         for T in threads:
             q = statistics.median(results[(name, T, "qkv")])
@@ -278,15 +287,28 @@ def main() -> int:
                 row += f" {statistics.median(r):.0f} | {q / statistics.median(r):.2f}× |" if r else " – | – |"
             rb = results.get((name, T, f"qkv B={a.batch}"))
             row += f" {statistics.median(rb):.0f} | {statistics.median(rb) / q:.2f}× |" if rb else " – | – |"
-            print(row)
-    print("\nCPU seconds per run (whole process: load, prefill, decode; medians):")
+            say(row)
+    say("\nCPU seconds per run (whole process: load, prefill, decode; medians):")
     for key in sorted(CPU):
-        print(f"  {' '.join(map(str, key))}: {statistics.median(CPU[key]):.3f} s")
+        say(f"  {' '.join(map(str, key))}: {statistics.median(CPU[key]):.3f} s")
     for name in models:
         if len(threads) > 1:
             one, two = (statistics.median(results[(name, T, "qkv")]) for T in threads[:2])
-            print(f"\nqkv {name}: {threads[1]} threads / {threads[0]} = {two / one:.2f}×", end="")
-    print()
+            say(f"\nqkv {name}: {threads[1]} threads / {threads[0]} = {two / one:.2f}×")
+    say(machine)
+    report.write_results(a.name, report.command_line(), machine, "\n".join(lines),
+                         {"rounds": a.rounds, "loads": loads, "before": before, "after": after,
+                          "tok_s": [{"model": k[0], "threads": k[1], "engine": k[2], "samples": v} for k, v in results.items()],
+                          "cpu_s": [{"run": list(map(str, k)), "samples": v} for k, v in CPU.items()]})
+    # tok/s relative to qkv at B=1 (one bar per engine, one group per model and thread count): the models'
+    # speeds differ by 100×, their ratios fit one axis.
+    groups = [(name, T) for name in models for T in threads]
+    engines = ["qkv", *peers] + ([f"qkv B={a.batch}"] if a.batch else [])
+    med = {key: statistics.median(v) for key, v in results.items()}
+    report.bar_plot(a.name + ".png", f"Decode tok/s as a share of qkv's (B=1), greedy, medians of {a.rounds} "
+                    "interleaved rounds (> 1: faster than qkv)", [f"{n}\n{T} thread{'s' if T > 1 else ''}" for n, T in groups],
+                    {e: [med[(n, T, e)] / med[(n, T, "qkv")] if (n, T, e) in med else None for n, T in groups]
+                     for e in engines}, "tok/s ÷ qkv's tok/s", machine, ref=1.0)
     return 0
 
 

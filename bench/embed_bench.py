@@ -14,9 +14,10 @@ includes the model load, and the peak RSS is the process's maximum resident set 
                     fuse attention, GELU and LayerNorm), same batches; skipped with a message when
                     onnxruntime is not installed.
 Rounds are interleaved (every contender once per round, in turn) and the table shows medians. The
-machine's fp32 FMA and bf16 dot-product peaks on `--threads` threads (bench_attention --peak, beside
---qkv in bench/) are measured before the first and after the last round, and `uptime` is printed
-with every run: on a shared machine they say how much of it the contenders had.
+machine's fp32 FMA and bf16 dot-product peaks (bench_attention --peak, beside --qkv in bench/) are
+measured before the first and after the last round, and the load average is recorded with every run:
+on a shared machine they say how much of it the contenders had. Writes bench/results/embed_bench.{md,json}
+and the plot embed_bench.png through bench/report.py.
 
     python3 bench/embed_bench.py [--qkv build-ci/qkv] [--threads 2] [--lines 2000] [--rounds 3] [--no-peers]
 """
@@ -30,7 +31,10 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
+
+ROOT = report.ROOT
 
 PEER = r"""
 import sys, time, numpy as np
@@ -121,25 +125,6 @@ def run(cmd):
     return wall, float(user) + float(system), int(rss_kb) / 1024
 
 
-def machine_peak(qkv_bin):
-    """{fma_peak_gflops_2t, bf16_dot_peak_gflops_2t, ...} from bench_attention --peak (its context), or {}
-    with a message when the bench program is not built."""
-    import json
-    prog = os.path.join(os.path.dirname(os.path.abspath(qkv_bin)), "bench", "bench_attention")
-    if not os.path.exists(prog):
-        print(f"machine peak not measured: {prog} is not built")
-        return {}
-    out = subprocess.run([prog, "--peak", "--small-grid", "--benchmark_filter=fwd/qkv/f32/B1/H16/Hkv16/S256/D64/full/",
-                          "--benchmark_min_time=0.01s", "--benchmark_format=json"], capture_output=True, text=True,
-                         check=True).stdout
-    ctx = json.loads(out)["context"]
-    return {k: round(float(v), 1) for k, v in ctx.items() if "peak" in k}
-
-
-def uptime():
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qkv", default=os.path.join(ROOT, "build-ci", "qkv"))
@@ -161,7 +146,7 @@ def main():
     # The projections' FLOPs: per token and layer 2·(4·C² + 2·C·Hd), C = 384, Hd = 1536, 6 layers.
     proj = n_tok * 2 * 6 * (4 * 384 * 384 + 2 * 384 * 1536)
     print(f"{a.lines} lines, {n_tok} tokens after truncation ({proj / 1e12:.2f} TFLOP of projections), "
-          f"{a.threads} threads, load {os.getloadavg()}")
+          f"{a.threads} threads, load {report.loadavg()}")
     env_threads = {**os.environ, "QKV_NUM_THREADS": str(a.threads), "OMP_NUM_THREADS": str(a.threads)}
     os.environ.update(env_threads)
     cmds = {}
@@ -186,28 +171,47 @@ def main():
     for kind in peers:
         cmds[kind] = [sys.executable, "-c", PEER, kind, model, lines_path, os.path.join(tmp, f"{kind}.npy"),
                       str(a.threads)]
-    print(f"machine peak before (GFLOP/s): {machine_peak(a.qkv)}; {uptime()}", flush=True)
+    build = os.path.dirname(os.path.abspath(a.qkv))
+    before = report.measure_peak(build)
+    print(f"machine before: {before}", flush=True)
     times = {name: [] for name in cmds}
+    loads = []
     for r in range(a.rounds):
         for name, cmd in cmds.items():
             times[name].append(run(cmd))
+            loads.append(report.loadavg())
             print(f"round {r + 1}: {name}: wall {times[name][-1][0]:.1f} s, CPU {times[name][-1][1]:.1f} s; "
-                  f"{uptime()}", flush=True)
-    print(f"machine peak after (GFLOP/s): {machine_peak(a.qkv)}; {uptime()}", flush=True)
+                  f"load {loads[-1]}", flush=True)
+    after = report.measure_peak(build)
+    machine = report.machine_line(before, after, loads)
+    print(machine, flush=True)
     emb = {name: np.load(cmd[cmd.index("--out") + 1] if name.startswith("qkv") else cmd[6]) for name, cmd in cmds.items()}
     med = {name: (float(np.median([t[0] for t in ts])), float(np.median([t[1] for t in ts])), max(t[2] for t in ts))
            for name, ts in times.items()}
     ref_name = peers[0] if peers else "qkv embed f32"
     ref = emb[ref_name]
-    print(f"\n| contender ({a.threads} threads, median of {a.rounds}) | wall s | sentences/s | vs {ref_name} (wall) | "
-          f"CPU s | vs {ref_name} (CPU) | peak RSS MiB | worst cosine vs {ref_name} |")
-    print("|---|---|---|---|---|---|---|---|")
+    rows = [f"| contender ({a.threads} threads, median of {a.rounds}) | wall s | sentences/s | vs {ref_name} (wall) | "
+            f"CPU s | vs {ref_name} (CPU) | peak RSS MiB | worst cosine vs {ref_name} |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, (wall, cpu, rss) in med.items():
         e = emb[name]
         cos = np.sum(e * ref, 1) / (np.linalg.norm(e, axis=1) * np.linalg.norm(ref, axis=1))
-        print(f"| {name} | {wall:.1f} | {a.lines / wall:.1f} | {med[ref_name][0] / wall:.2f}× | {cpu:.1f} | "
-              f"{med[ref_name][1] / cpu:.2f}× | {rss:.0f} | {cos.min():.6f} |")
-    print(f"load average after: {os.getloadavg()}")
+        rows.append(f"| {name} | {wall:.1f} | {a.lines / wall:.1f} | {med[ref_name][0] / wall:.2f}× | {cpu:.1f} | "
+                    f"{med[ref_name][1] / cpu:.2f}× | {rss:.0f} | {cos.min():.6f} |")
+    table = "\n".join(rows)
+    print("\n" + table)
+    head = (f"{a.lines} lines, {n_tok} tokens after truncation ({proj / 1e12:.2f} TFLOP of projections), "
+            f"{a.threads} threads; medians of interleaved rounds.")
+    report.write_results("embed_bench", report.command_line(), machine,
+                         head + "\n\n" + table,
+                         {"lines": a.lines, "tokens": n_tok, "threads": a.threads,
+                          "runs": {name: [{"wall_s": w, "cpu_s": c, "peak_rss_mib": m} for w, c, m in ts]
+                                   for name, ts in times.items()}, "before": before, "after": after})
+    names = list(med)
+    report.bar_plot("embed_bench.png", f"qkv embed vs peers: {a.lines} lines of Shakespeare, all-MiniLM-L6-v2, "
+                    f"{a.threads} threads (whole process, model load included)",
+                    ["sentences / s (wall)", "sentences / CPU s"],
+                    {n: [a.lines / med[n][0], a.lines / med[n][1]] for n in names}, "sentences per second", machine)
 
 
 if __name__ == "__main__":

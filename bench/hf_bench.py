@@ -15,13 +15,15 @@ backward time is not included, so training rows understate it), in seconds and a
 row. "cpu" is the process CPU time of the row: on a machine shared with other jobs it is less noisy
 than wall time (the two threads are descheduled, not slowed).
 Threads: torch and qkv both at 2 (torch.set_num_threads(2), QKV_NUM_THREADS=2).
+Writes bench/results/hf_bench.{md,json} and the plot hf_bench.png through bench/report.py, with the machine's
+peak (bench_attention --peak in --build, when built) before and after and the load of every sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,6 +39,9 @@ from transformers.models.llama import modeling_llama  # noqa: E402
 
 import qkv  # noqa: E402
 import qkv.transformers  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 
 IMPLS = ("qkv", "sdpa", "eager")
 _attn_time = [0.0]
@@ -130,19 +135,21 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sentences", type=int, default=2000)
     ap.add_argument("--rows", default="minilm,gpt2,llama")
+    ap.add_argument("--build", default=os.path.join(report.ROOT, "build-ci"), help="where bench/bench_attention is")
     args = ap.parse_args()
     torch.set_num_threads(2)
     install_timers()
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, qkv isa {qkv.active_isa()}, "
-          f"threads torch {torch.get_num_threads()} qkv {qkv.num_threads()}; load {os.getloadavg()}")
+    versions = (f"torch {torch.__version__}, transformers {transformers.__version__}, qkv isa {qkv.active_isa()}, "
+                f"threads torch {torch.get_num_threads()} qkv {qkv.num_threads()}")
+    print(versions)
+    before = report.measure_peak(args.build)
     makers = {"minilm": lambda: row_minilm(args.sentences), "gpt2": row_gpt2, "llama": row_llama}
+    samples, loads, lines = {}, [], []
     for name in args.rows.split(","):
         model, run = makers[name]()
         model.set_attn_implementation("qkv")
         run(warm=True)                                   # warm-up (allocations, first-call paths)
-        times = {i: [] for i in IMPLS}
-        cpu = {i: [] for i in IMPLS}
-        attn = {i: [] for i in IMPLS}
+        rows = samples[name] = {i: [] for i in IMPLS}
         for r in range(args.rounds):
             order = IMPLS[r % 3:] + IMPLS[:r % 3]
             for impl in order:
@@ -152,16 +159,32 @@ def main():
                 t = time.perf_counter()
                 run()
                 dt = time.perf_counter() - t
-                times[impl].append(dt)
-                cpu[impl].append(time.process_time() - c)
-                attn[impl].append(_attn_time[0])
-        base = statistics.median(times["sdpa"])
+                loads.append(report.loadavg())
+                rows[impl].append({"wall_s": dt, "cpu_s": time.process_time() - c, "attn_s": _attn_time[0],
+                                   "load": loads[-1]})
+        med = {i: {k: report.median([x[k] for x in rows[i]]) for k in ("wall_s", "cpu_s", "attn_s")} for i in IMPLS}
         for impl in IMPLS:
-            med, a = statistics.median(times[impl]), statistics.median(attn[impl])
-            print(f"{name:7s} {impl:6s} median {med:8.3f} s  (runs {', '.join(f'{t:.3f}' for t in times[impl])})  "
-                  f"vs sdpa {base / med:5.2f}x  attn {a:7.3f} s = {100 * a / med:4.1f} %  "
-                  f"cpu {statistics.median(cpu[impl]):8.3f} s", flush=True)
-        print(f"        load after row: {os.getloadavg()}")
+            m = med[impl]
+            walls = [x["wall_s"] for x in rows[impl]]
+            vs_sdpa = report.ratio_summary(report.paired_ratios([x["wall_s"] for x in rows["sdpa"]], walls))
+            runs = ", ".join(f"{w:.3f}" for w in walls)
+            lines.append(f"| {name} | {impl} | {m['wall_s']:.3f} | {runs} | {vs_sdpa} | "
+                         f"{m['attn_s']:.3f} ({100 * m['attn_s'] / m['wall_s']:.1f} %) | {m['cpu_s']:.3f} |")
+            print(lines[-1], flush=True)
+    after = report.measure_peak(args.build)
+    machine = report.machine_line(before, after, loads)
+    print(machine)
+    table = "\n".join(["| row | attn_implementation | median wall s | runs | sdpa / this (wall) | attention s (share) | "
+                       "CPU s |", "|---|---|---|---|---|---|---|", *lines])
+    report.write_results("hf_bench", report.command_line(), machine,
+                         versions + "; medians of interleaved rounds, ratios: median (range) of paired rounds.\n\n"
+                         + table, {"versions": versions, "samples": samples, "before": before, "after": after})
+    names = list(samples)
+    report.bar_plot("hf_bench.png", "transformers with attn_implementation qkv / sdpa / eager: speed against sdpa "
+                    "(median of paired rounds; > 1 is faster)", names,
+                    {i: [report.median(report.paired_ratios([x["wall_s"] for x in samples[n]["sdpa"]],
+                                                            [x["wall_s"] for x in samples[n][i]])) for n in names]
+                     for i in IMPLS}, "sdpa time / this time", machine, ref=1.0)
 
 
 if __name__ == "__main__":

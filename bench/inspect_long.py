@@ -19,10 +19,11 @@ bertviz (when it is installed; skipped with a message otherwise), the same round
            category10) and libjs-jquery, loaded from /usr/share/javascript and not counted);
   ready    seconds from navigation until all 40 thumbnails are drawn (bertviz draws them in one
            task: the first evaluation that can run sees them all), at most --bertviz-timeout.
-Medians over the rounds; the load average is printed with the table.
+Medians over the rounds. Through bench/report.py: the machine line (bench_attention --peak beside --qkv before and
+after, when built; the load after every round), bench/results/NAME.{md,json} and the plot NAME.png (page size and
+time until drawn, qkv beside bertviz).
 
-    python3 bench/inspect_long.py [--qkv build-ci/qkv] [--rounds 3] [--out bench/results/inspect_long.md]
-                                  [--bertviz-timeout 120]
+    python3 bench/inspect_long.py [--qkv build-ci/qkv] [--rounds 3] [--name inspect_long] [--bertviz-timeout 120]
 """
 import argparse
 import importlib.metadata
@@ -36,6 +37,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "inspect"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import report  # noqa: E402
 from browser import Browser  # noqa: E402
 from long_context import PROMPT_1000, STORY, stories260k_with_context  # noqa: E402
 
@@ -95,7 +98,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qkv", default=os.path.join(ROOT, "build-ci", "qkv"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "inspect_long.md"))
+    ap.add_argument("--name", default="inspect_long", help="writes bench/results/NAME.{md,json,png}")
     ap.add_argument("--bertviz-timeout", type=float, default=120.0)
     a = ap.parse_args()
     try:
@@ -116,7 +119,9 @@ def main():
     prompts = {128: PROMPT_128, 512: PROMPT_512, 1000: PROMPT_1000}
     rows = {n: {"compute": [], "cpu": [], "size": [], "ready": [], "thumbs": [], "scroll": []} for n in prompts}
     peer_rows = {n: {"compute": [], "cpu": [], "size": [], "ready": []} for n in prompts}
-    load0 = os.getloadavg()
+    build = os.path.dirname(os.path.abspath(a.qkv))
+    before = report.measure_peak(build)
+    loads = [report.loadavg()]
     browser = Browser()
     try:
         for r in range(a.rounds):
@@ -154,12 +159,13 @@ def main():
                     peer_rows[n][k].append(v)
                 print(f"round {r}, {n} tokens, bertviz: " + ", ".join(f"{k} {v[-1]:.3g}" for k, v in peer_rows[n].items()),
                       flush=True)
+            loads.append(report.loadavg())
     finally:
         browser.close()
-    load1 = os.getloadavg()
+    after = report.measure_peak(build)
+    machine = report.machine_line(before, after, loads)
     med = {n: {k: statistics.median(v) for k, v in rows[n].items()} for n in rows}
-    lines = [f"`python3 bench/inspect_long.py --rounds {a.rounds}`, stories260K, medians of {a.rounds}; "
-             f"load {load0[0]:.1f} before, {load1[0]:.1f} after; {os.cpu_count()} cores.", "",
+    lines = [f"stories260K, medians of {a.rounds}; {os.cpu_count()} cores.", "",
              "| tokens | qkv inspect wall (CPU) | index.html | page ready (chromium, wall) | 40 thumbnails redrawn | scroll redraw |",
              "|---|---|---|---|---|---|"]
     for n, m in med.items():
@@ -173,10 +179,21 @@ def main():
             m = {k: statistics.median(v) for k, v in peer_rows[n].items()}
             ready = "∞" if m["ready"] == float("inf") else f"{m['ready']:.2f} s"
             lines.append(f"| {n} | {m['compute']:.2f} s ({m['cpu']:.2f} s) | {m['size'] / 1e6:.2f} MB | {ready} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(a.out, "w") as f:
-        f.write(text)
+    print("\n".join(lines) + "\n" + machine)
+    report.write_results(a.name, report.command_line(), machine, "\n".join(lines),
+                         {"rounds": a.rounds, "qkv": rows, "bertviz": peer_rows if peer else None, "loads": loads,
+                          "before": before, "after": after})
+    lengths = list(prompts)
+    peer_med = {n: {k: statistics.median(v) for k, v in peer_rows[n].items()} for n in lengths} if peer else {}
+    # A page bertviz did not draw within the timeout has no time to show (None leaves its bar out).
+    peer_ready = [None if not peer or peer_med[n]["ready"] == float("inf") else peer_med[n]["ready"] for n in lengths]
+    report.bar_plot(a.name + ".png", "qkv inspect's page beside bertviz's model view (stories260K; log axis)",
+                    [f"{n} tokens" for n in lengths],
+                    {"qkv: page MB": [med[n]["size"] / 1e6 for n in lengths],
+                     "qkv: s until drawn": [med[n]["ready"] for n in lengths],
+                     "bertviz: page MB": [peer_med[n]["size"] / 1e6 if peer else None for n in lengths],
+                     "bertviz: s until drawn": peer_ready},
+                    "MB / seconds", machine, log=True)
 
 
 if __name__ == "__main__":

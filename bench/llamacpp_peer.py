@@ -33,7 +33,9 @@ QKV_NUM_THREADS=T); llama.cpp through llama-cpp-python's low-level API in a fres
 n_threads_batch = T, n_batch = n_ubatch = 512, a warm-up decode first; at T > 1 the faster of OMP_WAIT_POLICY
 ACTIVE and PASSIVE), timed around llama_decode. Both
 report process CPU seconds too: on a shared machine they move far less with the load than wall time.
-Rounds interleave qkv and llama.cpp; medians over the rounds; `uptime`'s load is printed beside.
+Rounds interleave qkv and llama.cpp; medians over the rounds. Through bench/report.py: the machine line (the peak
+by bench_attention --peak beside --bench-model before and after, when built; the load after every round),
+bench/results/NAME.{md,json} and the plot NAME.png of the decode ratios (--name, default llamacpp_peer).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report  # noqa: E402
 from decode_peers import random_tensors, write_gguf, write_llama2c, write_tokenizer  # noqa: E402
 from llamacpp_driver import run_llama_cpp  # noqa: E402
 
@@ -59,10 +62,6 @@ SHAPES = {
 PROMPT, PREFILL = 16, 512
 POSITIONS = {"random-6.1M": 256, "random-110M": 64}
 
-
-
-def load() -> str:
-    return open("/proc/loadavg").read().split()[0]
 
 
 CHECK_CHILD = r"""
@@ -123,6 +122,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--models", default="random-6.1M,random-110M")
     ap.add_argument("--work", default="", help="folder for the generated models (default: a temporary one)")
+    ap.add_argument("--name", default="llamacpp_peer", help="writes bench/results/NAME.{md,json,png}")
     ap.add_argument("--check", action="store_true", help="first check that both run the same model (needs qkv's "
                     "Python package; fails when the logits differ by more than 1e-4 of the largest)")
     a = ap.parse_args()
@@ -157,7 +157,9 @@ def main() -> int:
         return 0  # --rounds 0: the files (and --check) only
     threads = [int(x) for x in a.threads.split(",")]
     res: dict[tuple, list[dict]] = {}
-    loads = [load()]
+    build = str(Path(a.bench_model).resolve().parent.parent)
+    before = report.measure_peak(build)
+    loads = [report.loadavg()]
     for _ in range(a.rounds):
         for name, paths in files.items():
             pos, vocab = POSITIONS[name], SHAPES[name][5]
@@ -168,25 +170,46 @@ def main() -> int:
                 for dt in ("f32", "bf16", "f16"):
                     res.setdefault((name, T, "llama.cpp", dt), []).append(
                         run_llama_cpp(paths[f"{dt}.gguf"], T, pos, vocab, PROMPT, PREFILL))
-            loads.append(load())
+            loads.append(report.loadavg())
+    after = report.measure_peak(build)
+    machine = report.machine_line(before, after, loads)
+    lines = []
+
+    def say(line=""):
+        print(line)
+        lines.append(line)
 
     med = lambda key, field: statistics.median(r[field] for r in res[key])  # noqa: E731
-    print(f"load (1-min) over the rounds: {', '.join(loads)}; {a.rounds} interleaved rounds, medians\n")
+    say(f"load (1-min) over the rounds: {', '.join(map(str, loads))}; {a.rounds} interleaved rounds, medians\n")
     for what, field, cpu_field, cpu_unit in (("decode", "decode_tok_s", "decode_cpu_ms_per_token", "CPU ms/token"),
                                              (f"prefill {PREFILL}", "prefill_tok_s", "prefill_cpu_ms", "CPU ms")):
-        print(f"{what}, tok/s ({cpu_unit} in brackets):\n")
-        print("| model | threads | qkv f32 | llama.cpp f32 | ratio | qkv bf16 | llama.cpp bf16 | llama.cpp f16 "
-              "| ratio (vs the faster) |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        say(f"{what}, tok/s ({cpu_unit} in brackets):\n")
+        say("| model | threads | qkv f32 | llama.cpp f32 | ratio | qkv bf16 | llama.cpp bf16 | llama.cpp f16 "
+            "| ratio (vs the faster) |")
+        say("|---|---|---|---|---|---|---|---|---|")
         for name in files:
             for T in threads:
                 cell = lambda key: f"{med(key, field):.0f} ({med(key, cpu_field):.2f})"  # noqa: E731
                 q32, l32 = (name, T, "qkv", "f32"), (name, T, "llama.cpp", "f32")
                 q16, lb, lh = (name, T, "qkv", "bf16"), (name, T, "llama.cpp", "bf16"), (name, T, "llama.cpp", "f16")
                 best = max(med(lb, field), med(lh, field))
-                print(f"| {name} | {T} | {cell(q32)} | {cell(l32)} | {med(q32, field) / med(l32, field):.2f}× "
-                      f"| {cell(q16)} | {cell(lb)} | {cell(lh)} | {med(q16, field) / best:.2f}× |")
-        print()
+                say(f"| {name} | {T} | {cell(q32)} | {cell(l32)} | {med(q32, field) / med(l32, field):.2f}× "
+                    f"| {cell(q16)} | {cell(lb)} | {cell(lh)} | {med(q16, field) / best:.2f}× |")
+        say()
+    say(machine)
+    report.write_results(a.name, report.command_line(), machine, "\n".join(lines),
+                         {"rounds": a.rounds, "loads": loads, "before": before, "after": after,
+                          "runs": [{"model": k[0], "threads": k[1], "engine": k[2], "dtype": k[3], "samples": v}
+                                   for k, v in res.items()]})
+    groups = [(name, T) for name in files for T in threads]
+    dec = "decode_tok_s"
+    report.bar_plot(a.name + ".png", "Decode: qkv tok/s ÷ llama.cpp tok/s (> 1: qkv faster), same random Llama weights",
+                    [f"{n}\n{T} thread{'s' if T > 1 else ''}" for n, T in groups],
+                    {"f32": [med((n, T, "qkv", "f32"), dec) / med((n, T, "llama.cpp", "f32"), dec) for n, T in groups],
+                     "bf16 (llama.cpp: the faster of bf16, f16)":
+                         [med((n, T, "qkv", "bf16"), dec) / max(med((n, T, "llama.cpp", "bf16"), dec),
+                                                                med((n, T, "llama.cpp", "f16"), dec)) for n, T in groups]},
+                    "ratio of decode tok/s", machine, ref=1.0)
     return 0
 
 

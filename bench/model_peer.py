@@ -21,6 +21,10 @@ and values): Model::forward's default and TorchModel.forward(all_logits=False).
 
 stories260K: prompt 128 tokens, decode 128. GPT-2-small shape (12 layers, 12 heads, d_model 768,
 context 1024, vocab 50257, random weights): prompt 512, decode 64. Medians of the repeats.
+
+Through bench/report.py: the machine line (bench_attention --peak in --build before and after, when built, and the
+load after every round), bench/results/NAME.{md,json} and the plot NAME.png of the ratios (--name, default
+model_peer).
 """
 import argparse
 import json
@@ -33,6 +37,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 from torch_model import TorchModel, load_llama2c  # noqa: E402
 
 
@@ -79,12 +85,13 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--name", default="model_peer", help="writes bench/results/NAME.{md,json,png}")
     a = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("QKV_NUM_THREADS", "2")))
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     exe = os.path.join(a.build, "bench", "bench_model")
-    with open("/proc/loadavg") as f:
-        load_before = " ".join(f.read().split()[:3])
+    before = report.measure_peak(a.build)
+    loads = []
     rows = []
     for name, qkv_args, make, prompt, decode in (
             ("stories260K", ["--model", os.path.join(root, "data/models/stories260K/stories260K.bin")],
@@ -107,6 +114,7 @@ def main():
                 pre, dec = torch_speed(model, cfg["vocab_size"], prompt, decode, a.repeats)
                 ts[label][0].extend(pre)
                 ts[label][1].extend(dec)
+            loads.append(report.loadavg())
         q = {w: {"prefill_tok_s": statistics.median(pre), "decode_tok_s": statistics.median(dec)}
              for w, (pre, dec) in qs.items()}
         t = {label: (statistics.median(pre), statistics.median(dec)) for label, (pre, dec) in ts.items()}
@@ -122,22 +130,35 @@ def main():
                      best_p, q["bf16+gemm"]["decode_tok_s"], t[best_d][1], best_d))
         rows.append((name, prompt, decode, "(torch bf16)", None, t["bf16"][0], "bf16", None, t["bf16"][1], "bf16"))
         del p, peers
-    with open("/proc/loadavg") as f:
-        load_after = " ".join(f.read().split()[:3])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; medians of {a.rounds} alternating "
-          f"rounds x {a.repeats} repeats; "
-          f"load average before {load_before}, after {load_after}")
-    print("| model | prompt | decode | qkv weights | qkv prefill tok/s | torch prefill tok/s (mode) | ratio "
-          "| qkv decode tok/s | torch decode tok/s (mode) | ratio |")
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    after = report.measure_peak(a.build)
+    machine = report.machine_line(before, after, loads)
+    lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+             f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; "
+             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; medians of {a.rounds} alternating "
+             f"rounds x {a.repeats} repeats",
+             "",
+             "| model | prompt | decode | qkv weights | qkv prefill tok/s | torch prefill tok/s (mode) | ratio "
+             "| qkv decode tok/s | torch decode tok/s (mode) | ratio |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for n, P, N, w, qp, tp, tpm, qd, td, tdm in rows:
         if qp is None:
-            print(f"| {n} | {P} | {N} | {w} | | {tp:.0f} (bf16) | | | {td:.1f} (bf16) | |")
+            lines.append(f"| {n} | {P} | {N} | {w} | | {tp:.0f} (bf16) | | | {td:.1f} (bf16) | |")
             continue
-        print(f"| {n} | {P} | {N} | {w} | {qp:.0f} | {tp:.0f} ({tpm}) | {qp / tp:.2f}× "
-              f"| {qd:.1f} | {td:.1f} ({tdm}) | {qd / td:.2f}× |")
+        lines.append(f"| {n} | {P} | {N} | {w} | {qp:.0f} | {tp:.0f} ({tpm}) | {qp / tp:.2f}× "
+                     f"| {qd:.1f} | {td:.1f} ({tdm}) | {qd / td:.2f}× |")
+    print("\n".join(lines))
+    print(machine)
+    report.write_results(a.name, report.command_line(), machine, "\n".join(lines),
+                         {"rounds": a.rounds, "repeats": a.repeats, "loads": loads, "before": before, "after": after,
+                          "rows": [dict(zip(("model", "prompt", "decode", "qkv_weights", "qkv_prefill_tok_s",
+                                             "torch_prefill_tok_s", "torch_prefill_mode", "qkv_decode_tok_s",
+                                             "torch_decode_tok_s", "torch_decode_mode"), r)) for r in rows]})
+    ratio_rows = [r for r in rows if r[4] is not None]
+    report.bar_plot(a.name + ".png", "qkv's model against eager PyTorch (KV cache, SDPA), batch 1: speed ratio "
+                    "(> 1: qkv faster)", [f"{r[0].replace(' shape', '')}\n{r[3].replace(', bf16 GEMM inputs', ' + GEMM in')}"
+                                            for r in ratio_rows],
+                    {"prefill": [r[4] / r[5] for r in ratio_rows], "decode": [r[7] / r[8] for r in ratio_rows]},
+                    "qkv tok/s ÷ torch tok/s", machine, log=True, ref=1.0)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ goal of issue #16 when every ratio is at least 1/3 (two busy threads beside two 
 cores leave qkv about half of the machine: an ideal scheduler gives 1/2).
 
   bench/oversubscription.py [--build build] [--rounds 5] [--busy numpy|qkv] [--busy-threads 2]
-                            [--only train,forward,decode]
+                            [--only train,forward,decode] [--name oversubscription]
+
+Through bench/report.py: the machine line (bench_attention --peak before and after, the load of every round),
+bench/results/NAME.{md,json} and the plot NAME.png of the busy / quiet ratios.
 """
 
 import argparse
@@ -28,6 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT / "data/tinyshakespeare/input.txt"
@@ -108,6 +114,7 @@ def main():
     ap.add_argument("--busy-threads", type=int, default=2)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("QKV_NUM_THREADS", "2")))
     ap.add_argument("--only", default="train,forward,decode")
+    ap.add_argument("--name", default="oversubscription", help="writes bench/results/NAME.{md,json,png}")
     a = ap.parse_args()
     build = pathlib.Path(a.build)
     names = a.only.split(",")
@@ -115,7 +122,9 @@ def main():
         if n not in WORKLOADS:
             sys.exit(f"oversubscription.py: --only: unknown workload '{n}' (known: {', '.join(WORKLOADS)})")
     figures = {n: {"quiet": [], "busy": []} for n in names}
-    print(f"load before: {os.getloadavg()}", flush=True)
+    before = report.measure_peak(str(build))
+    loads = [report.loadavg()]
+    print(f"machine before: {before}", flush=True)
     for r in range(a.rounds):
         for n in names:
             fn, steps, unit = WORKLOADS[n]
@@ -128,16 +137,28 @@ def main():
                 busy_proc.wait()
             figures[n]["quiet"].append(quiet)
             figures[n]["busy"].append(busy)
-            print(f"round {r + 1} {n}: quiet {quiet:.1f} {unit}, beside busy {busy:.1f} {unit}", flush=True)
-    print(f"load after: {os.getloadavg()}")
-    print(f"\n| workload | quiet (median) | beside a busy {a.busy_threads}-thread {a.busy} process | ratio |")
-    print("|---|---|---|---|")
+            loads.append(report.loadavg())
+            print(f"round {r + 1} {n}: quiet {quiet:.1f} {unit}, beside busy {busy:.1f} {unit}; load {loads[-1]}",
+                  flush=True)
+    after = report.measure_peak(str(build))
+    machine = report.machine_line(before, after, loads)
+    lines = [f"| workload | quiet (median) | beside a busy {a.busy_threads}-thread {a.busy} process | ratio |",
+             "|---|---|---|---|"]
     worst = 1.0
+    ratios = {}
     for n in names:
-        q, b = statistics.median(figures[n]["quiet"]), statistics.median(figures[n]["busy"])
+        q, b = report.median(figures[n]["quiet"]), report.median(figures[n]["busy"])
+        ratios[n] = b / q
         worst = min(worst, b / q)
-        print(f"| {n} | {q:.1f} {WORKLOADS[n][2]} | {b:.1f} {WORKLOADS[n][2]} | {b / q:.2f} |")
-    print(f"\nworst ratio {worst:.2f} (goal: at least 0.33)")
+        lines.append(f"| {n} | {q:.1f} {WORKLOADS[n][2]} | {b:.1f} {WORKLOADS[n][2]} | {b / q:.2f} |")
+    lines.append(f"\nworst ratio {worst:.2f} (goal: at least 0.33)")
+    print("\n" + "\n".join(lines) + "\n" + machine)
+    report.write_results(a.name, report.command_line(), machine, "\n".join(lines),
+                         {"threads": a.threads, "busy": a.busy, "busy_threads": a.busy_threads, "figures": figures,
+                          "loads": loads, "before": before, "after": after})
+    report.bar_plot(a.name + ".png", f"qkv beside a busy {a.busy_threads}-thread {a.busy} process: speed busy / quiet "
+                    "(1/2 is a fair share of 2 cores; goal ≥ 1/3)", names, {"busy / quiet": [ratios[n] for n in names]},
+                    "ratio of medians", machine, ref=0.5)
 
 
 if __name__ == "__main__":

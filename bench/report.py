@@ -1,6 +1,16 @@
-"""What the attention benchmark drivers (run_bench.py, run_backward_bench.py) share: where results go, the
-environment both sides run in, one Google Benchmark row as a median, the machine's measured limits, and the
+"""What every benchmark driver in bench/ shares: where results go, the environment both sides run in, one Google
+Benchmark row as a median, the machine's measured limits and the load (one machine line), medians and paired
+ratios, the results files (bench/results/NAME.md beside NAME.json), plots (PNG, matplotlib's headless Agg), and the
 rewriting of a generated block of BENCHMARKS.md.
+
+A driver measures; this module writes. The usual end of a driver:
+
+    peak_before = report.measure_peak(build)            # before the first round ...
+    ...                                                 # interleaved rounds, each sample with report.loadavg()
+    peak_after = report.measure_peak(build)             # ... and after the last
+    report.write_results("NAME", command=..., machine=report.machine_line(peak_before, peak_after, loads),
+                         body=table, data={...})
+    report.bar_plot("NAME.png", ...)
 
 A generated block sits between `<!-- NAME:begin (bench/DRIVER.py) -->` and `<!-- NAME:end -->`; update_doc replaces
 what lies between and leaves the rest of the file, so the hand-written paragraphs around a table survive a re-run.
@@ -8,8 +18,10 @@ what lies between and leaves the rest of the file, so the hand-written paragraph
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results")
@@ -80,3 +92,112 @@ def save_plot(fig, name):
     tmp = os.path.join(OUT, name + ".tmp.png")
     fig.savefig(tmp, dpi=110)
     os.replace(tmp, os.path.join(OUT, name))
+
+
+def command_line(launcher="python3"):
+    """How this driver was run, to copy: `LAUNCHER bench/DRIVER.py ARGS` (arguments shell-quoted; launcher
+    "torchrun --standalone --nproc-per-node P" for the drivers torchrun starts)."""
+    return " ".join([launcher, os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *map(shlex.quote, sys.argv[1:])])
+
+
+def loadavg():
+    """The 1-minute load average now, to 0.01 (what every sample records beside its time)."""
+    return round(os.getloadavg()[0], 2)
+
+
+PEAK_ROW = "fwd/qkv/f32/B1/H16/Hkv16/S256/D64/full/T2/real_time"  # the short row `--peak` needs to write its context
+
+
+def measure_peak(build, env=None):
+    """The machine's limits now, measured by BUILD/bench/bench_attention --peak: {"fma_peak_gflops_2t",
+    "fma_peak_gflops_1t", "bf16_dot_peak_gflops_2t" (AVX-512 BF16 only), "read_bandwidth_gbs_2t", ...} as floats
+    rounded to 0.1, with "load" the 1-minute load average beside them. {} with a message on stderr when
+    bench_attention is not built (cmake -DQKV_BUILD_BENCH=ON)."""
+    exe = os.path.join(build, "bench", "bench_attention")
+    if not os.path.exists(exe):
+        print(f"bench/report.py: machine peak not measured: {exe} is not built (cmake -DQKV_BUILD_BENCH=ON)",
+              file=sys.stderr)
+        return {}
+    ctx = machine(exe, ["--small-grid"], PEAK_ROW, env or peer_env())
+    out = {k: round(float(v), 1) for k, v in ctx.items() if "peak" in k or "bandwidth" in k or "triad" in k}
+    out["load"] = loadavg()
+    return out
+
+
+def machine_line(before, after, loads=()):
+    """One line saying what the machine could do while a driver ran: its fp32 FMA peak on 2 threads measured before
+    and after (bf16 dot-product peak and read bandwidth where measured) and the span of the load averages the
+    samples recorded. `before`, `after`: measure_peak()'s dicts (empty when not measured)."""
+    parts = []
+    for key, what, unit in (("fma_peak_gflops_2t", "fp32 FMA peak", "GFLOP/s"),
+                            ("bf16_dot_peak_gflops_2t", "bf16 dot-product peak", "GFLOP/s"),
+                            ("read_bandwidth_gbs_2t", "read bandwidth", "GB/s")):
+        xs = [d[key] for d in (before, after) if d and key in d]
+        if xs:
+            parts.append(f"{what} {span(xs, '{:.0f}')} {unit}")
+    head = ("machine (2 threads, bench_attention --peak before and after): " + ", ".join(parts) if parts
+            else "machine peak not measured")
+    ls = [x for x in loads] + [d["load"] for d in (before, after) if d and "load" in d]
+    return head + (f"; load average {span(ls, '{:.1f}')}" if ls else "")
+
+
+def median(xs):
+    """The median of a non-empty list of samples."""
+    return statistics.median(xs)
+
+
+def paired_ratios(num, den):
+    """num[i] / den[i] for the samples of one round each (interleaved rounds pair their samples, so a load drift hits
+    both sides of a ratio alike)."""
+    if len(num) != len(den):
+        raise ValueError(f"bench/report.py: paired_ratios: {len(num)} samples against {len(den)}")
+    return [a / b for a, b in zip(num, den)]
+
+
+def write_results(name, command, machine, body, data):
+    """bench/results/NAME.md (the command that made it, the machine line, then `body`: the driver's table and
+    notes, Markdown) and bench/results/NAME.json (`data`: every sample, with the machine line). Returns the .md path."""
+    md = os.path.join(OUT, name + ".md")
+    write_atomic(md, f"    {command}\n\n{machine}\n\n{body.rstrip()}\n")
+    write_atomic(os.path.join(OUT, name + ".json"), json.dumps(dict(data, machine=machine), indent=1) + "\n")
+    return md
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # headless: no display on the benchmark machines
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def bar_plot(name, title, groups, series, ylabel, note="", log=False, ref=None):
+    """A grouped bar chart as bench/results/NAME (PNG): one group of bars per entry of `groups`, one bar per series
+    (`series`: label → one value per group, None for none; a series without values, a peer that was skipped, is
+    left out), each bar labelled with its value; `note` under the axis (the machine line, say); `log`: a log axis
+    (ratios that span decades); `ref`: a dashed line at that value (1 for ratios)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
+    series = {label: values for label, values in series.items() if any(v is not None for v in values)}  # skipped peers
+    width = 0.8 / max(len(series), 1)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        pts = [(x, v) for x, v in zip(xs, values) if v is not None]
+        bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=label, color=f"C{i}")
+        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    if log:
+        from matplotlib.ticker import FormatStrFormatter
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))  # 4, not 4×10⁰
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    if ref is not None:
+        ax.axhline(ref, color="0.4", linestyle="--", linewidth=0.8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, never over a bar
+    ax.margins(y=0.15)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=6.5, color="0.35")
+    fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 1))
+    save_plot(fig, name)
+    plt.close(fig)

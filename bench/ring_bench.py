@@ -1,6 +1,6 @@
 """Ring attention (qkv.distributed) against one process doing the same total work.
 
-    python bench/ring_bench.py --S 32768 --H 1 --D 64 --rounds 3 --out bench/results/ring_S32768.json
+    python bench/ring_bench.py --S 32768 --H 1 --D 64 --rounds 3 --name ring_S32768
 
 Each round runs, in alternation (A/B interleaved, as the machine is shared):
   single  one process, T threads, qkv attention on the whole sequence (forward, then backward);
@@ -11,6 +11,8 @@ Figures are wall times of the attention calls only (process start and import exc
 median over rounds of each side's best-of-`--reps` per round. FLOP model: 4·B·H·S²·D forward,
 halved for causal; the backward is counted as 2.5x the forward.
 Overlap achieved = 1 - (exposed wait per step) / (transfer time of one block alone).
+Through bench/report.py: the machine line (bench_attention --peak in --build before and after, when built; the load
+of every round), bench/results/NAME.{md,json} (NAME: --name, default ring_S<S>_D<D>[_causal][_P<P>]) and NAME.png.
 """
 
 import argparse
@@ -25,6 +27,8 @@ import tempfile
 import time
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+import report  # noqa: E402
 
 
 def inputs(B, H, S, D, dtype, seed=0):
@@ -137,8 +141,9 @@ def main():
     p.add_argument("--reps", type=int, default=1, help="calls per process (the best is kept)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--role", choices=["driver", "single", "ring"], default="driver")
-    p.add_argument("--out-dir")
-    p.add_argument("--out")
+    p.add_argument("--out-dir", help="(ring ranks) where each rank writes its JSON")
+    p.add_argument("--name", help="writes bench/results/NAME.{md,json,png} (default ring_S<S>_D<D>[_causal][_P<P>])")
+    p.add_argument("--build", default=os.path.join(report.ROOT, "build-ci"), help="where bench/bench_attention is")
     a = p.parse_args()
     if a.role == "single":
         print(json.dumps(run_single(a)))
@@ -147,9 +152,10 @@ def main():
         run_ring(a)
         return
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    before = report.measure_peak(a.build)
     rounds = []
     for i in range(a.rounds):
-        load = os.getloadavg()[0]
+        load = report.loadavg()
         env1 = dict(env, QKV_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
         single = json.loads(subprocess.run([sys.executable, HERE, "--role", "single"] + child_args(a), env=env1,
                                            check=True, capture_output=True, text=True).stdout)
@@ -187,12 +193,26 @@ def main():
     summary["single_forward_gflops"] = flop / s_f / 1e9
     summary["ring_forward_gflops"] = flop / r_f / 1e9
     print(json.dumps({k_: v_ for k_, v_ in summary.items() if k_ not in ("steps_last_round",)}, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"args": vars(a), "host": platform.node(), "cpus": os.cpu_count(),
-                       "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                       "note": "shared 2-core machine, 6 engineers; A/B interleaved; load beside each round",
-                       "summary": summary, "rounds": rounds}, f, indent=1)
+    after = report.measure_peak(a.build)
+    machine = report.machine_line(before, after, [x["load_1min"] for x in rounds])
+    name = a.name or f"ring_S{a.S}_D{a.D}" + ("_causal" if a.causal else "") + (f"_P{a.P}" if a.P != 2 else "")
+    what = f"B={a.B}, H={a.H}, S={a.S}, D={a.D}, {a.dtype}, {'causal' if a.causal else 'not causal'}"
+    table = "\n".join([
+        f"{what}; medians of {a.rounds} interleaved rounds (best of {a.reps} calls each).", "",
+        f"| | one process, {a.threads} threads | ring, P = {a.P} ranks | ring / one process |", "|---|---|---|---|",
+        f"| forward | {s_f:.3g} s | {r_f:.3g} s | {r_f / s_f:.2f} |",
+        f"| backward | {s_b:.3g} s | {r_b:.3g} s | {r_b / s_b:.2f} |",
+        f"| forward + backward | {s_f + s_b:.3g} s | {r_f + r_b:.3g} s | {(r_f + r_b) / (s_f + s_b):.2f} |", "",
+        f"one k, v block ({summary['block_bytes'] / 2**20:.1f} MiB) alone: {xfer * 1e3:.1f} ms; forward wait per step "
+        f"{summary['forward_wait_per_step_s'] * 1e3:.2f} ms"
+        + (f"; overlap {100 * summary['overlap_forward']:.1f} %" if summary["overlap_forward"] is not None else "")])
+    print(table + "\n" + machine)
+    report.write_results(name, report.command_line(), machine, table,
+                         {"args": vars(a), "host": platform.node(), "cpus": os.cpu_count(),
+                          "summary": summary, "rounds": rounds, "before": before, "after": after})
+    report.bar_plot(name + ".png", f"Ring attention against one process, {what}: seconds (lower is faster)",
+                    ["forward", "backward"], {f"one process, {a.threads} threads": [s_f, s_b],
+                                               f"ring, P = {a.P}": [r_f, r_b]}, "seconds", machine)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """Peak memory per rank of a long causal ring forward: S = 262,144, D = 64 across P ranks.
 
-    torchrun --standalone --nproc-per-node 4 bench/ring_memory.py --S 262144 --H 1 --D 64 \
-        --out bench/results/ring_memory_S262144.json
+    torchrun --standalone --nproc-per-node 4 bench/ring_memory.py --S 262144 --H 1 --D 64
 
 Every rank builds only its own shard (chunks r and 2P-1-r, each from its own seed), so no rank
 ever holds the whole sequence. Recorded per rank: peak RSS (getrusage), the RSS before the
 inputs existed (torch and qkv loaded: the baseline), the forward's wall time. The attention's own
 memory is peak - baseline; the single-process figure beside it is the formula for q, k, v, out
 and lse of the whole sequence (one process would need at least that on top of its baseline).
+Rank 0 writes, through bench/report.py, bench/results/NAME.{md,json} (with the load) and NAME.png (NAME: --name,
+default ring_memory_S<S>_P<P>).
 """
 
 import argparse
@@ -15,6 +16,7 @@ import datetime
 import json
 import os
 import resource
+import sys
 import time
 
 import torch
@@ -22,6 +24,9 @@ import torch.distributed as dist
 
 import qkv
 import qkv.distributed as qd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -34,7 +39,7 @@ def main():
     p.add_argument("--S", type=int, default=262144)
     p.add_argument("--H", type=int, default=1)
     p.add_argument("--D", type=int, default=64)
-    p.add_argument("--out")
+    p.add_argument("--name", help="writes bench/results/NAME.{md,json,png} (default ring_memory_S<S>_P<P>)")
     a = p.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3600))
     r, P = dist.get_rank(), dist.get_world_size()
@@ -61,11 +66,20 @@ def main():
         whole = (4 * a.H * a.S * a.D * 4 + a.H * a.S * 4) / 2 ** 20
         print(json.dumps(everyone, indent=1))
         print(f"one process, whole sequence: q, k, v, out, lse alone = {whole:.0f} MiB")
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump({"args": vars(a), "P": P, "load_1min": os.getloadavg()[0],
-                           "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                           "single_process_tensors_mb": whole, "ranks": everyone}, f, indent=1)
+        name = a.name or f"ring_memory_S{a.S}_P{P}"
+        machine = report.machine_line({}, {}, [report.loadavg()])
+        table = "\n".join([f"causal ring forward, B=1, H={a.H}, S={a.S}, D={a.D}, float32, P = {P} ranks of one thread; "
+                           f"one process would hold {whole:.0f} MiB of q, k, v, out and lse alone.", "",
+                           "| rank | baseline RSS MiB | peak RSS MiB | attention MiB (peak − baseline) | forward s |",
+                           "|---|---|---|---|---|"] +
+                          [f"| {e['rank']} | {e['baseline_rss_mb']:.0f} | {e['peak_rss_mb']:.0f} | "
+                           f"{e['attention_mb']:.0f} | {e['forward_s']:.1f} |" for e in everyone])
+        report.write_results(name, report.command_line(f"torchrun --standalone --nproc-per-node {P}"), machine, table,
+                             {"args": vars(a), "P": P, "single_process_tensors_mb": whole, "ranks": everyone})
+        report.bar_plot(name + ".png", f"Ring attention's memory per rank, S = {a.S}, P = {P} (dashed: one process's "
+                        "q, k, v, out and lse alone)", [f"rank {e['rank']}" for e in everyone],
+                        {"attention MiB (peak − baseline)": [e["attention_mb"] for e in everyone]}, "MiB", machine,
+                        ref=whole)
     dist.destroy_process_group()
 
 

@@ -1,6 +1,6 @@
 """How much of the ring's communication hides behind compute, across block sizes.
 
-    torchrun --standalone --nproc-per-node 2 bench/ring_overlap.py --out bench/results/ring_overlap.json
+    torchrun --standalone --nproc-per-node 2 bench/ring_overlap.py [--name ring_overlap_P2]
 
 For each sequence length S (P ranks, one thread each, causal, f32, B = 1, H = Hkv, D = 64), on
 every rank: ring_attention forward + backward `--reps` times (the fastest call kept), with
@@ -9,15 +9,16 @@ one k, v block exchanged around the ring alone (isend + irecv, nothing to overla
 exposed wait of a step is the part of its transfer that did not hide:
     overlap = 1 - median(exposed wait of steps with a transfer in flight) / (transfer alone).
 Also the gloo loopback one-way time of small and large messages (latency, bandwidth) and each
-rank's peak RSS. Rank 0 writes the JSON (all ranks' figures).
+rank's peak RSS. Rank 0 writes, through bench/report.py, bench/results/NAME.{md,json} (all ranks' figures, the
+load) and NAME.png, the overlap against S (NAME: --name, default ring_overlap_P<P>).
 """
 
 import argparse
 import datetime
-import json
 import os
 import resource
 import statistics
+import sys
 import time
 
 import torch
@@ -25,6 +26,9 @@ import torch.distributed as dist
 
 import qkv
 import qkv.distributed as qd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 
 
 def transfer_alone(n, dtype, r, P, reps=5):
@@ -61,7 +65,7 @@ def main():
     p.add_argument("--H", type=int, default=1)
     p.add_argument("--D", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--out")
+    p.add_argument("--name", help="writes bench/results/NAME.{md,json,png} (default ring_overlap_P<P>)")
     a = p.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     r, P = dist.get_rank(), dist.get_world_size()
@@ -99,17 +103,25 @@ def main():
     everyone = [None] * P
     dist.all_gather_object(everyone, rep)
     if r == 0:
+        lines = [f"P = {P} ranks of one thread, causal, float32, B = 1, H = {a.H}, D = {a.D}; rank 0's figures, the "
+                 f"fastest of {a.reps} calls.", "",
+                 "| S | forward ms | compute per step ms | one block alone ms | exposed wait per step ms | overlap |",
+                 "|---|---|---|---|---|---|"]
         for row in rows:
-            print(f"S={row['S']:6d}  fwd {row['forward_s'] * 1e3:8.1f} ms  step compute "
-                  f"{row['forward_compute_per_step_s'] * 1e3:8.2f} ms  transfer alone {row['transfer_alone_s'] * 1e3:6.2f} ms"
-                  f"  exposed wait {row['forward_exposed_wait_per_step_s'] * 1e3:6.3f} ms  overlap "
-                  f"{row['overlap_forward']:.3f}", flush=True)
-        print("one-way s:", lat, " peak RSS MB per rank:", [e["peak_rss_mb"] for e in everyone])
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump({"P": P, "args": vars(a), "load_1min": os.getloadavg()[0],
-                           "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                           "note": "shared 2-core machine; one thread per rank", "ranks": everyone}, f, indent=1)
+            ov = "—" if row["overlap_forward"] is None else f"{row['overlap_forward']:.3f}"
+            lines.append(f"| {row['S']} | {row['forward_s'] * 1e3:.1f} | {row['forward_compute_per_step_s'] * 1e3:.2f} | "
+                         f"{row['transfer_alone_s'] * 1e3:.2f} | {row['forward_exposed_wait_per_step_s'] * 1e3:.3f} | {ov} |")
+        lines += ["", f"gloo loopback one-way seconds by message bytes: {lat}; peak RSS MiB per rank: "
+                  f"{[round(e['peak_rss_mb']) for e in everyone]}"]
+        print("\n".join(lines), flush=True)
+        name = a.name or f"ring_overlap_P{P}"
+        machine = report.machine_line({}, {}, [report.loadavg()])
+        report.write_results(name, report.command_line(f"torchrun --standalone --nproc-per-node {P}"), machine,
+                             "\n".join(lines), {"P": P, "args": vars(a), "ranks": everyone})
+        report.bar_plot(name + ".png", f"Ring attention, P = {P}: share of each step's k, v transfer hidden behind "
+                        "compute (forward)", [f"S = {row['S']}" for row in rows],
+                        {"overlap": [row["overlap_forward"] for row in rows]}, "1 − exposed wait / transfer alone",
+                        machine, ref=1.0)
     dist.destroy_process_group()
 
 

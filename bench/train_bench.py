@@ -19,14 +19,14 @@ GPT-2's 804,096 (+0.5 %).
 
 The machine's fp32 FMA peak (bench_attention --peak) and the load are measured before and after. On a shared
 machine the CPU seconds per step are the steadier figure: wall time counts the other processes' share of the
-cores. Writes bench/results/train_bench.{json,md}.
+cores. Writes bench/results/train_bench.{json,md} and the plot train_bench.png through bench/report.py;
+`--from RESULTS.json` redraws the table and the plot from a stored run without measuring.
 """
 import argparse
 import csv
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,10 +87,37 @@ def run_torch(a, init, flags, tmp, env):
             "loss0": r["loss0"], "qkv_loss0": r["qkv_loss0"]}
 
 
-def peak(a, env):
-    exe = os.path.join(os.path.dirname(os.path.abspath(a.qkv)), "bench", "bench_attention")
-    ctx = report.machine(exe, ["--small-grid"], "fwd/qkv/f32/B1/H16/Hkv16/S256/D64/full/T2/real_time", env)
-    return round(float(ctx["fma_peak_gflops_2t"]), 1)
+def summarise(data, name, command, write=True):
+    """The table (medians over the rounds; ratios: median (range) of the rounds' paired ratios) and the plot
+    bench/results/NAME.png of one run's `data` (what main() measured, or a stored train_bench JSON); with `write`,
+    the results files bench/results/NAME.{md,json} too."""
+    runs = data["runs"]
+    archs = list(runs)
+    rows = ["| 2 threads | steps/s | CPU ms / step | warm-up s | qkv / this: steps/s | qkv / this: CPU time |",
+            "|---|---|---|---|---|---|"]
+    for arch in archs:
+        q = runs[arch]["qkv"]
+        for contender, rs in runs[arch].items():
+            sps = [x["steps_per_s"] for x in rs]
+            cpu = [x["cpu_s_per_step"] for x in rs]
+            ratio_w = report.paired_ratios([x["steps_per_s"] for x in q], sps)
+            ratio_c = report.paired_ratios(cpu, [x["cpu_s_per_step"] for x in q])
+            rows.append(f"| {arch} {contender} | {report.median(sps):.2f} | {report.median(cpu) * 1e3:.1f} | "
+                        f"{report.median([x['warmup_s'] for x in rs]):.1f} | "
+                        + ("— | — |" if contender == "qkv" else
+                           f"{report.ratio_summary(ratio_w)} | {report.ratio_summary(ratio_c)} |"))
+    table = "\n".join(rows)
+    print(table)
+    body = ("\n".join(data.get("log", [])) + "\n\nMedians over the rounds; ratios: median (range) of the rounds' "
+            "paired ratios.\n\n" + table)
+    if write:
+        report.write_results(name, command, data["machine"], body, data)
+    contenders = list(runs[archs[0]])
+    report.bar_plot(name + ".png", f"Training steps/s, {data['threads']} threads, nanoGPT Shakespeare recipe "
+                    f"(≈ 0.8 M parameters); median of {len(runs[archs[0]]['qkv'])} rounds",
+                    archs, {c: [report.median([x["steps_per_s"] for x in runs[arch][c]]) if c in runs[arch] else None
+                                for arch in archs] for c in contenders},
+                    "optimiser steps / s (higher is faster)", data["machine"])
 
 
 def main():
@@ -103,8 +130,22 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--archs", default="gpt2,llama")
     ap.add_argument("--torch", default=",".join(TORCH), help="torch contenders, comma-separated, of: " + ", ".join(TORCH))
-    ap.add_argument("--out", default=os.path.join(report.OUT, "train_bench"), help="writes OUT.json and OUT.md")
+    ap.add_argument("--name", default="train_bench", help="writes bench/results/NAME.{json,md,png}")
+    ap.add_argument("--from", dest="stored", help="a stored train_bench JSON: print its table and draw NAME.png, "
+                    "measure nothing")
     a = ap.parse_args()
+    name = a.name
+    command = report.command_line()
+    if a.stored:
+        with open(a.stored) as f:
+            data = json.load(f)
+        if "machine" not in data:  # written before bench/report.py's machine line: its start/end peaks and loads
+            data["machine"] = report.machine_line(
+                {"fma_peak_gflops_2t": data["start"]["peak_fma_gflops_2t"], "load": data["start"]["loadavg"][0]},
+                {"fma_peak_gflops_2t": data["end"]["peak_fma_gflops_2t"], "load": data["end"]["loadavg"][0]},
+                [x["loadavg"] for arch in data["runs"].values() for rs in arch.values() for x in rs])
+        summarise(data, name, command, write=False)
+        return
     a.qkv = os.path.join(a.build, "qkv")
     archs, torch_names = a.archs.split(","), a.torch.split(",")
     env = dict(report.peer_env(), QKV_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
@@ -119,48 +160,29 @@ def main():
     for arch in archs:
         inits[arch] = os.path.join(tmp, f"init_{arch}")
         qkv_train(a, arch, inits[arch], 1, ["--lr", "1e-30", "--min-lr", "1e-30", "--warmup", "0"], env)
-    runs = {arch: {name: [] for name in ["qkv", *torch_names]} for arch in archs}
-    start = {"peak_fma_gflops_2t": peak(a, env), "loadavg": os.getloadavg()}
-    say(f"{a.threads} threads, {a.steps} timed steps after {a.warmup_steps}; machine FMA peak "
-        f"{start['peak_fma_gflops_2t']} GFLOP/s (2 threads); load {start['loadavg']}")
+    runs = {arch: {c: [] for c in ["qkv", *torch_names]} for arch in archs}
+    start = report.measure_peak(a.build, env)
+    say(f"{a.threads} threads, {a.steps} timed steps after {a.warmup_steps}; machine before: {start}")
     for r in range(a.rounds):
         for arch in archs:
             order = ["qkv", *torch_names]
             k = (r + archs.index(arch)) % len(order)  # rotate who goes first
-            for name in order[k:] + order[:k]:
-                d = os.path.join(tmp, f"r{r}_{arch}_{name.replace(' ', '_')}")
+            for contender in order[k:] + order[:k]:
+                d = os.path.join(tmp, f"r{r}_{arch}_{contender.replace(' ', '_')}")
                 os.makedirs(d)
-                res = run_qkv(a, arch, d, env) if name == "qkv" else run_torch(a, inits[arch], TORCH[name], d, env)
-                res["loadavg"] = os.getloadavg()[0]
-                runs[arch][name].append(res)
-                say(f"round {r + 1} {arch:5s} {name:42s} {res['steps_per_s']:6.2f} steps/s "
+                res = (run_qkv(a, arch, d, env) if contender == "qkv"
+                       else run_torch(a, inits[arch], TORCH[contender], d, env))
+                res["loadavg"] = report.loadavg()
+                runs[arch][contender].append(res)
+                say(f"round {r + 1} {arch:5s} {contender:42s} {res['steps_per_s']:6.2f} steps/s "
                     f"{res['cpu_s_per_step'] * 1e3:6.1f} CPU ms/step  warm-up {res['warmup_s']:5.1f} s  "
                     f"load {res['loadavg']:.1f}" + (f"  step-0 loss {res['loss0']:.6f} = qkv {res['qkv_loss0']:.6f}"
                                                     if "loss0" in res else ""))
-    end = {"peak_fma_gflops_2t": peak(a, env), "loadavg": os.getloadavg()}
-    say(f"after: machine FMA peak {end['peak_fma_gflops_2t']} GFLOP/s; load {end['loadavg']}")
-
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    rows = ["| 2 threads | steps/s | CPU ms / step | warm-up s | qkv / this: steps/s | qkv / this: CPU time |",
-            "|---|---|---|---|---|---|"]
-    for arch in archs:
-        q = runs[arch]["qkv"]
-        for name in ["qkv", *torch_names]:
-            rs = runs[arch][name]
-            sps = [x["steps_per_s"] for x in rs]
-            cpu = [x["cpu_s_per_step"] for x in rs]
-            ratio_w = [qq["steps_per_s"] / x["steps_per_s"] for qq, x in zip(q, rs)]
-            ratio_c = [x["cpu_s_per_step"] / qq["cpu_s_per_step"] for qq, x in zip(q, rs)]
-            rows.append(f"| {arch} {name} | {med(sps):.2f} | {med(cpu) * 1e3:.1f} | {med([x['warmup_s'] for x in rs]):.1f} | "
-                        + ("— | — |" if name == "qkv" else
-                           f"{report.ratio_summary(ratio_w)} | {report.ratio_summary(ratio_c)} |"))
-    table = "\n".join(rows)
-    print(table)
-    report.write_atomic(a.out + ".json", json.dumps({"start": start, "end": end, "threads": a.threads, "steps": a.steps,
-                                                     "warmup_steps": a.warmup_steps, "runs": runs}, indent=1) + "\n")
-    report.write_atomic(a.out + ".md", "    python3 bench/train_bench.py " + " ".join(sys.argv[1:]) + "\n\n"
-                        + "\n".join(log) + "\n\nMedians over the rounds; ratios: median (range) of the rounds' "
-                        "paired ratios.\n\n" + table + "\n")
+    end = report.measure_peak(a.build, env)
+    say(f"after: machine {end}")
+    loads = [x["loadavg"] for arch in runs.values() for rs in arch.values() for x in rs]
+    summarise({"start": start, "end": end, "threads": a.threads, "steps": a.steps, "warmup_steps": a.warmup_steps,
+               "runs": runs, "log": log, "machine": report.machine_line(start, end, loads)}, name, command)
 
 
 if __name__ == "__main__":

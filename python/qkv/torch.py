@@ -110,8 +110,6 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tenso
                            window_left: int, window_right: int, dropout_p: float, seed: Optional[Tensor],
                            softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
                            sinks: Optional[Tensor] = None, keep_first: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    # keep_first > 0: the "automatic" kernel is the f64 reference backward (the flash backward
-    # refuses it, qkv/attention.hpp).
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
     dsinks = torch.empty((0 if sinks is None else q.shape[1],), dtype=torch.float64)
     _qkv.attention_backward(q, k, v, out, dout, lse, dq, dk, dv, mask, key_lengths, scale, causal, align, window_left,

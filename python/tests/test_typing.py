@@ -33,3 +33,29 @@ def test_stubs_ship_with_the_package():
         tree = ast.parse(f.read())
     names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assert {"attention", "attention_varlen", "attention_backward", "MultiHeadAttention", "set_num_threads"} <= names
+
+
+def test_stub_is_generated_from_the_module_it_ships_with():
+    # Every public function and class of the installed qkv._qkv, and every public method and property of each
+    # class, is in the stub beside it: a stub written from another (older) build of the module lacks the names
+    # added since (python/CMakeLists.txt: the stub generator must import the module it is building).
+    from qkv import _qkv
+    with open(os.path.join(os.path.dirname(_qkv.__file__), "_qkv.pyi")) as f:
+        tree = ast.parse(f.read())
+    top = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    top |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    top |= {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    public = {n for n in dir(_qkv) if not n.startswith("_") and (callable(getattr(_qkv, n)) or isinstance(getattr(_qkv, n), type))}
+    assert public - top == set()
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    for name in public:
+        cls = getattr(_qkv, name)
+        if not isinstance(cls, type) or name not in classes:
+            continue
+        members = {m.name for m in classes[name].body if isinstance(m, (ast.FunctionDef, ast.ClassDef))}
+        members |= {t.id for m in classes[name].body if isinstance(m, ast.Assign) for t in m.targets
+                    if isinstance(t, ast.Name)}
+        members |= {m.target.id for m in classes[name].body if isinstance(m, ast.AnnAssign)
+                    and isinstance(m.target, ast.Name)}
+        own = {m for m in vars(cls) if not m.startswith("_")}
+        assert own - members == set(), name

@@ -425,7 +425,7 @@ def test_keep_first_against_explicit_mask(Sq, Skv, window_left, keep_first, rest
     g1 = qkv.attention_backward(q, k, v, r.out, dout, r.lse, **opts)
     g2 = qkv.attention_backward(q, k, v, m.out, dout, m.lse, mask=torch.from_numpy(allowed), causal=True,
                                 align="bottom_right", kernel="reference")
-    assert g1.kernel.kernel == "reference"  # keep_first has no flash backward
+    assert g1.kernel.kernel == "reference"  # float64 inputs: the reference backward
     for a, b in zip(g1[:3], g2[:3]):
         assert (a - b).abs().max() <= 1e-12
     tol = 2 * np.abs(lowp - want).max() + 2**-20 * np.abs(want).max()
@@ -437,10 +437,10 @@ def test_keep_first_against_explicit_mask(Sq, Skv, window_left, keep_first, rest
 
 
 def test_torch_keep_first_gradients_against_autograd():
-    """qkv.torch.attention with keep_first + window_left (f64, the reference backward: the flash
-    backward refuses keep_first) against torch autograd through the same rule as a bool mask
-    (streaming_mask) plus a float mask whose gradient qkv forms itself; 1e-9: f64 on both sides,
-    sums of <= 200 terms. float32 runs the flash forward and the reference backward."""
+    """qkv.torch.attention with keep_first + window_left (f64: the reference backward) against torch
+    autograd through the same rule as a bool mask (streaming_mask) plus a float mask whose gradient
+    qkv forms itself; 1e-9: f64 on both sides, sums of <= 200 terms. float32 runs the flash forward
+    and the flash backward."""
     B, H, Hkv, Sq, Skv, D, wl, kf = 2, 4, 2, 9, 40, 16, 6, 5
     q, k, v = (rand(*s, seed=i + 50).requires_grad_() for i, s in
                enumerate([(B, H, Sq, D), (B, Hkv, Skv, D), (B, Hkv, Skv, D)]))
@@ -465,6 +465,33 @@ def test_torch_keep_first_gradients_against_autograd():
     ref32 = torch.autograd.grad(want32, (q, k, v), g)
     for name, a, b in zip(["q", "k", "v"], (q32.grad, k32.grad, v32.grad), ref32):
         assert (a.double() - b).abs().max() < 1e-5, name   # float32 inputs and outputs: ~2^-20 relative sums
+
+
+@pytest.mark.parametrize("Sq,Skv,window_left,keep_first", [(200, 300, 70, 4), (40, 260, 30, 70), (130, 130, 0, 64)])
+def test_flash_backward_keep_first_against_autograd(Sq, Skv, window_left, keep_first, restore_isa):
+    """The flash backward with keep_first (its kernel named, on every ISA) against torch autograd in
+    float64 through the same rule as a bool mask. Shapes: a gap of whole 64-key tiles between 4 kept
+    keys and the window; 70 kept keys across a tile edge; window 0 (each row its diagonal and the
+    first tile). Tolerance 2e-5 · max|grad|: float32 inputs and outputs, sums of <= 300 terms
+    (~2^-16 relative), where a wrong key range errs by O(1)."""
+    B, H, Hkv, D = 1, 4, 2, 32
+    q, k, v = (rand(*sh, seed=i + 70) for i, sh in enumerate([(B, H, Sq, D), (B, Hkv, Skv, D), (B, Hkv, Skv, D)]))
+    g = rand(B, H, Sq, D, seed=74)
+    allowed = torch.from_numpy(streaming_mask(Sq, Skv, window_left, keep_first, Skv - Sq))
+    qd, kd, vd = (t.clone().requires_grad_() for t in (q, k, v))
+    want = explicit(qd, kd, vd, mask=torch.zeros(Sq, Skv, dtype=torch.float64).masked_fill(~allowed, -math.inf),
+                    causal=True, offset=Skv - Sq)
+    ref = torch.autograd.grad(want, (qd, kd, vd), g)
+    opts = dict(causal=True, align="bottom_right", window_left=window_left, keep_first=keep_first)
+    q32, k32, v32, g32 = (t.float().numpy() for t in (q, k, v, g))
+    for isa in isas():
+        qkv.set_isa(isa)
+        fwd = qkv.attention(q32, k32, v32, return_lse=True, **opts)
+        grads = qkv.attention_backward(q32, k32, v32, fwd.out, g32, fwd.lse, kernel="flash", **opts)
+        assert grads.kernel.name.startswith("flash_backward"), grads.kernel
+        for name, a, b in zip(["q", "k", "v"], (grads.dq, grads.dk, grads.dv), ref):
+            err = (torch.from_numpy(a).double() - b).abs().max().item()
+            assert err < 2e-5 * b.abs().max().item(), (isa, name, err)
 
 
 def test_keep_first_errors():

@@ -131,17 +131,13 @@ KernelInfo run_forward_varlen(const char* fn, const std::vector<kernels::AttnPar
 }
 
 // Backward: the flash backward (FlashAttention-2 style, src/kernels/cpu/attention_backward*)
-// takes f32 and bf16 with head dims up to 256; the reference takes the rest (f64, larger dims,
-// keep_first).
+// takes f32 and bf16 with head dims up to 256; the reference takes the rest (f64, larger dims).
 KernelInfo run_backward(const char* fn, const kernels::AttnBwdParams& p, Kernel requested) {
   if (requested != Kernel::automatic && requested != Kernel::reference && requested != Kernel::flash)
     fail(fn, std::string("opt.kernel: ") + kernel_name(requested) + " has no backward; use automatic, flash or reference");
   if (requested != Kernel::reference) {
     const char* why = nullptr;
-    // keep_first (two key ranges per row) is not in the flash backward's rule: the reference runs it.
-    const bool keep = p.fwd.rule.keep_first > 0;
-    if (keep) why = "opt.keep_first is computed by the reference backward only";
-    if (!keep && kernels::attention_backward_flash_supports(p, &why)) {
+    if (kernels::attention_backward_flash_supports(p, &why)) {
       const bool bf16 = p.fwd.q.dtype == DType::bf16;
       const Isa isa = flash_isa(bf16);
       kernels::attention_backward_flash(p, isa);

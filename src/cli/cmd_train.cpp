@@ -9,11 +9,19 @@
 // The defaults are nanoGPT's small CPU configuration for character-level Shakespeare. --config
 // reads a JSON object whose keys are the long option names with '-' as '_' (e.g. {"layers": 6,
 // "d_model": 384, "context": 256, "lr": 1e-3}); options given on the command line win over it.
+// The library's train() runs the loop; this file prints its banner, progress bar and messages and
+// turns SIGINT, SIGTERM and SIGHUP into its stop flag.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -22,6 +30,7 @@
 #include "cli/commands.hpp"
 #include "model/input_file.hpp"
 #include "model/json_depth.hpp"
+#include "qkv/runtime.hpp"
 #include "qkv/types.hpp"
 #include "train/trainer.hpp"
 
@@ -45,6 +54,90 @@ std::function<void(const nlohmann::json&)> setter(T* dst, const std::string& key
     if (!ok) fail(kFn, "--config: \"" + key + "\" has the wrong type: " + v.dump());
     *dst = v.get<T>();
   };
+}
+
+std::atomic<int> g_stop_signal{0};  // the signal that asked the run to stop, 0 while none did: train()'s stop flag
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// For the lifetime of a training run (from its first step): SIGINT (Ctrl-C), SIGTERM (timeout,
+// systemd, docker stop, Slurm) and SIGHUP (a closed terminal) stop the run after the current step
+// with everything saved; SIGXFSZ (a file size limit, `ulimit -f`) is ignored so that a write past
+// the limit fails with EFBIG, is reported and its temporary removed, instead of killing the process
+// mid-write. The old handlers come back at the end.
+struct SignalGuard {
+  static constexpr int kStop[3] = {SIGINT, SIGTERM, SIGHUP};
+  using Handler = void (*)(int);
+  Handler old[3], old_xfsz;
+  SignalGuard() {
+    g_stop_signal = 0;
+    for (int i = 0; i < 3; ++i) old[i] = std::signal(kStop[i], on_stop_signal);
+    old_xfsz = std::signal(SIGXFSZ, SIG_IGN);
+  }
+  ~SignalGuard() {
+    for (int i = 0; i < 3; ++i) std::signal(kStop[i], old[i]);
+    std::signal(SIGXFSZ, old_xfsz);
+  }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+};
+
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal"; }
+
+// "1:04" or "1:02:03"; "?" for a time not known.
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto t = static_cast<long long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
+  return buf;
+}
+
+// train() with qkv train's output on stderr: the banner, the progress bar (redrawn on a terminal,
+// every 50 steps and at the end otherwise; none with `progress` false), and how the run stopped.
+train::TrainSummary run_train(const train::TrainOptions& o, bool progress) {
+  const bool tty = isatty(2) != 0;
+  std::optional<SignalGuard> guard;
+  train::TrainHooks hooks;
+  hooks.stop = &g_stop_signal;
+  hooks.on_start = [&](const train::TrainStart& s) {
+    guard.emplace();  // from here on SIGINT/SIGTERM/SIGHUP stop after the current step and save
+    for (const std::string& c : s.schedule_changes)
+      std::fprintf(stderr, "qkv train: resuming with a changed schedule: %s\n", c.c_str());
+    std::fprintf(stderr, "qkv train: %lld parameters, vocab %lld (%s), %lld train / %lld val tokens, %d threads%s\n",
+                 static_cast<long long>(s.params), static_cast<long long>(s.vocab), s.tokenizer.c_str(),
+                 static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens), qkv::num_threads(),
+                 s.resumed ? (", resuming at step " + std::to_string(s.first_step)).c_str() : "");
+  };
+  hooks.on_step = [&](const train::TrainProgress& p) {
+    if (!progress || !(tty || p.step % 50 == 0 || p.step == p.steps)) return;
+    const int width = 24;
+    const auto filled =
+        static_cast<int>(static_cast<double>(width) * static_cast<double>(p.step) / static_cast<double>(p.steps));
+    const std::string bar = std::string(static_cast<std::size_t>(filled), '#') +
+                            std::string(static_cast<std::size_t>(width - filled), '.');
+    char val[32] = "-";
+    if (std::isfinite(p.val_loss)) std::snprintf(val, sizeof val, "%.4f", p.val_loss);
+    double left = static_cast<double>(p.steps - p.step) / p.steps_per_s;  // at this speed; --time-limit caps it
+    if (o.time_limit_s > 0) left = std::max(0.0, std::min(left, o.time_limit_s - p.wall_s));
+    std::fprintf(stderr, "%sstep %lld/%lld [%s] loss %.4f val %s | %.0f tok/s | %s left%s", tty ? "\r\033[K" : "",
+                 static_cast<long long>(p.step), static_cast<long long>(p.steps), bar.c_str(), p.loss, val,
+                 p.tokens_per_s, format_duration(left).c_str(), tty ? "" : "\n");
+    std::fflush(stderr);
+  };
+  const train::TrainSummary r = train::train(o, hooks);
+  if (r.interrupted) {
+    std::fprintf(stderr, "%sinterrupted by %s: checkpoint saved at step %lld in %s; continue with --resume\n",
+                 tty ? "\n" : "", signal_name(r.stop), static_cast<long long>(r.step), o.out_dir.c_str());
+  } else {
+    if (tty && progress) std::fprintf(stderr, "\n");
+    if (r.time_limited)
+      std::fprintf(stderr, "time limit of %s reached: checkpoint saved at step %lld in %s; continue with --resume\n",
+                   format_duration(o.time_limit_s).c_str(), static_cast<long long>(r.step), o.out_dir.c_str());
+  }
+  return r;
 }
 
 // --checkpoint-interval: "500" (steps) or "10m" / "2.5m" (minutes of wall time).
@@ -171,7 +264,6 @@ void add_train(CLI::App& app) {
     if (!(*time_limit_min >= 0))
       throw CLI::ValidationError("--time-limit: must be >= 0 minutes (got " + std::to_string(*time_limit_min) + ")");
     o->time_limit_s = 60 * *time_limit_min;
-    o->progress = !*quiet;
     try {  // bad values are usage errors (exit 2), named with the value given
       parse_checkpoint_interval(*checkpoint_every, *o);
       train::check_options(*o);
@@ -179,8 +271,8 @@ void add_train(CLI::App& app) {
       throw CLI::ValidationError(e.what());
     }
     if (o->resume) o->given = given;
-    const train::TrainSummary r = train::train(*o);
-    if (r.interrupted) exit_status() = 128 + r.signal;  // 130 SIGINT, 143 SIGTERM, 129 SIGHUP
+    const train::TrainSummary r = run_train(*o, !*quiet);
+    if (r.interrupted) exit_status() = 128 + r.stop;  // 130 SIGINT, 143 SIGTERM, 129 SIGHUP
     std::printf("%s at step %lld: validation loss %.4f, %.2f steps/s\n", r.interrupted ? "stopped" : r.time_limited ? "time limit reached" : "done",
                 static_cast<long long>(r.step), r.val_loss, r.steps_per_s);
   });

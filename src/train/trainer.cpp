@@ -4,18 +4,15 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -28,7 +25,6 @@
 #include "model/trainable.hpp"
 #include "train/plot.hpp"
 #include "train/rng.hpp"
-#include "qkv/attention.hpp"
 #include "qkv/types.hpp"
 
 namespace qkv::train {
@@ -47,33 +43,6 @@ constexpr const char* kFormat = "qkv-train-checkpoint-2";
 // draws the same ones).
 constexpr std::uint64_t kInitStream = 0x1A17'0000'0000'0001ull;
 constexpr std::uint64_t kEvalStream = 0x5EED'E7A1ull;
-
-std::atomic<int> g_stop_signal{0};  // the signal that asked the run to stop, 0 while none did
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
-
-// For the lifetime of a training run: SIGINT (Ctrl-C), SIGTERM (timeout, systemd, docker stop,
-// Slurm) and SIGHUP (a closed terminal) stop the run after the current step with everything
-// saved; SIGXFSZ (a file size limit, `ulimit -f`) is ignored so that a write past the limit fails
-// with EFBIG, is reported and its temporary removed, instead of killing the process mid-write.
-// The old handlers come back at the end.
-struct SignalGuard {
-  static constexpr int kStop[3] = {SIGINT, SIGTERM, SIGHUP};
-  using Handler = void (*)(int);
-  Handler old[3], old_xfsz;
-  SignalGuard() {
-    g_stop_signal = 0;
-    for (int i = 0; i < 3; ++i) old[i] = std::signal(kStop[i], on_stop_signal);
-    old_xfsz = std::signal(SIGXFSZ, SIG_IGN);
-  }
-  ~SignalGuard() {
-    for (int i = 0; i < 3; ++i) std::signal(kStop[i], old[i]);
-    std::signal(SIGXFSZ, old_xfsz);
-  }
-  SignalGuard(const SignalGuard&) = delete;
-  SignalGuard& operator=(const SignalGuard&) = delete;
-};
-
-const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal"; }
 
 // The output folder, locked for this run: flock on out/.qkv-train.lock, which holds the pid. A
 // second run on the folder is refused naming the first one's pid. Creating and writing the lock
@@ -323,17 +292,6 @@ void init_params(Trainable<float>& m, Rng& rng) {
     for (std::int64_t i = 0; i < p.numel; ++i)
       w[i] = is_bias ? 0.0f : is_gain ? 1.0f : static_cast<float>(std * rng.normal());
   }
-}
-
-std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const auto t = static_cast<long long>(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
-  return buf;
 }
 
 std::string csv_text(const std::vector<LossRow>& rows) {
@@ -590,22 +548,64 @@ std::string arch_of(const Config& c) {
   return "custom";
 }
 
-TrainSummary train(const TrainOptions& opts) {
-  TrainOptions o = opts;
+namespace {
+
+// A run from its setup to its end: the options (reconciled with the checkpoint on --resume), the
+// corpus split into tokens, the model with AdamW's moments, the batch stream, the loss rows, and the
+// output folder, locked for as long as the run lives.
+class Run {
+ public:
+  // The setup: reads and checks the corpus, locks the output folder, builds the tokenizer and the
+  // model (new, --init's, or the checkpoint's with its optimiser state and batch stream).
+  explicit Run(const TrainOptions& opts);
+
+  TrainStart start() const;
+  // The validation loss: the mean over eval_batches fixed batches drawn from the validation tokens.
+  double evaluate();
+  // Optimiser step st.step (accum micro-batches, clipping, AdamW), which it then counts. Fills
+  // row's lr, train_loss and grad_norm; returns the step's time in seconds.
+  double step(LossRow& row);
+  // Checkpoint, model export, tokenizer, loss.csv and loss.png, each written atomically.
+  void write_outputs() const;
+
+  const TrainOptions& options() const { return o_; }
+  const State& state() const { return st_; }
+  std::int64_t tokens_per_step() const { return B_ * T_ * o_.accum; }
+  std::vector<LossRow>& rows() { return rows_; }
+
+ private:
+  TrainOptions o_;
+  std::string corpus_id_, ckpt_;
+  std::optional<OutLock> lock_;
+  RunTokenizer tok_;
+  std::vector<std::string> schedule_changes_;
+  std::vector<std::int32_t> train_ids_, val_ids_;
+  std::int64_t B_ = 0, T_ = 0;
+  std::optional<Trainable<float>> model_;
+  std::vector<float> adam_m_, adam_v_;  // [P] AdamW's moments
+  std::vector<DecayRange> decay_;
+  Rng rng_;                             // the training batches' stream
+  State st_;
+  std::vector<LossRow> rows_;
+  std::vector<std::int32_t> x_, y_;     // [B, T] one batch: tokens, next tokens
+};
+
+Run::Run(const TrainOptions& opts) : o_(opts) {
+  TrainOptions& o = o_;
   check_options(o);
   namespace fs = std::filesystem;
   const std::string corpus = detail::read_input_file(o.data_path, kFn, "--data");
   check_text(kFn, corpus);
-  const std::string corpus_id = fingerprint(corpus);
+  corpus_id_ = fingerprint(corpus);
   if (!o.resume && o.model.config_path.empty()) model_config(o.model, 1);  // bad flags fail before any work
 
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec || !fs::is_directory(o.out_dir))
     fail_io(kFn, "--out '" + o.out_dir + "': cannot create the folder" + (ec ? ": " + ec.message() : std::string()));
-  const OutLock lock(o.out_dir);  // also the check that the folder can be written, before any work
-  const std::string ckpt = o.out_dir + "/checkpoint.safetensors";
-  const bool have_ckpt = fs::exists(ckpt);
+  lock_.emplace(o.out_dir);  // also the check that the folder can be written, before any work
+  ckpt_ = o.out_dir + "/checkpoint.safetensors";
+  const bool have_ckpt = fs::exists(ckpt_);
   if (have_ckpt && !o.resume)
     fail(kFn, "--out '" + o.out_dir + "': already holds checkpoint.safetensors; pass --resume to continue it or "
                                       "choose another folder (nothing was overwritten)");
@@ -613,25 +613,23 @@ TrainSummary train(const TrainOptions& opts) {
 
   // Tokenizer: learned from the corpus, or the one a resumed run was trained with.
   StFile saved;
-  RunTokenizer tok;
   Config cfg;  // the model: the flags' (vocab from the tokenizer), --init's, or the checkpoint's
   Weights init_weights;
   if (o.resume && !o.init.empty()) fail(kFn, "--init: not with --resume (the weights come from the checkpoint)");
   if (o.resume) {
-    saved = read_safetensors(ckpt);
+    saved = read_safetensors(ckpt_);
     if (saved.metadata["format"] == "qkv-train-checkpoint-1")
-      fail(kFn, "--resume: '" + ckpt + "' was written by an older qkv train (format qkv-train-checkpoint-1: a GPT-2 "
-                                       "under nanoGPT's names), which this version cannot continue; start a new run");
+      fail(kFn, "--resume: '" + ckpt_ + "' was written by an older qkv train (format qkv-train-checkpoint-1: a GPT-2 "
+                                        "under nanoGPT's names), which this version cannot continue; start a new run");
     if (saved.metadata["format"] != kFormat)
-      fail(kFn, "--resume: '" + ckpt + "' is not a qkv training checkpoint (format '" + saved.metadata["format"] +
+      fail(kFn, "--resume: '" + ckpt_ + "' is not a qkv training checkpoint (format '" + saved.metadata["format"] +
                     "')");
-    if (saved.metadata["corpus"] != corpus_id)
+    if (saved.metadata["corpus"] != corpus_id_)
       fail(kFn, "--data: the checkpoint was trained on another corpus (" + saved.metadata["corpus"] +
-                    "), this one is " + corpus_id);
-    tok = RunTokenizer::from_metadata(saved.metadata["tokenizer"]);
-    cfg = config_from_json(saved.metadata["model"], "--resume: the \"model\" metadata of '" + ckpt + "'");
-    for (const std::string& c : reconcile_resume(o, cfg, saved.metadata["run"]))
-      std::fprintf(stderr, "qkv train: resuming with a changed schedule: %s\n", c.c_str());
+                    "), this one is " + corpus_id_);
+    tok_ = RunTokenizer::from_metadata(saved.metadata["tokenizer"]);
+    cfg = config_from_json(saved.metadata["model"], "--resume: the \"model\" metadata of '" + ckpt_ + "'");
+    schedule_changes_ = reconcile_resume(o, cfg, saved.metadata["run"]);
   } else if (!o.init.empty()) {
     init_weights = load_weights(o.init);
     cfg = init_weights.config;
@@ -641,7 +639,7 @@ TrainSummary train(const TrainOptions& opts) {
       fail(kFn, "--tokenizer " + o.tokenizer + ": --init's model '" + o.init +
                     "' was trained with a tokenizer of its own; give that file (or leave --tokenizer out to use the one "
                     "beside the model)");
-    tok = RunTokenizer::from_file(o.tokenizer, cfg.vocab_size);
+    tok_ = RunTokenizer::from_file(o.tokenizer, cfg.vocab_size);
     if (o.model.context > cfg.seq_len)
       fail(kFn, "--context: " + std::to_string(o.model.context) + " is longer than --init's model allows (seq_len " +
                     std::to_string(cfg.seq_len) + ")");
@@ -649,40 +647,39 @@ TrainSummary train(const TrainOptions& opts) {
     if (o.tokenizer != "chars" && o.tokenizer != "bpe")
       fail(kFn, "--tokenizer '" + o.tokenizer + "': a tokenizer file is a model's own; use it with --init (a new "
                                                  "model learns chars or bpe from the corpus)");
-    tok = RunTokenizer::learn(o, corpus);
-    cfg = model_config(o.model, tok.vocab_size());
+    tok_ = RunTokenizer::learn(o, corpus);
+    cfg = model_config(o.model, tok_.vocab_size());
   }
 
-  const std::vector<std::int32_t> ids = tok.encode(corpus);
+  const std::vector<std::int32_t> ids = tok_.encode(corpus);
   const auto n_all = static_cast<std::int64_t>(ids.size());
   const auto n_train = static_cast<std::int64_t>(static_cast<double>(n_all) * (1.0 - o.val_fraction));
-  const std::vector<std::int32_t> train_ids(ids.begin(), ids.begin() + n_train), val_ids(ids.begin() + n_train, ids.end());
-  const std::int64_t T = o.model.context, B = o.batch;
-  if (static_cast<std::int64_t>(val_ids.size()) <= T || n_train <= T)
-    fail(kFn, "--context: " + std::to_string(T) + " tokens is longer than the corpus allows: " +
+  train_ids_.assign(ids.begin(), ids.begin() + n_train);
+  val_ids_.assign(ids.begin() + n_train, ids.end());
+  T_ = o.model.context, B_ = o.batch;
+  if (static_cast<std::int64_t>(val_ids_.size()) <= T_ || n_train <= T_)
+    fail(kFn, "--context: " + std::to_string(T_) + " tokens is longer than the corpus allows: " +
                   std::to_string(n_all) + " tokens give " + std::to_string(n_train) + " to train and " +
-                  std::to_string(val_ids.size()) + " to validate, each must exceed the context");
+                  std::to_string(val_ids_.size()) + " to validate, each must exceed the context");
 
-  Trainable<float> model(cfg, B, T);
+  Trainable<float>& model = model_.emplace(cfg, B_, T_);
   const auto P = static_cast<std::int64_t>(model.params.size());
-  std::vector<float> adam_m(static_cast<std::size_t>(P)), adam_v(static_cast<std::size_t>(P));
-  std::vector<DecayRange> decay;
+  adam_m_.assign(static_cast<std::size_t>(P), 0.0f);
+  adam_v_.assign(static_cast<std::size_t>(P), 0.0f);
   for (const auto& p : model.layout())
-    if (p.decay) decay.push_back({p.offset, p.offset + p.numel});
-  Rng rng(o.seed);
-  State st;
-  std::vector<LossRow> rows;
+    if (p.decay) decay_.push_back({p.offset, p.offset + p.numel});
+  rng_ = Rng(o.seed);
   if (o.resume) {
     for (const auto& p : model.layout()) st_copy_f32(saved, p.name, model.params.data() + p.offset, p.numel, "--resume");
-    st_copy_f32(saved, "optimizer.m", adam_m.data(), P, "--resume");
-    st_copy_f32(saved, "optimizer.v", adam_v.data(), P, "--resume");
+    st_copy_f32(saved, "optimizer.m", adam_m_.data(), P, "--resume");
+    st_copy_f32(saved, "optimizer.v", adam_v_.data(), P, "--resume");
     const auto s = st_get_u64(saved, "train.rng", 4, "--resume");
-    rng.set_state({s[0], s[1], s[2], s[3]});
-    st.step = st_get_i64(saved, "train.step", 1, "--resume")[0];
-    st.elapsed_s = std::strtod(saved.metadata["elapsed_s"].c_str(), nullptr);
-    rows = read_csv_before(o.out_dir + "/loss.csv", st.step);
-    if (st.step < 0 || st.step > o.steps)
-      fail(kFn, "--steps: the checkpoint is at step " + std::to_string(st.step) + ", beyond --steps " +
+    rng_.set_state({s[0], s[1], s[2], s[3]});
+    st_.step = st_get_i64(saved, "train.step", 1, "--resume")[0];
+    st_.elapsed_s = std::strtod(saved.metadata["elapsed_s"].c_str(), nullptr);
+    rows_ = read_csv_before(o.out_dir + "/loss.csv", st_.step);
+    if (st_.step < 0 || st_.step > o.steps)
+      fail(kFn, "--steps: the checkpoint is at step " + std::to_string(st_.step) + ", beyond --steps " +
                     std::to_string(o.steps));
   } else {
     if (!o.init.empty()) {
@@ -692,126 +689,127 @@ TrainSummary train(const TrainOptions& opts) {
       init_params(model, init);
     }
   }
+  x_.resize(static_cast<std::size_t>(B_ * T_));
+  y_.resize(static_cast<std::size_t>(B_ * T_));
+}
 
-  std::vector<std::int32_t> x(static_cast<std::size_t>(B * T)), y(static_cast<std::size_t>(B * T));
-  auto evaluate = [&] {
-    Rng er(o.seed ^ kEvalStream);
-    double sum = 0;
-    for (std::int64_t i = 0; i < o.eval_batches; ++i) {
-      sample_batch(val_ids, er, B, T, x, y);
-      sum += model.forward(x.data(), y.data());
-    }
-    return sum / static_cast<double>(o.eval_batches);
-  };
-  auto write_outputs = [&] {
-    save_checkpoint(ckpt, o, model, adam_m, adam_v, rng, st, tok, corpus_id);
-    export_model(o.out_dir, model);
-    tok.write(o.out_dir);
-    write_file_atomic(o.out_dir + "/loss.csv", csv_text(rows));
-    write_file_atomic(o.out_dir + "/loss.png", loss_curve_png(rows));
-  };
+TrainStart Run::start() const {
+  TrainStart s;
+  s.params = static_cast<std::int64_t>(model_->params.size());
+  s.vocab = model_->config().vocab_size;
+  s.tokenizer = o_.tokenizer;
+  s.train_tokens = static_cast<std::int64_t>(train_ids_.size());
+  s.val_tokens = static_cast<std::int64_t>(val_ids_.size());
+  s.first_step = st_.step;
+  s.resumed = o_.resume;
+  s.schedule_changes = schedule_changes_;
+  return s;
+}
 
-  const bool tty = isatty(2) != 0;
-  SignalGuard guard;  // from here on SIGINT/SIGTERM/SIGHUP stop after the current step and save
-  std::fprintf(stderr, "qkv train: %lld parameters, vocab %lld (%s), %lld train / %lld val tokens, %d threads%s\n",
-               static_cast<long long>(P), static_cast<long long>(cfg.vocab_size), o.tokenizer.c_str(),
-               static_cast<long long>(n_train), static_cast<long long>(val_ids.size()), qkv::num_threads(),
-               o.resume ? (", resuming at step " + std::to_string(st.step)).c_str() : "");
+double Run::evaluate() {
+  Rng er(o_.seed ^ kEvalStream);
+  double sum = 0;
+  for (std::int64_t i = 0; i < o_.eval_batches; ++i) {
+    sample_batch(val_ids_, er, B_, T_, x_, y_);
+    sum += model_->forward(x_.data(), y_.data());
+  }
+  return sum / static_cast<double>(o_.eval_batches);
+}
+
+double Run::step(LossRow& row) {
   using clock = std::chrono::steady_clock;
-  const std::int64_t first_step = st.step;
+  const auto t0 = clock::now();
+  Trainable<float>& model = *model_;
+  const auto P = static_cast<std::int64_t>(model.params.size());
+  row.lr = lr_at(o_.opt, st_.step);
+  model.zero_grad();
+  double loss = 0;
+  for (std::int64_t micro = 0; micro < o_.accum; ++micro) {
+    sample_batch(train_ids_, rng_, B_, T_, x_, y_);
+    loss += model.forward(x_.data(), y_.data()) / static_cast<double>(o_.accum);
+    model.backward(1.0f / static_cast<float>(o_.accum));
+  }
+  row.grad_norm = clip_grad_norm(model.grads.data(), P, o_.opt.clip);
+  adamw_step(model.params.data(), model.grads.data(), adam_m_.data(), adam_v_.data(), P, decay_, o_.opt, row.lr,
+             st_.step + 1);
+  const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+  st_.elapsed_s += dt;
+  ++st_.step;
+  row.has_train = true;
+  row.train_loss = loss;
+  return dt;
+}
+
+void Run::write_outputs() const {
+  save_checkpoint(ckpt_, o_, *model_, adam_m_, adam_v_, rng_, st_, tok_, corpus_id_);
+  export_model(o_.out_dir, *model_);
+  tok_.write(o_.out_dir);
+  write_file_atomic(o_.out_dir + "/loss.csv", csv_text(rows_));
+  write_file_atomic(o_.out_dir + "/loss.png", loss_curve_png(rows_));
+}
+
+}  // namespace
+
+// The loop: validate every eval_interval steps and at the end, one optimiser step at a time,
+// checkpoints by count or wall time; stops at `steps`, at the time limit (after at least one step)
+// or when hooks.stop turns nonzero, writing everything each time.
+TrainSummary train(const TrainOptions& opts, const TrainHooks& hooks) {
+  Run run(opts);
+  const TrainOptions& o = run.options();
+  std::vector<LossRow>& rows = run.rows();
+  if (hooks.on_start) hooks.on_start(run.start());
+  using clock = std::chrono::steady_clock;
+  const std::int64_t first_step = run.state().step;
   double train_seconds = 0, last_val = NAN;
   for (const auto& r : rows)
     if (r.has_val) last_val = r.val_loss;
   TrainSummary out;
   const auto started = clock::now();
   auto last_save = started;
-  auto seconds_left = [&](double at_this_speed) {  // --time-limit caps the estimate
-    if (o.time_limit_s <= 0) return at_this_speed;
-    return std::max(0.0, std::min(at_this_speed, o.time_limit_s - std::chrono::duration<double>(clock::now() - started).count()));
-  };
+  auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   while (true) {
+    const std::int64_t step = run.state().step;
     LossRow row;
-    row.step = st.step;
-    out.time_limited = o.time_limit_s > 0 && st.step > first_step && st.step < o.steps &&
-                       std::chrono::duration<double>(clock::now() - started).count() >= o.time_limit_s;
-    const bool last = st.step == o.steps || out.time_limited;
-    if (st.step % o.eval_interval == 0 || last) {
-      last_val = evaluate();
+    row.step = step;
+    out.time_limited = o.time_limit_s > 0 && step > first_step && step < o.steps && since(started) >= o.time_limit_s;
+    const bool last = step == o.steps || out.time_limited;
+    if (step % o.eval_interval == 0 || last) {
+      last_val = run.evaluate();
       row.has_val = true;
       row.val_loss = last_val;
     }
     if (last) {
-      row.elapsed_s = st.elapsed_s;
+      row.elapsed_s = run.state().elapsed_s;
       rows.push_back(row);
       break;
     }
-    const auto t0 = clock::now();
-    row.lr = lr_at(o.opt, st.step);
-    model.zero_grad();
-    double loss = 0;
-    for (std::int64_t micro = 0; micro < o.accum; ++micro) {
-      sample_batch(train_ids, rng, B, T, x, y);
-      loss += model.forward(x.data(), y.data()) / static_cast<double>(o.accum);
-      model.backward(1.0f / static_cast<float>(o.accum));
-    }
-    row.grad_norm = clip_grad_norm(model.grads.data(), P, o.opt.clip);
-    adamw_step(model.params.data(), model.grads.data(), adam_m.data(), adam_v.data(), P, decay, o.opt, row.lr,
-               st.step + 1);
-    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
-    train_seconds += dt;
-    st.elapsed_s += dt;
-    ++st.step;
-    const double sps = static_cast<double>(st.step - first_step) / train_seconds;
-    row.has_train = true;
-    row.train_loss = loss;
-    row.tokens_per_s = sps * static_cast<double>(B * T * o.accum);
-    row.elapsed_s = st.elapsed_s;
+    train_seconds += run.step(row);
+    const std::int64_t done = run.state().step;
+    const double sps = static_cast<double>(done - first_step) / train_seconds;
+    row.tokens_per_s = sps * static_cast<double>(run.tokens_per_step());
+    row.elapsed_s = run.state().elapsed_s;
     rows.push_back(row);
-    if (!std::isfinite(loss))
-      fail_nonfinite(kFn, "training diverged: the loss is " + std::to_string(loss) + " at step " + std::to_string(row.step) +
-                    " (try a lower --lr)");
-
-    if (o.progress && (tty || st.step % 50 == 0 || st.step == o.steps)) {
-      const int width = 24;
-      const auto filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(st.step) /
-                                           static_cast<double>(o.steps));
-      std::string bar = std::string(static_cast<std::size_t>(filled), '#') +
-                        std::string(static_cast<std::size_t>(width - filled), '.');
-      char val[32] = "-";
-      if (std::isfinite(last_val)) std::snprintf(val, sizeof val, "%.4f", last_val);
-      std::fprintf(stderr, "%sstep %lld/%lld [%s] loss %.4f val %s | %.0f tok/s | %s left%s",
-                   tty ? "\r\033[K" : "", static_cast<long long>(st.step), static_cast<long long>(o.steps),
-                   bar.c_str(), loss, val, row.tokens_per_s,
-                   format_duration(seconds_left(static_cast<double>(o.steps - st.step) / sps)).c_str(),
-                   tty ? "" : "\n");
-      std::fflush(stderr);
-    }
-    if (const int sig = g_stop_signal.load(); sig != 0) {
-      write_outputs();
-      std::fprintf(stderr, "%sinterrupted by %s: checkpoint saved at step %lld in %s; continue with --resume\n",
-                   tty ? "\n" : "", signal_name(sig), static_cast<long long>(st.step), o.out_dir.c_str());
+    if (!std::isfinite(row.train_loss))
+      fail_nonfinite(kFn, "training diverged: the loss is " + std::to_string(row.train_loss) + " at step " +
+                              std::to_string(row.step) + " (try a lower --lr)");
+    if (hooks.on_step) hooks.on_step({done, o.steps, row.train_loss, last_val, row.tokens_per_s, sps, since(started)});
+    if (const int stop = hooks.stop ? hooks.stop->load() : 0; stop != 0) {
+      run.write_outputs();
       out.interrupted = true;
-      out.signal = sig;
+      out.stop = stop;
       break;
     }
-    const bool by_count = o.checkpoint_interval > 0 && st.step % o.checkpoint_interval == 0;
-    const bool by_time = o.checkpoint_interval_s > 0 &&
-                         std::chrono::duration<double>(clock::now() - last_save).count() >= o.checkpoint_interval_s;
-    if ((by_count || by_time) && st.step < o.steps) {
-      write_outputs();
+    const bool by_count = o.checkpoint_interval > 0 && done % o.checkpoint_interval == 0;
+    const bool by_time = o.checkpoint_interval_s > 0 && since(last_save) >= o.checkpoint_interval_s;
+    if ((by_count || by_time) && done < o.steps) {
+      run.write_outputs();
       last_save = clock::now();
     }
   }
-  if (!out.interrupted) {
-    write_outputs();
-    if (tty && o.progress) std::fprintf(stderr, "\n");
-    if (out.time_limited)
-      std::fprintf(stderr, "time limit of %s reached: checkpoint saved at step %lld in %s; continue with --resume\n",
-                   format_duration(o.time_limit_s).c_str(), static_cast<long long>(st.step), o.out_dir.c_str());
-  }
-  out.step = st.step;
+  if (!out.interrupted) run.write_outputs();
+  out.step = run.state().step;
   out.val_loss = last_val;
-  out.steps_per_s = train_seconds > 0 ? static_cast<double>(st.step - first_step) / train_seconds : 0;
+  out.steps_per_s = train_seconds > 0 ? static_cast<double>(out.step - first_step) / train_seconds : 0;
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Internal: the training loop behind `qkv train` — corpus → tokens → batches → forward/backward →
-// clipping → AdamW, with evaluation, a progress bar, checkpoints that resume bit for bit, Ctrl-C,
-// and the loss curve (CSV + PNG).
+// clipping → AdamW, with evaluation, checkpoints that resume bit for bit, a stop flag, and the loss
+// curve (CSV + PNG). It prints nothing: the caller sees the run through TrainHooks (qkv train's
+// progress bar, its messages and its signal handling live in src/cli/cmd_train.cpp).
 //
 // Files in the output folder (each written to a temporary name unique to the process and the
 // write, then renamed; a failed write removes its temporary):
@@ -15,11 +16,14 @@
 //                           run on the same folder is refused, naming the first one's pid. It is
 //                           never deleted (deleting a lock file another process has open races).
 //
-// SIGINT, SIGTERM and SIGHUP stop the run after the current step with everything saved
-// (TrainSummary::signal says which came); `qkv train` then exits 128 + the signal's number.
+// A nonzero TrainHooks::stop stops the run after the current step with everything saved
+// (TrainSummary::stop holds the value); `qkv train` stores the number of a SIGINT, SIGTERM or
+// SIGHUP there and then exits 128 + that number.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -84,7 +88,6 @@ struct TrainOptions {
   // naming the flag. The schedule (steps, lr, min-lr, warmup, decay-steps, evaluation,
   // checkpoint interval, time limit) may change. nullopt: every option counts as given.
   std::optional<std::set<std::string>> given;
-  bool progress = true;              // progress bar on stderr
   double time_limit_s = 0;           // > 0: stop once this invocation has run so long (wall time,
                                      // evaluations included), after at least one step: validate,
                                      // save everything, return; continue with resume
@@ -100,15 +103,46 @@ struct TrainSummary {
   std::int64_t step = 0;       // optimiser steps done
   double val_loss = 0;         // last validation loss
   double steps_per_s = 0;      // training steps per second of this invocation (evaluation excluded)
-  bool interrupted = false;    // stopped by a signal (a checkpoint was saved)
-  int signal = 0;              // that signal: SIGINT, SIGTERM or SIGHUP
+  bool interrupted = false;    // stopped by TrainHooks::stop (a checkpoint was saved)
+  int stop = 0;                // the nonzero value TrainHooks::stop held (qkv train: the signal's number)
   bool time_limited = false;   // stopped by time_limit_s before `steps` (validated and saved)
+};
+
+// The run once it is set up, before its first step (TrainHooks::on_start).
+struct TrainStart {
+  std::int64_t params = 0;                     // trainable parameters P
+  std::int64_t vocab = 0;                      // the tokenizer's vocabulary
+  std::string tokenizer;                       // "chars" | "bpe" | the tokenizer file
+  std::int64_t train_tokens = 0, val_tokens = 0;
+  std::int64_t first_step = 0;                 // > 0: resumed at this step
+  bool resumed = false;
+  std::vector<std::string> schedule_changes;   // resume: "lr 0.001 -> 0.0005", one per changed schedule option
+};
+
+// One optimiser step done (TrainHooks::on_step).
+struct TrainProgress {
+  std::int64_t step = 0;       // steps done (1-based: the step just finished is step - 1)
+  std::int64_t steps = 0;      // TrainOptions::steps
+  double loss = 0;             // this step's training loss
+  double val_loss = 0;         // the last validation loss; NaN before the first validation
+  double tokens_per_s = 0;     // training tokens per second of this invocation (evaluation excluded)
+  double steps_per_s = 0;      // the same in optimiser steps
+  double wall_s = 0;           // wall time since the first step of this invocation began (evaluations included)
+};
+
+// How a caller follows and stops a run; every member may be left empty. The callbacks run on the
+// calling thread, between steps.
+struct TrainHooks {
+  std::function<void(const TrainStart&)> on_start;      // after the setup, before the first step
+  std::function<void(const TrainProgress&)> on_step;    // after every optimiser step, before `stop` is read
+  const std::atomic<int>* stop = nullptr;               // read after every step: nonzero stops the run there,
+                                                        // with everything saved (writable from a signal handler)
 };
 
 // Errors (qkv/types.hpp): std::invalid_argument for a bad option or file argument; qkv::IoError
 // when the output folder cannot be created or written; qkv::FormatError for a checkpoint or
 // loss.csv whose content is corrupt; qkv::NonFiniteError when the loss becomes NaN or ±inf.
-TrainSummary train(const TrainOptions& o);
+TrainSummary train(const TrainOptions& o, const TrainHooks& hooks = {});
 
 // Throws std::invalid_argument naming every bad option with the value given ("--lr: must be a
 // finite number > 0, got nan; --clip: ..."), in one line; train() calls it first.

@@ -416,15 +416,11 @@ TEST(Variants, FastKernelsWithinTwiceNaive) {
           qkv::attention(call.q.view(), call.k.view(), call.v.view(), out.view(), ro, lse.view());
           Buffer dq(t, {c.B, c.H, c.Sq, c.D}), dk(t, {c.B, c.Hkv, c.Skv, c.D}), dv(t, {c.B, c.Hkv, c.Skv, c.Dv}),
               ds(DType::f64, {c.H});
-          // keep_first has no flash backward: automatic takes the reference (checked below).
-          AttentionOptions bo = call.opt;
-          if (c.keep_first > 0) bo.kernel = qkv::Kernel::automatic;
+          // The flash backward, keep_first included (checked: no fallback to the reference).
           const auto binfo = qkv::attention_backward(call.q.view(), call.k.view(), call.v.view(), out.view(), call.dout.view(),
-                                                     lse.view(), dq.view(), dk.view(), dv.view(), bo,
+                                                     lse.view(), dq.view(), dk.view(), dv.view(), call.opt,
                                                      c.sinks ? std::optional<qkv::View>(ds.view()) : std::nullopt);
-          if (c.keep_first > 0) {
-            EXPECT_EQ(binfo.kernel, qkv::Kernel::reference) << c.name;
-          }
+          EXPECT_EQ(binfo.kernel, qkv::Kernel::flash) << c.name;
           const double eq = max_err(values(dq), want.dq), ek = max_err(values(dk), want.dk),
                        ev = max_err(values(dv), want.dv);
           std::printf("%-40s %-5s %-28s dq %.2e (%.2e) dk %.2e (%.2e) dv %.2e (%.2e)\n", c.name, qkv::dtype_name(t),
@@ -611,7 +607,8 @@ TEST(Variants, PerBatchAlibiEqualsOneCallPerRow) {
 }
 
 // StreamingLLM's keep_first beside a window equals, on every kernel, the same call with the window
-// written out as an explicit bool mask [Sq, Skv] (window_left and keep_first off): bit for bit on
+// written out as an explicit bool mask [Sq, Skv] (window_left and keep_first off), forward and
+// backward (dout = q, a stand-in with the right shape; tolerances of the backward below): bit for bit on
 // the fast kernels (the same scores in the same tiles; the kept call only skips tiles that are
 // masked for every row), to 1e-12 on the f64 reference (f64 rounding of identical sums). Shapes put
 // the gap across whole key tiles (64) and whole decode chunks (512), and rows without a gap.
@@ -649,6 +646,26 @@ TEST(Variants, KeepFirstEqualsExplicitMask) {
         const double tol = kern == qkv::Kernel::reference ? 1e-12 : 0.0;
         EXPECT_LE(eo, tol) << qkv::kernel_name(kern) << " " << qkv::isa_name(isa) << " Sq " << sh.Sq << " Skv " << sh.Skv;
         EXPECT_LE(el, tol) << qkv::kernel_name(kern) << " " << qkv::isa_name(isa) << " Sq " << sh.Sq << " Skv " << sh.Skv;
+        if (kern == qkv::Kernel::flash_decode) continue;  // no backward of its own
+        // The backward, from one forward's out and lse so that only the rule differs. Flash: the same
+        // P and dS in the same tiles (the gap's tiles skipped, or adding exact zeros), but the key
+        // chunks are cut by the rule's work, so dq's per-chunk sums may add in another grouping:
+        // 2^-18 of the largest gradient (a few f32 roundings), where a wrong key range errs by O(1).
+        Buffer dq[2] = {Buffer(DType::f32, {B, H, sh.Sq, D}), Buffer(DType::f32, {B, H, sh.Sq, D})};
+        Buffer dk[2] = {Buffer(DType::f32, {B, Hkv, sh.Skv, D}), Buffer(DType::f32, {B, Hkv, sh.Skv, D})};
+        Buffer dv[2] = {Buffer(DType::f32, {B, Hkv, sh.Skv, D}), Buffer(DType::f32, {B, Hkv, sh.Skv, D})};
+        for (int r = 0; r < 2; ++r) {
+          const auto info = qkv::attention_backward(q.view(), k.view(), v.view(), o1.view(), q.view(), l1.view(),
+                                                    dq[r].view(), dk[r].view(), dv[r].view(), r ? explicit_mask : kept);
+          EXPECT_EQ(info.kernel, kern);
+        }
+        for (Buffer* grad : {dq, dk, dv}) {
+          double big = 0;
+          for (double x : values(grad[1])) big = std::max(big, std::abs(x));
+          const double gtol = kern == qkv::Kernel::reference ? 1e-12 : 0x1p-18 * big;
+          EXPECT_LE(max_err(values(grad[0]), values(grad[1])), gtol)
+              << "backward " << qkv::kernel_name(kern) << " " << qkv::isa_name(isa) << " Sq " << sh.Sq << " Skv " << sh.Skv;
+        }
       }
     }
 }

@@ -92,7 +92,6 @@ TEST(ErrorKinds, TrainingThatDivergesIsANonFiniteError) {
   o.model.layers = 1, o.model.heads = 2, o.model.embd = 16, o.model.context = 16;
   o.batch = 2, o.steps = 20, o.eval_interval = 1000, o.eval_batches = 1, o.checkpoint_interval = 1000;
   o.opt.warmup = 0, o.opt.decay_steps = 20, o.opt.lr = 1e30;
-  o.progress = false;
   const std::string m = message_of<qkv::NonFiniteError>([&] { qkv::train::train(o); });
   EXPECT_NE(m.find("[qkv::train] training diverged: the loss is"), std::string::npos) << m;
   EXPECT_NE(m.find("(try a lower --lr)"), std::string::npos) << m;

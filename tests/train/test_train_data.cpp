@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "core/output_file.hpp"
 #include "model/safetensors.hpp"
 #include "model/text_tokenizer.hpp"
+#include "model/trainable.hpp"
 #include "qkv/model.hpp"
 #include "train/trainer.hpp"
 
@@ -119,7 +121,6 @@ qkv::train::TrainOptions small_run(const std::string& data, const std::string& o
   o.model.layers = 2, o.model.heads = 2, o.model.embd = 32, o.model.context = 16;
   o.batch = 4, o.accum = 2, o.steps = 6, o.eval_interval = 3, o.eval_batches = 2, o.checkpoint_interval = 100;
   o.opt.warmup = 2, o.opt.decay_steps = 6;
-  o.progress = false;
   return o;
 }
 
@@ -169,7 +170,7 @@ TEST(Train, ResumeTakesTheCheckpointsSettingsAndTheScheduleMayChange) {
   // Only the schedule given (as `qkv train --resume --steps 4 --lr 5e-4`): the model is the
   // checkpoint's although these options hold the defaults (6 layers, d_model 384, ...).
   qkv::train::TrainOptions r;
-  r.data_path = o.data_path, r.out_dir = o.out_dir, r.resume = true, r.progress = false;
+  r.data_path = o.data_path, r.out_dir = o.out_dir, r.resume = true;
   r.steps = 4, r.opt.decay_steps = 4, r.opt.lr = 5e-4, r.eval_batches = 1;
   r.given = std::set<std::string>{"steps", "lr", "eval-batches"};
   EXPECT_EQ(qkv::train::train(r).step, 4);
@@ -249,6 +250,66 @@ TEST(Train, ResumeIsBitExact) {
   int differing = 0;
   for (const auto& [name, t] : fa.tensors) differing += fb.tensors.at(name).bytes != t.bytes;
   std::printf("%zu tensors compared byte for byte, %d differ\n", fa.tensors.size(), differing);
+  EXPECT_EQ(differing, 0);
+  fs::remove_all(dir);
+}
+
+// The hooks: on_start sees the run's sizes, on_step every step with its loss, and a stop flag set
+// during step 2 stops the run there with everything saved; resuming it to step 6 ends byte for byte
+// where an uninterrupted run does (the stop is a checkpoint like any other).
+TEST(Train, HooksReportEachStepAndTheStopFlagStopsWithEverythingSaved) {
+  const std::string dir = temp_dir("hooks");
+  write(dir + "/corpus.txt", shakespeare().substr(0, 50000));
+  auto a = small_run(dir + "/corpus.txt", dir + "/straight");
+  qkv::train::train(a);
+  auto b = small_run(dir + "/corpus.txt", dir + "/stopped");
+  std::atomic<int> stop{0};
+  qkv::train::TrainStart start;
+  std::vector<qkv::train::TrainProgress> seen;
+  qkv::train::TrainHooks hooks;
+  hooks.on_start = [&](const qkv::train::TrainStart& s) { start = s; };
+  hooks.on_step = [&](const qkv::train::TrainProgress& p) {
+    seen.push_back(p);
+    if (p.step == 2) stop = 7;
+  };
+  hooks.stop = &stop;
+  const auto r = qkv::train::train(b, hooks);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.stop, 7);
+  EXPECT_EQ(r.step, 2);
+  // 50,000 one-byte characters, 90 % to train: 45,000 / 5,000 tokens (chars); P from the layout.
+  EXPECT_EQ(start.train_tokens, 45000);
+  EXPECT_EQ(start.val_tokens, 5000);
+  EXPECT_EQ(start.params, qkv::param_count(qkv::train::model_config(b.model, start.vocab)));
+  EXPECT_FALSE(start.resumed);
+  ASSERT_EQ(seen.size(), 2u);
+  // loss.csv (written at the stop) holds the same training losses the hook saw, and the stop's
+  // checkpoint is at step 2.
+  std::ifstream csv(dir + "/stopped/loss.csv");
+  std::string line;
+  std::getline(csv, line);
+  ASSERT_EQ(line.rfind("step,lr,train_loss,", 0), 0u) << line;
+  std::vector<double> csv_loss;
+  while (std::getline(csv, line)) {
+    std::stringstream ss(line);
+    std::string step, lr, loss;
+    std::getline(ss, step, ','), std::getline(ss, lr, ','), std::getline(ss, loss, ',');
+    if (!loss.empty()) csv_loss.push_back(std::stod(loss));
+  }
+  ASSERT_EQ(csv_loss.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(seen[i].step, static_cast<std::int64_t>(i) + 1);
+    EXPECT_EQ(seen[i].steps, 6);
+    EXPECT_NEAR(seen[i].loss, csv_loss[i], 1e-6);  // the CSV prints 6 decimals
+  }
+  const auto fs2 = qkv::detail::read_safetensors(dir + "/stopped/checkpoint.safetensors");
+  EXPECT_EQ(qkv::detail::st_get_i64(fs2, "train.step", 1, "test")[0], 2);
+  b.resume = true;
+  EXPECT_EQ(qkv::train::train(b).step, 6);
+  const auto fa = qkv::detail::read_safetensors(dir + "/straight/checkpoint.safetensors");
+  const auto fb = qkv::detail::read_safetensors(dir + "/stopped/checkpoint.safetensors");
+  int differing = 0;
+  for (const auto& [name, t] : fa.tensors) differing += fb.tensors.at(name).bytes != t.bytes;
   EXPECT_EQ(differing, 0);
   fs::remove_all(dir);
 }

@@ -30,7 +30,6 @@ TEST_P(TrainExport, TrainedModelRunsInTheInferenceModel) {
   o.model.layers = 2, o.model.heads = 2, o.model.embd = 32, o.model.context = 16, o.model.bias = true;
   if (o.model.arch == "llama") o.model.heads = 4, o.model.kv_heads = 2, o.model.bias = false;
   o.batch = 4, o.steps = 5, o.eval_interval = 5, o.eval_batches = 1, o.opt.warmup = 1, o.opt.decay_steps = 5;
-  o.progress = false;
   qkv::train::train(o);
 
   qkv::Model inference(qkv::load_weights((dir / "model.safetensors").string()));

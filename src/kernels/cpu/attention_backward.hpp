@@ -1,5 +1,10 @@
 // Internal: the fast CPU attention backward (FlashAttention-2 style), shared between its portable
-// driver (attention_backward.cpp) and the per-ISA tile loops (attention_backward_<isa>.cpp).
+// driver and the per-ISA tile loops. Its parts, one file each, in the order a call runs them:
+//   attention_backward_prepass.cpp   Prepass: Q and dO rows as the tasks read them; L and delta per row
+//   attention_backward_plan.cpp      ChunkPlan: key chunks, their cuts, the tasks' order, dQ partials
+//   attention_backward_impl.hpp      backward_task: the per-task tile loop, compiled per ISA by
+//                                    attention_backward_<isa>.cpp (attention_backward_avx512bf16.cpp: vdpbf16ps)
+//   attention_backward.cpp           the driver (attention_backward_flash), the row helpers, reduce_dq
 //
 // Dimensions: B, H, Hkv, Sq, Skv, D, Dv as everywhere; G = H / Hkv query heads per kv head.
 // Dp, Dvp: D and Dv rounded up to 16 (one V16); padded columns of packed rows are zero.
@@ -9,7 +14,8 @@
 //   tasks, one per (b, hk, key chunk c), each owning dK, dV of its keys, per key block of Bk keys:
 //     for each query head h of the group, each query block of Bq rows that may see these keys:
 //       S  = Q·Kᵀ                       [Bq, Bk]
-//       P  = 2^(S·scale·log2e + mask − L)   (0 where masked; softcap / ALiBi before − L)
+//       P  = 2^(S·scale·log2e + mask − L)   (0 where masked or outside the row's keys, which with
+//            keep_first are [0, min(n, hi)) ∪ [lo, hi), params.hpp; softcap / ALiBi before − L)
 //       dP = dO·Vᵀ                       [Bq, Bk]
 //       with dropout (W = keep / (1 − p), regenerated from the seed, kernels/dropout.hpp):
 //         dP ∘= W, and Z = P ∘ W takes P's place in dV (the forward's out = Z·V)
@@ -21,7 +27,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
+#include "core/scratch.hpp"
 #include "kernels/params.hpp"
 #include "qkv/runtime.hpp"
 
@@ -117,6 +126,71 @@ inline constexpr std::int64_t ops_bf16_floats(std::int64_t D, std::int64_t Dv) {
 }
 // Per-thread scratch floats the task functions need (the same for every ISA).
 std::int64_t arena_size(std::int64_t D, std::int64_t Dv);
+
+// ---- The driver's parts (attention_backward_flash runs them in this order) ----
+
+// An uninitialised, 64-byte aligned float array leased from the scratch pool (core/scratch.hpp),
+// so that the next call of a similar shape finds its work copies' pages mapped instead of
+// faulting in fresh MiBs. Lease on the calling thread, outside parallel regions.
+class Floats {
+ public:
+  explicit Floats(std::int64_t n) { p_ = scratch_lease(static_cast<std::size_t>(n > 0 ? n : 1) * sizeof(float), &size_); }
+  ~Floats() { scratch_return(p_, size_); }
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
+  float* get() const { return static_cast<float*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Row helpers of every part. load_row: dst[e] = t[off + e·stride] for e < n, as f32. store_row:
+// t[off + e·stride] = src[e], rounded to t's dtype.
+void load_row(const View& t, std::int64_t off, std::int64_t stride, std::int64_t n, float* dst);
+void store_row(const View& t, std::int64_t off, std::int64_t stride, std::int64_t n, const float* src);
+// x, or 0 for NaN and ±∞ (the packed Q and K operands of the gradient products; see pack_kv_block
+// and Prepass on why).
+inline float finite_or_zero(float x) { return x - x == 0.0f ? x : 0.0f; }
+inline std::uint16_t finite_or_zero_bf16(std::uint16_t x) { return (x & 0x7f80u) == 0x7f80u ? 0 : x; }
+// A [B, H, Sq, n] tensor's rows usable in place: f32, unit inner stride, n a multiple of 16 (so the
+// padded row is the row itself).
+bool usable_in_place(const View& t, std::int64_t n);
+
+// 1. Prepass (attention_backward_prepass.cpp), per (b, h, i): Q and dO rows as the tasks read them
+// — the caller's f32 rows in place when usable_in_place, else packed f32 copies, or the bf16
+// layouts of Context::qb…ob2 for the avx512_bf16 tiles — and L_i = lse_i · log2(e), delta_i =
+// dout_i · out_i. Sets those pointers of cx (whose shapes and options must be set) and owns the
+// copies for as long as it lives. Throws qkv::OutOfMemory when the copies cannot fit.
+class Prepass {
+ public:
+  Prepass(const AttnBwdParams& bp, Isa isa, Context& cx);
+
+ private:
+  std::optional<Floats> q_pack_, o_pack_;    // [B, H, Sq, Dp] / [.., Dvp] f32, when not read in place
+  std::optional<Floats> qb_pack_, ob_pack_;  // Context::qb + qb2, ob + ob2 (bf16 tiles only)
+  std::optional<Floats> L_, delta_;          // [B, H, Sq]
+};
+
+// 2. Chunk plan (attention_backward_plan.cpp): the number of key chunks C, the cut of every batch
+// row's key blocks into C chunks of about equal work (tiles the mask rule does not skip), the
+// order of the tasks (largest first), and the dQ partial sums. Depends on the shapes only, never
+// on the thread count (determinism). Sets cx.key_blocks, chunks, chunk_begin, dq0…, dq_part.
+class ChunkPlan {
+ public:
+  ChunkPlan(const AttnBwdParams& bp, Context& cx);
+  const std::vector<std::int64_t>& order() const { return order_; }  // [tasks] task ids, largest first
+
+ private:
+  std::vector<std::int64_t> cuts_;   // [B, C + 1] Context::chunk_begin
+  std::vector<std::int64_t> order_;
+  std::optional<Floats> dq_part_;    // Context::dq_part
+};
+
+// 3. Tasks: backward_task_<isa> (above) on every task of plan.order(), one arena per thread.
+// 4. Reduce (attention_backward.cpp), per (b, h, i): dq_i = Σ_c dQ_c,i in increasing c, rounded once
+// to dq's dtype.
+void reduce_dq(const AttnBwdParams& bp, const Context& cx);
 
 }  // namespace qkv::kernels::bwd
 

@@ -149,6 +149,25 @@ inline void row_range(const KeyRange& r, std::int64_t i, std::int64_t key_len, s
                   r.window_right, key_len, lo, hi);
 }
 
+// The keys of query i a tile [k0, k0 + nk) holds, relative to k0: [lo, hi) less [gap0, gap1).
+// With keep_first the row's keys are [0, ke) ∪ [l, h), ke = min(keep_first, h) (params.hpp);
+// when the window starts past the kept keys the gap between them is [ke, l), else it is empty
+// (gap0 = gap1), and lo ≥ hi means the tile holds none of the row's keys.
+struct TileKeys {
+  std::int64_t lo, hi, gap0, gap1;
+};
+inline TileKeys tile_keys(const KeyRange& r, std::int64_t i, std::int64_t key_len, std::int64_t k0, std::int64_t nk) {
+  std::int64_t lo, hi;
+  row_range(r, i, key_len, &lo, &hi);
+  const std::int64_t ke = imax(imin(imin(r.keep_first, hi) - k0, nk), 0);  // kept keys [0, ke) of the tile
+  lo = imax(lo - k0, 0);
+  hi = imin(hi - k0, nk);
+  if (ke == 0) return {lo, hi, 0, 0};
+  if (hi <= lo) return {0, ke, 0, 0};            // no key of the window in the tile: the kept ones only
+  if (ke >= lo) return {0, imax(hi, ke), 0, 0};  // kept keys and window meet: one range
+  return {0, hi, ke, lo};
+}
+
 inline void zero_floats(float* p, std::int64_t n) { std::memset(p, 0, static_cast<std::size_t>(n) * sizeof(float)); }
 
 // The five products on f32 operands: Q and dO rows as the driver left them (Context::q, dout),
@@ -182,11 +201,120 @@ struct OpsF32 {
   }
 };
 
+// P of one tile: S [mq, kBk] holds Q·Kᵀ of query rows [i0, i0 + mq) of head h against keys
+// [k0, k0 + nk) (ngk groups of 16) on entry and P = 2^(S·scale·log2e + mask − L) on exit, 0 on
+// the keys a row may not attend and past nk. With softcap, Fc [mq, kBk] gets 1 − tanh² of the
+// capped scores (for dS). full: every key of the tile is allowed for every row, no mask and no
+// score variant. mrow [kBk]: scratch for a dense-mask row.
+template <class Simd>
+void probabilities(const Context& cx, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t k0,
+                   std::int64_t nk, bool full, float* S, float* Fc, float* mrow) {
+  using V = V16<Simd>;
+  const std::int64_t ngk = (nk + kLanes - 1) / kLanes;
+  const std::int64_t key_len = cx.key_len[b];
+  const float* Lh = cx.L + (b * cx.H + h) * cx.Sq;
+  const V vc = V::set1(cx.scale_log2e);
+  const bool mods = cx.softcap_log2 > 0.0f || cx.alibi;
+  for (std::int64_t r = 0; r < mq; ++r) {
+    float* Sr = S + r * kBk;
+    const V negL = V::set1(-Lh[i0 + r]);
+    if (full) {
+      for (std::int64_t g = 0; g < ngk; ++g)
+        V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
+      continue;
+    }
+    const TileKeys keys = tile_keys(cx.rule, i0 + r, key_len, k0, nk);
+    const std::int64_t lo = keys.lo, hi = keys.hi;
+    if (lo >= hi) {
+      zero_floats(Sr, ngk * kLanes);
+      if (cx.softcap_log2 > 0.0f) zero_floats(Fc + r * kBk, ngk * kLanes);  // read by dS beside P = 0
+      continue;
+    }
+    if (mods) {
+      // The forward's order: scaled score, softcap (keeping 1 − tanh² for dS), + mask − L, ALiBi.
+      // Without softcap, mask − L joins the scaling FMA as in the paths below.
+      if (cx.has_mask) load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
+      const int ncol = static_cast<int>(ngk * kLanes);
+      if (cx.softcap_log2 > 0.0f) {
+        for (std::int64_t g = 0; g < ngk; ++g) (V::load(Sr + kLanes * g) * vc).store(Sr + kLanes * g);
+        cpu::softcap_row<Simd>(Sr, 0, ncol, cx.softcap_log2, Fc + r * kBk);
+        for (std::int64_t g = 0; g < ngk; ++g) {
+          const V x = V::load(Sr + kLanes * g) + negL;
+          (cx.has_mask ? x + V::load(mrow + kLanes * g) : x).store(Sr + kLanes * g);
+        }
+      } else {
+        for (std::int64_t g = 0; g < ngk; ++g)
+          V::load(Sr + kLanes * g).fma(vc, cx.has_mask ? V::load(mrow + kLanes * g) + negL : negL).store(Sr + kLanes * g);
+      }
+      if (cx.alibi)
+        cpu::alibi_row<Simd>(Sr, 0, ncol, static_cast<float>(cx.alibi[b * cx.alibi_sb + h] * 1.4426950408889634), k0,
+                             i0 + r + cx.rule.diag_offset + (cx.rule.diag_from_key_len ? key_len : 0));
+      for (std::int64_t g = 0; g < ngk; ++g) V::load(Sr + kLanes * g).exp2().store(Sr + kLanes * g);
+      if (cx.has_mask)
+        for (std::int64_t j = lo; j < hi; ++j)
+          if (mrow[j] == -kInfF) Sr[j] = 0.0f;
+    } else if (cx.has_mask) {
+      load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
+      for (std::int64_t g = 0; g < ngk; ++g)
+        V::load(Sr + kLanes * g).fma(vc, V::load(mrow + kLanes * g) + negL).exp2().store(Sr + kLanes * g);
+      // Keys the mask denies get P = 0 even where the sum above is NaN (a NaN in their K,
+      // or L = NaN on a NaN row): masked keys stay out of the gradients.
+      for (std::int64_t j = lo; j < hi; ++j)
+        if (mrow[j] == -kInfF) Sr[j] = 0.0f;
+    } else {
+      for (std::int64_t g = 0; g < ngk; ++g)
+        V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
+    }
+    zero_floats(Sr, lo);
+    if (keys.gap1 > keys.gap0) zero_floats(Sr + keys.gap0, keys.gap1 - keys.gap0);
+    zero_floats(Sr + hi, ngk * kLanes - hi);
+  }
+}
+
+// dS of one tile: dP [mq, kBk] holds dO·Vᵀ on entry and dS = P ∘ (dP − delta) · scale on exit
+// (∘ Fc with softcap: the chain through tanh). With dropout (W = keep / (1 − p), regenerated
+// from the seed into mrow) dP ∘= W first, and P [mq, kBk] (in S) becomes Z = P ∘ W, which takes
+// P's place in dV += Zᵀ·dO.
+template <class Simd>
+void score_gradients(const Context& cx, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t k0,
+                     std::int64_t nk, float* S, float* dP, const float* Fc, float* mrow) {
+  using V = V16<Simd>;
+  const std::int64_t ngk = (nk + kLanes - 1) / kLanes;
+  const float* delta_h = cx.delta + (b * cx.H + h) * cx.Sq;
+  const V vscale = V::set1(cx.scale);
+  for (std::int64_t r = 0; r < mq; ++r) {
+    const V dl = V::set1(delta_h[i0 + r]);
+    float* dPr = dP + r * kBk;
+    float* Pr = S + r * kBk;
+    // With softcap, dS takes the chain through tanh: ∘ Fc (the factor defaults to 1 below).
+    const float* Fr = cx.softcap_log2 > 0.0f ? Fc + r * kBk : nullptr;
+    if (cx.dropout) {  // dP ∘= W (the gradient through Z = P ∘ W), then P ← Z for dV below
+      const auto& d = cx.p->fwd.dropout;
+      dropout_row(dropout_row_key(d.seed, d.offset, d.b0 + b, h, i0 + r), k0, ngk * kLanes, cx.dropout_t,
+                  cx.dropout_rs, mrow);
+      for (std::int64_t g = 0; g < ngk; ++g) {
+        const V w = V::load(mrow + kLanes * g), pg = V::load(Pr + kLanes * g);
+        const V ds = pg * (V::load(dPr + kLanes * g) * w - dl) * vscale;
+        (Fr ? ds * V::load(Fr + kLanes * g) : ds).store(dPr + kLanes * g);
+        (pg * w).store(Pr + kLanes * g);
+      }
+      continue;
+    }
+    if (Fr) {
+      for (std::int64_t g = 0; g < ngk; ++g)
+        (V::load(Pr + kLanes * g) * (V::load(dPr + kLanes * g) - dl) * vscale * V::load(Fr + kLanes * g))
+            .store(dPr + kLanes * g);
+      continue;
+    }
+    for (std::int64_t g = 0; g < ngk; ++g)
+      (V::load(Pr + kLanes * g) * (V::load(dPr + kLanes * g) - dl) * vscale).store(dPr + kLanes * g);
+  }
+}
+
 // One task (b, hk, chunk): see attention_backward.hpp. Ops: the five products (OpsF32 or the
 // bf16 operands of attention_backward_avx512bf16.cpp); the elementwise steps are f32 either way.
 template <class Simd, class Ops>
 void backward_task(const Context& cx, float* arena, std::int64_t task) {
-  using V = V16<Simd>;
   const std::int64_t c = task % cx.chunks;
   const std::int64_t b = task / cx.chunks / cx.Hkv, hk = task / cx.chunks % cx.Hkv;
   const std::int64_t Dp = cx.Dp, Dvp = cx.Dvp, Sq = cx.Sq;
@@ -205,8 +333,6 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
   for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h)
     for (std::int64_t i = 0; i < Sq; ++i) zero_floats(cx.dq_rows(c, b, h) + i * dq_ld, Dp);
 
-  const V vscale = V::set1(cx.scale);
-  const V vc = V::set1(cx.scale_log2e);
   const std::int64_t kb_begin = cx.chunk_begin[b * (cx.chunks + 1) + c];
   const std::int64_t kb_end = cx.chunk_begin[b * (cx.chunks + 1) + c + 1];
   for (std::int64_t kb = kb_begin; kb < kb_end; ++kb) {
@@ -217,107 +343,26 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
     zero_floats(dV, kBk * Dvp);
 
     for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h) {
-      const float* Lh = cx.L + (b * cx.H + h) * Sq;
-      const float* delta_h = cx.delta + (b * cx.H + h) * Sq;
       float* dQh = cx.dq_rows(c, b, h);
 
       for (std::int64_t i0 = 0; i0 < Sq; i0 += kBq) {
         const std::int64_t mq = imin(kBq, Sq - i0), i1 = i0 + mq - 1;
         // The allowed ranges move monotonically with i, so the block's union is
-        // [lo(i0), hi(i1)) and its intersection [lo(i1), hi(i0)).
+        // [lo(i0), hi(i1)) ∪ [0, ke(i1)) and its intersection holds [lo(i1), hi(i0)) ∪ [0, ke(i0))
+        // (ke = min(keep_first, hi): keep_first's kept keys, none without it).
         std::int64_t lo_first, hi_first, lo_last, hi_last;
         row_range(cx.rule, i0, key_len, &lo_first, &hi_first);
         row_range(cx.rule, i1, key_len, &lo_last, &hi_last);
-        if (imax(lo_first, k0) >= imin(hi_last, k0 + nk)) continue;  // no allowed key in the tile
-        const bool full = !cx.has_mask && !mods && nk % kLanes == 0 && lo_last <= k0 && hi_first >= k0 + nk;
+        const std::int64_t ke_first = imin(cx.rule.keep_first, hi_first), ke_last = imin(cx.rule.keep_first, hi_last);
+        if (imax(lo_first, k0) >= imin(hi_last, k0 + nk) && k0 >= ke_last) continue;  // no allowed key in the tile
+        const bool full = !cx.has_mask && !mods && nk % kLanes == 0 &&
+                          ((lo_last <= k0 && hi_first >= k0 + nk) || ke_first >= k0 + nk);
 
-        // S = Q·Kᵀ, then P = 2^(S·scale·log2e + mask − L) on allowed keys, 0 elsewhere.
+        // S = Q·Kᵀ → P; dP = dO·Vᵀ → dS; then the three gradient products.
         ops.scores(b, h, i0, mq, ngk, S);
-        for (std::int64_t r = 0; r < mq; ++r) {
-          float* Sr = S + r * kBk;
-          const V negL = V::set1(-Lh[i0 + r]);
-          if (full) {
-            for (std::int64_t g = 0; g < ngk; ++g)
-              V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
-            continue;
-          }
-          std::int64_t lo, hi;
-          row_range(cx.rule, i0 + r, key_len, &lo, &hi);
-          lo = imax(lo - k0, 0);
-          hi = imin(hi - k0, nk);
-          if (lo >= hi) {
-            zero_floats(Sr, ngk * kLanes);
-            if (cx.softcap_log2 > 0.0f) zero_floats(Fc + r * kBk, ngk * kLanes);  // read by dS beside P = 0
-            continue;
-          }
-          if (mods) {
-            // The forward's order: scaled score, softcap (keeping 1 − tanh² for dS), + mask − L, ALiBi.
-            // Without softcap, mask − L joins the scaling FMA as in the paths below.
-            if (cx.has_mask) load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
-            const int ncol = static_cast<int>(ngk * kLanes);
-            if (cx.softcap_log2 > 0.0f) {
-              for (std::int64_t g = 0; g < ngk; ++g) (V::load(Sr + kLanes * g) * vc).store(Sr + kLanes * g);
-              cpu::softcap_row<Simd>(Sr, 0, ncol, cx.softcap_log2, Fc + r * kBk);
-              for (std::int64_t g = 0; g < ngk; ++g) {
-                const V x = V::load(Sr + kLanes * g) + negL;
-                (cx.has_mask ? x + V::load(mrow + kLanes * g) : x).store(Sr + kLanes * g);
-              }
-            } else {
-              for (std::int64_t g = 0; g < ngk; ++g)
-                V::load(Sr + kLanes * g).fma(vc, cx.has_mask ? V::load(mrow + kLanes * g) + negL : negL).store(Sr + kLanes * g);
-            }
-            if (cx.alibi)
-              cpu::alibi_row<Simd>(Sr, 0, ncol, static_cast<float>(cx.alibi[b * cx.alibi_sb + h] * 1.4426950408889634), k0,
-                                   i0 + r + cx.rule.diag_offset + (cx.rule.diag_from_key_len ? key_len : 0));
-            for (std::int64_t g = 0; g < ngk; ++g) V::load(Sr + kLanes * g).exp2().store(Sr + kLanes * g);
-            if (cx.has_mask)
-              for (std::int64_t j = lo; j < hi; ++j)
-                if (mrow[j] == -kInfF) Sr[j] = 0.0f;
-          } else if (cx.has_mask) {
-            load_mask_row(cx, b, h, i0 + r, k0, nk, mrow);
-            for (std::int64_t g = 0; g < ngk; ++g)
-              V::load(Sr + kLanes * g).fma(vc, V::load(mrow + kLanes * g) + negL).exp2().store(Sr + kLanes * g);
-            // Keys the mask denies get P = 0 even where the sum above is NaN (a NaN in their K,
-            // or L = NaN on a NaN row): masked keys stay out of the gradients.
-            for (std::int64_t j = lo; j < hi; ++j)
-              if (mrow[j] == -kInfF) Sr[j] = 0.0f;
-          } else {
-            for (std::int64_t g = 0; g < ngk; ++g)
-              V::load(Sr + kLanes * g).fma(vc, negL).exp2().store(Sr + kLanes * g);
-          }
-          zero_floats(Sr, lo);
-          zero_floats(Sr + hi, ngk * kLanes - hi);
-        }
-
-        // dP = dO·Vᵀ, then dS = P ∘ (dP − delta) · scale (∘ Fc with softcap: the chain through tanh).
+        probabilities<Simd>(cx, b, h, i0, mq, k0, nk, full, S, Fc, mrow);
         ops.dov(b, h, i0, mq, ngk, dP);
-        for (std::int64_t r = 0; r < mq; ++r) {
-          const V dl = V::set1(delta_h[i0 + r]);
-          float* dPr = dP + r * kBk;
-          float* Pr = S + r * kBk;
-          // With softcap, dS takes the chain through tanh: ∘ Fc (the factor defaults to 1 below).
-          const float* Fr = cx.softcap_log2 > 0.0f ? Fc + r * kBk : nullptr;
-          if (cx.dropout) {  // dP ∘= W (the gradient through Z = P ∘ W), then P ← Z for dV below
-            const auto& d = cx.p->fwd.dropout;
-            dropout_row(dropout_row_key(d.seed, d.offset, d.b0 + b, h, i0 + r), k0, ngk * kLanes, cx.dropout_t,
-                        cx.dropout_rs, mrow);
-            for (std::int64_t g = 0; g < ngk; ++g) {
-              const V w = V::load(mrow + kLanes * g), pg = V::load(Pr + kLanes * g);
-              const V ds = pg * (V::load(dPr + kLanes * g) * w - dl) * vscale;
-              (Fr ? ds * V::load(Fr + kLanes * g) : ds).store(dPr + kLanes * g);
-              (pg * w).store(Pr + kLanes * g);
-            }
-            continue;
-          }
-          if (Fr) {
-            for (std::int64_t g = 0; g < ngk; ++g)
-              (V::load(Pr + kLanes * g) * (V::load(dPr + kLanes * g) - dl) * vscale * V::load(Fr + kLanes * g))
-                  .store(dPr + kLanes * g);
-            continue;
-          }
-          for (std::int64_t g = 0; g < ngk; ++g)
-            (V::load(Pr + kLanes * g) * (V::load(dPr + kLanes * g) - dl) * vscale).store(dPr + kLanes * g);
-        }
+        score_gradients<Simd>(cx, b, h, i0, mq, k0, nk, S, dP, Fc, mrow);
 
         // dV += Pᵀ·dO (Zᵀ·dO with dropout), dK += dSᵀ·Q, dQ += dS·K.
         ops.grads(b, h, i0, mq, nk, S, dP, dK, dV, dQh + i0 * dq_ld, dq_ld);
