@@ -108,11 +108,12 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
     if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, B, C, c.norm_eps);
     else blocks::layernorm_forward(out, nullptr, nullptr, x, w, bias, B, C, c.norm_eps);
   };
-  // Rows per chunk of n rows with `in` columns: ≈ 64 KiB of weights, at least 8 rows; all n on one
-  // thread (nothing to rebalance: each matrix is read as one stream, W1 and W3 one after the other).
+  // Rows per chunk of n rows with `in` columns: ≈ 64 KiB of weights, a multiple of 8 rows (whole
+  // blocks of gemv_batch_rows); all n on one thread (nothing to rebalance: each matrix is read as
+  // one stream, W1 and W3 one after the other).
   const i64 wbytes = bf16 ? 2 : 4;
   auto rows_per_chunk = [&](i64 in, i64 n) {
-    return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes));
+    return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes) / 8 * 8);
   };
   // Units of each step: A kv heads, B rows of W_O, C rows of W1, D rows of W2; the last: logits.
   auto units = [&](int step) -> i64 {
