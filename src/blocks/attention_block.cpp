@@ -129,4 +129,43 @@ void attention_block_varlen(AttentionProjections& proj, const VarlenBlockCall& a
   if (a.y) proj.out(T, a.y, a.beta);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The decoding step: one KV head of B sequences (DecodeHeadCall).
+// ---------------------------------------------------------------------------------------------
+void attention_block_decode_head(const DecodeHeadCall& a) {
+  const std::int64_t G = a.G, D = a.D, hk = a.hk;
+  const Isa isa = active_isa();
+  for (std::int64_t b = 0; b < a.B; ++b) {
+    const KvSlot& slot = a.cache[b];
+    const std::int64_t pos = slot.len, cap = slot.cap;
+    float *qh = a.q + b * a.ld_q, *kh = a.k + b * a.ld_kv, *oh = a.out + b * a.ld_q;
+    const float* vh = a.v + b * a.ld_kv;
+    if (a.cs) {
+      rope_apply(qh, G, D, a.cs + b * D);
+      rope_apply(kh, 1, D, a.cs + b * D);
+    }
+    const std::int64_t at = hk * cap * D;  // this KV head's rows in the layer's cache
+    if (slot.dtype == DType::f32) {
+      float *kc = static_cast<float*>(slot.k) + at, *vc = static_cast<float*>(slot.v) + at;
+      std::memcpy(kc + pos * D, kh, sizeof(float) * static_cast<std::size_t>(D));
+      std::memcpy(vc + pos * D, vh, sizeof(float) * static_cast<std::size_t>(D));
+      attend_one(qh, kc, vc, oh, a.scores, G, D, pos + 1, a.scale, isa);
+      continue;
+    }
+    auto *kc = static_cast<std::uint16_t*>(slot.k) + at, *vc = static_cast<std::uint16_t*>(slot.v) + at;
+    f32_to_bf16(kc + pos * D, kh, D, isa);
+    f32_to_bf16(vc + pos * D, vh, D, isa);
+    f32_to_bf16(a.q_bf16, qh, G * D, isa);
+    AttentionOptions opt;
+    opt.num_threads = 1;
+    opt.causal = true;
+    opt.align = Align::bottom_right;
+    attention(View::strided(a.q_bf16, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}),
+              View::strided(kc, DType::bf16, {1, 1, pos + 1, D}, {cap * D, cap * D, D, 1}),
+              View::strided(vc, DType::bf16, {1, 1, pos + 1, D}, {cap * D, cap * D, D, 1}),
+              View::strided(a.out_bf16, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}), opt);
+    bf16_to_f32(oh, a.out_bf16, G * D, 1);
+  }
+}
+
 }  // namespace qkv::blocks

@@ -2,8 +2,10 @@
 // model's prefill (f32 or bf16 weights, bf16 GEMM inputs), its trace for the inspector and
 // qkv::MultiHeadAttention all call attention_block; they differ only in how the projections are
 // computed (an AttentionProjections backend) and where keys and values live (a KV cache or not).
-// The decoding step (src/model/decode.cpp) keeps its own per-KV-head stage: it interleaves the
-// projections of one KV head with that head's attention inside one parallel region.
+// The decoding step (src/model/decode.cpp) runs the same block one KV head at a time inside its
+// parallel region: its row-split GEMVs compute the head's q, k, v rows, attention_block_decode_head
+// (the section at the end of this file) does rotary → cache append → attention, and its W_O stage
+// follows once every head is done.
 //
 // The block's own configuration is qkv::MhaConfig (a model's comes from Config::attention()).
 // Dimension letters: B sequences, S query rows of each, Skv key/value rows of each, H query heads,
@@ -115,5 +117,35 @@ struct VarlenBlockCall {
 
 // Runs the packed block (see above). Throws what qkv::attention_varlen throws.
 void attention_block_varlen(AttentionProjections& proj, const VarlenBlockCall& call);
+
+// ---------------------------------------------------------------------------------------------
+// The decoding step: one KV head, one new token of each of B sequences.
+// Model::decode computes the head's rows of q, k, v with its row-split GEMVs, then calls
+// attention_block_decode_head on the thread that took the head; W_O runs in the step's next stage.
+// For each sequence b (G = H / Hkv query heads share KV head hk):
+//   rotary(q_b [G, D], k_b [D]) at position cache[b].len  (cs non-null: cs [B, D], rope_angles of it)
+//   cache[b].k[hk, len, :] ← k_b, cache[b].v[hk, len, :] ← v_b     (rounded when the cache is bf16)
+//   out_b [G, D] = softmax(scale · q_b · K_bᵀ) · V_b                 over positions 0 … len
+// f32 cache: attend_one (two passes, any D). bf16 cache: q_b is rounded and qkv::attention's bf16
+// kernel runs on [1, G, 1, D] views of the cache, its bf16 output widened into out_b. The caller
+// advances each len after the whole step. Per sequence the result does not depend on B, on the
+// thread or on the other heads (the step's bit-identity across batches and thread counts).
+// ---------------------------------------------------------------------------------------------
+struct DecodeHeadCall {
+  std::int64_t B = 1, G = 1, D = 0, hk = 0;  // hk: the KV head, in [0, Hkv)
+  const KvSlot* cache = nullptr;  // [B]: layer l's k, v [Hkv, cap, D] of each sequence (f32 or bf16)
+  float* q = nullptr;             // row b: q + b·ld_q, this head's G·D values (rotated in place)
+  float* k = nullptr;             // row b: k + b·ld_kv, D values (rotated in place)
+  const float* v = nullptr;       // row b: v + b·ld_kv, D values
+  float* out = nullptr;           // row b: out + b·ld_q, G·D values
+  std::int64_t ld_q = 0, ld_kv = 0;
+  const float* cs = nullptr;      // [B, D] rotary angles, or null: no rotary
+  float scale = 0.0f;             // 1 / √D
+  float* scores = nullptr;        // scratch [max len + 1] (f32 cache)
+  std::uint16_t* q_bf16 = nullptr, *out_bf16 = nullptr;  // scratch [G·D] each (bf16 cache)
+};
+
+// Throws what qkv::attention throws (bf16 cache only).
+void attention_block_decode_head(const DecodeHeadCall& call);
 
 }  // namespace qkv::blocks

@@ -2,18 +2,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <exception>
 #include <mutex>
 
 #include "blocks/activation.hpp"
+#include "blocks/attention_block.hpp"
 #include "blocks/dense.hpp"
 #include "blocks/embedding.hpp"
 #include "blocks/norm.hpp"
 #include "blocks/rope.hpp"
 #include "core/parallel.hpp"
 #include "model/model_impl.hpp"
-#include "qkv/attention.hpp"
 
 namespace qkv {
 
@@ -40,8 +39,8 @@ void Model::Impl::DecodeSyncDeleter::operator()(DecodeSync* s) const { delete s;
 // go through the stages below in order; a stage starts once the one before it has finished all its
 // units (done[s], a WaitWord: spin, then sleep):
 //   A  per KV head (handed out from a counter): its rows of W_Q, W_K, W_V → q, k, v of its G query
-//      heads, then for each sequence rotary at its position, k, v appended to its cache, and the
-//      G heads' attention (attend_one; a bf16 cache: qkv::attention's bf16 kernel)
+//      heads, then the attention block's decode entry (blocks::attention_block_decode_head): for
+//      each sequence rotary at its position, k, v appended to its cache, the G heads' attention
 //   B  rows of x += att·W_Oᵀ + b_O
 //   C  rows of hb = xb·W1ᵀ (+ W3) and the activation on them
 //   D  rows of x += hb·W2ᵀ + b2
@@ -62,7 +61,7 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
   const i64 C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim(), Hd = c.hidden_dim, V = c.vocab_size;
   const i64 G = H / Hkv, HD = H * D, KD = Hkv * D;
   const Isa isa = active_isa();
-  const bool bf16 = !layers_bf16_.empty(), bf16_kv = caches[0]->k.dtype() == DType::bf16;
+  const bool bf16 = !layers_bf16_.empty();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   reserve(B);
   // Per thread: xb_t [B, C] (its norm output) and scores [P] (attend_one's scratch); then the rotary
@@ -72,6 +71,17 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
   float* cs = decode_scratch_.ptr<float>() + T * per_thread;
   if (c.pos == PosEncoding::rotary)
     for (i64 b = 0; b < B; ++b) blocks::rope_angles(cs + b * D, D, caches[static_cast<std::size_t>(b)]->len, c.rope_theta);
+  // Each sequence's cache of each layer as the attention block sees it: slots [n_layers, B].
+  decode_slots_.resize(static_cast<std::size_t>(c.n_layers * B));
+  blocks::KvSlot* slots = decode_slots_.data();
+  for (i64 b = 0; b < B; ++b) {
+    KvCache& cache = *caches[static_cast<std::size_t>(b)];
+    const i64 layer = Hkv * cache.capacity * D, es = static_cast<i64>(dtype_size(cache.k.dtype()));
+    for (i64 l = 0; l < c.n_layers; ++l)
+      slots[l * B + b] = {static_cast<char*>(cache.k.data()) + l * layer * es,
+                          static_cast<char*>(cache.v.data()) + l * layer * es, cache.k.dtype(), cache.capacity,
+                          cache.len};
+  }
   const int steps = 4 * static_cast<int>(c.n_layers) + 1;
   if (!decode_sync_ || decode_sync_->steps < steps || decode_sync_->threads < T) {
     decode_sync_.reset(new DecodeSync);
@@ -98,11 +108,12 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
     if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, B, C, c.norm_eps);
     else blocks::layernorm_forward(out, nullptr, nullptr, x, w, bias, B, C, c.norm_eps);
   };
-  // Rows per chunk of n rows with `in` columns: ≈ 64 KiB of weights, at least 8 rows; all n on one
-  // thread (nothing to rebalance: each matrix is read as one stream, W1 and W3 one after the other).
+  // Rows per chunk of n rows with `in` columns: ≈ 64 KiB of weights, a multiple of 8 rows (whole
+  // blocks of gemv_batch_rows); all n on one thread (nothing to rebalance: each matrix is read as
+  // one stream, W1 and W3 one after the other).
   const i64 wbytes = bf16 ? 2 : 4;
   auto rows_per_chunk = [&](i64 in, i64 n) {
-    return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes));
+    return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes) / 8 * 8);
   };
   // Units of each step: A kv heads, B rows of W_O, C rows of W1, D rows of W2; the last: logits.
   auto units = [&](int step) -> i64 {
@@ -138,7 +149,7 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
     // wake the waiter sooner to wait again.
     if (T > 1 && mine > 0) done[step].v.fetch_add(static_cast<std::uint32_t>(mine));
   };
-  std::exception_ptr error;  // attention() validates its views; a throw must not leave a thread behind
+  std::exception_ptr error;  // the bf16 attention validates its views; a throw must not leave a thread behind
   std::mutex error_mu;
   auto nothing = [] {};
   run_shared(T, [&](int t) {
@@ -156,45 +167,28 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
              k + hk * D, KD, xb, C, 0.0f, 0, D);
         gemv(L.wv ? L.wv + hk * D * C : nullptr, Lb.wv ? Lb.wv + hk * D * C : nullptr, L.bv ? L.bv + hk * D : nullptr,
              v + hk * D, KD, xb, C, 0.0f, 0, D);
-        for (i64 b = 0; b < B; ++b) {
-          KvCache& cache = *caches[static_cast<std::size_t>(b)];
-          const i64 pos = cache.len, cap = cache.capacity;
-          float *qh = q + b * HD + h0 * D, *kh = k + b * KD + hk * D, *vh = v + b * KD + hk * D;
-          if (c.pos == PosEncoding::rotary) {
-            blocks::rope_apply(qh, G, D, cs + b * D);
-            blocks::rope_apply(kh, 1, D, cs + b * D);
-          }
-          const i64 at = (l * Hkv + hk) * cap * D;  // this kv head's rows in the cache
-          float* oh = att + b * HD + h0 * D;
-          if (!bf16_kv) {
-            float *kc = cache.k.ptr<float>() + at, *vc = cache.v.ptr<float>() + at;
-            std::memcpy(kc + pos * D, kh, sizeof(float) * static_cast<std::size_t>(D));
-            std::memcpy(vc + pos * D, vh, sizeof(float) * static_cast<std::size_t>(D));
-            blocks::attend_one(qh, kc, vc, oh, scores, G, D, pos + 1, scale, isa);
-            continue;
-          }
-          // A bf16 cache: k, v rounded into it; the bf16 decode kernel takes bf16 q, K, V and
-          // writes bf16 rows, widened back into att.
-          blocks::f32_to_bf16(cache.k.ptr<std::uint16_t>() + at + pos * D, kh, D, isa);
-          blocks::f32_to_bf16(cache.v.ptr<std::uint16_t>() + at + pos * D, vh, D, isa);
-          std::uint16_t *qb = qb_.ptr<std::uint16_t>() + b * HD + h0 * D, *ob = ob_.ptr<std::uint16_t>() + b * HD + h0 * D;
-          blocks::f32_to_bf16(qb, qh, G * D, isa);
-          AttentionOptions opt;
-          opt.num_threads = 1;
-          opt.causal = true;
-          opt.align = Align::bottom_right;
-          try {
-            attention(View::strided(qb, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}),
-                      View::strided(cache.k.ptr<std::uint16_t>() + at, DType::bf16, {1, 1, pos + 1, D},
-                                    {cap * D, cap * D, D, 1}),
-                      View::strided(cache.v.ptr<std::uint16_t>() + at, DType::bf16, {1, 1, pos + 1, D},
-                                    {cap * D, cap * D, D, 1}),
-                      View::strided(ob, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}), opt);
-            blocks::bf16_to_f32(oh, ob, G * D, 1);
-          } catch (...) {
-            const std::lock_guard<std::mutex> lock(error_mu);
-            error = std::current_exception();
-          }
+        blocks::DecodeHeadCall call;
+        call.B = B;
+        call.G = G;
+        call.D = D;
+        call.hk = hk;
+        call.cache = slots + l * B;
+        call.q = q + h0 * D;
+        call.k = k + hk * D;
+        call.v = v + hk * D;
+        call.out = att + h0 * D;
+        call.ld_q = HD;
+        call.ld_kv = KD;
+        call.cs = c.pos == PosEncoding::rotary ? cs : nullptr;
+        call.scale = scale;
+        call.scores = scores;
+        call.q_bf16 = qb_.ptr<std::uint16_t>() + h0 * D;
+        call.out_bf16 = ob_.ptr<std::uint16_t>() + h0 * D;
+        try {
+          blocks::attention_block_decode_head(call);
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(error_mu);
+          error = std::current_exception();
         }
       });
       share(t, s0 + 1, C, rows_per_chunk(HD, C), nothing, [&](i64 r0, i64 r1) {

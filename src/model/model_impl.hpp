@@ -106,6 +106,7 @@ struct Model::Impl {
   };
   void decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int threads);
   Buffer decode_scratch_;
+  std::vector<blocks::KvSlot> decode_slots_;  // [n_layers, B]: each sequence's cache per layer (grows only)
   std::unique_ptr<DecodeSync, DecodeSyncDeleter> decode_sync_;
 
   // Model's calls, validated here (model.cpp, trace.cpp).

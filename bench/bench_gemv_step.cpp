@@ -1,0 +1,79 @@
+// The weight work of one decode step alone: blocks::gemv_batch_rows over a llama2.c-shaped model's
+// matrices for B sequences on one thread, beside the machine's one-thread FMA peak and read
+// bandwidth (machine_peak.cpp). It separates the GEMV kernel from the rest of Model::decode.
+//
+//   bench_gemv_step [--dim C] [--hidden Hd] [--layers L] [--vocab V] [--batch B] [--head-rows R] [--passes N]
+//
+// Per layer W_Q, W_K, W_V (in calls of R rows: a head's rows, as the step's stage A; default C),
+// W_O [C, C], W1, W3 [Hd, C], W2 [C, Hd]; then W_cls [V, C]; f32 weights in one anonymous mapping
+// with transparent huge pages asked for (as the loader's copy of checkpoints ≤ 64 MiB). Defaults:
+// the 6.1 M model of bench/decode_peers.py (288, 768, 6, 512). FLOP model 2·B·(weights); prints the
+// best and the median of N passes (the weights of one pass stay in the last-level cache when they
+// fit, as they do between decode steps).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <sys/mman.h>
+#include <vector>
+
+#include "blocks/dense.hpp"
+#include "machine_peak.hpp"
+#include "qkv/runtime.hpp"
+
+int main(int argc, char** argv) {
+  long C = 288, Hd = 768, L = 6, V = 512, B = 8, R = 0, N = 40;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const long v = std::atol(argv[i + 1]);
+    if (v <= 0) return std::fprintf(stderr, "bench_gemv_step: %s must be > 0, got %s\n", a.c_str(), argv[i + 1]), 2;
+    if (a == "--dim") C = v;
+    else if (a == "--hidden") Hd = v;
+    else if (a == "--layers") L = v;
+    else if (a == "--vocab") V = v;
+    else if (a == "--batch") B = v;
+    else if (a == "--head-rows") R = v;
+    else if (a == "--passes") N = v;
+    else return std::fprintf(stderr, "bench_gemv_step: unknown option %s\n", a.c_str()), 2;
+  }
+  if (R == 0 || C % R != 0) R = C;
+  const long total = L * (4 * C * C + 3 * C * Hd) + V * C;
+  const std::size_t bytes = static_cast<std::size_t>(total) * sizeof(float);
+  auto* W = static_cast<float*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (W == MAP_FAILED) return std::fprintf(stderr, "bench_gemv_step: cannot map %zu bytes\n", bytes), 1;
+  madvise(W, bytes, MADV_HUGEPAGE);
+  for (long i = 0; i < total; ++i) W[i] = static_cast<float>((i * 7919) % 13 - 6) * 0.01f;
+  std::vector<float> x(static_cast<std::size_t>(B * std::max(C, Hd)), 0.01f), y(static_cast<std::size_t>(B * std::max(V, Hd)));
+  const qkv::Isa isa = qkv::active_isa();
+  auto gemv = [&](const float* w, long in, long ld, long o0, long o1) {
+    qkv::blocks::gemv_batch_rows(x.data(), w, nullptr, nullptr, y.data(), ld, B, in, 0.0f, isa, o0, o1);
+  };
+  auto pass = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const float* p = W;
+    for (long l = 0; l < L; ++l) {
+      for (int k = 0; k < 3; ++k, p += C * C)
+        for (long h = 0; h < C; h += R) gemv(p, C, C, h, h + R);
+      gemv(p, C, C, 0, C), p += C * C;
+      gemv(p, C, Hd, 0, Hd), p += C * Hd;
+      gemv(p, C, Hd, 0, Hd), p += C * Hd;
+      gemv(p, Hd, C, 0, C), p += C * Hd;
+    }
+    gemv(p, C, V, 0, V);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> t;
+  for (long r = 0; r < N; ++r) t.push_back(pass());
+  std::sort(t.begin(), t.end());
+  const double peak = qkv_bench::fma_peak_gflops(1, isa >= qkv::Isa::avx512), bw = qkv_bench::read_probe_gbs(1);
+  const double flop = 2.0 * static_cast<double>(B) * static_cast<double>(total);
+  std::printf("C %ld Hd %ld L %ld V %ld, B %ld, rows per W_Q/W_K/W_V call %ld, %.1f MB of f32 weights, %s\n", C, Hd, L, V, B, R,
+              static_cast<double>(bytes) / 1e6, qkv::isa_name(isa));
+  std::printf("best %.3f ms (%.1f GFLOP/s, %.0f %% of the 1-thread FMA peak %.0f; %.1f GB/s of weights, read probe %.1f), "
+              "median %.3f ms\n",
+              t[0] * 1e3, flop / t[0] * 1e-9, 100.0 * flop / t[0] * 1e-9 / peak, peak,
+              static_cast<double>(bytes) / t[0] * 1e-9, bw, t[static_cast<std::size_t>(N / 2)] * 1e3);
+  munmap(W, bytes);
+  return 0;
+}

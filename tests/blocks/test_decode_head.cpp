@@ -1,0 +1,123 @@
+// The attention block's decode entry (blocks::attention_block_decode_head) against an f64 twin
+// written here: rotary by its formula, the cache append, softmax(scale·q·Kᵀ)·V over every cached
+// position, for B sequences of different lengths, GQA, with f32 and bf16 caches.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "blocks/attention_block.hpp"
+#include "blocks/rope.hpp"
+#include "qkv/types.hpp"
+
+namespace {
+
+using i64 = std::int64_t;
+
+// Hkv = 2 KV heads of G = 3 query heads, D = 20 (not a vector multiple: masked tails), sequences at
+// lengths 0, 5 and 17 of a capacity 24, rotary θ = 10000, KV head 1 of a layer's cache [Hkv, cap, D].
+// Tolerances: f32, the f64 twin differs by the f32 rotary angle (pos·freq rounded: ≤ 17·2^-24 rad)
+// and f32 sums of ≤ 20 products: 1e-5 on outputs of size ≤ 1 (seen ≈ 1e-7). bf16 cache: q, k, v
+// and the output are rounded to bf16 (2^-9 relative each); the twin rounds the same k, v, and q
+// from its f64 rotation (one bf16 ulp from the f32-rotated q at most), so what is left is the
+// output's rounding, q's ulp through the scores and f32 vs f64 sums: 2^-7 on outputs of size ≤ 1
+// (seen ≈ 0.4 of it).
+TEST(DecodeHead, MatchesF64TwinForF32AndBf16Caches) {
+  const i64 B = 3, Hkv = 2, G = 3, D = 20, cap = 24, hk = 1, H = Hkv * G;
+  const i64 len[B] = {0, 5, 17};
+  const float theta = 10000.0f, scale = 1.0f / std::sqrt(static_cast<float>(D));
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (qkv::DType dt : {qkv::DType::f32, qkv::DType::bf16}) {
+    const bool bf = dt == qkv::DType::bf16;
+    auto round = [&](float x) { return bf ? qkv::bf16_to_f32(qkv::f32_to_bf16(x)) : x; };
+    // Caches of B sequences, one layer: the old rows random (as stored), the rest NaN (never read).
+    std::vector<std::vector<float>> kf(B), vf(B);            // the cache as f32 values
+    std::vector<std::vector<std::uint16_t>> kb(B), vb(B);    // bf16 bits (bf16 cache)
+    std::vector<qkv::blocks::KvSlot> slots(B);
+    for (i64 b = 0; b < B; ++b) {
+      kf[b].assign(Hkv * cap * D, NAN), vf[b].assign(Hkv * cap * D, NAN);
+      for (i64 i = 0; i < Hkv * cap * D; ++i)
+        if ((i / D) % cap < len[b]) kf[b][i] = round(nd(gen)), vf[b][i] = round(nd(gen));
+      if (bf) {
+        kb[b].resize(kf[b].size()), vb[b].resize(vf[b].size());
+        for (std::size_t i = 0; i < kf[b].size(); ++i) kb[b][i] = qkv::f32_to_bf16(kf[b][i]), vb[b][i] = qkv::f32_to_bf16(vf[b][i]);
+      }
+      slots[b] = {bf ? static_cast<void*>(kb[b].data()) : kf[b].data(), bf ? static_cast<void*>(vb[b].data()) : vf[b].data(),
+                  dt, cap, len[b]};
+    }
+    // Rows of the step as the model lays them out: q [B, H·D], k, v [B, Hkv·D]; this head's part.
+    std::vector<float> q(B * H * D), k(B * Hkv * D), v(B * Hkv * D), out(B * H * D, NAN), cs(B * D);
+    for (auto* t : {&q, &k, &v})
+      for (float& x : *t) x = nd(gen);
+    const std::vector<float> q0 = q, k0 = k;
+    for (i64 b = 0; b < B; ++b) qkv::blocks::rope_angles(cs.data() + b * D, D, len[b], theta);
+    std::vector<float> scores(cap);
+    std::vector<std::uint16_t> qb(G * D), ob(G * D);
+    qkv::blocks::DecodeHeadCall call;
+    call.B = B, call.G = G, call.D = D, call.hk = hk, call.cache = slots.data();
+    call.q = q.data() + hk * G * D, call.k = k.data() + hk * D, call.v = v.data() + hk * D;
+    call.out = out.data() + hk * G * D, call.ld_q = H * D, call.ld_kv = Hkv * D;
+    call.cs = cs.data(), call.scale = scale, call.scores = scores.data(), call.q_bf16 = qb.data(), call.out_bf16 = ob.data();
+    qkv::blocks::attention_block_decode_head(call);
+
+    double worst = 0, worst_k = 0;
+    for (i64 b = 0; b < B; ++b) {
+      // The twin: rotate in f64 by pos·θ^(−2i/D), append, attend over positions 0 … len.
+      auto rotate = [&](std::vector<double>& x, i64 nh) {
+        for (i64 h = 0; h < nh; ++h)
+          for (i64 i = 0; i < D / 2; ++i) {
+            const double a = static_cast<double>(len[b]) * std::pow(double(theta), -2.0 * double(i) / double(D));
+            double& x0 = x[h * D + 2 * i];
+            double& x1 = x[h * D + 2 * i + 1];
+            const double r0 = x0 * std::cos(a) - x1 * std::sin(a), r1 = x0 * std::sin(a) + x1 * std::cos(a);
+            x0 = r0, x1 = r1;
+          }
+      };
+      std::vector<double> qd(G * D), kd(D);
+      for (i64 i = 0; i < G * D; ++i) qd[i] = q0[b * H * D + hk * G * D + i];
+      for (i64 i = 0; i < D; ++i) kd[i] = k0[b * Hkv * D + hk * D + i];
+      rotate(qd, G), rotate(kd, 1);
+      const i64 n = len[b] + 1, at = hk * cap * D;
+      std::vector<double> K(n * D), Vv(n * D);
+      for (i64 j = 0; j < n; ++j)
+        for (i64 d = 0; d < D; ++d) {
+          const bool fresh = j == len[b];
+          K[j * D + d] = fresh ? round(static_cast<float>(kd[d])) : kf[b][at + j * D + d];
+          Vv[j * D + d] = fresh ? round(v[b * Hkv * D + hk * D + d]) : vf[b][at + j * D + d];
+          const float stored = bf ? qkv::bf16_to_f32(kb[b][at + j * D + d]) : kf[b][at + j * D + d];
+          if (fresh) worst_k = std::max(worst_k, std::abs(stored - kd[d]) / (bf ? 1.0 / 128 : 1e-5) / (1 + std::abs(kd[d])));
+          const float stored_v = bf ? qkv::bf16_to_f32(vb[b][at + j * D + d]) : vf[b][at + j * D + d];
+          if (fresh) {
+            EXPECT_EQ(stored_v, round(v[b * Hkv * D + hk * D + d])) << "v appended, sequence " << b;
+          }
+        }
+      for (i64 g = 0; g < G; ++g) {
+        std::vector<double> s(n);
+        double mx = -INFINITY, sum = 0;
+        for (i64 j = 0; j < n; ++j) {
+          double dot = 0;
+          for (i64 d = 0; d < D; ++d) dot += double(round(static_cast<float>(qd[g * D + d]))) * K[j * D + d];
+          s[j] = dot * scale, mx = std::max(mx, s[j]);
+        }
+        for (double& x : s) x = std::exp(x - mx), sum += x;
+        for (i64 d = 0; d < D; ++d) {
+          double o = 0;
+          for (i64 j = 0; j < n; ++j) o += s[j] * Vv[j * D + d];
+          o /= sum;
+          const double got = out[b * H * D + (hk * G + g) * D + d];
+          worst = std::max(worst, std::abs(got - o) / (bf ? 1.0 / 128 : 1e-5) / std::max(1.0, std::abs(o)));
+        }
+      }
+      // The other head's rows of out are not written.
+      for (i64 i = 0; i < G * D; ++i) EXPECT_TRUE(std::isnan(out[b * H * D + i])) << "head 0 written";
+    }
+    std::printf("%s cache: max error / bound: output %.3g, appended k %.3g\n", qkv::dtype_name(dt), worst, worst_k);
+    EXPECT_LE(worst, 1.0) << qkv::dtype_name(dt);
+    EXPECT_LE(worst_k, 1.0) << qkv::dtype_name(dt);
+  }
+}
+
+}  // namespace
