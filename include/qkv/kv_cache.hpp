@@ -1,7 +1,7 @@
 // qkv/kv_cache.hpp — an owning KV cache for decoding: B sequences, each with its own length, kept
 // contiguous or paged, in f32, bf16, f16 or i8, and attended through qkv::attention_kvcache.
 // It owns what attention_kvcache's KvCacheView only points at (qkv/attention.hpp has the layout and
-// the kernels' contract); python/qkv/kvcache.py's KVCache is the same cache for Python.
+// the kernels' contract); python/qkv/kvcache.py's KVCache wraps it for Python.
 //
 //   member / argument     dtype                shape                            notes
 //   view().k, view().v    dtype                [B, max_len, Hkv, D | Dv]        contiguous (block_size 0)
@@ -20,15 +20,18 @@
 // the blocks b · max_blocks … b · max_blocks + max_blocks − 1 of the pool.
 // append writes each sequence's new rows after the ones it holds (kvcache_append: f32 and bf16 as
 // given, rounded for bf16 and f16; i8 quantised per (token, head) with scale = max|x| / 127) and
-// advances its length; a sequence may hold at most max_len tokens. attend runs attention of the
+// advances its length; a sequence may hold at most max_len tokens (paged: max_len rounded up to
+// whole blocks, max_blocks · block_size, which max_len() reports). attend runs attention of the
 // newest queries against every token each sequence holds: opt.key_lengths is the cache's lengths
 // (setting it is an error), everything else is attention_kvcache's. causal_options() is what a
 // decoder wants: causal, each sequence's diagonal at its own length (the last query sees all its
 // keys; Align::bottom_right_key_lengths).
 //
 // Errors name "qkv::AttentionKvCache::<method>", the argument, the value and what was wrong
-// (std::invalid_argument; qkv::OutOfMemory when the storage cannot fit). A failed append changes
-// nothing but the rows past the lengths.
+// (std::invalid_argument; qkv::OutOfMemory when the storage cannot fit), except those append passes
+// on from kvcache_append, which name it: the dtypes and, for rows past max_len,
+// "pos[b] = <length of b>: rows [pos, pos + Snew) must lie in [0, Skv = max_len)". A failed append
+// changes nothing but the rows past the lengths.
 #pragma once
 
 #include <cstdint>

@@ -35,6 +35,7 @@
 #include "model/safetensors.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/encoder.hpp"
+#include "qkv/kv_cache.hpp"
 #include "qkv/memory.hpp"
 #include "qkv/mha.hpp"
 #include "qkv/model.hpp"
@@ -210,15 +211,76 @@ Info attention_kvcache(In q, In k_cache, In v_cache, Out out, std::optional<In> 
   return info_tuple(info);
 }
 
-void kvcache_append(Out k_cache, Out v_cache, std::optional<In> block_table, std::optional<Out> k_scale,
-                    std::optional<Out> v_scale, In k_new, In v_new, In pos) {
-  const char* fn = "qkv.kvcache_append";
-  const qkv::KvCacheView cache{to_view(fn, "k_cache", k_cache), to_view(fn, "v_cache", v_cache),
-                               to_view(fn, "block_table", block_table), to_view(fn, "k_scale", k_scale),
-                               to_view(fn, "v_scale", v_scale)};
-  const qkv::View kn = to_view(fn, "k_new", k_new), vn = to_view(fn, "v_new", v_new), pv = to_view(fn, "pos", pos);
+// qkv::AttentionKvCache (qkv/kv_cache.hpp) for qkv.KVCache (python/qkv/kvcache.py), which
+// checks the Python-side arguments and allocates the outputs in q's framework.
+qkv::DType cache_dtype(const std::string& s) {
+  if (s == "float32") return qkv::DType::f32;
+  if (s == "bfloat16") return qkv::DType::bf16;
+  if (s == "float16") return qkv::DType::f16;
+  if (s == "int8") return qkv::DType::i8;
+  throw nb::value_error(
+      ("[qkv.KVCache] dtype: must be 'float32', 'bfloat16', 'float16' or 'int8', got '" + s + "'").c_str());
+}
+
+// A NumPy array over t's memory (no copy) that keeps `owner` (the cache) alive; bf16 as its uint16
+// bits (NumPy has no bfloat16; python/qkv/kvcache.py views them as ml_dtypes.bfloat16).
+nb::ndarray<nb::numpy> numpy_view(const qkv::View& t, nb::handle owner) {
+  using C = nb::dlpack::dtype_code;
+  nb::dlpack::dtype d{static_cast<std::uint8_t>(C::Float), 32, 1};
+  switch (t.dtype) {
+    case qkv::DType::f32: break;
+    case qkv::DType::bf16: d = {static_cast<std::uint8_t>(C::UInt), 16, 1}; break;
+    case qkv::DType::f16: d = {static_cast<std::uint8_t>(C::Float), 16, 1}; break;
+    case qkv::DType::i8: d = {static_cast<std::uint8_t>(C::Int), 8, 1}; break;
+    case qkv::DType::i32: d = {static_cast<std::uint8_t>(C::Int), 32, 1}; break;
+    case qkv::DType::i64: d = {static_cast<std::uint8_t>(C::Int), 64, 1}; break;
+    default: throw nb::type_error((std::string("[qkv.KVCache] storage of dtype ") + qkv::dtype_name(t.dtype)).c_str());
+  }
+  size_t shape[qkv::kMaxRank];
+  std::int64_t strides[qkv::kMaxRank];
+  for (int i = 0; i < t.rank; ++i)
+    shape[i] = static_cast<size_t>(t.shape[static_cast<size_t>(i)]), strides[i] = t.strides[static_cast<size_t>(i)];
+  return nb::ndarray<nb::numpy>(t.data, static_cast<size_t>(t.rank), shape, owner, strides, d);
+}
+
+// {"k", "v", "lengths"} and, when the cache has them, "k_scale", "v_scale", "block_table".
+nb::dict kv_cache_storage(nb::handle self_h) {
+  const auto& self = nb::cast<const qkv::AttentionKvCache&>(self_h);
+  const qkv::KvCacheView c = self.view();
+  nb::dict d;
+  d["k"] = numpy_view(c.k, self_h);
+  d["v"] = numpy_view(c.v, self_h);
+  d["lengths"] = numpy_view(self.lengths(), self_h);
+  if (c.k_scale) d["k_scale"] = numpy_view(*c.k_scale, self_h), d["v_scale"] = numpy_view(*c.v_scale, self_h);
+  if (c.block_table) d["block_table"] = numpy_view(*c.block_table, self_h);
+  return d;
+}
+
+void kv_cache_append(qkv::AttentionKvCache& self, In k_new, In v_new) {
+  const char* fn = "qkv.KVCache.append";
+  const qkv::View kn = to_view(fn, "k_new", k_new), vn = to_view(fn, "v_new", v_new);
   nb::gil_scoped_release unlocked;
-  qkv::kvcache_append(cache, kn, vn, pv);
+  self.append(kn, vn);
+}
+
+Info kv_cache_attend(const qkv::AttentionKvCache& self, In q, Out out, std::optional<Out> lse,
+                     std::optional<double> scale, bool causal, const std::string& align, std::int64_t window_left,
+                     std::int64_t window_right, int num_threads, const std::string& kernel,
+                     std::optional<double> softcap, std::optional<In> alibi_slopes, std::optional<In> sinks,
+                     std::int64_t keep_first) {
+  const char* fn = "qkv.KVCache.attend";
+  qkv::AttentionOptions o =
+      options(fn, std::nullopt, std::nullopt, scale, causal, align, window_left, window_right, num_threads, kernel);
+  add_score_variants(fn, o, softcap, alibi_slopes, sinks);
+  o.keep_first = keep_first;
+  const qkv::View qv = to_view(fn, "q", q), ov = to_view(fn, "out", out);
+  const auto lv = to_view(fn, "lse", lse);
+  qkv::KernelInfo info;
+  {
+    nb::gil_scoped_release unlocked;
+    info = self.attend(qv, ov, o, lv);
+  }
+  return info_tuple(info);
 }
 
 Info attention_varlen(In q, In k, In v, Out out, In cu_seqlens_q, In cu_seqlens_k, std::optional<Out> lse,
@@ -628,9 +690,6 @@ NB_MODULE(_qkv, m) {
         "alibi_slopes"_a.none(), "sinks"_a.none(), "keep_first"_a = 0,
         "Attention of q [B, H, Sq, D] against a KV cache [Bc, Sc, Hkv, D] (paged by block_table, int8 with scales).\n"
         "Returns (kernel, isa, name) of the kernel that ran.");
-  m.def("kvcache_append", &kvcache_append, "k_cache"_a, "v_cache"_a, "block_table"_a.none(), "k_scale"_a.none(),
-        "v_scale"_a.none(), "k_new"_a, "v_new"_a, "pos"_a,
-        "Writes k_new, v_new [B, Snew, Hkv, X] into the cache at rows pos[b] … (int8: quantised, scales written).");
   m.def("attention_varlen", &attention_varlen, "q"_a, "k"_a, "v"_a, "out"_a, "cu_seqlens_q"_a, "cu_seqlens_k"_a,
         "lse"_a.none(), "scale"_a.none(), "causal"_a, "align"_a, "window_left"_a, "window_right"_a,
         "num_threads"_a, "kernel"_a, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0,
@@ -659,6 +718,35 @@ NB_MODULE(_qkv, m) {
   m.def("dropout_mask", &dropout_mask, "mask"_a, "dropout_p"_a, "seed"_a, "offset"_a,
         "Writes into the uint8/bool [B, H, Sq, Skv] `mask` the keep mask (1 kept) of an attention call\n"
         "with this dropout_p, seed and offset (qkv/attention.hpp).");
+
+  nb::class_<qkv::AttentionKvCache>(m, "AttentionKvCache",
+                                    "The KV cache of include/qkv/kv_cache.hpp (use qkv.KVCache).")
+      .def(
+          "__init__",
+          [](qkv::AttentionKvCache* self, std::int64_t batch, std::int64_t max_len, std::int64_t kv_heads,
+             std::int64_t head_dim, const std::string& dtype, std::int64_t value_dim, std::int64_t block_size) {
+            new (self) qkv::AttentionKvCache(batch, max_len, kv_heads, head_dim, cache_dtype(dtype), value_dim,
+                                             block_size);
+          },
+          "batch"_a, "max_len"_a, "kv_heads"_a, "head_dim"_a, "dtype"_a, "value_dim"_a, "block_size"_a,
+          "A zeroed cache; dtype 'float32' | 'bfloat16' | 'float16' | 'int8', value_dim 0: head_dim, "
+          "block_size 0: contiguous, else a power of two (paged).")
+      .def("storage", &kv_cache_storage,
+           "The cache's arrays by name (k, v, lengths; k_scale, v_scale, block_table when it has them): "
+           "writable NumPy views of its memory, bfloat16 as uint16 bits.")
+      .def("append", &kv_cache_append, "k_new"_a, "v_new"_a,
+           "Writes k_new [B, Snew, Hkv, D], v_new [B, Snew, Hkv, Dv] after each sequence's tokens (int8: "
+           "quantised per token and head) and advances the lengths.")
+      .def("reset", nb::overload_cast<>(&qkv::AttentionKvCache::reset), "Every length to 0.")
+      .def("reset", nb::overload_cast<std::int64_t>(&qkv::AttentionKvCache::reset), "b"_a,
+           "Sequence b's length to 0.")
+      .def("attend", &kv_cache_attend, "q"_a, "out"_a, "lse"_a.none(), "scale"_a.none(), "causal"_a, "align"_a,
+           "window_left"_a, "window_right"_a, "num_threads"_a, "kernel"_a, "softcap"_a.none(),
+           "alibi_slopes"_a.none(), "sinks"_a.none(), "keep_first"_a,
+           "out [B, H, Sq, Dv] (and lse [B, H, Sq]) <- attention of q [B, H, Sq, D] against every token held.\n"
+           "Returns (kernel, isa, name) of the kernel that ran.")
+      .def_prop_ro("max_len", &qkv::AttentionKvCache::max_len,
+                   "Tokens a sequence can hold (paged: rounded up to whole blocks).");
 
   nb::class_<Mha>(m, "MultiHeadAttention",
                   "The multi-head attention block of include/qkv/mha.hpp (use qkv.MultiHeadAttention).")

@@ -34,6 +34,7 @@ AttentionKvCache::AttentionKvCache(std::int64_t batch, std::int64_t max_len, std
   // Rows of the storage: one sequence of max_len rows per batch row, or the pool's blocks.
   const std::int64_t max_blocks = block_size ? (max_len + block_size - 1) / block_size : 0;
   const std::int64_t n0 = block_size ? batch * max_blocks : batch, n1 = block_size ? block_size : max_len;
+  if (block_size) max_len_ = max_blocks * block_size;  // a sequence holds whole blocks
   const bool i8 = dtype == DType::i8;
   const std::uint64_t bytes = bytes_of({n0, n1, kv_heads, head_dim + Dv}, dtype_size(dtype)) +
                               (i8 ? bytes_of({n0, n1, kv_heads, 2}, sizeof(float)) : 0);
@@ -79,14 +80,11 @@ void AttentionKvCache::append(const View& k_new, const View& v_new) {
     fail(fn, "k_new, v_new: expected [B = " + std::to_string(batch_) + ", Snew, Hkv = " + std::to_string(Hkv) +
                  ", D = " + std::to_string(D) + "] and [B, Snew, Hkv, Dv = " + std::to_string(Dv) + "], got k_new " +
                  dims(k_new) + ", v_new " + dims(v_new));
-  const std::int64_t Snew = k_new.dim(1);
-  auto* len = lengths_.ptr<std::int64_t>();
-  for (std::int64_t b = 0; b < batch_; ++b)
-    if (len[b] + Snew > max_len_)
-      fail(fn, "k_new: " + std::to_string(Snew) + " new rows for sequence " + std::to_string(b) + ", which holds " +
-                   std::to_string(len[b]) + " of at most max_len = " + std::to_string(max_len_));
+  // kvcache_append refuses (before writing) rows past a sequence's storage, i.e. past max_len:
+  // "pos[b] = <length of b>: rows [pos, pos + Snew) must lie in [0, Skv = max_len)".
   kvcache_append(view(), k_new, v_new, lengths_.view());
-  for (std::int64_t b = 0; b < batch_; ++b) len[b] += Snew;
+  auto* len = lengths_.ptr<std::int64_t>();
+  for (std::int64_t b = 0; b < batch_; ++b) len[b] += k_new.dim(1);
 }
 
 void AttentionKvCache::append_to(std::int64_t b, const View& k_new, const View& v_new) {
@@ -101,6 +99,7 @@ void AttentionKvCache::append_to(std::int64_t b, const View& k_new, const View& 
                  dims(v_new));
   const std::int64_t Snew = k_new.dim(0);
   std::int64_t& len = lengths_.ptr<std::int64_t>()[b];
+  // Checked here: kvcache_append sees sequence b as a batch of one and would name it pos[0].
   if (len + Snew > max_len_)
     fail(fn, "k_new: " + std::to_string(Snew) + " new rows for sequence " + std::to_string(b) + ", which holds " +
                  std::to_string(len) + " of at most max_len = " + std::to_string(max_len_));

@@ -255,13 +255,14 @@ TEST(AttentionKvCache, ValidationNamesArgumentAndValue) {
   expect_rejects([] { AttentionKvCache(1, 8, 1, 4, DType::f32, 0, 12); },
                  {"block_size: must be 0 (contiguous) or a power of two, got 12"});
   expect_rejects([] { AttentionKvCache(1, 8, 1, 4, DType::f32, -1); }, {"value_dim: must be ≥ 0"});
+  EXPECT_EQ(AttentionKvCache(1, 10, 1, 4, DType::f32, 0, 4).max_len(), 12);  // paged: 3 whole blocks of 4
+  EXPECT_EQ(AttentionKvCache(1, 10, 1, 4).max_len(), 10);
 
   AttentionKvCache c(2, 8, 1, 4, DType::f32, 0, 4);
   Buffer k6(DType::f32, {2, 6, 1, 4}), k3(DType::f32, {2, 3, 1, 4}), bad(DType::f32, {2, 3, 1, 5});
   c.append(k6.view(), k6.view());
-  expect_rejects(
-      [&] { c.append(k3.view(), k3.view()); },
-      {"qkv::AttentionKvCache::append", "k_new: 3 new rows for sequence 0, which holds 6 of at most max_len = 8"});
+  expect_rejects([&] { c.append(k3.view(), k3.view()); },
+                 {"qkv::kvcache_append", "pos[0] = 6: rows [pos, pos + 3) must lie in [0, Skv = 8)"});
   EXPECT_EQ(c.length(0), 6);  // refused: nothing appended
   EXPECT_EQ(c.length(1), 6);
   expect_rejects([&] { c.append(bad.view(), bad.view()); },
