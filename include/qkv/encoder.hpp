@@ -68,13 +68,13 @@ class Encoder {
              const std::function<void(std::int64_t, std::int64_t)>& progress = {});
 
   // The encoder on one packed batch: tokens [T], cu_seqlens [B + 1] (0 = cu[0] ≤ … ≤ cu[B] = T,
-  // each text at most seq_len tokens) → hidden [T, C], the last layer's output. When given,
-  // on_layer(l, qkv, att) is called after layer l's attention (for the inspector): qkv [T, 3·C]
-  // holds q, k, v as column blocks (head h: columns h·D … h·D + D − 1 of each), att [T, C] the
-  // attention's output before W_O, both f32 (an encoder of dtype bf16 refuses a hook).
-  using LayerHook = std::function<void(std::int64_t l, const float* qkv, const float* att)>;
-  void forward(std::span<const int> tokens, std::span<const std::int32_t> cu_seqlens, float* hidden,
-               const LayerHook& on_layer = {});
+  // each text at most seq_len tokens) → hidden [T, C], the last layer's output.
+  void forward(std::span<const int> tokens, std::span<const std::int32_t> cu_seqlens, float* hidden);
+  // One text, tokens [S] (S ≥ 1, e.g. from tokenize), through forward with every layer's attention
+  // recorded for the inspector as LayerTrace documents, except resid (left empty): scores and pattern
+  // [H, S, S] (bidirectional: nothing masked), head_delta [H, S, C], block_delta [S, C] = Σ_h Δe_h,
+  // q and k [H, S, D]. Also hidden [S, C]. An encoder of dtype bf16 refuses (the trace reads f32 q, k).
+  std::vector<LayerTrace> forward_trace(std::span<const int> tokens, float* hidden);
   const Weights& weights() const { return w_; }
 
  private:
@@ -99,6 +99,9 @@ class Encoder {
   Buffer x_, h_, qkv_, att_, ff_, xb_;
   std::int64_t rows_ = 0;
   void reserve(std::int64_t Tp);
+  // forward, and with trace (one text, dtype f32) forward_trace's recording; fn names the caller.
+  void run(const char* fn, std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden,
+           std::vector<LayerTrace>* trace);
   void qkv_block(std::int64_t l, std::int64_t r0);
   void out_block(std::int64_t l, std::int64_t r0, float* y, float beta);
   void tail_block(std::int64_t l, std::int64_t r0, std::int64_t T, float* hidden);

@@ -111,22 +111,33 @@ void attention_block(AttentionProjections& proj, const AttentionBlockCall& a) {
 void attention_block_varlen(AttentionProjections& proj, const VarlenBlockCall& a) {
   constexpr const char* fn = "qkv::blocks::attention_block_varlen";
   const std::int64_t H = a.shape.n_heads, Hkv = a.shape.n_kv_heads, D = a.shape.d_head, Dv = a.shape.d_value;
+  const std::int64_t C = a.shape.d_model;
   const auto B = static_cast<std::int64_t>(a.cu_seqlens.size()) - 1;
   if (B < 1) fail(fn, "internal: cu_seqlens needs B + 1 >= 2 offsets");
+  if (a.taps.lse.data) fail(fn, "internal: the packed block offers no lse tap");
+  if (a.taps.pattern.data && B != 1) fail(fn, "internal: the pattern tap needs one text (B = 1)");
   const std::int64_t T = a.cu_seqlens.back();
   // q, k, v in the dtype the attention's output goes to W_O in: nothing to convert on either side.
   const DType dt = proj.att_dtype();
   const QkvRows r = proj.qkv(dt);
   if (r.dtype != dt) fail(fn, "internal: the backend returned q, k, v in another dtype than att()");
-  const View cu = View::strided(const_cast<std::int32_t*>(a.cu_seqlens.data()), DType::i32, {B + 1}, {1});
-  attention_varlen(View::strided(r.q, dt, {T, H, D}, {r.ld_q, D, 1}), View::strided(r.k, dt, {T, Hkv, D}, {r.ld_k, D, 1}),
-                   View::strided(r.v, dt, {T, Hkv, Dv}, {r.ld_v, Dv, 1}),
-                   View::strided(proj.att(), dt, {T, H, Dv}, {H * Dv, Dv, 1}), cu, cu, a.opt);
-  if (a.before_out) {
-    if (dt != DType::f32) fail(fn, "internal: before_out needs the attention's output in f32");
-    a.before_out(static_cast<const float*>(r.q), static_cast<float*>(proj.att()));
+  if ((a.taps.before_out || a.taps.head_delta) && dt != DType::f32)
+    fail(fn, "internal: taps need the attention's output in f32");
+  void* att = proj.att();
+  if (a.taps.pattern.data) {
+    attention(View::strided(r.q, dt, {1, H, T, D}, {T * r.ld_q, D, r.ld_q, 1}),
+              View::strided(r.k, dt, {1, Hkv, T, D}, {T * r.ld_k, D, r.ld_k, 1}),
+              View::strided(r.v, dt, {1, Hkv, T, Dv}, {T * r.ld_v, Dv, r.ld_v, 1}),
+              View::strided(att, dt, {1, H, T, Dv}, {T * H * Dv, Dv, H * Dv, 1}), a.opt, std::nullopt, a.taps.pattern);
+  } else {
+    const View cu = View::strided(const_cast<std::int32_t*>(a.cu_seqlens.data()), DType::i32, {B + 1}, {1});
+    attention_varlen(View::strided(r.q, dt, {T, H, D}, {r.ld_q, D, 1}), View::strided(r.k, dt, {T, Hkv, D}, {r.ld_k, D, 1}),
+                     View::strided(r.v, dt, {T, Hkv, Dv}, {r.ld_v, Dv, 1}),
+                     View::strided(att, dt, {T, H, Dv}, {H * Dv, Dv, 1}), cu, cu, a.opt);
   }
+  if (a.taps.before_out) a.taps.before_out(static_cast<const float*>(r.q), static_cast<float*>(att));
   if (a.y) proj.out(T, a.y, a.beta);
+  if (a.taps.head_delta) head_delta_forward(a.taps.head_delta, static_cast<const float*>(att), a.taps.wo, T, H, Dv, C);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -103,8 +103,12 @@ void attention_block(AttentionProjections& proj, const AttentionBlockCall& call)
 //
 //   q, k, v = proj.qkv(proj.att_dtype())     q [T, H·D], k [T, Hkv·D], v [T, Hkv·Dv], in att_dtype()
 //   att = attention_varlen(q, k, v, cu)      att [T, H·Dv] = proj.att(), written in place
-//   before_out(q, att)                       (f32 only: the encoder's layer hook)
+//   taps.before_out(q, att)                  (f32 only: a trace records, as attention_block's)
 //   y = beta·y + att · W_Oᵀ + b_O            y [T, C] (proj.out(T, y, beta); y null: not run)
+//   head_delta[h] = att_h · (W_O^h)ᵀ         optional [H, T, C] (f32 only)
+// The taps are attention_block's with B = 1 and n = T, except lse (not offered: must be null).
+// taps.pattern [1, H, T, T] needs one text (B = 1): the block then runs qkv::attention on
+// [1, H, T, D] views of the same rows (what attention_varlen runs for each text), which writes it.
 // ---------------------------------------------------------------------------------------------
 struct VarlenBlockCall {
   std::span<const std::int32_t> cu_seqlens;  // [B + 1]: 0 = cu[0] ≤ … ≤ cu[B] = T
@@ -112,7 +116,7 @@ struct VarlenBlockCall {
   AttentionOptions opt;                      // as for qkv::attention_varlen
   float* y = nullptr;                        // [T, C]; null: stop before W_O
   float beta = 0.0f;                         // 1: y += …
-  std::function<void(const float* q, float* att)> before_out;  // q [T, H·D] (row stride ld_q), att [T, H·Dv]
+  AttentionBlockTaps taps;                   // before_out gets q [T, H·D] (row stride ld_q), att [T, H·Dv]
 };
 
 // Runs the packed block (see above). Throws what qkv::attention_varlen throws.

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "inspect/encoder_trace.hpp"
 #include "model/input_file.hpp"
 #include "qkv/encoder.hpp"
 #include "qkv/params.hpp"
@@ -100,8 +99,8 @@ Report run_encoder(const Request& a) {
   const Tokenizer& tok = enc.tokenizer();
   std::vector<Token> tokens;
   for (int id : ids) tokens.push_back({id, tok.piece(id), id == tok.bos_id() || id == tok.eos_id()});
-  std::vector<float> hidden;
-  const std::vector<LayerTrace> trace = trace_encoder(enc, ids, hidden);
+  std::vector<float> hidden(ids.size() * static_cast<std::size_t>(c.dim));
+  const std::vector<LayerTrace> trace = enc.forward_trace(ids, hidden.data());
   std::vector<LayerInput> layers;
   for (const LayerTrace& t : trace) {
     layers.push_back({t.scores.view(), t.pattern.view(), t.head_delta.view(), t.block_delta.view(), t.q.view(), t.k.view()});

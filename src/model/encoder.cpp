@@ -25,6 +25,7 @@
 #include "blocks/norm.hpp"
 #include "core/parallel.hpp"
 #include "model/input_file.hpp"
+#include "model/layer_trace.hpp"
 #include "qkv/attention.hpp"
 #include "qkv/memory.hpp"
 
@@ -224,9 +225,31 @@ class Encoder::Projections final : public blocks::AttentionProjections {
   int threads_;
 };
 
-void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden,
-                      const LayerHook& on_layer) {
-  const char* fn = "qkv::Encoder::forward";
+void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden) {
+  run("qkv::Encoder::forward", tokens, cu, hidden, nullptr);
+}
+
+std::vector<LayerTrace> Encoder::forward_trace(std::span<const int> tokens, float* hidden) {
+  const char* fn = "qkv::Encoder::forward_trace";
+  const auto S = static_cast<std::int64_t>(tokens.size());
+  if (S < 1) fail(fn, "tokens: need at least one token (got 0)");
+  if (opt_.dtype != DType::f32)
+    fail(fn, std::string("the trace reads f32 q, k and the attention's output; this encoder runs in ") +
+                 dtype_name(opt_.dtype) + " (load it with dtype f32)");
+  const Config& c = w_.config;
+  // What the trace keeps: per layer scores and pattern [H, S, S], head_delta [H, S, C], block_delta
+  // [S, C], q and k [H, S, D].
+  check_memory(fn, "trace of " + std::to_string(S) + " tokens",
+               c.n_layers * (2 * bytes_of({c.n_heads, S, S}, 4) + bytes_of({c.n_heads + 1, S, c.dim}, 4) +
+                             bytes_of({2 * c.n_heads, S, c.head_dim()}, 4)));
+  std::vector<LayerTrace> layers(static_cast<std::size_t>(c.n_layers));
+  const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(S)};
+  run(fn, tokens, cu, hidden, &layers);
+  return layers;
+}
+
+void Encoder::run(const char* fn, std::span<const int> tokens, std::span<const std::int32_t> cu, float* hidden,
+                  std::vector<LayerTrace>* trace) {
   const Config& c = w_.config;
   const auto T = static_cast<std::int64_t>(tokens.size());
   const std::int64_t B = static_cast<std::int64_t>(cu.size()) - 1, C = c.dim;
@@ -243,9 +266,6 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
       fail(fn, "tokens[" + std::to_string(i) + "] = " + std::to_string(tokens[static_cast<std::size_t>(i)]) +
                    " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   if (!hidden) fail(fn, "hidden: null output pointer");
-  if (on_layer && opt_.dtype != DType::f32)
-    fail(fn, std::string("on_layer: the layer hook reads f32 q, k, v; this encoder runs in ") +
-                 dtype_name(opt_.dtype) + " (load it with dtype f32)");
   if (T == 0) return;
   const ScopedThreads scope(opt_.num_threads > 0 ? opt_.num_threads : max_threads());
   const int threads = max_threads();
@@ -284,10 +304,30 @@ void Encoder::forward(std::span<const int> tokens, std::span<const std::int32_t>
   call.opt.causal = false;
   call.y = h;
   call.beta = 1.0f;
+  const std::int64_t H = c.n_heads, D = c.head_dim();
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
     proj.layer = l;
-    if (on_layer) call.before_out = [&](const float*, float* att) { on_layer(l, qkv_.ptr<float>(), att); };
+    if (trace) {
+      // One text (B = 1, T = S): the kernel writes the pattern, the block each head's Δe; scores, q
+      // and k come from the rows of qkv_ [T, 3C] (q | k | v, row stride 3C).
+      LayerTrace& t = (*trace)[static_cast<std::size_t>(l)];
+      call.taps = model_detail::layer_trace_taps(t, T, H, H, D, C, w_.layers[static_cast<std::size_t>(l)].wo);
+      call.taps.before_out = [lt = &t, C, D](const float* q, float*) {
+        model_detail::record_scores(*lt, q, 3 * C, q + C, 3 * C, D, false);
+      };
+    }
     blocks::attention_block_varlen(proj, call);
+    if (trace) {
+      // block_delta = Σ_h Δe_h, summed in f64.
+      LayerTrace& t = (*trace)[static_cast<std::size_t>(l)];
+      const float* hd = t.head_delta.ptr<float>();
+      float* bd = t.block_delta.ptr<float>();
+      for (std::int64_t i = 0; i < T * C; ++i) {
+        double sum = 0;
+        for (std::int64_t head = 0; head < H; ++head) sum += hd[head * T * C + i];
+        bd[i] = static_cast<float>(sum);
+      }
+    }
     parallel_for(blocks_n, threads, [&](std::int64_t k) { tail_block(l, k * kRows, T, hidden); });
   }
 }

@@ -2,7 +2,8 @@
 //   model.cpp       construction, projections, one layer (block), forward, forward_batch
 //   model_bf16.cpp  the bf16 copies of the weights and the bf16-GEMM prefill layer (block_gemm_bf16)
 //   decode.cpp      one token for each of B sequences in one parallel region (decode)
-//   trace.cpp       forward_trace / forward_ablated: every layer recorded, heads knocked out
+//   trace.cpp       forward_trace / forward_ablated: every layer recorded, heads knocked out; the
+//                   recording of one layer that the encoder shares (layer_trace.hpp)
 // Shapes: C = dim, H = n_heads, Hkv = n_kv_heads, D = head_dim, Hd = hidden_dim, V = vocab_size.
 #pragma once
 

@@ -10,6 +10,7 @@
 #include "blocks/linear.hpp"
 #include "blocks/norm.hpp"
 #include "core/parallel.hpp"
+#include "model/layer_trace.hpp"
 #include "model/model_impl.hpp"
 #include "qkv/memory.hpp"
 
@@ -19,51 +20,64 @@ using model_detail::CallThreads;
 using model_detail::kPrefillSharedFlops;
 using model_detail::norm;
 
+namespace model_detail {
+
+blocks::AttentionBlockTaps layer_trace_taps(LayerTrace& t, std::int64_t S, std::int64_t H, std::int64_t Hkv,
+                                            std::int64_t D, std::int64_t C, const float* wo) {
+  t.pattern = Buffer(DType::f32, {H, S, S});
+  t.scores = Buffer(DType::f32, {H, S, S});
+  t.q = Buffer(DType::f32, {H, S, D});
+  t.k = Buffer(DType::f32, {Hkv, S, D});
+  t.head_delta = Buffer(DType::f32, {H, S, C});
+  t.block_delta = Buffer(DType::f32, {S, C});
+  blocks::AttentionBlockTaps taps;
+  taps.pattern = View::contiguous(t.pattern.data(), DType::f32, {1, H, S, S});
+  taps.head_delta = t.head_delta.ptr<float>();
+  taps.wo = wo;
+  return taps;
+}
+
+void record_scores(LayerTrace& t, const float* q, std::int64_t ld_q, const float* k, std::int64_t k_pos,
+                   std::int64_t k_head, bool causal) {
+  const std::int64_t H = t.q.shape()[0], S = t.q.shape()[1], D = t.q.shape()[2], Hkv = t.k.shape()[0];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  float* sc = t.scores.ptr<float>();
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t i = 0; i < S; ++i)
+      for (std::int64_t j = 0; j < S; ++j) {
+        float& out = sc[(h * S + i) * S + j];
+        if (causal && j > i) {
+          out = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        const float* qi = q + i * ld_q + h * D;
+        const float* kj = k + j * k_pos + (h / (H / Hkv)) * k_head;
+        double dot = 0;
+        for (std::int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
+        out = static_cast<float>(scale * dot);
+      }
+  const auto row = sizeof(float) * static_cast<std::size_t>(D);
+  for (std::int64_t s = 0; s < S; ++s) {
+    for (std::int64_t h = 0; h < H; ++h) std::memcpy(t.q.ptr<float>() + (h * S + s) * D, q + s * ld_q + h * D, row);
+    for (std::int64_t g = 0; g < Hkv; ++g) std::memcpy(t.k.ptr<float>() + (g * S + s) * D, k + s * k_pos + g * k_head, row);
+  }
+}
+
+}  // namespace model_detail
+
 // Layer l's attention block with everything a trace records; the att it leaves is what the block
 // goes on with (after the heads in ablate_ are knocked out).
 blocks::AttentionBlockTaps Model::Impl::trace_taps(int l, std::int64_t S, const KvCache& cache, LayerTrace& trace) {
   const Config& c = w_.config;
   const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim();
-  trace.pattern = Buffer(DType::f32, {H, S, S});
-  trace.scores = Buffer(DType::f32, {H, S, S});
-  trace.q = Buffer(DType::f32, {H, S, D});
-  trace.k = Buffer(DType::f32, {Hkv, S, D});
-  trace.head_delta = Buffer(DType::f32, {H, S, C});
-  trace.block_delta = Buffer(DType::f32, {S, C});
   const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
-  blocks::AttentionBlockTaps taps;
-  taps.pattern = View::contiguous(trace.pattern.data(), DType::f32, {1, H, S, S});  // from the kernel
-  taps.head_delta = trace.head_delta.ptr<float>();  // Δe_h = W_O[:, h·D:(h+1)·D] · att_h: [H, S, C]
-  taps.wo = L.wo;
+  blocks::AttentionBlockTaps taps = model_detail::layer_trace_taps(trace, S, H, Hkv, D, C, L.wo);
   taps.before_out = [this, l, S, C, H, Hkv, D, &L, &cache, &trace](const float* q, float* att) {
-    const std::int64_t cap = cache.capacity;
     ablate_heads(l, att, S);
-    // forward_trace runs on an f32 cache of its own: the keys after rotary, k [Hkv, cap, D].
-    const float* kc = cache.k.ptr<float>() + l * Hkv * cap * D;
-    // scores [H, S, S] from the same q and k, in f64 like the reference.
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    float* sc = trace.scores.ptr<float>();
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < S; ++i)
-        for (std::int64_t j = 0; j < S; ++j) {
-          float& out = sc[(h * S + i) * S + j];
-          if (j > i) {
-            out = -std::numeric_limits<float>::infinity();
-            continue;
-          }
-          const float* qi = q + (i * H + h) * D;
-          const float* kj = kc + ((h / (H / Hkv)) * cap + j) * D;
-          double dot = 0;
-          for (std::int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kj[d];
-          out = static_cast<float>(scale * dot);
-        }
-    // The vectors the scores are made of, after rotary: q [H, S, D], k [Hkv, S, D].
-    for (std::int64_t s = 0; s < S; ++s) {
-      for (std::int64_t h = 0; h < H; ++h)
-        std::memcpy(trace.q.ptr<float>() + (h * S + s) * D, q + (s * H + h) * D, sizeof(float) * static_cast<std::size_t>(D));
-      for (std::int64_t g = 0; g < Hkv; ++g)
-        std::memcpy(trace.k.ptr<float>() + (g * S + s) * D, kc + (g * cap + s) * D, sizeof(float) * static_cast<std::size_t>(D));
-    }
+    // forward_trace runs on an f32 cache of its own: the keys after rotary, k [Hkv, cap, D]; q
+    // [S, H·D] after rotary.
+    const std::int64_t cap = cache.capacity;
+    model_detail::record_scores(trace, q, H * D, cache.k.ptr<float>() + l * Hkv * cap * D, D, cap * D, true);
     // The whole block's Δe without b_O.
     project(att, L.wo, layer_bf16(l).wo, nullptr, trace.block_delta.ptr<float>(), S, H * D, C);
   };

@@ -68,8 +68,16 @@ Mat linear(const Mat& x, std::int64_t S, std::int64_t in, std::int64_t out, cons
   return y;
 }
 
-// The mean-pooled, normalised embedding of one text, in f64.
-std::vector<double> reference(const qkv::Weights& w, const std::vector<int>& t) {
+// One layer's attention as the twin computed it (what qkv::LayerTrace records): q, k [S, C] (head h:
+// columns h·D … h·D + D − 1), scores and pattern [H, S, S], head_delta [H, S, C] = W_O[:, head h] · att_h.
+struct LayerRef {
+  Mat q, k, scores, pattern, head_delta;
+};
+
+// The mean-pooled, normalised embedding of one text, in f64; with `layers`, each layer's attention
+// recorded, with `hidden`, the last layer's output [S, C].
+std::vector<double> reference(const qkv::Weights& w, const std::vector<int>& t, std::vector<LayerRef>* layers = nullptr,
+                              Mat* hidden = nullptr) {
   const qkv::Config& c = w.config;
   const std::int64_t S = static_cast<std::int64_t>(t.size()), C = c.dim, H = c.n_heads, D = C / H, Hd = c.hidden_dim;
   Mat x(static_cast<std::size_t>(S * C));
@@ -79,6 +87,8 @@ std::vector<double> reference(const qkv::Weights& w, const std::vector<int>& t) 
   for (const qkv::LayerWeights& L : w.layers) {
     const Mat q = linear(x, S, C, C, L.wq, L.bq), k = linear(x, S, C, C, L.wk, L.bk), v = linear(x, S, C, C, L.wv, L.bv);
     Mat att(static_cast<std::size_t>(S * C), 0.0);
+    LayerRef r{q, k, Mat(static_cast<std::size_t>(H * S * S)), Mat(static_cast<std::size_t>(H * S * S)),
+               Mat(static_cast<std::size_t>(H * S * C), 0.0)};
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < S; ++i) {
         std::vector<double> p(static_cast<std::size_t>(S));
@@ -87,12 +97,19 @@ std::vector<double> reference(const qkv::Weights& w, const std::vector<int>& t) 
           double d = 0;
           for (std::int64_t e = 0; e < D; ++e) d += q[i * C + h * D + e] * k[j * C + h * D + e];
           p[j] = d / std::sqrt(static_cast<double>(D));
+          r.scores[(h * S + i) * S + j] = p[j];
           mx = std::max(mx, p[j]);
         }
         for (auto& pj : p) sum += (pj = std::exp(pj - mx));
-        for (std::int64_t j = 0; j < S; ++j)
+        for (std::int64_t j = 0; j < S; ++j) {
+          r.pattern[(h * S + i) * S + j] = p[j] / sum;
           for (std::int64_t e = 0; e < D; ++e) att[i * C + h * D + e] += p[j] / sum * v[j * C + h * D + e];
+        }
+        for (std::int64_t o = 0; o < C; ++o)
+          for (std::int64_t e = 0; e < D; ++e)
+            r.head_delta[(h * S + i) * C + o] += double{L.wo[o * C + h * D + e]} * att[i * C + h * D + e];
       }
+    if (layers) layers->push_back(std::move(r));
     Mat o = linear(att, S, C, C, L.wo, L.bo);
     for (std::size_t i = 0; i < o.size(); ++i) x[i] += o[i];
     layernorm(x, S, C, L.norm1_w, L.norm1_b, c.norm_eps);
@@ -102,6 +119,7 @@ std::vector<double> reference(const qkv::Weights& w, const std::vector<int>& t) 
     for (std::size_t i = 0; i < g.size(); ++i) x[i] += g[i];
     layernorm(x, S, C, L.norm2_w, L.norm2_b, c.norm_eps);
   }
+  if (hidden) *hidden = x;
   std::vector<double> e(static_cast<std::size_t>(C), 0.0);
   for (std::int64_t s = 0; s < S; ++s)
     for (std::int64_t k = 0; k < C; ++k) e[k] += x[s * C + k] / S;
@@ -174,8 +192,61 @@ TEST(Encoder, RowBlocksOnTwoThreadsEqualTheNaiveTwin) {
   }
 }
 
-// The layer hook reads f32 q, k, v: a bf16 encoder (bf16 q, k, v and attention) refuses it by name.
-TEST(Encoder, Bf16EncoderRefusesTheF32LayerHook) {
+// forward_trace against the twin: every recorded tensor of every layer, and the hidden rows (also
+// forward's, whose attention kernel differs only in summation order from the traced one, which
+// writes the pattern). Tolerance 2e-5 absolute, as above: f32 values of magnitude ≲ 5, two layers.
+TEST(Encoder, TraceEqualsTheNaiveTwin) {
+  const qkv::Config c = tiny_bert();
+  const qkv::Weights w = qkv::Weights::random(c, 11, 0.3f);
+  qkv::Encoder enc(w, tiny_tokenizer(), qkv::Pooling::mean, true, 16);
+  const std::vector<int> t = enc.tokenize("the cats sat on the mat .");
+  const std::int64_t S = static_cast<std::int64_t>(t.size()), C = c.dim, H = c.n_heads, D = C / H;
+  std::vector<float> hidden(static_cast<std::size_t>(S * C)), plain(hidden.size());
+  const std::vector<qkv::LayerTrace> trace = enc.forward_trace(t, hidden.data());
+  const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(S)};
+  enc.forward(t, cu, plain.data());
+  std::vector<LayerRef> want;
+  Mat want_hidden;
+  reference(w, t, &want, &want_hidden);
+  ASSERT_EQ(trace.size(), static_cast<std::size_t>(c.n_layers));
+  double worst = 0;
+  const auto check = [&](const char* what, const qkv::Buffer& got, const std::vector<std::int64_t>& shape,
+                         auto&& at) {
+    ASSERT_EQ(got.shape(), shape) << what;
+    const float* g = got.ptr<float>();
+    for (std::int64_t i = 0; i < got.numel(); ++i) {
+      const double err = std::abs(g[i] - at(i));
+      worst = std::max(worst, err);
+      ASSERT_LT(err, 2e-5) << what << " [" << i << "]";
+    }
+  };
+  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+    const qkv::LayerTrace& lt = trace[static_cast<std::size_t>(l)];
+    const LayerRef& r = want[static_cast<std::size_t>(l)];
+    check("scores", lt.scores, {H, S, S}, [&](std::int64_t i) { return r.scores[i]; });
+    check("pattern", lt.pattern, {H, S, S}, [&](std::int64_t i) { return r.pattern[i]; });
+    check("head_delta", lt.head_delta, {H, S, C}, [&](std::int64_t i) { return r.head_delta[i]; });
+    check("block_delta", lt.block_delta, {S, C}, [&](std::int64_t i) {
+      double sum = 0;
+      for (std::int64_t h = 0; h < H; ++h) sum += r.head_delta[h * S * C + i];
+      return sum;
+    });
+    // q, k [H, S, D] from the twin's rows [S, C].
+    const auto head_major = [&](const Mat& rows) {
+      return [&rows, S, C, D](std::int64_t i) { return rows[(i / D % S) * C + i / (S * D) * D + i % D]; };
+    };
+    check("q", lt.q, {H, S, D}, head_major(r.q));
+    check("k", lt.k, {H, S, D}, head_major(r.k));
+  }
+  for (std::int64_t i = 0; i < S * C; ++i) {
+    worst = std::max({worst, std::abs(hidden[i] - want_hidden[i]), std::abs(plain[i] - want_hidden[i])});
+  }
+  std::printf("encoder trace: max |qkv − twin| %.2e\n", worst);
+  EXPECT_LT(worst, 2e-5);
+}
+
+// The trace reads f32 q, k, v: a bf16 encoder (bf16 q, k, v and attention) refuses it by name.
+TEST(Encoder, Bf16EncoderRefusesTheTrace) {
   const qkv::Config c = tiny_bert();
   qkv::EncoderOptions opt;
   opt.dtype = qkv::DType::bf16;
@@ -184,13 +255,13 @@ TEST(Encoder, Bf16EncoderRefusesTheF32LayerHook) {
   const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(t.size())};
   std::vector<float> hidden(t.size() * static_cast<std::size_t>(c.dim));
   try {
-    enc.forward(t, cu, hidden.data(), [](std::int64_t, const float*, const float*) {});
-    FAIL() << "a bf16 encoder ran an f32 hook";
+    enc.forward_trace(t, hidden.data());
+    FAIL() << "a bf16 encoder ran the f32 trace";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("on_layer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("forward_trace"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
   }
-  enc.forward(t, cu, hidden.data());  // without a hook it runs
+  enc.forward(t, cu, hidden.data());  // without a trace it runs
   for (float v : hidden) EXPECT_TRUE(std::isfinite(v));
 }
 
