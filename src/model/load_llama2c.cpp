@@ -75,7 +75,8 @@ Weights load_llama2c(const std::string& path) {
     w.storage = file;
   } else {
     // At byte 28 of the arena, as in the file (weight_placement.hpp: rows keep their offset in a line).
-    detail::WeightArena a = detail::weight_arena(kHeader + bytes, fn, where + ": its " + std::to_string(floats) + " floats");
+    detail::WeightArena a =
+        detail::weight_arena(kHeader + bytes, fn, where + ": its " + std::to_string(floats) + " floats");
     arena = a.data + kHeader / sizeof(float);
     file->read(kHeader, bytes, arena, fn);
     w.storage = std::move(a.owner);  // `file` is unmapped on return: the floats are resident once

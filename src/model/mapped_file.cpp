@@ -41,8 +41,9 @@ void MappedFile::read(std::uint64_t offset, std::uint64_t n, void* dst, const ch
     const ssize_t r = ::pread(fd_, out + done, static_cast<std::size_t>(n - done), static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0)
-      fail_io(fn, "path '" + path_ + "': reading " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
-                      ": " + (r == 0 ? std::string("the file ended early (truncated while loading)") : std::strerror(errno)));
+      fail_io(fn, "path '" + path_ + "': reading " + std::to_string(n) + " bytes at offset " +
+                      std::to_string(offset) + ": " +
+                      (r == 0 ? std::string("the file ended early (truncated while loading)") : std::strerror(errno)));
     done += static_cast<std::uint64_t>(r);
   }
 }

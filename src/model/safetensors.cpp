@@ -1,8 +1,9 @@
 // The safetensors module (safetensors.hpp): the format itself, then qkv's model weights on it.
 // Weights are placed by the loaders' one rule (weight_placement.hpp): F32 tensors stored as qkv
 // uses them are read into an arena on transparent huge pages, or used in place from the private
-// mapping (when at 4-byte aligned offsets); the others are converted to f32 into the arena. The tensor names are qkv's own (weights.cpp) or those of
-// a Hugging Face GPT-2 or Llama checkpoint (hf_layout.hpp), told apart by the token embedding's name.
+// mapping; the others are converted to f32 into the arena. The tensor names are qkv's own
+// (weights.cpp) or those of a Hugging Face GPT-2 or Llama checkpoint (hf_layout.hpp), told apart
+// by the token embedding's name.
 #include "model/safetensors.hpp"
 
 #include <algorithm>
@@ -252,7 +253,6 @@ struct SafetensorsStorage {
   std::shared_ptr<void> arena;
 };
 
-
 }  // namespace
 
 Weights load_safetensors(const std::string& path, const Config& config) {
@@ -271,16 +271,14 @@ Weights load_safetensors(const std::string& path, const Config& config) {
       detail::detect_layout([&](const std::string& n) { return h.tensors.count(n) > 0; });
   // Match the config's parameter list against the file: every tensor present with its exact shape
   // and a supported dtype, nothing left over.
-  const bool may_stay = detail::weight_placement(fn) == detail::Placement::in_place;
-  auto in_place = [&](const detail::Source& s, const SafetensorsEntry& t) {
-    return may_stay && s.op == detail::Source::Op::copy && t.dtype == "F32" &&
-           reinterpret_cast<std::uintptr_t>(h.data + t.begin) % 4 == 0;
-  };
-  // Copied as stored (weight_placement.hpp): each such tensor keeps its offset within a 64-byte line
-  // from the file, so up to 15 floats of padding go before it.
-  auto read_as_is = [&](const detail::Source& s, const SafetensorsEntry& t) {
+  // F32 tensors stored as qkv uses them, at 4-byte aligned offsets: used in place, or read as they
+  // are into the arena, each at the offset within a 64-byte line it has in the file (so up to 15
+  // floats of padding go before it; weight_placement.hpp). The others are converted into the arena.
+  auto as_stored = [&](const detail::Source& s, const SafetensorsEntry& t) {
     return s.op == detail::Source::Op::copy && t.dtype == "F32" && (h.data - file->data() + t.begin) % 4 == 0;
   };
+  const bool may_stay = detail::weight_placement(fn) == detail::Placement::in_place;
+  auto in_place = [&](const detail::Source& s, const SafetensorsEntry& t) { return may_stay && as_stored(s, t); };
   std::int64_t arena_floats = 0, scratch_floats = 0;
   std::set<std::string> used;
   detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>& shape, float*&) {
@@ -294,7 +292,7 @@ Weights load_safetensors(const std::string& path, const Config& config) {
     if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
       fail(fn, where + ": " + what + " has dtype " + t.dtype + "; supported: F32, BF16, F16");
     const std::int64_t stored = static_cast<std::int64_t>((t.end - t.begin) / detail::safetensors_dtype_bytes(t.dtype));
-    if (!in_place(s, t)) arena_floats += numel(shape) + (read_as_is(s, t) ? 16 : 0);
+    if (!in_place(s, t)) arena_floats += numel(shape) + (as_stored(s, t) ? 16 : 0);
     if (s.op != detail::Source::Op::copy) scratch_floats = std::max(scratch_floats, stored);
     used.insert(s.tensor);
   });
@@ -322,7 +320,7 @@ Weights load_safetensors(const std::string& path, const Config& config) {
       storage->file = file;
       return;
     }
-    if (read_as_is(s, t)) {
+    if (as_stored(s, t)) {
       // Straight from the page cache into the arena (weight_placement.hpp: no fault of the mapping).
       const std::uint64_t at = static_cast<std::uint64_t>(h.data - file->data()) + t.begin;
       while ((reinterpret_cast<std::uintptr_t>(arena) - at) % 64 != 0) ++arena;

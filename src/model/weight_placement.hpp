@@ -1,8 +1,9 @@
 // Internal: where a loader puts the f32 weights it finds stored as f32 in a file. One rule for
 // every loader (load_llama2c, load_safetensors):
 //
-//   copied    read (MappedFile::read, pread) into an anonymous, 2 MiB-aligned arena asked for transparent huge pages;
-//             the file is not kept mapped, so after loading the weights are resident once.
+//   copied    read (MappedFile::read: pread) into an anonymous, 2 MiB-aligned arena asked for
+//             transparent huge pages; the file is not kept mapped, so after loading the weights
+//             are resident once (the page cache may still hold the file: reclaimable, not ours).
 //   in_place  used where they lie in the file's private (copy-on-write) mapping, on 4 KiB pages.
 //
 // Copied is the default when the kernel gives huge pages to a region that asks for them
