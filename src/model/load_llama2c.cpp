@@ -8,24 +8,17 @@
 //         wcls [V, C]     only when the header's vocab_size is negative (untied classifier)
 //
 // The model is Llama-style: RMSNorm, rotary positions, SwiGLU, no biases. The file's size must be
-// exactly what the header implies. Up to kCopyBytes of floats are copied from the mapped file into
-// an anonymous mapping (page-aligned, transparent huge pages asked for), and the file unmapped: in
-// place they start at byte 28 of a page, so every 64-byte vector load of a weight row would
-// straddle two cache lines (the decode GEMV measured 10–25 % slower so on weights in cache). On
-// 4 KiB pages the copy decoded 1.5–2× slower than the file's mapping on this VM; on huge pages
-// 5–10 % faster (per-step p10, random 6.1 M model, 1 thread). Larger checkpoints are used in place
-// in the file's private mapping, as llama2.c does: their decode streams the weights from memory,
-// where alignment and page size measured within the noise (a pass over the stories110M shape's
-// 438 MB: 15.0–16.3 ms either way), while the copy's first touch of fresh anonymous pages cost
-// ≈ 1 s of CPU time (kernel page clearing) on this VM, as much as 60 of its decode steps.
+// exactly what the header implies. The floats are placed by the loaders' one rule
+// (weight_placement.hpp): read into a 2 MiB-aligned arena on transparent huge pages where the
+// kernel offers them (the file is then not kept mapped), else used in place in the file's private
+// mapping, as llama2.c does (there they start at byte 28 of a page: a 64-byte load of a row
+// straddles two cache lines, which measured within the noise for weights streamed from memory).
 #include <cstring>
 #include <memory>
-#include <sys/mman.h>
 #include <string>
 
-#include "qkv/memory.hpp"
-
 #include "model/mapped_file.hpp"
+#include "model/weight_placement.hpp"
 #include "model/weights.hpp"
 
 namespace qkv {
@@ -76,19 +69,17 @@ Weights load_llama2c(const std::string& path) {
   w.config = c;
   detail::prepare_layout(w);
   const std::uint64_t bytes = static_cast<std::uint64_t>(floats) * sizeof(float);
-  constexpr std::uint64_t kCopyBytes = std::uint64_t{64} << 20;  // beyond any last-level cache here (32 MiB)
   float* arena = nullptr;
-  if (bytes > kCopyBytes) {
+  if (detail::weight_placement(fn) == detail::Placement::in_place) {
     arena = reinterpret_cast<float*>(file->data() + kHeader);
     w.storage = file;
   } else {
-    check_memory(fn, where + ": its " + std::to_string(floats) + " floats", bytes);
-    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) fail(fn, where + ": cannot allocate " + std::to_string(bytes) + " bytes");
-    madvise(m, bytes, MADV_HUGEPAGE);
-    arena = static_cast<float*>(m);
-    w.storage = std::shared_ptr<void>(m, [bytes](void* a) { munmap(a, bytes); });
-    std::memcpy(arena, file->data() + kHeader, bytes);
+    // At byte 28 of the arena, as in the file (weight_placement.hpp: rows keep their offset in a line).
+    detail::WeightArena a =
+        detail::weight_arena(kHeader + bytes, fn, where + ": its " + std::to_string(floats) + " floats");
+    arena = a.data + kHeader / sizeof(float);
+    file->read(kHeader, bytes, arena, fn);
+    w.storage = std::move(a.owner);  // `file` is unmapped on return: the floats are resident once
   }
   float* p = arena;
   auto take = [&p](std::int64_t n) {

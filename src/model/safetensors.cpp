@@ -1,7 +1,9 @@
 // The safetensors module (safetensors.hpp): the format itself, then qkv's model weights on it.
-// F32 weights at 4-byte aligned offsets are used in place from the private mapping; the others
-// are converted to f32 into an owned arena. The tensor names are qkv's own (weights.cpp) or those of
-// a Hugging Face GPT-2 or Llama checkpoint (hf_layout.hpp), told apart by the token embedding's name.
+// Weights are placed by the loaders' one rule (weight_placement.hpp): F32 tensors stored as qkv
+// uses them are read into an arena on transparent huge pages, or used in place from the private
+// mapping; the others are converted to f32 into the arena. The tensor names are qkv's own
+// (weights.cpp) or those of a Hugging Face GPT-2 or Llama checkpoint (hf_layout.hpp), told apart
+// by the token embedding's name.
 #include "model/safetensors.hpp"
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "core/output_file.hpp"
 #include "model/hf_layout.hpp"
 #include "model/input_file.hpp"
+#include "model/weight_placement.hpp"
 #include "model/json_depth.hpp"
 #include "model/mapped_file.hpp"
 #include "model/weights.hpp"
@@ -246,8 +249,8 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
 }
 
 struct SafetensorsStorage {
-  std::shared_ptr<detail::MappedFile> file;
-  std::unique_ptr<Buffer> arena;
+  std::shared_ptr<detail::MappedFile> file;  // only while a tensor is used in place
+  std::shared_ptr<void> arena;
 };
 
 }  // namespace
@@ -268,7 +271,15 @@ Weights load_safetensors(const std::string& path, const Config& config) {
       detail::detect_layout([&](const std::string& n) { return h.tensors.count(n) > 0; });
   // Match the config's parameter list against the file: every tensor present with its exact shape
   // and a supported dtype, nothing left over.
-  std::int64_t convert_floats = 0, scratch_floats = 0;
+  // F32 tensors stored as qkv uses them, at 4-byte aligned offsets: used in place, or read as they
+  // are into the arena, each at the offset within a 64-byte line it has in the file (so up to 15
+  // floats of padding go before it; weight_placement.hpp). The others are converted into the arena.
+  auto as_stored = [&](const detail::Source& s, const SafetensorsEntry& t) {
+    return s.op == detail::Source::Op::copy && t.dtype == "F32" && (h.data - file->data() + t.begin) % 4 == 0;
+  };
+  const bool may_stay = detail::weight_placement(fn) == detail::Placement::in_place;
+  auto in_place = [&](const detail::Source& s, const SafetensorsEntry& t) { return may_stay && as_stored(s, t); };
+  std::int64_t arena_floats = 0, scratch_floats = 0;
   std::set<std::string> used;
   detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>& shape, float*&) {
     const detail::Source s = detail::source_of(layout, config, name, shape);
@@ -281,9 +292,7 @@ Weights load_safetensors(const std::string& path, const Config& config) {
     if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
       fail(fn, where + ": " + what + " has dtype " + t.dtype + "; supported: F32, BF16, F16");
     const std::int64_t stored = static_cast<std::int64_t>((t.end - t.begin) / detail::safetensors_dtype_bytes(t.dtype));
-    const bool in_place = s.op == detail::Source::Op::copy && t.dtype == "F32" &&
-                          reinterpret_cast<std::uintptr_t>(h.data + t.begin) % 4 == 0;
-    if (!in_place) convert_floats += numel(shape);
+    if (!in_place(s, t)) arena_floats += numel(shape) + (as_stored(s, t) ? 16 : 0);
     if (s.op != detail::Source::Op::copy) scratch_floats = std::max(scratch_floats, stored);
     used.insert(s.tensor);
   });
@@ -293,18 +302,31 @@ Weights load_safetensors(const std::string& path, const Config& config) {
                    " is not a parameter of a model with this config: " + config_to_json(config, false));
 
   auto storage = std::make_shared<SafetensorsStorage>();
-  storage->file = file;
-  if (convert_floats > 0)
-    storage->arena = std::make_unique<Buffer>(DType::f32, std::vector<std::int64_t>{convert_floats});
-  float* arena = storage->arena ? storage->arena->ptr<float>() : nullptr;
+  float* arena = nullptr;
+  if (arena_floats > 0) {
+    detail::WeightArena a = detail::weight_arena(static_cast<std::uint64_t>(arena_floats) * sizeof(float), fn,
+                                                 where + ": its " + std::to_string(arena_floats) + " floats");
+    storage->arena = std::move(a.owner);
+    arena = a.data;
+  }
   std::vector<float> scratch(static_cast<std::size_t>(scratch_floats));
   detail::for_each_param(w, [&](const std::string& name, const std::vector<std::int64_t>& shape, float*& slot) {
     const detail::Source s = detail::source_of(layout, config, name, shape);
     const SafetensorsEntry& t = h.tensors.at(s.tensor);
     const std::uint8_t* src = h.data + t.begin;
     const std::int64_t n = static_cast<std::int64_t>((t.end - t.begin) / detail::safetensors_dtype_bytes(t.dtype));
-    if (s.op == detail::Source::Op::copy && t.dtype == "F32" && reinterpret_cast<std::uintptr_t>(src) % 4 == 0) {
+    if (in_place(s, t)) {
       slot = reinterpret_cast<float*>(const_cast<std::uint8_t*>(src));
+      storage->file = file;
+      return;
+    }
+    if (as_stored(s, t)) {
+      // Straight from the page cache into the arena (weight_placement.hpp: no fault of the mapping).
+      const std::uint64_t at = static_cast<std::uint64_t>(h.data - file->data()) + t.begin;
+      while ((reinterpret_cast<std::uintptr_t>(arena) - at) % 64 != 0) ++arena;
+      slot = arena;
+      arena += numel(shape);
+      file->read(at, t.end - t.begin, slot, fn);
       return;
     }
     slot = arena;

@@ -1,6 +1,7 @@
 // The model floor: the traced forward's invariants, incremental decoding against a full forward,
 // safetensors round trips, the tokenizer's round trip, and every loader's refusal of bad files.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <unistd.h>
 #include <cstdio>
@@ -50,6 +51,25 @@ void expect_error(F f, std::initializer_list<const char*> parts) {
     for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "message: " << m << "\nmissing: " << p;
   }
 }
+
+// Forces the loaders' weight placement (src/model/weight_placement.hpp) while it lives, through
+// QKV_WEIGHT_PLACEMENT ("copied" or "in_place"; "" restores the machine's rule), and restores
+// the previous value.
+class ScopedPlacement {
+ public:
+  explicit ScopedPlacement(const char* value) {
+    if (const char* old = std::getenv("QKV_WEIGHT_PLACEMENT")) old_ = old, had_ = true;
+    ::setenv("QKV_WEIGHT_PLACEMENT", value, 1);
+  }
+  ~ScopedPlacement() {
+    if (had_) ::setenv("QKV_WEIGHT_PLACEMENT", old_.c_str(), 1);
+    else ::unsetenv("QKV_WEIGHT_PLACEMENT");
+  }
+
+ private:
+  std::string old_;
+  bool had_ = false;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Traced forward (for qkv inspect)
@@ -401,7 +421,11 @@ TEST(Model, SafetensorsRefusesBadFiles) {
   nan.layers[0].wk[3] = std::numeric_limits<float>::quiet_NaN();
   p = tmp_path("nan.safetensors");
   qkv::save_safetensors(nan, p);
-  expect_error([&] { qkv::load_safetensors(p, c); }, {"nan.safetensors", "layers.0.attention.wk.weight", "non-finite"});
+  for (const char* placement : {"in_place", "copied"}) {  // screened wherever the floats are placed
+    SCOPED_TRACE(placement);
+    const ScopedPlacement forced(placement);
+    expect_error([&] { qkv::load_safetensors(p, c); }, {"nan.safetensors", "layers.0.attention.wk.weight", "non-finite"});
+  }
   // Configs: unknown key, bad value, missing size.
   expect_error<qkv::FormatError>([] { qkv::config_from_json(R"({"dim": 8})", "cfg.json"); }, {"cfg.json", "hidden_dim"});
   expect_error([] { qkv::config_from_json(R"({"dim":8,"hidden_dim":8,"n_layers":1,"n_heads":3,"n_kv_heads":1,"vocab_size":5,"seq_len":4,"pos":"rotary","norm":"rmsnorm","mlp":"swiglu","tied_embeddings":true,"bias":false,"norm_eps":1e-5,"rope_theta":1e4})", "cfg.json"); },
@@ -541,31 +565,35 @@ TEST(Model, HuggingFaceCheckpoints) {
 // llama2.c checkpoint and tokenizer files
 // ---------------------------------------------------------------------------------------------
 TEST(Model, Llama2cLoaderRefusesBadFiles) {
-  const std::string bytes = read_file(kModel);
-  auto p = write_tmp("trunc.bin", bytes.substr(0, bytes.size() - 100));
-  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"trunc.bin", "1056440 bytes", "implies 1056540", "truncated"});
-  p = write_tmp("over.bin", bytes + std::string(8, '\0'));
-  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"over.bin", "trailing bytes"});
-  p = write_tmp("tiny.bin", bytes.substr(0, 20));
-  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"tiny.bin", "28-byte header"});
-  std::string bad = bytes;
-  const std::int32_t seven = 7;
-  std::memcpy(bad.data() + 12, &seven, 4);  // n_heads 7 does not divide dim 64
-  p = write_tmp("heads.bin", bad);
-  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"heads.bin", "n_heads 7", "multiple of n_heads"});
-  bad = bytes;
-  const std::int32_t huge = 0x7fffffff;
-  std::memcpy(bad.data() + 20, &huge, 4);  // vocab_size 2^31 − 1
-  p = write_tmp("vocab.bin", bad);
-  expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"vocab.bin", "vocab_size"});
-  expect_error([] { qkv::load_llama2c("/nonexistent/model.bin"); }, {"/nonexistent/model.bin", "no such file"});
+  for (const char* placement : {"in_place", "copied"}) {  // the same refusals either way
+    SCOPED_TRACE(placement);
+    const ScopedPlacement forced(placement);
+    const std::string bytes = read_file(kModel);
+    auto p = write_tmp("trunc.bin", bytes.substr(0, bytes.size() - 100));
+    expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"trunc.bin", "1056440 bytes", "implies 1056540", "truncated"});
+    p = write_tmp("over.bin", bytes + std::string(8, '\0'));
+    expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"over.bin", "trailing bytes"});
+    p = write_tmp("tiny.bin", bytes.substr(0, 20));
+    expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"tiny.bin", "28-byte header"});
+    std::string bad = bytes;
+    const std::int32_t seven = 7;
+    std::memcpy(bad.data() + 12, &seven, 4);  // n_heads 7 does not divide dim 64
+    p = write_tmp("heads.bin", bad);
+    expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"heads.bin", "n_heads 7", "multiple of n_heads"});
+    bad = bytes;
+    const std::int32_t huge = 0x7fffffff;
+    std::memcpy(bad.data() + 20, &huge, 4);  // vocab_size 2^31 − 1
+    p = write_tmp("vocab.bin", bad);
+    expect_error<qkv::FormatError>([&] { qkv::load_llama2c(p); }, {"vocab.bin", "vocab_size"});
+    expect_error([] { qkv::load_llama2c("/nonexistent/model.bin"); }, {"/nonexistent/model.bin", "no such file"});
+  }
 }
 
-// A checkpoint of more than 64 MiB of floats is used in place in the file's mapping (no copy;
-// load_llama2c.cpp): the tensors hold the file's floats bit for bit, and the finiteness screen,
-// which checks 4096 values at a time, still finds a NaN inside a full block and an infinity in a
-// tensor's last, partial block, naming the tensor and the flat index.
-TEST(Model, Llama2cLargeCheckpointInPlace) {
+// A checkpoint of more than 64 MiB of floats, in place in the file's mapping and copied into the
+// huge-page arena (weight_placement.hpp): the tensors hold the file's floats bit for bit, and the
+// finiteness screen, which checks 4096 values at a time, still finds a NaN inside a full block and
+// an infinity in a tensor's last, partial block, naming the tensor and the flat index.
+TEST(Model, Llama2cLargeCheckpointEitherPlacement) {
   const std::int32_t C = 32, V = 524800, P = 4;  // V·C floats = 64.06 MiB: over the copy limit
   const std::int32_t header[7] = {C, C, 1, 1, 1, V, P};
   const std::int64_t floats = std::int64_t{V} * C + C + 4 * C * C + C + 3 * C * C + C + P * C;
@@ -577,9 +605,14 @@ TEST(Model, Llama2cLargeCheckpointInPlace) {
     return b;
   };
   std::string p = write_tmp("large.bin", bytes(data));
-  {
+  for (const char* placement : {"in_place", "copied"}) {
+    SCOPED_TRACE(placement);
+    const ScopedPlacement forced(placement);
     const qkv::Weights w = qkv::load_llama2c(p);
-    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(w.wte) % 4096, 28u);  // the file's byte 28: its mapping, no copy
+    if (std::string(placement) == "in_place")
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(w.wte) % 4096, 28u);  // the file's byte 28: its mapping
+    else
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(w.wte) % (std::uintptr_t{2} << 20), 28u);  // byte 28 of the arena
     EXPECT_EQ(std::memcmp(w.wte, data.data(), sizeof(float) * static_cast<std::size_t>(V) * C), 0);
     const std::size_t normf = data.size() - static_cast<std::size_t>(P * C + C);  // rms_final, before the rotary tables
     EXPECT_EQ(std::memcmp(w.normf_w, data.data() + normf, sizeof(float) * C), 0);
@@ -587,15 +620,64 @@ TEST(Model, Llama2cLargeCheckpointInPlace) {
   }
   std::vector<float> bad = data;
   bad[123457] = std::numeric_limits<float>::quiet_NaN();  // in wte's 31st block of 4096
-  p = write_tmp("large_nan.bin", bytes(bad));
-  expect_error([&] { qkv::load_llama2c(p); }, {"large_nan.bin", "tok_embeddings.weight", "non-finite", "flat index 123457"});
+  const std::string nan_path = write_tmp("large_nan.bin", bytes(bad));
   bad = data;
   bad[data.size() - static_cast<std::size_t>(P * C + C) - 5] = -std::numeric_limits<float>::infinity();  // w3, its tail
   p = write_tmp("large_inf.bin", bytes(bad));
-  expect_error([&] { qkv::load_llama2c(p); }, {"large_inf.bin", "layers.0.feed_forward.w3.weight", "-inf", "flat index 1019"});
+  for (const char* placement : {"in_place", "copied"}) {
+    SCOPED_TRACE(placement);
+    const ScopedPlacement forced(placement);
+    expect_error([&] { qkv::load_llama2c(nan_path); }, {"large_nan.bin", "tok_embeddings.weight", "non-finite", "flat index 123457"});
+    expect_error([&] { qkv::load_llama2c(p); }, {"large_inf.bin", "layers.0.feed_forward.w3.weight", "-inf", "flat index 1019"});
+  }
   std::remove(p.c_str());
   std::remove(tmp_path("large.bin").c_str());
   std::remove(tmp_path("large_nan.bin").c_str());
+}
+
+// The loaders' one placement rule (src/model/weight_placement.hpp) forced each way, for a
+// llama2.c checkpoint and for a safetensors file of the same model: every tensor holds the same
+// bits, placed where the rule says (in the file's mapping, or in a 2 MiB-aligned arena at the
+// same offset within a 64-byte line as in the file), and the model's logits over a prompt are the
+// same bits (the same arithmetic on the same floats: exact equality is the bound).
+TEST(Model, WeightPlacementInPlaceAndCopiedAgreeBitForBit) {
+  const std::string st = tmp_path("placement.safetensors");
+  qkv::save_safetensors(qkv::load_llama2c(kModel), st);
+  const std::string st_bytes = read_file(st);
+  const qkv::detail::SafetensorsHeader h = qkv::detail::parse_safetensors(reinterpret_cast<const std::uint8_t*>(st_bytes.data()),
+                                                      st_bytes.size(), "test", st);
+  const std::uintptr_t data_at = static_cast<std::uintptr_t>(h.data - reinterpret_cast<const std::uint8_t*>(st_bytes.data()));
+  const std::uintptr_t wte_at = data_at + h.tensors.at("tok_embeddings.weight").begin;  // the byte wte starts at
+  const std::vector<int> tokens = {1, 403, 407, 261, 378, 302};  // BOS and a few of tok512's pieces
+  for (const auto& [path, wte_byte] : {std::pair{kModel, std::uintptr_t{28}}, std::pair{st, wte_at}}) {
+    SCOPED_TRACE(path);
+    std::vector<qkv::Weights> ws;
+    for (const char* placement : {"in_place", "copied"}) {
+      const ScopedPlacement forced(placement);
+      ws.push_back(qkv::load_weights(path));
+    }
+    const auto in = ws[0].tensors(), cp = ws[1].tensors();
+    ASSERT_EQ(in.size(), cp.size());
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(in[0].data) % 4096, wte_byte % 4096);  // in the file's mapping
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(cp[0].data) % (std::uintptr_t{2} << 20), wte_byte % 64);  // the arena's first line
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      std::int64_t n = 1;
+      for (auto dd : in[i].shape) n *= dd;
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(cp[i].data) % 64, reinterpret_cast<std::uintptr_t>(in[i].data) % 64) << cp[i].name;
+      EXPECT_EQ(std::memcmp(in[i].data, cp[i].data, 4 * static_cast<std::size_t>(n)), 0) << in[i].name;
+    }
+    std::vector<std::vector<float>> logits;
+    for (qkv::Weights& w : ws) {
+      qkv::Model m(std::move(w));
+      qkv::KvCache cache(m.config());
+      logits.emplace_back(tokens.size() * static_cast<std::size_t>(m.config().vocab_size));
+      m.forward(tokens, cache, logits.back().data(), true);
+    }
+    EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), 4 * logits[0].size()), 0);
+  }
+  std::remove(st.c_str());
+  const ScopedPlacement typo("huge");
+  expect_error([] { qkv::load_llama2c(kModel); }, {"qkv::load_llama2c", "QKV_WEIGHT_PLACEMENT", "copied or in_place", "'huge'"});
 }
 
 // Issue #16, defect 12: a model.json without "norm" (or any other field that shapes the model)
