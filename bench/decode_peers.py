@@ -267,11 +267,8 @@ def main() -> int:
         loads.append(report.loadavg())
     after = report.measure_peak(build)
     machine = report.machine_line(before, after, loads)
-    lines = []
-
-    def say(line=""):
-        print(line)
-        lines.append(line)
+    say = report.Transcript()
+    lines = say.lines
 
     say(f"load (1-min) over the rounds: {', '.join(map(str, loads))}; {a.rounds} interleaved rounds, medians, tok/s\n")
     peers = ["llama2.c", "llama.cpp"]

@@ -173,11 +173,8 @@ def main() -> int:
             loads.append(report.loadavg())
     after = report.measure_peak(build)
     machine = report.machine_line(before, after, loads)
-    lines = []
-
-    def say(line=""):
-        print(line)
-        lines.append(line)
+    say = report.Transcript()
+    lines = say.lines
 
     med = lambda key, field: statistics.median(r[field] for r in res[key])  # noqa: E731
     say(f"load (1-min) over the rounds: {', '.join(map(str, loads))}; {a.rounds} interleaved rounds, medians\n")

@@ -141,6 +141,17 @@ def machine_line(before, after, loads=()):
     return head + (f"; load average {span(ls, '{:.1f}')}" if ls else "")
 
 
+class Transcript:
+    """say(line): print a line of the report and keep it (say.lines) for write_results."""
+
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, line=""):
+        print(line, flush=True)
+        self.lines.append(line)
+
+
 def median(xs):
     """The median of a non-empty list of samples."""
     return statistics.median(xs)

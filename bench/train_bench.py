@@ -149,11 +149,8 @@ def main():
     a.qkv = os.path.join(a.build, "qkv")
     archs, torch_names = a.archs.split(","), a.torch.split(",")
     env = dict(report.peer_env(), QKV_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
-    log = []
-
-    def say(line):
-        print(line, flush=True)
-        log.append(line)
+    say = report.Transcript()
+    log = say.lines
 
     tmp = tempfile.mkdtemp(prefix="train_bench_")
     inits = {}
