@@ -102,7 +102,7 @@ void attention_block(AttentionProjections& proj, const AttentionBlockCall& a) {
   if (a.taps.head_delta)
     for (std::int64_t b = 0; b < B; ++b)
       head_delta_forward(a.taps.head_delta + b * H * n * C, static_cast<const float*>(att) + b * n * H * Dv,
-                         a.taps.wo, n, H, Dv, C);
+                         a.taps.wo, n, H, Dv, C, a.taps.block_delta ? a.taps.block_delta + b * n * C : nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -137,7 +137,8 @@ void attention_block_varlen(AttentionProjections& proj, const VarlenBlockCall& a
   }
   if (a.taps.before_out) a.taps.before_out(static_cast<const float*>(r.q), static_cast<float*>(att));
   if (a.y) proj.out(T, a.y, a.beta);
-  if (a.taps.head_delta) head_delta_forward(a.taps.head_delta, static_cast<const float*>(att), a.taps.wo, T, H, Dv, C);
+  if (a.taps.head_delta)
+    head_delta_forward(a.taps.head_delta, static_cast<const float*>(att), a.taps.wo, T, H, Dv, C, a.taps.block_delta);
 }
 
 // ---------------------------------------------------------------------------------------------

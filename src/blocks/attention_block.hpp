@@ -19,6 +19,7 @@
 //   taps.before_out(q, att)                          (f32 att: knock heads out, record a trace)
 //   y = beta·y + att · W_Oᵀ + b_O                    y [B·n, C]   (proj.out; y null: not run)
 //   head_delta[b, h] = att_h · (W_O^h)ᵀ              optional [B, H, n, C] (f32 att)
+//   block_delta[b] = Σ_h head_delta[b, h]            optional [B, n, C], summed in f64
 #pragma once
 
 #include <cstdint>
@@ -65,6 +66,7 @@ struct AttentionBlockTaps {
   View pattern;                  // [B, H, n, Skv] f32 or f64: each head's pattern (null data: none)
   View lse;                      // [B, H, n] f32: each query's logsumexp, for a backward (null data: none)
   float* head_delta = nullptr;   // [B, H, n, C]: Δe^h of each head, without b_O
+  float* block_delta = nullptr;  // [B, n, C]: Σ_h Δe^h summed in f64 (needs head_delta)
   const float* wo = nullptr;     // W_O [C, H·Dv] f32, for head_delta
   // Called after the attention with the rotated q rows [B·S, H·D] (f32 q only, else null) and the
   // f32 att rows [B·n, H·Dv], which it may change (ablation) before W_O reads them.

@@ -70,16 +70,20 @@ void linear_backward(const double* x, const double* W, const double* dy, double*
 }
 
 void head_delta_forward(float* out, const float* att, const float* wo, std::int64_t S, std::int64_t H,
-                        std::int64_t Dv, std::int64_t C) {
-  for (std::int64_t h = 0; h < H; ++h)
-    for (std::int64_t s = 0; s < S; ++s)
-      for (std::int64_t o = 0; o < C; ++o) {
+                        std::int64_t Dv, std::int64_t C, float* sum) {
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t o = 0; o < C; ++o) {
+      double total = 0;
+      for (std::int64_t h = 0; h < H; ++h) {
         const float* wrow = wo + o * H * Dv + h * Dv;
         const float* a = att + (s * H + h) * Dv;
         double acc = 0;
         for (std::int64_t d = 0; d < Dv; ++d) acc += static_cast<double>(wrow[d]) * a[d];
         out[(h * S + s) * C + o] = static_cast<float>(acc);
+        total += acc;
       }
+      if (sum) sum[s * C + o] = static_cast<float>(total);
+    }
 }
 
 }  // namespace qkv::blocks

@@ -23,8 +23,10 @@ void linear_backward(const float* x, const float* W, const float* dy, float* dx,
 //   out[h, s, :] = W_O[:, h·Dv:(h+1)·Dv] · att[s, h·Dv:(h+1)·Dv], each sum in f64, so Σ_h out[h] is
 //   W_O·att to the rounding of the f32 results. Used by MultiHeadAttention's head_delta and the
 //   model's trace (qkv inspect).
+// sum (optional) [S, C]: Σ_h of the unrounded f64 values, rounded once: the whole block's Δe W_O·att
+// without b_O, the same number whichever model computes it and whatever dtype its W_O is kept in.
 void head_delta_forward(float* out, const float* att, const float* wo, std::int64_t S, std::int64_t H,
-                        std::int64_t Dv, std::int64_t C);
+                        std::int64_t Dv, std::int64_t C, float* sum = nullptr);
 
 void linear_forward(const double* x, const double* W, const double* b, double* y, std::int64_t N, std::int64_t in,
                     std::int64_t out, double beta = 0.0);

@@ -317,17 +317,6 @@ void Encoder::run(const char* fn, std::span<const int> tokens, std::span<const s
       };
     }
     blocks::attention_block_varlen(proj, call);
-    if (trace) {
-      // block_delta = Σ_h Δe_h, summed in f64.
-      LayerTrace& t = (*trace)[static_cast<std::size_t>(l)];
-      const float* hd = t.head_delta.ptr<float>();
-      float* bd = t.block_delta.ptr<float>();
-      for (std::int64_t i = 0; i < T * C; ++i) {
-        double sum = 0;
-        for (std::int64_t head = 0; head < H; ++head) sum += hd[head * T * C + i];
-        bd[i] = static_cast<float>(sum);
-      }
-    }
     parallel_for(blocks_n, threads, [&](std::int64_t k) { tail_block(l, k * kRows, T, hidden); });
   }
 }

@@ -13,8 +13,10 @@
 namespace qkv::model_detail {
 
 // Allocates t's pattern and scores [H, S, S], head_delta [H, S, C], block_delta [S, C], q [H, S, D]
-// and k [Hkv, S, D]; returns the taps through which the block fills pattern and head_delta
-// (Δe_h = W_O[:, h·D:(h+1)·D] · att_h, wo = W_O [C, H·D] f32). before_out is left to the caller.
+// and k [Hkv, S, D]; returns the taps through which the block fills pattern, head_delta
+// (Δe_h = W_O[:, h·D:(h+1)·D] · att_h, wo = W_O [C, H·D] f32) and block_delta (Σ_h Δe_h in f64:
+// one definition for both models, whatever dtype the model keeps W_O in). before_out is left to
+// the caller.
 blocks::AttentionBlockTaps layer_trace_taps(LayerTrace& t, std::int64_t S, std::int64_t H, std::int64_t Hkv,
                                             std::int64_t D, std::int64_t C, const float* wo);
 

@@ -33,6 +33,7 @@ blocks::AttentionBlockTaps layer_trace_taps(LayerTrace& t, std::int64_t S, std::
   blocks::AttentionBlockTaps taps;
   taps.pattern = View::contiguous(t.pattern.data(), DType::f32, {1, H, S, S});
   taps.head_delta = t.head_delta.ptr<float>();
+  taps.block_delta = t.block_delta.ptr<float>();
   taps.wo = wo;
   return taps;
 }
@@ -72,14 +73,12 @@ blocks::AttentionBlockTaps Model::Impl::trace_taps(int l, std::int64_t S, const 
   const std::int64_t C = c.dim, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim();
   const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
   blocks::AttentionBlockTaps taps = model_detail::layer_trace_taps(trace, S, H, Hkv, D, C, L.wo);
-  taps.before_out = [this, l, S, C, H, Hkv, D, &L, &cache, &trace](const float* q, float* att) {
+  taps.before_out = [this, l, S, H, Hkv, D, &cache, &trace](const float* q, float* att) {
     ablate_heads(l, att, S);
     // forward_trace runs on an f32 cache of its own: the keys after rotary, k [Hkv, cap, D]; q
     // [S, H·D] after rotary.
     const std::int64_t cap = cache.capacity;
     model_detail::record_scores(trace, q, H * D, cache.k.ptr<float>() + l * Hkv * cap * D, D, cap * D, true);
-    // The whole block's Δe without b_O.
-    project(att, L.wo, layer_bf16(l).wo, nullptr, trace.block_delta.ptr<float>(), S, H * D, C);
   };
   return taps;
 }
