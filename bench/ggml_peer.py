@@ -3,7 +3,8 @@
 second peer beside PyTorch SDPA, run by bench/run_bench.py when the `ggml` Python package (PyPI
 `ggml-py`, which builds ggml from its vendored sources) is importable.
 
-    python3 bench/ggml_peer.py CASES_JSON REPS        # what run_bench.py calls; prints one JSON line
+    python3 bench/ggml_peer.py CASES_JSON REPS        # what run_bench.py calls; prints one JSON line:
+                                                      # {"ggml": version, "times": {case: median s}, "loads": {case: load}}
     python3 bench/ggml_peer.py --check                 # ggml's output against torch SDPA on small shapes
 
 ggml's settings: the ggml-cpu backend built for this machine (GGML_NATIVE, AVX-512), the graph run by
@@ -15,13 +16,16 @@ argument (logit_softcap), so it is called here through ctypes with the header's 
 """
 import ctypes
 import json
-import statistics
+import os
 import sys
 import time
 
 import ggml
 import ggml.ggml as g
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 
 F32, F16, BF16 = g.GGML_TYPE_F32, g.GGML_TYPE_F16, g.GGML_TYPE_BF16
 
@@ -98,7 +102,9 @@ def inputs(c):
 
 
 def time_cases(cases, reps):
-    res = {}
+    """({case name: median seconds of `reps` timings, each a loop of runs of ≥ 0.2 s}, {case name: the load average
+    after its timings})."""
+    res, loads = {}, {}
     for c in cases:
         case = Case(*inputs(c), c["causal"], BF16 if c["dtype"] == "bf16" else F32)
         case.run()
@@ -112,9 +118,10 @@ def time_cases(cases, reps):
                     break
             ts.append((time.perf_counter() - t0) / n)
         case.free()
-        res[c["name"]] = statistics.median(ts)
-        print(c["name"], res[c["name"]], file=sys.stderr, flush=True)
-    return res
+        res[c["name"]] = report.median(ts)
+        loads[c["name"]] = report.loadavg()
+        print(c["name"], res[c["name"]], f"load {loads[c['name']]}", file=sys.stderr, flush=True)
+    return res, loads
 
 
 def check():
@@ -143,4 +150,5 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--check"]:
         check()
     else:
-        print(json.dumps({"ggml": ggml.__version__, "times": time_cases(json.loads(sys.argv[1]), int(sys.argv[2]))}))
+        times, loads = time_cases(json.loads(sys.argv[1]), int(sys.argv[2]))
+        print(json.dumps({"ggml": ggml.__version__, "times": times, "loads": loads}))

@@ -12,6 +12,9 @@ A driver measures; this module writes. The usual end of a driver:
                          body=table, data={...})
     report.bar_plot("NAME.png", ...)
 
+A plot can also be redrawn without measuring: `python3 bench/report.py plot NAME ...` draws bench/results/NAME.png
+from the "plot" entry of bench/results/NAME.json (plot_from_json), for results kept as text or as a table.
+
 A generated block sits between `<!-- NAME:begin (bench/DRIVER.py) -->` and `<!-- NAME:end -->`; update_doc replaces
 what lies between and leaves the rest of the file, so the hand-written paragraphs around a table survive a re-run.
 """
@@ -194,13 +197,14 @@ def bar_plot(name, title, groups, series, ylabel, note="", log=False, ref=None):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
         pts = [(x, v) for x, v in zip(xs, values) if v is not None]
         bars = ax.bar([x for x, _ in pts], [v for _, v in pts], width, label=label, color=f"C{i}")
-        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+        ax.bar_label(bars, fmt=lambda v: f"{v:.0f}" if v >= 1000 else f"{v:.3g}", fontsize=7)  # 1775, not 1.78e+03
     ax.set_xticks(range(len(groups)), groups, fontsize=8)
     if log:
-        from matplotlib.ticker import FormatStrFormatter
+        from matplotlib.ticker import LogFormatter
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))  # 4, not 4×10⁰
-        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        # 4, not 4×10⁰; minor ticks labelled only while the axis spans about a decade, so that they never crowd
+        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
     if ref is not None:
         ax.axhline(ref, color="0.4", linestyle="--", linewidth=0.8)
     ax.set_ylabel(ylabel)
@@ -212,3 +216,49 @@ def bar_plot(name, title, groups, series, ylabel, note="", log=False, ref=None):
     fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 1))
     save_plot(fig, name)
     plt.close(fig)
+
+
+def resolve(value, where):
+    """A plot value: a number or None as it is, or "FILE.json:KEY.KEY..." the number at that path of
+    bench/results/FILE.json (a list index as its number), so that a plot draws from a driver's raw results rather
+    than a copy. `where` names the plot in errors."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    file, _, path = value.partition(":")
+    try:
+        with open(os.path.join(OUT, file)) as f:
+            node = json.load(f)
+        for key in path.split("."):
+            node = node[int(key)] if isinstance(node, list) else node[key]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise ValueError(f"bench/report.py: {where}: the value {value!r} does not name a number in bench/results "
+                         f"({type(e).__name__}: {e})") from None
+    if not isinstance(node, (int, float)):
+        raise ValueError(f"bench/report.py: {where}: {value!r} is {type(node).__name__}, not a number")
+    return node
+
+
+def plot_from_json(name):
+    """Draws bench/results/NAME.png from bench/results/NAME.json's "plot": bar_plot's arguments (title, groups,
+    series, ylabel, and optionally note, log, ref), each series value a number, null, or a reference that resolve()
+    reads from another results file. Figures kept by hand (a driver's printed table, a benchmark's console output)
+    sit in such a file with "command" (what measured them) and "source" (where they were recorded) beside "plot"."""
+    where = f"bench/results/{name}.json"
+    with open(os.path.join(OUT, name + ".json")) as f:
+        spec = json.load(f)["plot"]
+    series = {}
+    for label, values in spec["series"].items():
+        if len(values) != len(spec["groups"]):
+            raise ValueError(f"bench/report.py: {where}: series {label!r} has {len(values)} values for "
+                             f"{len(spec['groups'])} groups")
+        series[label] = [resolve(v, where) for v in values]
+    bar_plot(name + ".png", spec["title"], spec["groups"], series, spec["ylabel"], spec.get("note", ""),
+             log=spec.get("log", False), ref=spec.get("ref"))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "plot":
+        sys.exit("usage: python3 bench/report.py plot NAME ...   (draws bench/results/NAME.png from NAME.json's \"plot\")")
+    for n in sys.argv[2:]:
+        plot_from_json(n)
+        print(os.path.join("bench", "results", n + ".png"))

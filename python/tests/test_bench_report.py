@@ -43,3 +43,50 @@ def test_results_files_and_plot(tmp_path, monkeypatch):
     h, w = matplotlib.image.imread(str(tmp_path / "x_bench.png")).shape[:2]
     assert (w, h) == (1045, 462)  # 9.5 × 4.2 inches at 110 dpi
     assert sorted(os.listdir(tmp_path)) == ["x_bench.json", "x_bench.md", "x_bench.png"]  # no temporaries left
+
+
+def test_plot_from_json_reads_figures_and_references(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "OUT", str(tmp_path))
+    (tmp_path / "raw.json").write_text(json.dumps({"summary": {"rows": [{"s": 2.5}, {"s": 4.0}]}}))
+    spec = {"command": "x", "source": "raw.json",
+            "plot": {"title": "t", "groups": ["a", "b"], "ylabel": "s", "log": True,
+                     "series": {"kept": [1.5, None], "raw": ["raw.json:summary.rows.0.s", "raw.json:summary.rows.1.s"]}}}
+    (tmp_path / "fig.json").write_text(json.dumps(spec))
+    drawn = {}
+    monkeypatch.setattr(report, "bar_plot", lambda name, title, groups, series, ylabel, note="", log=False, ref=None:
+                        drawn.update(name=name, series=series, log=log, ref=ref))
+    report.plot_from_json("fig")
+    assert drawn == {"name": "fig.png", "series": {"kept": [1.5, None], "raw": [2.5, 4.0]}, "log": True, "ref": None}
+
+    spec["plot"]["series"]["raw"][1] = "raw.json:summary.rows.2.s"
+    (tmp_path / "fig.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=r"fig.json: the value 'raw.json:summary.rows.2.s' does not name a number"):
+        report.plot_from_json("fig")
+    spec["plot"]["series"]["raw"] = ["raw.json:summary", 1.0]
+    (tmp_path / "fig.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=r"'raw.json:summary' is dict, not a number"):
+        report.plot_from_json("fig")
+    spec["plot"]["series"]["raw"] = [1.0]
+    (tmp_path / "fig.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=r"series 'raw' has 1 values for 2 groups"):
+        report.plot_from_json("fig")
+
+
+def test_every_kept_plot_resolves_and_is_linked():
+    """Each bench/results/NAME.json with a "plot" resolves to numbers (its references point at real figures), says
+    what measured it, and its NAME.png exists; BENCHMARKS.md shows every such plot."""
+    bench = open(os.path.join(report.ROOT, "BENCHMARKS.md")).read()
+    specs = []
+    for f in sorted(os.listdir(report.OUT)):
+        if f.endswith(".json"):
+            with open(os.path.join(report.OUT, f)) as fh:
+                d = json.load(fh)
+            if isinstance(d, dict) and "plot" in d:
+                specs.append(f[:-5])
+                assert d["command"] and d["source"], f
+                for label, values in d["plot"]["series"].items():
+                    assert len(values) == len(d["plot"]["groups"]), (f, label)
+                    assert all(v is None or v > 0 for v in (report.resolve(v, f) for v in values)), (f, label)
+                assert os.path.exists(os.path.join(report.OUT, f[:-5] + ".png")), f
+                assert f"(bench/results/{f[:-5]}.png)" in bench, f
+    assert len(specs) >= 10, specs
