@@ -30,7 +30,6 @@ constexpr const char* kFn = "qkv embed";
 struct EmbedArgs {
   std::string model, input, out;
   std::int64_t batch = 32;
-  int threads = 0;
   std::string dtype = "f32";
 };
 
@@ -97,7 +96,6 @@ void run(const EmbedArgs& a) {
   check_out(a.out);
   EncoderOptions o;
   o.dtype = a.dtype == "bf16" ? DType::bf16 : DType::f32;
-  o.num_threads = a.threads;
   Encoder enc = Encoder::load(a.model, o);
   const std::vector<std::string> lines = read_lines(kFn, "--input", a.input);
   // Each line is tokenized once here to name a bad line by its number (embed tokenizes again: a
@@ -135,9 +133,6 @@ void add_embed(CLI::App& app) {
   sub->add_option("--input", a->input, "text file, one text per line ('-': stdin)")->required();
   sub->add_option("--out", a->out, "output: .npy (float32 [N, dim], row i = line i) or .jsonl")->required();
   sub->add_option("--batch", a->batch, "texts per packed batch (sorted by length)")->capture_default_str()->check(at_least(1));
-  sub->add_option("--threads", a->threads, "threads (0: the default, QKV_NUM_THREADS or all cores)")
-      ->capture_default_str()
-      ->check(at_least(0));
   sub->add_option("--dtype", a->dtype, "f32 (exact) or bf16 (projections on bf16 inputs and weights, f32 sums)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));

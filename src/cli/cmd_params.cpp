@@ -122,7 +122,7 @@ void print(std::ostream& os, const ModelShape& s, const ParamCounts& c) {
   if (a.block_biases) row(os, "total", a.all);
 
   if (!c.model) {
-    os << "\nwhole model: unknown (give --d-ff and --vocab to count MLPs and embeddings)\n";
+    os << "\nwhole model: unknown (give --hidden-dim and --vocab to count MLPs and embeddings)\n";
     return;
   }
   const ModelCounts& m = *c.model;
@@ -222,7 +222,9 @@ void add_params(CLI::App& app) {
   cmd->add_option("--kv-heads", args->kv_heads, "key/value heads per block (grouped-query attention)")
       ->check(at_least(1));
   cmd->add_option("--layers", args->layers, "number of blocks")->check(at_least(1));
-  cmd->add_option("--d-ff", args->d_ff, "MLP hidden width (needed, with --vocab, for a model total)")
+  cmd->add_option("--hidden-dim,--d-ff", args->d_ff,
+                  "MLP hidden width, as qkv train names it (--d-ff: the GPT-3 paper's name); needed, with --vocab, "
+                  "for a model total")
       ->check(at_least(1));
   cmd->add_option("--vocab", args->vocab, "vocabulary size")->check(at_least(1));
   cmd->add_option("--context", args->context, "positions of the learned position table")
