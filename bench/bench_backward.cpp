@@ -77,8 +77,9 @@ void add(const Shape& s) {
 //   f32 D = 128, S ∈ {1024, 2048, 4096}, causal and not, forward + backward and backward alone
 //   forward + backward in bf16 at the same S (D = 128) and in f32 and bf16 at S ∈ {1024, 2048}
 //   (D = 64): the bf16 rows against torch's bf16 and qkv's own f32; bf16 backward alone at 2048
-//   GQA (Hkv = 2) at S = 2048, D = 128; one thread at S = 2048, f32 and bf16 (whose CPU times
-//   run_backward_bench.py also compares: they do not depend on other load)
+//   GQA (Hkv = 2) at S = 2048, D = 128; one thread at S = 2048 (D = 128) and S ∈ {1024, 2048}
+//   (D = 64), f32 and bf16 (whose CPU times run_backward_bench.py also compares: they do not
+//   depend on other load)
 void register_grid() {
   for (bool fwd : {true, false})
     for (std::int64_t S : {1024, 2048, 4096})
@@ -95,6 +96,10 @@ void register_grid() {
   for (DType t : {DType::f32, DType::bf16})
     for (bool fwd : {true, false})
       for (bool c : {false, true}) add({fwd, 1, 8, 8, 2048, 128, c, t, 1});
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::int64_t S : {1024, 2048})
+      for (bool fwd : {true, false})
+        for (bool c : {false, true}) add({fwd, 1, 8, 8, S, 64, c, t, 1});
 }
 
 }  // namespace

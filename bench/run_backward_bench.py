@@ -213,32 +213,35 @@ def summary_table(r):
         lines.append(f"| {name} | {span([c['S'] for c in rows], '{}')} | {cell([c for c in rows if not c['causal']])} | "
                      f"{cell([c for c in rows if c['causal']])} |")
     ratios = [c["torch_s"] / c["time_s"] for c in r["cases"] if c["torch_s"]]
-    own = bf16_over_f32(r)
     one = {}
     for c in r["cases"]:
         if c["T"] == 1 and c["torch_cpu_s"]:
-            name = f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} {c['dtype']}"
-            one.setdefault(name, {})["causal" if c["causal"] else "full"] = c["torch_cpu_s"] / c["cpu_s"]
+            name = f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} {c['dtype']} D={c['D']}"
+            one.setdefault(name, {}).setdefault("causal" if c["causal"] else "full", []).append(
+                c["torch_cpu_s"] / c["cpu_s"])
+    own = {T: bf16_over_f32(r, T) for T in (1, 2)}
     if ratios:
         lines += ["", f"Over all {len(ratios)} rows: qkv / torch {ratio_summary(ratios)}." +
                   (" One thread by CPU time (full / causal, qkv / torch): " +
-                   "; ".join(f"{k} {v.get('full', 0):.2f}× / {v.get('causal', 0):.2f}×" for k, v in one.items()) + "."
+                   "; ".join(f"{k} {ratio_summary(v.get('full', []))} / {ratio_summary(v.get('causal', []))}"
+                             for k, v in one.items()) + "."
                    if one else "") +
-                  (" qkv bf16 / qkv f32 (f32 time / bf16 time, same shape and threads; CPU time on one thread): " +
-                   "; ".join(f"{k} {ratio_summary(v)}" for k, v in own.items()) + "." if own else "")]
+                  "".join(f" qkv bf16 / qkv f32 (f32 time / bf16 time, same shape; {how}): " +
+                          "; ".join(f"{k} {ratio_summary(v)}" for k, v in own[T].items()) + "."
+                          for T, how in ((1, "one thread, CPU time"), (2, "2 threads, wall time")) if own[T])]
     return "\n".join(lines) + "\n"
 
 
-def bf16_over_f32(r):
-    """Speed of qkv's bf16 rows over its f32 rows of the same shape, grouped by what is timed and the mask: wall
-    time on 2 threads, CPU time on 1 (all the work there, and insensitive to other processes)."""
+def bf16_over_f32(r, threads):
+    """Speed of qkv's bf16 rows over its f32 rows of the same shape on `threads` threads, grouped by what is timed,
+    the mask and D: CPU time on 1 thread (all the work there, and insensitive to other processes), wall time on more."""
     key = lambda c: (c["kind"], c["B"], c["H"], c["Hkv"], c["S"], c["D"], c["causal"], c["T"])
     f32 = {key(c): c for c in r["cases"] if c["dtype"] == "f32"}
     out = {}
+    t = "cpu_s" if threads == 1 else "time_s"
     for c in r["cases"]:
-        if c["dtype"] == "bf16" and key(c) in f32:
-            name = f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} {'causal' if c['causal'] else 'full'}"
-            t = "cpu_s" if c["T"] == 1 else "time_s"
+        if c["dtype"] == "bf16" and c["T"] == threads and key(c) in f32:
+            name = f"{'fwd+bwd' if c['kind'] == 'fwdbwd' else 'bwd'} D={c['D']} {'causal' if c['causal'] else 'full'}"
             out.setdefault(name, []).append(f32[key(c)][t] / c[t])
     return out
 

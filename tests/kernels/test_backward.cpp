@@ -431,55 +431,62 @@ TEST(BackwardLayouts, StridedMisalignedViewsAndGuards) {
 }
 
 // bf16 in token-major storage [B, S, H, D], one element off 4-byte alignment (so no bf16 pair of a
-// row is a 32-bit word in place), odd D: on every path (the vdpbf16ps tiles on avx512_bf16, f32
-// tiles below) the gradients equal, bit for bit, those of the same call on contiguous copies,
-// which Backward.MatchesReferenceWithinNaiveError holds to the f64 reference; guards survive.
+// row is a 32-bit word in place), odd D, with rows contiguous (inner stride 1: the vector packing
+// of the vdpbf16ps tiles) and with every other element (inner stride 2: their scalar packing): on
+// every path (the vdpbf16ps tiles on avx512_bf16, f32 tiles below) the gradients equal, bit for
+// bit, those of the same call on contiguous copies, which Backward.MatchesReferenceWithinNaiveError
+// holds to the f64 reference; guards (before, after and between the elements) survive.
 TEST(BackwardLayouts, StridedMisalignedBf16SameBitsAsContiguous) {
   IsaGuard guard;
   const Case c{"strided_bf16", 2, 4, 2, 37, 71, 33, 17, true, Align::bottom_right};
   Problem pr(c, DType::bf16, 22);
   static constexpr std::uint16_t kGuard = 0x4640;  // bf16 12288
-  auto token_major = [](const Buffer& src, std::vector<std::uint16_t>& store) {
-    const auto& s = src.shape();
-    store.assign(static_cast<std::size_t>(src.numel() + 1 + 8), kGuard);
-    View v = View::strided(store.data() + 1, DType::bf16, {s[0], s[1], s[2], s[3]},
-                           {s[2] * s[1] * s[3], s[3], s[1] * s[3], 1});
-    for (std::int64_t b = 0; b < s[0]; ++b)
-      for (std::int64_t h = 0; h < s[1]; ++h)
-        for (std::int64_t i = 0; i < s[2]; ++i)
-          for (std::int64_t d = 0; d < s[3]; ++d)
-            v.store(v.offset(b, h, i, d), src.view().load(((b * s[1] + h) * s[2] + i) * s[3] + d));
-    return v;
-  };
-  std::vector<std::uint16_t> sq, sk, sv, so, sdo, gq, gk, gv;
-  const View q = token_major(pr.q.buf, sq), k = token_major(pr.k.buf, sk), v = token_major(pr.v.buf, sv);
-  const View o = token_major(pr.out, so), d = token_major(pr.dout.buf, sdo);
-  Grads zero(DType::bf16, c);
-  const View dq = token_major(zero.dq, gq), dk = token_major(zero.dk, gk), dv = token_major(zero.dv, gv);
-  for (Isa isa : isas()) {
-    qkv::set_isa(isa);
-    Grads contiguous(DType::bf16, c);
-    const auto info = run_flash(pr, contiguous, 2);
-    AttentionOptions fo = pr.opt;
-    fo.kernel = qkv::Kernel::flash;
-    fo.num_threads = 2;
-    qkv::attention_backward(q, k, v, o, d, pr.lse.view(), dq, dk, dv, fo);
-    std::int64_t differ = 0;
-    auto compare = [&](const View& strided, const Buffer& ref) {
-      const auto& s = ref.shape();
+  for (std::int64_t inner : {1, 2}) {
+    auto token_major = [&](const Buffer& src, std::vector<std::uint16_t>& store) {
+      const auto& s = src.shape();
+      store.assign(static_cast<std::size_t>(src.numel() * inner + 1 + 8), kGuard);
+      View v = View::strided(store.data() + 1, DType::bf16, {s[0], s[1], s[2], s[3]},
+                             {s[2] * s[1] * s[3] * inner, s[3] * inner, s[1] * s[3] * inner, inner});
       for (std::int64_t b = 0; b < s[0]; ++b)
         for (std::int64_t h = 0; h < s[1]; ++h)
           for (std::int64_t i = 0; i < s[2]; ++i)
-            for (std::int64_t e = 0; e < s[3]; ++e)
-              differ += strided.load(strided.offset(b, h, i, e)) != ref.view().load(((b * s[1] + h) * s[2] + i) * s[3] + e);
+            for (std::int64_t d = 0; d < s[3]; ++d)
+              v.store(v.offset(b, h, i, d), src.view().load(((b * s[1] + h) * s[2] + i) * s[3] + d));
+      return v;
     };
-    compare(dq, contiguous.dq), compare(dk, contiguous.dk), compare(dv, contiguous.dv);
-    std::printf("strided bf16 %s (%s): %lld elements differ from the contiguous call\n", qkv::isa_name(isa), info.name,
-                static_cast<long long>(differ));
-    EXPECT_EQ(differ, 0) << qkv::isa_name(isa);
-    for (const std::vector<std::uint16_t>* s : {&gq, &gk, &gv}) {
-      EXPECT_EQ((*s)[0], kGuard);  // the element before the misaligned start
-      for (std::size_t e = s->size() - 8; e < s->size(); ++e) EXPECT_EQ((*s)[e], kGuard);
+    std::vector<std::uint16_t> sq, sk, sv, so, sdo, gq, gk, gv;
+    const View q = token_major(pr.q.buf, sq), k = token_major(pr.k.buf, sk), v = token_major(pr.v.buf, sv);
+    const View o = token_major(pr.out, so), d = token_major(pr.dout.buf, sdo);
+    Grads zero(DType::bf16, c);
+    const View dq = token_major(zero.dq, gq), dk = token_major(zero.dk, gk), dv = token_major(zero.dv, gv);
+    for (Isa isa : isas()) {
+      qkv::set_isa(isa);
+      Grads contiguous(DType::bf16, c);
+      const auto info = run_flash(pr, contiguous, 2);
+      AttentionOptions fo = pr.opt;
+      fo.kernel = qkv::Kernel::flash;
+      fo.num_threads = 2;
+      qkv::attention_backward(q, k, v, o, d, pr.lse.view(), dq, dk, dv, fo);
+      std::int64_t differ = 0;
+      auto compare = [&](const View& strided, const Buffer& ref) {
+        const auto& s = ref.shape();
+        for (std::int64_t b = 0; b < s[0]; ++b)
+          for (std::int64_t h = 0; h < s[1]; ++h)
+            for (std::int64_t i = 0; i < s[2]; ++i)
+              for (std::int64_t e = 0; e < s[3]; ++e)
+                differ += strided.load(strided.offset(b, h, i, e)) != ref.view().load(((b * s[1] + h) * s[2] + i) * s[3] + e);
+      };
+      compare(dq, contiguous.dq), compare(dk, contiguous.dk), compare(dv, contiguous.dv);
+      std::printf("strided bf16, inner stride %lld, %s (%s): %lld elements differ from the contiguous call\n",
+                  static_cast<long long>(inner), qkv::isa_name(isa), info.name, static_cast<long long>(differ));
+      EXPECT_EQ(differ, 0) << qkv::isa_name(isa) << " inner stride " << inner;
+      for (const std::vector<std::uint16_t>* s : {&gq, &gk, &gv}) {
+        EXPECT_EQ((*s)[0], kGuard);  // the element before the misaligned start
+        for (std::size_t e = s->size() - 8; e < s->size(); ++e) EXPECT_EQ((*s)[e], kGuard);
+        if (inner == 2) {  // the elements between those of the view: storage offsets 1 + 2n + 1
+          for (std::size_t e = 2; e + 8 < s->size(); e += 2) ASSERT_EQ((*s)[e], kGuard) << e;
+        }
+      }
     }
   }
 }

@@ -141,15 +141,23 @@ void store_dkdv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::i
   }
 }
 
-void reduce_dq(const AttnBwdParams& bp, const Context& cx) {
+void reduce_dq(const AttnBwdParams& bp, const Context& cx, Isa isa) {
   const AttnParams& p = bp.fwd;
   // Nothing left to do when the only chunk accumulated in dq itself.
   const std::int64_t reduce_tasks = cx.dq0 && cx.chunks == 1 ? 0 : p.B * p.H;
+  // bf16 rows of dq in place on the avx512_bf16 tiles: summed and rounded 16 values at a time.
+  const bool bf16_rows = isa == Isa::avx512_bf16 && !cx.dq0 && (bp.dq.stride(3) == 1 || p.D == 1);
+  const std::int64_t chunk_stride = p.B * p.H * p.Sq * cx.Dp;  // between the partials of a row (no dq0)
   parallel_for(reduce_tasks, p.threads, [&](std::int64_t bh) {
     const std::int64_t b = bh / p.H, h = bh % p.H;
     std::vector<float> acc(static_cast<std::size_t>(cx.Dp));
     for (std::int64_t i = 0; i < p.Sq; ++i) {
       const float* first = cx.dq_rows(0, b, h) + i * cx.dq_ld(0);
+      if (bf16_rows) {
+        sum_rows_bf16_avx512_bf16(first, chunk_stride, cx.chunks, p.D,
+                                  bp.dq.ptr<std::uint16_t>() + bp.dq.offset(b, h, i, 0));
+        continue;
+      }
       if (cx.dq0) {  // chunk 0 is dq itself: add the others to it, in increasing c
         float* row = cx.dq_rows(0, b, h) + i * cx.dq_ld(0);
         for (std::int64_t c = 1; c < cx.chunks; ++c) {
@@ -223,7 +231,7 @@ void attention_backward_flash(const AttnBwdParams& bp, Isa isa) {
     task_fn(cx, arenas.get() + thread_index() * cx.arena_floats, plan.order()[static_cast<std::size_t>(t)]);
   });
 
-  reduce_dq(bp, cx);  // 4. dq = Σ_c dQ_c in increasing c
+  reduce_dq(bp, cx, isa);  // 4. dq = Σ_c dQ_c in increasing c
 }
 
 }  // namespace qkv::kernels

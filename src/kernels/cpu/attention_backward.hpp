@@ -118,6 +118,15 @@ void backward_task_avx512_bf16(const Context& cx, float* arena, std::int64_t tas
 void backward_task_avx512(const Context& cx, float* arena, std::int64_t task);
 void backward_task_avx2(const Context& cx, float* arena, std::int64_t task);
 void backward_task_scalar(const Context& cx, float* arena, std::int64_t task);
+// The avx512_bf16 part of Prepass for head (b, h) of bf16 tensors: Q's rows [Sq, Dp] at qr and
+// row pairs [⌈Sq/2⌉, Dp, 2] at q2 (not-finite values as 0 when q_sanitize), dO's likewise with Dvp
+// at or_ and o2 (the layouts of Context::qb … ob2), and dots[i] = dout_i · out_i in f64 for i < Sq.
+// False, with nothing written, unless the rows of q, dout and out are contiguous.
+bool prepass_head_avx512_bf16(const AttnBwdParams& bp, std::int64_t b, std::int64_t h, bool q_sanitize,
+                              std::uint16_t* qr, std::uint16_t* q2, std::uint16_t* or_, std::uint16_t* o2, double* dots);
+// reduce_dq's sum for a bf16 row on the avx512_bf16 tiles: dst[e] = bf16(Σ_{c < C} src[c·cs + e]) for
+// e < n, summed in f32 in increasing c and rounded as f32_to_bf16.
+void sum_rows_bf16_avx512_bf16(const float* src, std::int64_t cs, std::int64_t C, std::int64_t n, std::uint16_t* dst);
 // Scratch floats of the five products' operands after the common part of the arena (layouts in
 // attention_backward_impl.hpp and attention_backward_avx512bf16.cpp).
 inline constexpr std::int64_t ops_f32_floats(std::int64_t D, std::int64_t Dv) { return (D + pad16(D) + Dv) * kBk; }
@@ -189,8 +198,8 @@ class ChunkPlan {
 
 // 3. Tasks: backward_task_<isa> (above) on every task of plan.order(), one arena per thread.
 // 4. Reduce (attention_backward.cpp), per (b, h, i): dq_i = Σ_c dQ_c,i in increasing c, rounded once
-// to dq's dtype.
-void reduce_dq(const AttnBwdParams& bp, const Context& cx);
+// to dq's dtype (isa: the tasks' instruction set; avx512_bf16 sums bf16 rows on vectors).
+void reduce_dq(const AttnBwdParams& bp, const Context& cx, Isa isa);
 
 }  // namespace qkv::kernels::bwd
 

@@ -16,6 +16,10 @@
 //   Q and dO: Context::qb (rows: pairs along d) and qb2 (pairs of rows), ob and ob2 likewise.
 // Keys past the block's nk and rows past its mq are zero words in every operand, so a pair that
 // straddles the edge adds 0·0 (K and V past nk are never read from the caller's memory).
+// The fixed costs that do not shrink with D — these layouts (K and V per key block here, Q and dO
+// in prepass_head_avx512_bf16) and rounding dk, dv, dq to bf16 — run on vectors when the caller's
+// rows are contiguous (scalar loops otherwise), with the same bits: at D = 64 the scalar loops took
+// a quarter of the backward's time.
 #include "kernels/cpu/simd_avx512.hpp"  // first: see simd_avx512.hpp on GCC 12
 #include "kernels/cpu/attention_backward_impl.hpp"
 
@@ -122,7 +126,105 @@ inline void to_bf16_rows(const float* X, i64 mq, i64 ng, Word* Xr) {
   }
 }
 
-inline std::uint16_t finite_or_zero_bf16(std::uint16_t x) { return (x & 0x7f80u) == 0x7f80u ? 0 : x; }
+// ---- Vector packing of the bf16 operands (unit-stride rows; the scalar loops take the others) ----
+
+// The first n (≤ 32 used; n ≤ 0: none) bf16 at p, zero past them. Masked lanes are not read.
+inline __m512i load_bf16(const std::uint16_t* p, i64 n) {
+  if (n <= 0) return _mm512_setzero_si512();
+  return _mm512_maskz_loadu_epi16(n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1, p);
+}
+// Stores the first n (≤ 32 used) halves of x at p.
+inline void store_bf16(std::uint16_t* p, __m512i x, i64 n) {
+  if (n > 0) _mm512_mask_storeu_epi16(p, n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1, x);
+}
+// finite_or_zero_bf16 (attention_backward.hpp) on 32 halves.
+inline __m512i finite_or_zero32(__m512i x) {
+  const __m512i e = _mm512_set1_epi16(0x7f80);
+  return _mm512_maskz_mov_epi16(_mm512_cmpneq_epi16_mask(_mm512_and_si512(x, e), e), x);
+}
+// Halves a[0..31], b[0..31] → words (a[d], b[d]): d < 16 in *lo, d ≥ 16 in *hi.
+inline void interleave32(__m512i a, __m512i b, __m512i* lo, __m512i* hi) {
+  const __m512i il = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
+                                      36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i ih = _mm512_add_epi16(il, _mm512_set1_epi16(16));
+  *lo = _mm512_permutex2var_epi16(a, il, b);
+  *hi = _mm512_permutex2var_epi16(a, ih, b);
+}
+// r[t] (16 rows of 16 words) → r[c] = column c: the 16 × 16 transpose of 32-bit words.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4q + k], k < 4: in 128-bit lane L, word 4L + k of rows 4q … 4q + 3
+  for (int q = 0; q < 4; ++q) {
+    u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88), bb = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
+    const __m512i c = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88), d = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
+    r[k] = _mm512_shuffle_i32x4(a, c, 0x88);
+    r[4 + k] = _mm512_shuffle_i32x4(bb, d, 0x88);
+    r[8 + k] = _mm512_shuffle_i32x4(a, c, 0xDD);
+    r[12 + k] = _mm512_shuffle_i32x4(bb, d, 0xDD);
+  }
+}
+// rows[j] (n bf16 each, j < nr ≤ kBk; rows past nr zero) → T [w_n][kBk] words: word (w, j) =
+// (rows[j][2w], rows[j][2w + 1]), zero past n; w_n = ⌈n/2⌉ rounded up to 8 (Dp/2 or Dvp/2).
+inline void transpose_rows(const std::uint16_t* const* rows, i64 nr, i64 n, i64 w_n, Word* T) {
+  for (i64 j0 = 0; j0 < kBk; j0 += 16)
+    for (i64 w0 = 0; w0 < w_n; w0 += 16) {
+      __m512i r[16];
+      for (int t = 0; t < 16; ++t) r[t] = j0 + t < nr ? load_bf16(rows[j0 + t] + 2 * w0, n - 2 * w0) : _mm512_setzero_si512();
+      transpose16(r);
+      for (i64 c = 0; c < 16 && w0 + c < w_n; ++c) _mm512_storeu_si512(T + (w0 + c) * kBk + j0, r[c]);
+    }
+}
+// Rows a and b (n bf16 each; null: a zero row) → np words (a[d], b[d]) at P, zero past n; n ≤ np,
+// np a multiple of 16. Not-finite values → 0 when sanitize. Also the rows themselves, zero-padded
+// to np, at ra and rb unless those are null.
+inline void pair_rows(const std::uint16_t* a, const std::uint16_t* b, i64 n, i64 np, bool sanitize, Word* P,
+                      std::uint16_t* ra = nullptr, std::uint16_t* rb = nullptr) {
+  for (i64 d0 = 0; d0 < np; d0 += 32) {
+    __m512i x = a ? load_bf16(a + d0, n - d0) : _mm512_setzero_si512();
+    __m512i y = b ? load_bf16(b + d0, n - d0) : _mm512_setzero_si512();
+    if (sanitize) x = finite_or_zero32(x), y = finite_or_zero32(y);
+    if (ra) store_bf16(ra + d0, x, np - d0);
+    if (rb) store_bf16(rb + d0, y, np - d0);
+    __m512i lo, hi;
+    interleave32(x, y, &lo, &hi);
+    _mm512_storeu_si512(P + d0, lo);
+    if (d0 + 16 < np) _mm512_storeu_si512(P + d0 + 16, hi);
+  }
+}
+// f32_to_bf16 (qkv/types.hpp) on 16 floats, bit for bit: round to nearest even, NaN quietened
+// (vcvtneps2bf16 would flush subnormals to zero).
+inline __m256i round_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+// Σ_e (f64) x[e]·y[e] over n bf16 pairs (the products are exact in f64).
+inline double dot_bf16(const std::uint16_t* x, const std::uint16_t* y, i64 n) {
+  __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+  for (i64 e = 0; e < n; e += 16) {
+    const __mmask16 m = n - e >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - e)) - 1);
+    const __m512 xf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + e)), 16));
+    const __m512 yf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, y + e)), 16));
+    acc0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(xf)), _mm512_cvtps_pd(_mm512_castps512_ps256(yf)), acc0);
+    acc1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(xf, 1)), _mm512_cvtps_pd(_mm512_extractf32x8_ps(yf, 1)),
+                           acc1);
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
+}
 
 // The five products on bf16 operands (the interface of OpsF32 in attention_backward_impl.hpp).
 struct OpsBf16 {
@@ -152,6 +254,19 @@ struct OpsBf16 {
     const View& k = cx.p->fwd.k;
     const View& v = cx.p->fwd.v;
     const i64 D = cx.D, Dv = cx.Dv, Dp = cx.Dp;
+    if ((k.stride(3) == 1 || D == 1) && (v.stride(3) == 1 || Dv == 1)) {  // rows in place: transposes
+      const std::uint16_t *kr[kBk], *vr[kBk];
+      for (i64 j = 0; j < nk; ++j) {
+        kr[j] = k.ptr<std::uint16_t>() + k.offset(b, hk, k0 + j, 0);
+        vr[j] = v.ptr<std::uint16_t>() + v.offset(b, hk, k0 + j, 0);
+      }
+      transpose_rows(kr, nk, D, qw, Kt);
+      transpose_rows(vr, nk, Dv, ow, Vt);
+      for (i64 jp = 0; jp < kBk / 2; ++jp)
+        pair_rows(2 * jp < nk ? kr[2 * jp] : nullptr, 2 * jp + 1 < nk ? kr[2 * jp + 1] : nullptr, D, Dp, true,
+                  Kp + jp * Dp);
+      return;
+    }
     std::memset(Kt, 0, static_cast<std::size_t>(qw * kBk) * sizeof(Word));
     std::memset(Kp, 0, static_cast<std::size_t>(kBk / 2 * Dp) * sizeof(Word));
     std::memset(Vt, 0, static_cast<std::size_t>(ow * kBk) * sizeof(Word));
@@ -177,6 +292,19 @@ struct OpsBf16 {
   void dov(i64 b, i64 h, i64 i0, i64 mq, i64 ngk, float* dP) const {
     dgemm(mq, ngk, ow, o_rows(b, h) + i0 * ow, ow, 1, Vt, kBk, dP, kBk, false);
   }
+  // store_dkdv_block's work, rounding 16 values at a time when the rows are contiguous.
+  void store_dkdv(i64 b, i64 hk, i64 k0, i64 nk, const float* dK, const float* dV) const {
+    const View& dk = cx.p->dk;
+    const View& dv = cx.p->dv;
+    if (!((dk.stride(3) == 1 || cx.D == 1) && (dv.stride(3) == 1 || cx.Dv == 1))) {
+      store_dkdv_block(cx, b, hk, k0, nk, dK, dV);
+      return;
+    }
+    for (i64 j = 0; j < nk; ++j) {
+      sum_rows_bf16_avx512_bf16(dK + j * cx.Dp, 0, 1, cx.D, dk.ptr<std::uint16_t>() + dk.offset(b, hk, k0 + j, 0));
+      sum_rows_bf16_avx512_bf16(dV + j * cx.Dvp, 0, 1, cx.Dv, dv.ptr<std::uint16_t>() + dv.offset(b, hk, k0 + j, 0));
+    }
+  }
   // i0 is a multiple of kBq (even), so the block's row pairs start at pair i0 / 2.
   void grads(i64 b, i64 h, i64 i0, i64 mq, i64 nk, const float* P, const float* dS, float* dK, float* dV, float* dQ,
              i64 dq_ld) const {
@@ -191,6 +319,36 @@ struct OpsBf16 {
 };
 
 }  // namespace
+
+bool prepass_head_avx512_bf16(const AttnBwdParams& bp, std::int64_t b, std::int64_t h, bool q_sanitize,
+                              std::uint16_t* qr, std::uint16_t* q2, std::uint16_t* or_, std::uint16_t* o2, double* dots) {
+  const AttnParams& p = bp.fwd;
+  const View& q = p.q;
+  const View& o = bp.dout;
+  const View& out = p.out;
+  const i64 D = p.D, Dv = p.Dv, Dp = pad16(D), Dvp = pad16(Dv), Sq = p.Sq;
+  if (!((q.stride(3) == 1 || D == 1) && (o.stride(3) == 1 || Dv == 1) && (out.stride(3) == 1 || Dv == 1)))
+    return false;
+  auto row = [&](const View& t, i64 i) { return i < Sq ? t.ptr<std::uint16_t>() + t.offset(b, h, i, 0) : nullptr; };
+  for (i64 i = 0; i < Sq; i += 2) {
+    const bool two = i + 1 < Sq;
+    pair_rows(row(q, i), row(q, i + 1), D, Dp, q_sanitize, reinterpret_cast<Word*>(q2 + i * Dp), qr + i * Dp,
+              two ? qr + (i + 1) * Dp : nullptr);
+    pair_rows(row(o, i), row(o, i + 1), Dv, Dvp, false, reinterpret_cast<Word*>(o2 + i * Dvp), or_ + i * Dvp,
+              two ? or_ + (i + 1) * Dvp : nullptr);
+  }
+  for (i64 i = 0; i < Sq; ++i) dots[i] = dot_bf16(row(out, i), row(o, i), Dv);
+  return true;
+}
+
+void sum_rows_bf16_avx512_bf16(const float* src, std::int64_t cs, std::int64_t C, std::int64_t n, std::uint16_t* dst) {
+  for (i64 e = 0; e < n; e += 16) {
+    const __mmask16 m = n - e >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - e)) - 1);
+    __m512 acc = _mm512_maskz_loadu_ps(m, src + e);
+    for (i64 c = 1; c < C; ++c) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, src + c * cs + e));
+    _mm256_mask_storeu_epi16(dst + e, m, round_bf16(acc));
+  }
+}
 
 void backward_task_avx512_bf16(const Context& cx, float* arena, std::int64_t task) {
   backward_task<cpu::SimdAvx512, OpsBf16>(cx, arena, task);

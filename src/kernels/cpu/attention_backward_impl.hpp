@@ -181,6 +181,10 @@ struct OpsF32 {
   void pack_kv(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk) {
     pack_kv_block(cx, b, hk, k0, nk, KT, Kr, VT);
   }
+  void store_dkdv(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk, const float* dK,
+                  const float* dV) const {
+    store_dkdv_block(cx, b, hk, k0, nk, dK, dV);
+  }
   // S [mq, 16·ngk] = Q·Kᵀ of query rows [i0, i0 + mq) of head h (unscaled).
   void scores(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t ngk, float* S) const {
     gemm<Simd, kM, kNG>(mq, ngk, cx.D, cx.q_rows(b, h) + i0 * cx.q_ld, cx.q_ld, 1, KT, kBk, S, kBk, false);
@@ -368,7 +372,7 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         ops.grads(b, h, i0, mq, nk, S, dP, dK, dV, dQh + i0 * dq_ld, dq_ld);
       }
     }
-    store_dkdv_block(cx, b, hk, k0, nk, dK, dV);
+    ops.store_dkdv(b, hk, k0, nk, dK, dV);
   }
 }
 

@@ -84,11 +84,17 @@ Prepass::Prepass(const AttnBwdParams& bp, Isa isa, Context& cx) {
   parallel_for(p.B * p.H, p.threads, [&](std::int64_t bh) {
     const std::int64_t b = bh / p.H, h = bh % p.H;
     std::vector<float> orow(static_cast<std::size_t>(p.Dv)), dorow(static_cast<std::size_t>(c.Dvp), 0.0f);
-    if (bf16_tiles) {  // pair rows: zero padding (past D, Dv, and the row past an odd Sq)
-      std::memset(qb + rows * c.Dp + bh * Sq2 * 2 * c.Dp, 0, static_cast<std::size_t>(Sq2 * 2 * c.Dp) * 2);
-      std::memset(ob + rows * c.Dvp + bh * Sq2 * 2 * c.Dvp, 0, static_cast<std::size_t>(Sq2 * 2 * c.Dvp) * 2);
+    std::vector<double> dots(static_cast<std::size_t>(p.Sq));  // dout_i · out_i
+    std::uint16_t* q2_head = bf16_tiles ? qb + rows * c.Dp + bh * Sq2 * 2 * c.Dp : nullptr;
+    std::uint16_t* o2_head = bf16_tiles ? ob + rows * c.Dvp + bh * Sq2 * 2 * c.Dvp : nullptr;
+    // The bf16 layouts by vector code when the rows are contiguous, else by the loop below.
+    const bool vector_bf16 = bf16_tiles && prepass_head_avx512_bf16(bp, b, h, q_sanitize, qb + bh * p.Sq * c.Dp, q2_head,
+                                                                    ob + bh * p.Sq * c.Dvp, o2_head, dots.data());
+    if (bf16_tiles && !vector_bf16) {  // pair rows: zero padding (past D, Dv, and the row past an odd Sq)
+      std::memset(q2_head, 0, static_cast<std::size_t>(Sq2 * 2 * c.Dp) * 2);
+      std::memset(o2_head, 0, static_cast<std::size_t>(Sq2 * 2 * c.Dvp) * 2);
     }
-    for (std::int64_t i = 0; i < p.Sq; ++i) {
+    for (std::int64_t i = 0; i < p.Sq && !vector_bf16; ++i) {
       const std::int64_t r = bh * p.Sq + i;
       if (bf16_tiles) {
         const std::uint16_t* qs = p.q.ptr<std::uint16_t>() + p.q.offset(b, h, i, 0);
@@ -127,13 +133,17 @@ Prepass::Prepass(const AttnBwdParams& bp, Isa isa, Context& cx) {
         load_row(p.out, p.out.offset(b, h, i, 0), p.out.stride(3), p.Dv, orow.data());
       double dot = 0.0;
       for (std::int64_t e = 0; e < p.Dv; ++e) dot += static_cast<double>(orw[e]) * dor[e];
+      dots[static_cast<std::size_t>(i)] = dot;
+    }
+    for (std::int64_t i = 0; i < p.Sq; ++i) {
+      const std::int64_t r = bh * p.Sq + i;
       // A row with no allowed key has lse = −∞ and P = 0: L = +∞ makes every 2^(s − L) zero.
       // A NaN row (lse NaN, the policy of qkv/attention.hpp) keeps L = NaN: P = 2^(s − L) is NaN
       // on its allowed keys, so its dq and their dk, dv come out NaN. Its delta (NaN, from the
       // NaN out) is set to 0 so that dS = P (dP − delta) stays 0 on the keys it masks (P = 0).
       const double lse = p.lse.load(p.lse.offset(b, h, i));
       L[r] = lse == -kInf ? kInf : static_cast<float>(lse * 1.4426950408889634);
-      delta[r] = std::isnan(lse) ? 0.0f : static_cast<float>(dot);
+      delta[r] = std::isnan(lse) ? 0.0f : static_cast<float>(dots[static_cast<std::size_t>(i)]);
     }
   });
 }
