@@ -375,4 +375,27 @@ nlohmann::json hf_llama_config(const Config& c) {
           {"torch_dtype", "float32"}};
 }
 
+nlohmann::json hf_bert_config(const Config& c) {
+  constexpr const char* fn = "qkv::detail::hf_bert_config";
+  if (c.causal || !c.post_norm || c.pos != PosEncoding::learned || c.norm != NormKind::layernorm ||
+      c.mlp == MlpKind::swiglu || !c.bias || c.n_kv_heads != c.n_heads || c.type_vocab_size < 1)
+    fail(fn, "config: a BERT encoder is bidirectional and post-norm with learned positions, token types, LayerNorm, "
+             "a GELU MLP, biases and as many kv heads as heads, got " + config_to_json(c, false));
+  return {{"architectures", {c.mlm_head ? "BertForMaskedLM" : "BertModel"}},
+          {"model_type", "bert"},
+          {"hidden_size", c.dim},
+          {"intermediate_size", c.hidden_dim},
+          {"num_attention_heads", c.n_heads},
+          {"num_hidden_layers", c.n_layers},
+          {"vocab_size", c.vocab_size},
+          {"max_position_embeddings", c.seq_len},
+          {"type_vocab_size", c.type_vocab_size},
+          {"layer_norm_eps", c.norm_eps},
+          {"hidden_act", c.mlp == MlpKind::gelu ? "gelu_new" : "gelu"},
+          {"position_embedding_type", "absolute"},
+          {"tie_word_embeddings", c.tied_embeddings},
+          {"pad_token_id", 0},
+          {"torch_dtype", "float32"}};
+}
+
 }  // namespace qkv::detail

@@ -38,10 +38,13 @@ namespace qkv::train {
 //   gpt2   nanoGPT: learned positions, LayerNorm, exact GELU MLP of 4·d_model, tied unembedding
 //   llama  llama2.c: rotary positions, RMSNorm, SwiGLU MLP of llama2.c's width (hidden_dim 0:
 //          ⌈(8/3)·d_model / 32⌉·32), kv_heads ≤ heads (GQA), tied unembedding
+//   bert   BertForMaskedLM: bidirectional, post-LayerNorm, learned positions, 2 token types, exact
+//          GELU MLP of 4·d_model, biases, eps 1e-12, the masked-LM head tied to the token embedding;
+//          trained on masked-LM batches (BERT's 15 % with 80/10/10) with a WordPiece tokenizer
 // config_path (--model-config) instead names a model JSON (qkv's or a Hugging Face config.json)
 // that fixes every setting; its vocab_size must be the tokenizer's.
 struct ModelFlags {
-  std::string arch = "gpt2";      // gpt2 | llama
+  std::string arch = "gpt2";      // gpt2 | llama | bert
   std::string config_path;        // --model-config
   std::int64_t layers = 4;        // L
   std::int64_t heads = 4;         // H (head dim D = d_model / H)
@@ -117,6 +120,8 @@ struct TrainStart {
   std::int64_t first_step = 0;                 // > 0: resumed at this step
   bool resumed = false;
   std::vector<std::string> schedule_changes;   // resume: "lr 0.001 -> 0.0005", one per changed schedule option
+  std::string note;                            // what the setup did that the caller should say (an --init
+                                               // encoder without the masked-LM head: the head was initialised)
 };
 
 // One optimiser step done (TrainHooks::on_step).
