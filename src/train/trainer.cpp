@@ -790,7 +790,12 @@ Run::Run(const TrainOptions& opts) : o_(opts) {
       fail(kFn, "--context: " + std::to_string(o.model.context) + " is longer than --init's model allows (seq_len " +
                     std::to_string(cfg.seq_len) + ")");
   } else {
-    const bool encoder = o.model.config_path.empty() ? o.model.arch == "bert" : !load_config(o.model.config_path).causal;
+    bool encoder = o.model.arch == "bert";
+    if (!o.model.config_path.empty()) {  // a feature training does not implement fails before the tokenizer is read
+      const Config mc = load_config(o.model.config_path);
+      check_trainable(mc, std::string(kFn) + ": --model-config '" + o.model.config_path + "'");
+      encoder = !mc.causal;
+    }
     if (encoder) {
       if (o.tokenizer == "chars" || o.tokenizer == "bpe")
         fail(kFn, "--tokenizer " + o.tokenizer + ": an encoder (--arch bert) trains with a WordPiece tokenizer; give "
