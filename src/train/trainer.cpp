@@ -146,6 +146,35 @@ void check_options(const TrainOptions& o) {
   fail(kFn, all);
 }
 
+void mlm_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t B, std::int64_t T, const Tokenizer& tok,
+               std::int32_t mask_id, std::vector<std::int32_t>& x, std::vector<std::int32_t>& y) {
+  const auto span = static_cast<std::uint64_t>(static_cast<std::int64_t>(data.size()) - (T - 2) + 1);
+  const auto V = static_cast<std::uint64_t>(tok.vocab_size());
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto i = static_cast<std::size_t>(rng.below(span));
+    std::int32_t* xb = x.data() + b * T;
+    std::int32_t* yb = y.data() + b * T;
+    xb[0] = tok.bos_id(), xb[T - 1] = tok.eos_id();
+    for (std::int64_t t = 1; t < T - 1; ++t) xb[t] = data[i + static_cast<std::size_t>(t - 1)];
+    std::int64_t chosen = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      const bool pick = t > 0 && t < T - 1 && rng.uniform() < 0.15;
+      yb[t] = pick ? xb[t] : kIgnoreTarget;
+      chosen += pick ? 1 : 0;
+    }
+    if (chosen == 0) {
+      const auto t = static_cast<std::int64_t>(1 + rng.below(static_cast<std::uint64_t>(T - 2)));
+      yb[t] = xb[t];
+    }
+    for (std::int64_t t = 1; t < T - 1; ++t) {
+      if (yb[t] == kIgnoreTarget) continue;
+      const double u = rng.uniform();
+      if (u < 0.8) xb[t] = mask_id;
+      else if (u < 0.9) xb[t] = static_cast<std::int32_t>(rng.below(V));
+    }
+  }
+}
+
 namespace {
 
 // --resume: the checkpoint's "model" and "run" metadata against the options. Schedule fields may
@@ -301,41 +330,6 @@ class RunTokenizer {
   std::string path_, bytes_;  // file: the file (absolute path) and its bytes
   Tokenizer file_tok_;
 };
-
-// An encoder's batch, BERT's masked-LM data: B sequences [CLS] data[i, i+T−2) [SEP], each at an
-// offset i drawn uniformly from [0, len − (T − 2)]; then each position but [CLS] and [SEP] is chosen
-// with probability 15 % (and one uniformly among them when none was, so every sequence predicts
-// something), and a chosen token becomes [MASK] (80 %), a random id of [0, V) (10 %) or stays
-// (10 %), as transformers' DataCollatorForLanguageModeling does; y holds the chosen positions'
-// original tokens and kIgnoreTarget elsewhere. Everything is drawn from rng: a seed fixes the batch.
-void mlm_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t B, std::int64_t T, const Tokenizer& tok,
-               std::int32_t mask_id, std::vector<std::int32_t>& x, std::vector<std::int32_t>& y) {
-  const auto span = static_cast<std::uint64_t>(static_cast<std::int64_t>(data.size()) - (T - 2) + 1);
-  const auto V = static_cast<std::uint64_t>(tok.vocab_size());
-  for (std::int64_t b = 0; b < B; ++b) {
-    const auto i = static_cast<std::size_t>(rng.below(span));
-    std::int32_t* xb = x.data() + b * T;
-    std::int32_t* yb = y.data() + b * T;
-    xb[0] = tok.bos_id(), xb[T - 1] = tok.eos_id();
-    for (std::int64_t t = 1; t < T - 1; ++t) xb[t] = data[i + static_cast<std::size_t>(t - 1)];
-    std::int64_t chosen = 0;
-    for (std::int64_t t = 0; t < T; ++t) {
-      const bool pick = t > 0 && t < T - 1 && rng.uniform() < 0.15;
-      yb[t] = pick ? xb[t] : kIgnoreTarget;
-      chosen += pick ? 1 : 0;
-    }
-    if (chosen == 0) {
-      const auto t = static_cast<std::int64_t>(1 + rng.below(static_cast<std::uint64_t>(T - 2)));
-      yb[t] = xb[t];
-    }
-    for (std::int64_t t = 1; t < T - 1; ++t) {
-      if (yb[t] == kIgnoreTarget) continue;
-      const double u = rng.uniform();
-      if (u < 0.8) xb[t] = mask_id;
-      else if (u < 0.9) xb[t] = static_cast<std::int32_t>(rng.below(V));
-    }
-  }
-}
 
 // --init without --tokenizer: the tokenizer beside (or, for a folder, in) the model.
 std::string tokenizer_beside(const std::string& model) {

@@ -31,6 +31,7 @@
 
 #include "qkv/model.hpp"
 #include "train/adamw.hpp"
+#include "train/rng.hpp"
 
 namespace qkv::train {
 
@@ -148,6 +149,16 @@ struct TrainHooks {
 // when the output folder cannot be created or written; qkv::FormatError for a checkpoint or
 // loss.csv whose content is corrupt; qkv::NonFiniteError when the loss becomes NaN or ±inf.
 TrainSummary train(const TrainOptions& o, const TrainHooks& hooks = {});
+
+// An encoder's batch, BERT's masked-LM data: B sequences [CLS] data[i, i+T−2) [SEP] into x [B, T],
+// each at an offset i drawn uniformly from [0, len − (T − 2)] (len = data.size() ≥ T − 2, T ≥ 3);
+// then each position but [CLS] and [SEP] is chosen with probability 15 % (and one uniformly among
+// them when none was, so every sequence predicts something), and a chosen token becomes mask_id
+// (80 %), a random id of [0, V) (10 %) or stays (10 %), as transformers'
+// DataCollatorForLanguageModeling does; y [B, T] holds the chosen positions' original tokens and
+// kIgnoreTarget (−100) elsewhere. Everything is drawn from rng: a seed fixes the batch.
+void mlm_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t B, std::int64_t T, const Tokenizer& tok,
+               std::int32_t mask_id, std::vector<std::int32_t>& x, std::vector<std::int32_t>& y);
 
 // Throws std::invalid_argument naming every bad option with the value given ("--lr: must be a
 // finite number > 0, got nan; --clip: ..."), in one line; train() calls it first.
