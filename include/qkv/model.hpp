@@ -51,6 +51,9 @@ struct Config {
   bool post_norm = false;           // true: x = norm1(x + attn(x)), x = norm2(x + MLP(x)) and the
                                     // embedding is normed first; no final norm (BERT)
   std::int64_t type_vocab_size = 0; // > 0: token-type embeddings [type_vocab_size, C] added to the input
+  bool mlm_head = false;            // true (encoders): BertForMaskedLM's head, the masked-LM objective
+                                    // training uses: logits = LN(gelu(x · W_mᵀ + b_m)) · W_clsᵀ + b_out
+                                    // (W_m [C, C], a LayerNorm with bias, b_out = output.bias [V])
 
   std::int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
   // Throws (naming `function`) if any field is out of range or inconsistent.
@@ -75,10 +78,10 @@ struct Config {
 // which only a rotary model needs (no architecture is ever guessed). config_from_json also reads a
 // Hugging Face config.json (one with "model_type": "gpt2" or "llama"); settings qkv does not implement (rope
 // scaling, biases in Llama, another activation) are errors naming the key. "causal", "post_norm" and
-// "type_vocab_size" (encoders) may be left out, meaning true, false and 0 (a decoder), and
-// config_to_json writes them only when they differ from those. A Hugging Face config.json with
+// "type_vocab_size" and "mlm_head" (encoders) may be left out, meaning true, false, 0 and false (a decoder),
+// and config_to_json writes them only when they differ from those. A Hugging Face config.json with
 // "model_type": "bert" is an encoder (bidirectional, learned positions, token types, post-LayerNorm,
-// GELU, biases).
+// GELU, biases), with mlm_head true when its "architectures" name BertForMaskedLM.
 Config config_from_json(std::string_view json, std::string_view source = "config");
 Config load_config(const std::string& path);
 std::string config_to_json(const Config& c, bool indent = true);
@@ -125,14 +128,20 @@ struct Weights {
   std::vector<LayerWeights> layers;
   float* normf_w = nullptr; // [C]   (not with post_norm)
   float* normf_b = nullptr; // [C]   (LayerNorm with bias only)
+  float* mlm_w = nullptr;      // [C, C]  (mlm_head only: the head's dense transform)
+  float* mlm_b = nullptr;      // [C]
+  float* mlm_norm_w = nullptr; // [C]     (its LayerNorm)
+  float* mlm_norm_b = nullptr; // [C]
   float* wcls = nullptr;    // [V, C]  (== wte when tied)
+  float* out_b = nullptr;   // [V]     (mlm_head only: the bias of the logits)
   std::shared_ptr<void> storage;
 
   // Every distinct parameter, in a fixed order, named as in safetensors files:
   //   tok_embeddings.weight, pos_embeddings.weight, type_embeddings.weight,
   //   embedding_norm.{weight,bias}, layers.{l}.attention_norm.{weight,bias},
   //   layers.{l}.attention.{wq,wk,wv,wo}.{weight,bias}, layers.{l}.ffn_norm.{weight,bias},
-  //   layers.{l}.feed_forward.{w1,w2,w3}.{weight,bias}, norm.{weight,bias}, output.weight (untied).
+  //   layers.{l}.feed_forward.{w1,w2,w3}.{weight,bias}, norm.{weight,bias},
+  //   mlm_head.{dense,norm}.{weight,bias} (mlm_head), output.weight (untied), output.bias (mlm_head).
   std::vector<NamedTensor> tensors() const;
   std::int64_t num_params() const;
 

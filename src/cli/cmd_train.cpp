@@ -1,10 +1,13 @@
-// qkv train — train a model (qkv::Config: GPT-2 or Llama style) on a text file (src/train/trainer.hpp).
+// qkv train — train a model (qkv::Config: GPT-2 or Llama style, or a BERT encoder) on a text file
+// (src/train/trainer.hpp).
 //
 //   qkv train --data data/tinyshakespeare/input.txt --out runs/shakespeare
 //   qkv train --data data/tinyshakespeare/input.txt --out runs/llama --arch llama --kv-heads 2
 //   qkv train --data corpus.txt --out runs/custom --model-config model.json   (qkv's model JSON or an HF config.json)
 //   qkv train --data corpus.txt --out runs/bpe --tokenizer bpe --bpe-vocab 512 --config model.json
 //   qkv train --data corpus.txt --out runs/bpe --resume          (after Ctrl-C, or to train further)
+//   qkv train --data corpus.txt --out runs/bert --arch bert --tokenizer BERT_FOLDER   (masked-LM)
+//   qkv train --data corpus.txt --out runs/ft --init SENTENCE_TRANSFORMERS_FOLDER    (fine-tune an encoder)
 //
 // The defaults are nanoGPT's small CPU configuration for character-level Shakespeare. --config
 // reads a JSON object whose keys are the long option names with '-' as '_' (e.g. {"layers": 6,
@@ -106,6 +109,7 @@ train::TrainSummary run_train(const train::TrainOptions& o, bool progress) {
     guard.emplace();  // from here on SIGINT/SIGTERM/SIGHUP stop after the current step and save
     for (const std::string& c : s.schedule_changes)
       std::fprintf(stderr, "qkv train: resuming with a changed schedule: %s\n", c.c_str());
+    if (!s.note.empty()) std::fprintf(stderr, "qkv train: %s\n", s.note.c_str());
     std::fprintf(stderr, "qkv train: %lld parameters, vocab %lld (%s), %lld train / %lld val tokens, %d threads%s\n",
                  static_cast<long long>(s.params), static_cast<long long>(s.vocab), s.tokenizer.c_str(),
                  static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens), qkv::num_threads(),
@@ -161,7 +165,7 @@ void parse_checkpoint_interval(const std::string& text, train::TrainOptions& o) 
 }  // namespace
 
 void add_train(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "train a GPT-2 or Llama style model on a text file (character-level or byte-level BPE)");
+  auto* cmd = app.add_subcommand("train", "train a GPT-2 or Llama style model (character-level or byte-level BPE) or a BERT encoder (masked-LM, WordPiece) on a text file");
   cmd->footer("Ctrl-C (SIGINT), SIGTERM and SIGHUP stop after the current step, save everything and exit 130, 143 "
               "and 129 (128 + the signal); continue with --resume. One run at a time may write an --out folder.");
   auto o = std::make_shared<train::TrainOptions>();
@@ -180,8 +184,9 @@ void add_train(CLI::App& app) {
   cmd->add_option("--out", o->out_dir, "output folder: checkpoint, model, tokenizer, loss.csv, loss.png")->required();
   cmd->add_option("--config", *config_path, "JSON file with any of the options below (flags win)");
   bind("arch", &o->model.arch,
-       "gpt2 (learned positions, LayerNorm, GELU) | llama (rotary, RMSNorm, SwiGLU, GQA with --kv-heads)")
-      ->check(CLI::IsMember({"gpt2", "llama"}));
+       "gpt2 (learned positions, LayerNorm, GELU) | llama (rotary, RMSNorm, SwiGLU, GQA with --kv-heads) | bert "
+       "(BertForMaskedLM: a bidirectional encoder trained on masked tokens; --tokenizer a WordPiece tokenizer)")
+      ->check(CLI::IsMember({"gpt2", "llama", "bert"}));
   bind("model-config", &o->model.config_path,
        "model JSON (qkv's model.json or a Hugging Face config.json; vocab_size = the tokenizer's) instead of --arch "
        "and the sizes");

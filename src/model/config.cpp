@@ -47,6 +47,10 @@ void Config::validate(std::string_view fn) const {
     fail(fn, "norm_eps: must be a positive finite number, got " + std::to_string(norm_eps));
   if (type_vocab_size < 0 || type_vocab_size > (1 << 16))
     fail(fn, "type_vocab_size: must be in [0, 65536], got " + std::to_string(type_vocab_size));
+  if (mlm_head && causal)
+    fail(fn, "mlm_head: the masked-LM head belongs to a bidirectional encoder (causal: false), got causal: true");
+  if (mlm_head && mlp == MlpKind::swiglu)
+    fail(fn, "mlm_head: the masked-LM head's transform uses the model's GELU, got mlp: swiglu");
   if (!(rope_theta > 1.0f) || !std::isfinite(rope_theta))
     fail(fn, "rope_theta: must be a finite number > 1, got " + std::to_string(rope_theta));
 }
@@ -168,6 +172,7 @@ Config config_from_json(std::string_view text, std::string_view source) {
     else if (k == "causal") get_bool("causal", &c.causal);
     else if (k == "post_norm") get_bool("post_norm", &c.post_norm);
     else if (k == "type_vocab_size") get_int("type_vocab_size", &c.type_vocab_size);
+    else if (k == "mlm_head") get_bool("mlm_head", &c.mlm_head);
     else fail_format(fn, where + ": unknown key \"" + k + "\"");
   }
   if (c.pos == PosEncoding::rotary && !j.contains("rope_theta"))
@@ -202,6 +207,7 @@ std::string config_to_json(const Config& c, bool indent) {
   if (!c.causal) j["causal"] = false;
   if (c.post_norm) j["post_norm"] = true;
   if (c.type_vocab_size > 0) j["type_vocab_size"] = c.type_vocab_size;
+  if (c.mlm_head) j["mlm_head"] = true;
   return indent ? j.dump(2) : j.dump();
 }
 

@@ -131,7 +131,11 @@ Config bert_config(const nlohmann::json& j, const std::string& where) {
   c.bias = true;
   c.causal = false;
   c.post_norm = true;
-  c.tied_embeddings = true;  // an encoder has no classifier; wcls = wte is never read
+  // BertForMaskedLM carries the masked-LM head (cls.predictions); BertModel has no classifier, and
+  // wcls = wte is then never read.
+  const auto& arch = at(j, "architectures");
+  c.mlm_head = arch.is_array() && std::find(arch.begin(), arch.end(), "BertForMaskedLM") != arch.end();
+  c.tied_embeddings = !c.mlm_head || get_bool_or(j, "tie_word_embeddings", true, where);
   c.norm_eps = get_float_or(j, "layer_norm_eps", 1e-12f, where);
   const std::string act = get_string_or(j, "hidden_act", "gelu", where);
   if (act == "gelu") c.mlp = MlpKind::gelu_exact;
@@ -182,6 +186,13 @@ Source bert_source(const std::string& P, const std::string& name, const std::vec
   if (name == "type_embeddings.weight") return {e + "token_type_embeddings.weight", shape, Op::copy, 0};
   if (name == "embedding_norm.weight") return {e + "LayerNorm.weight", shape, Op::copy, 0};
   if (name == "embedding_norm.bias") return {e + "LayerNorm.bias", shape, Op::copy, 0};
+  // The masked-LM head sits beside the encoder (cls., not under the prefix).
+  if (name == "mlm_head.dense.weight") return {"cls.predictions.transform.dense.weight", shape, Op::copy, 0};
+  if (name == "mlm_head.dense.bias") return {"cls.predictions.transform.dense.bias", shape, Op::copy, 0};
+  if (name == "mlm_head.norm.weight") return {"cls.predictions.transform.LayerNorm.weight", shape, Op::copy, 0};
+  if (name == "mlm_head.norm.bias") return {"cls.predictions.transform.LayerNorm.bias", shape, Op::copy, 0};
+  if (name == "output.weight") return {"cls.predictions.decoder.weight", shape, Op::copy, 0};
+  if (name == "output.bias") return {"cls.predictions.bias", shape, Op::copy, 0};
   if (name.rfind("layers.", 0) != 0) return {name, shape, Op::copy, 0};
   const std::size_t dot = name.find('.', 7);
   const std::string h = P + "encoder.layer." + name.substr(7, dot - 7) + ".", rest = name.substr(dot + 1);
@@ -253,7 +264,10 @@ bool ignorable(const FileLayout& f, const Config& c, const std::string& tensor) 
   if (f.layout == Layout::qkv) return false;
   if (c.tied_embeddings && tensor == "lm_head.weight") return true;
   if (f.layout == Layout::hf_bert)
-    return tensor == f.prefix + "embeddings.position_ids" || tensor.rfind(f.prefix + "pooler.", 0) == 0;
+    return tensor == f.prefix + "embeddings.position_ids" || tensor.rfind(f.prefix + "pooler.", 0) == 0 ||
+           (!c.mlm_head && tensor.rfind("cls.", 0) == 0) ||  // a head the config does not read
+           tensor == "cls.predictions.decoder.bias" ||        // older transformers: a copy of cls.predictions.bias
+           (c.tied_embeddings && tensor == "cls.predictions.decoder.weight");
   if (f.layout == Layout::hf_gpt2)
     return tensor.rfind(f.prefix + "h.", 0) == 0 && (ends_with(tensor, ".attn.bias") || ends_with(tensor, ".attn.masked_bias"));
   return tensor.rfind(f.prefix + "layers.", 0) == 0 && ends_with(tensor, ".self_attn.rotary_emb.inv_freq");
@@ -358,6 +372,29 @@ nlohmann::json hf_llama_config(const Config& c) {
           {"hidden_act", "silu"},
           {"attention_bias", false},
           {"mlp_bias", false},
+          {"torch_dtype", "float32"}};
+}
+
+nlohmann::json hf_bert_config(const Config& c) {
+  constexpr const char* fn = "qkv::detail::hf_bert_config";
+  if (c.causal || !c.post_norm || c.pos != PosEncoding::learned || c.norm != NormKind::layernorm ||
+      c.mlp == MlpKind::swiglu || !c.bias || c.n_kv_heads != c.n_heads || c.type_vocab_size < 1)
+    fail(fn, "config: a BERT encoder is bidirectional and post-norm with learned positions, token types, LayerNorm, "
+             "a GELU MLP, biases and as many kv heads as heads, got " + config_to_json(c, false));
+  return {{"architectures", {c.mlm_head ? "BertForMaskedLM" : "BertModel"}},
+          {"model_type", "bert"},
+          {"hidden_size", c.dim},
+          {"intermediate_size", c.hidden_dim},
+          {"num_attention_heads", c.n_heads},
+          {"num_hidden_layers", c.n_layers},
+          {"vocab_size", c.vocab_size},
+          {"max_position_embeddings", c.seq_len},
+          {"type_vocab_size", c.type_vocab_size},
+          {"layer_norm_eps", c.norm_eps},
+          {"hidden_act", c.mlp == MlpKind::gelu ? "gelu_new" : "gelu"},
+          {"position_embedding_type", "absolute"},
+          {"tie_word_embeddings", c.tied_embeddings},
+          {"pad_token_id", 0},
           {"torch_dtype", "float32"}};
 }
 

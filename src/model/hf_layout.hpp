@@ -75,4 +75,9 @@ nlohmann::json hf_gpt2_config(const Config& c);
 // Throws naming the field unless c is a Llama: rotary, RMSNorm, SwiGLU, no biases, causal pre-norm.
 nlohmann::json hf_llama_config(const Config& c);
 
+// A Hugging Face config.json describing `c` as BertForMaskedLM (with mlm_head) or BertModel (without);
+// hf_config reads it back as `c`. Throws naming the config unless c is a BERT encoder: bidirectional,
+// post-norm, learned positions, LayerNorm, GELU MLP, biases, H = Hkv, token types.
+nlohmann::json hf_bert_config(const Config& c);
+
 }  // namespace qkv::detail

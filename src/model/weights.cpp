@@ -55,7 +55,14 @@ void for_each_param(Weights& w,
     f("norm.weight", {C}, w.normf_w);
     if (ln && c.bias) f("norm.bias", {C}, w.normf_b);
   }
+  if (c.mlm_head) {
+    f("mlm_head.dense.weight", {C, C}, w.mlm_w);
+    f("mlm_head.dense.bias", {C}, w.mlm_b);
+    f("mlm_head.norm.weight", {C}, w.mlm_norm_w);
+    f("mlm_head.norm.bias", {C}, w.mlm_norm_b);
+  }
   if (!c.tied_embeddings) f("output.weight", {c.vocab_size, C}, w.wcls);
+  if (c.mlm_head) f("output.bias", {c.vocab_size}, w.out_b);
 }
 
 // A float is non-finite when its exponent bits are all ones, i.e. when (bits & kExponent) +

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -145,6 +146,35 @@ void check_options(const TrainOptions& o) {
   fail(kFn, all);
 }
 
+void mlm_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t B, std::int64_t T, const Tokenizer& tok,
+               std::int32_t mask_id, std::vector<std::int32_t>& x, std::vector<std::int32_t>& y) {
+  const auto span = static_cast<std::uint64_t>(static_cast<std::int64_t>(data.size()) - (T - 2) + 1);
+  const auto V = static_cast<std::uint64_t>(tok.vocab_size());
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto i = static_cast<std::size_t>(rng.below(span));
+    std::int32_t* xb = x.data() + b * T;
+    std::int32_t* yb = y.data() + b * T;
+    xb[0] = tok.bos_id(), xb[T - 1] = tok.eos_id();
+    for (std::int64_t t = 1; t < T - 1; ++t) xb[t] = data[i + static_cast<std::size_t>(t - 1)];
+    std::int64_t chosen = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      const bool pick = t > 0 && t < T - 1 && rng.uniform() < 0.15;
+      yb[t] = pick ? xb[t] : kIgnoreTarget;
+      chosen += pick ? 1 : 0;
+    }
+    if (chosen == 0) {
+      const auto t = static_cast<std::int64_t>(1 + rng.below(static_cast<std::uint64_t>(T - 2)));
+      yb[t] = xb[t];
+    }
+    for (std::int64_t t = 1; t < T - 1; ++t) {
+      if (yb[t] == kIgnoreTarget) continue;
+      const double u = rng.uniform();
+      if (u < 0.8) xb[t] = mask_id;
+      else if (u < 0.9) xb[t] = static_cast<std::int32_t>(rng.below(V));
+    }
+  }
+}
+
 namespace {
 
 // --resume: the checkpoint's "model" and "run" metadata against the options. Schedule fields may
@@ -196,9 +226,11 @@ void sample_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t 
 }
 
 // The tokenizer of a run: learned from the corpus (chars, bpe; TextTokenizer) or a model's own read
-// from a file (--tokenizer FILE, with --init): qkv train's tokenizer.json, or a llama2.c
-// tokenizer.bin, with which each non-empty line of the corpus is one text (BOS, then its tokens),
-// as llama2.c's pretokenised stories are.
+// from a file (--tokenizer FILE, with --init or --arch bert): qkv train's tokenizer.json, a llama2.c
+// tokenizer.bin, with which each non-empty line of the corpus is one text (BOS, then its tokens), as
+// llama2.c's pretokenised stories are, or BERT's WordPiece (a Hugging Face tokenizer.json whose model
+// is "WordPiece", or a vocab.txt), with which each non-empty line's tokens follow the last line's
+// (an encoder's sequences are framed [CLS] … [SEP] by mlm_batch).
 class RunTokenizer {
  public:
   static RunTokenizer learn(const TrainOptions& o, const std::string& corpus) {
@@ -206,30 +238,45 @@ class RunTokenizer {
     t.text_ = o.tokenizer == "bpe" ? TextTokenizer::learn_bpe(corpus, o.bpe_vocab) : TextTokenizer::learn_chars(corpus);
     return t;
   }
-  // vocab: the model's vocabulary (a llama2.c tokenizer.bin does not store its size).
-  static RunTokenizer from_file(const std::string& path, std::int64_t vocab) {
+  // vocab: the model's vocabulary (a llama2.c tokenizer.bin does not store its size); 0 for a new
+  // encoder, whose vocabulary is the WordPiece tokenizer's. A folder stands for the tokenizer in it.
+  static RunTokenizer from_file(const std::string& given, std::int64_t vocab) {
     RunTokenizer t;
+    std::string path = given;
+    if (std::filesystem::is_directory(given)) {
+      path = detail::tokenizer_beside(given, kFn, "--tokenizer");
+      if (path.empty() && std::filesystem::is_regular_file(given + "/vocab.txt")) path = given + "/vocab.txt";
+      if (path.empty()) fail(kFn, "--tokenizer '" + given + "': the folder holds no tokenizer.json, vocab.txt or tokenizer.bin");
+    }
     const std::string bytes = detail::read_input_file(path, kFn, "--tokenizer", std::size_t{1} << 28);
     const auto first = bytes.find_first_not_of(" \t\r\n");
-    if (first != std::string::npos && bytes[first] == '{') {
+    const bool json = first != std::string::npos && bytes[first] == '{';
+    const auto j = json ? nlohmann::json::parse(bytes, nullptr, false) : nlohmann::json();
+    const bool wordpiece = path.ends_with(".txt") || (j.is_object() && j.contains("model") && j["model"].is_object() &&
+                                                      j["model"].value("type", "") == "WordPiece");
+    if (json && !wordpiece && !(j.is_object() && j.contains("model"))) {
       t.text_ = TextTokenizer::from_json(bytes);
     } else {
-      t.llama2c_ = true;
+      t.file_ = true;
       t.path_ = std::filesystem::absolute(path).string();
       t.bytes_ = bytes;
-      t.llama_ = Tokenizer::load(path, vocab);
+      t.file_tok_ = wordpiece ? Tokenizer::load_wordpiece(path) : Tokenizer::load(path, vocab);
+      if (t.file_tok_.format() != Tokenizer::Format::llama2c && t.file_tok_.format() != Tokenizer::Format::wordpiece)
+        fail(kFn, "--tokenizer '" + path + "': qkv train reads qkv train's tokenizer.json, a llama2.c tokenizer.bin "
+                                           "or a WordPiece tokenizer.json / vocab.txt");
     }
-    if (t.vocab_size() != vocab)
+    if (vocab > 0 && t.vocab_size() != vocab)
       fail(kFn, "--tokenizer '" + path + "': " + std::to_string(t.vocab_size()) +
                     " tokens, but the model's vocabulary has " + std::to_string(vocab) +
                     " (a model trains with its own tokenizer)");
     return t;
   }
-  // A checkpoint's "tokenizer" metadata: TextTokenizer JSON, or {"llama2c": path, "vocab", "fnv1a"}.
+  // A checkpoint's "tokenizer" metadata: TextTokenizer JSON, or {"file": path, "vocab", "fnv1a"}
+  // ("llama2c" instead of "file" in checkpoints of earlier versions).
   static RunTokenizer from_metadata(const std::string& text) {
     const auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_object() && j.contains("llama2c")) {
-      RunTokenizer t = from_file(j["llama2c"].get<std::string>(), j["vocab"].get<std::int64_t>());
+    if (j.is_object() && (j.contains("file") || j.contains("llama2c"))) {
+      RunTokenizer t = from_file(j[j.contains("file") ? "file" : "llama2c"].get<std::string>(), j["vocab"].get<std::int64_t>());
       if (fingerprint(t.bytes_) != j["fnv1a"].get<std::string>())
         fail(kFn, "--resume: the tokenizer file '" + t.path_ + "' changed since the checkpoint was written");
       return t;
@@ -239,12 +286,15 @@ class RunTokenizer {
     return t;
   }
   std::string metadata() const {
-    if (!llama2c_) return text_.to_json();
-    return nlohmann::json{{"llama2c", path_}, {"vocab", vocab_size()}, {"fnv1a", fingerprint(bytes_)}}.dump();
+    if (!file_) return text_.to_json();
+    return nlohmann::json{{"file", path_}, {"vocab", vocab_size()}, {"fnv1a", fingerprint(bytes_)}}.dump();
   }
-  std::int64_t vocab_size() const { return llama2c_ ? llama_.vocab_size() : text_.vocab_size(); }
+  bool wordpiece() const { return file_ && file_tok_.format() == Tokenizer::Format::wordpiece; }
+  const Tokenizer& file_tokenizer() const { return file_tok_; }
+  std::int64_t vocab_size() const { return file_ ? file_tok_.vocab_size() : text_.vocab_size(); }
   std::vector<std::int32_t> encode(const std::string& corpus) const {
-    if (!llama2c_) return text_.encode(corpus);
+    if (!file_) return text_.encode(corpus);
+    const bool bos = !wordpiece();
     std::vector<std::int32_t> ids;
     std::size_t at = 0;
     while (at < corpus.size()) {
@@ -252,22 +302,33 @@ class RunTokenizer {
       if (end == std::string::npos) end = corpus.size();
       const std::string_view line(corpus.data() + at, end - at);
       if (!line.empty())
-        for (int id : llama_.encode(line, /*add_bos=*/true, /*add_eos=*/false)) ids.push_back(id);
+        for (int id : file_tok_.encode(line, /*add_bos=*/bos, /*add_eos=*/false)) ids.push_back(id);
       at = end + 1;
     }
     return ids;
   }
-  // Beside the model: tokenizer.json (TextTokenizer), or the llama2.c file as tokenizer.bin.
+  // Beside the model: tokenizer.json (TextTokenizer), the llama2.c file as tokenizer.bin, the
+  // WordPiece file under its own name (tokenizer.json or vocab.txt) with the tokenizer_config.json
+  // that was beside it (its lower-casing and accent settings).
   void write(const std::string& dir) const {
-    if (llama2c_) write_file_atomic(dir + "/tokenizer.bin", bytes_);
-    else write_file_atomic(dir + "/tokenizer.json", text_.to_json() + "\n");
+    namespace fs = std::filesystem;
+    if (!file_) {
+      write_file_atomic(dir + "/tokenizer.json", text_.to_json() + "\n");
+    } else if (!wordpiece()) {
+      write_file_atomic(dir + "/tokenizer.bin", bytes_);
+    } else {
+      write_file_atomic(dir + "/" + (path_.ends_with(".txt") ? "vocab.txt" : "tokenizer.json"), bytes_);
+      const fs::path cfg = fs::path(path_).parent_path() / "tokenizer_config.json";
+      if (fs::is_regular_file(cfg))
+        write_file_atomic(dir + "/tokenizer_config.json", detail::read_input_file(cfg.string(), kFn, "--tokenizer"));
+    }
   }
 
  private:
-  bool llama2c_ = false;
+  bool file_ = false;  // a model's own tokenizer file (llama2.c or WordPiece)
   TextTokenizer text_;
-  std::string path_, bytes_;  // llama2c: the file (absolute path) and its bytes
-  Tokenizer llama_;
+  std::string path_, bytes_;  // file: the file (absolute path) and its bytes
+  Tokenizer file_tok_;
 };
 
 // --init without --tokenizer: the tokenizer beside (or, for a folder, in) the model.
@@ -374,6 +435,44 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Train
   write_safetensors(path, f);
 }
 
+// The sentence-transformers modules of an encoder's folder (what qkv embed and sentence-transformers
+// read): those of --init's folder when it has modules.json (its pooling and normalisation kept),
+// else a Transformer at the root, then mean pooling; sentence_bert_config.json likewise (else
+// max_seq_length = seq_len).
+void write_sentence_modules(const std::string& dir, const Config& c, const std::string& init) {
+  namespace fs = std::filesystem;
+  const fs::path from = fs::is_directory(init) ? fs::path(init) : fs::path();
+  if (!from.empty() && fs::is_regular_file(from / "modules.json")) {
+    const std::string text = detail::read_input_file((from / "modules.json").string(), kFn, "--init");
+    write_file_atomic(dir + "/modules.json", text);
+    if (fs::is_regular_file(from / "sentence_bert_config.json"))
+      write_file_atomic(dir + "/sentence_bert_config.json",
+                        detail::read_input_file((from / "sentence_bert_config.json").string(), kFn, "--init"));
+    const auto modules = nlohmann::json::parse(text, nullptr, false);
+    if (!modules.is_array()) fail_format(kFn, "--init '" + init + "': modules.json is not a JSON array");
+    for (const auto& m : modules) {
+      const std::string path = m.is_object() ? m.value("path", "") : "";
+      if (path.empty() || path == "." || path.find("..") != std::string::npos) continue;
+      fs::create_directories(dir + "/" + path);
+      if (fs::is_regular_file(from / path / "config.json"))
+        write_file_atomic(dir + "/" + path + "/config.json",
+                          detail::read_input_file((from / path / "config.json").string(), kFn, "--init"));
+    }
+    return;
+  }
+  const nlohmann::json modules = nlohmann::json::array(
+      {{{"idx", 0}, {"name", "0"}, {"path", ""}, {"type", "sentence_transformers.models.Transformer"}},
+       {{"idx", 1}, {"name", "1"}, {"path", "1_Pooling"}, {"type", "sentence_transformers.models.Pooling"}}});
+  write_file_atomic(dir + "/modules.json", modules.dump(2) + "\n");
+  fs::create_directories(dir + "/1_Pooling");
+  write_file_atomic(dir + "/1_Pooling/config.json",
+                    nlohmann::json{{"word_embedding_dimension", c.dim}, {"pooling_mode_cls_token", false},
+                                   {"pooling_mode_mean_tokens", true}, {"pooling_mode_max_tokens", false}}
+                            .dump(2) + "\n");
+  write_file_atomic(dir + "/sentence_bert_config.json",
+                    nlohmann::json{{"max_seq_length", c.seq_len}, {"do_lower_case", false}}.dump(2) + "\n");
+}
+
 // The weights alone with model.json (qkv's config) beside them: what qkv::load_weights, `qkv
 // generate --model`, `qkv inspect --model` and qkv.Model.load read. A Llama (rotary, RMSNorm, SwiGLU,
 // no biases) is written as a Hugging Face LlamaForCausalLM folder and a GPT-2 (learned positions,
@@ -381,22 +480,28 @@ void save_checkpoint(const std::string& path, const TrainOptions& o, const Train
 // q/k rows in HF's rotate-half order; GPT-2: Conv1D [in, out] weights, W_Q/W_K/W_V fused in c_attn)
 // and config.json — which transformers loads as well. HF's GPT-2 always has biases: a GPT-2 trained
 // without them is written with zero biases (the same function), and its model.json says bias: true,
-// so that qkv reads the folder as transformers does. Any other model is written under qkv's names.
-void export_model(const std::string& dir, const Trainable<float>& m) {
+// so that qkv reads the folder as transformers does. An encoder is written as a BertForMaskedLM
+// (bert.* and cls.predictions.*) with the sentence-transformers modules beside it, a folder that
+// `qkv embed` (qkv::Encoder::load) and transformers' BertForMaskedLM and BertModel load. Any other
+// model is written under qkv's names.
+void export_model(const std::string& dir, const Trainable<float>& m, const std::string& init) {
   const Config& c = m.config();
   const Weights w = m.to_weights();
-  const bool llama = c.pos == PosEncoding::rotary && c.norm == NormKind::rmsnorm && c.mlp == MlpKind::swiglu && !c.bias;
-  const bool gpt2 = c.pos == PosEncoding::learned && c.norm == NormKind::layernorm &&
+  const bool bert = !c.causal && c.pos == PosEncoding::learned && c.norm == NormKind::layernorm &&
+                    c.mlp != MlpKind::swiglu && c.bias && c.n_kv_heads == c.n_heads && c.type_vocab_size > 0;
+  const bool llama = c.causal && c.pos == PosEncoding::rotary && c.norm == NormKind::rmsnorm && c.mlp == MlpKind::swiglu && !c.bias;
+  const bool gpt2 = c.causal && c.pos == PosEncoding::learned && c.norm == NormKind::layernorm &&
                     (c.mlp == MlpKind::gelu || c.mlp == MlpKind::gelu_exact) && c.n_kv_heads == c.n_heads;
-  if (!llama && !gpt2) {
+  if (!llama && !gpt2 && !bert) {
     save_safetensors(w, dir + "/model.safetensors");
     write_file_atomic(dir + "/model.json", config_to_json(c) + "\n");
     return;
   }
   Config out = c;
   out.bias = out.bias || gpt2;
-  const detail::FileLayout hf = llama ? detail::FileLayout{detail::Layout::hf_llama, "model."}
-                                      : detail::FileLayout{detail::Layout::hf_gpt2, "transformer."};
+  const detail::FileLayout hf = bert    ? detail::FileLayout{detail::Layout::hf_bert, "bert."}
+                                : llama ? detail::FileLayout{detail::Layout::hf_llama, "model."}
+                                        : detail::FileLayout{detail::Layout::hf_gpt2, "transformer."};
   // Every tensor of the HF model zero-filled (a bias the trained model has not stays zero), then
   // each trained parameter written into its place.
   std::map<std::string, std::vector<float>> stored;
@@ -417,9 +522,12 @@ void export_model(const std::string& dir, const Trainable<float>& m) {
   f.metadata["format"] = "pt";
   for (const auto& [name, v] : stored) f.tensors[name] = st_f32(v.data(), shapes[name]);
   write_safetensors(dir + "/model.safetensors", f);
-  write_file_atomic(dir + "/config.json",
-                    (llama ? detail::hf_llama_config(out) : detail::hf_gpt2_config(out)).dump(2) + "\n");
+  const nlohmann::json hf_config = bert    ? detail::hf_bert_config(out)
+                                   : llama ? detail::hf_llama_config(out)
+                                           : detail::hf_gpt2_config(out);
+  write_file_atomic(dir + "/config.json", hf_config.dump(2) + "\n");
   write_file_atomic(dir + "/model.json", config_to_json(out) + "\n");
+  if (bert) write_sentence_modules(dir, out, init);
 }
 
 // The model flags the caller gave (all of them when o.given is nullopt) that describe another model
@@ -491,7 +599,8 @@ Config model_config(const ModelFlags& f, std::int64_t vocab) {
     return c;
   }
   std::vector<std::string> bad;
-  if (f.arch != "gpt2" && f.arch != "llama") bad.push_back("--arch: must be gpt2 or llama, got '" + f.arch + "'");
+  if (f.arch != "gpt2" && f.arch != "llama" && f.arch != "bert")
+    bad.push_back("--arch: must be gpt2, llama or bert, got '" + f.arch + "'");
   auto positive = [&](const char* flag, std::int64_t v, std::int64_t lo) {
     if (v < lo) bad.push_back(std::string(flag) + ": must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
   };
@@ -507,9 +616,12 @@ Config model_config(const ModelFlags& f, std::int64_t vocab) {
                   " and heads " + std::to_string(f.heads));
   if (bad.empty() && f.heads % kv != 0)
     bad.push_back("--kv-heads: must divide --heads " + std::to_string(f.heads) + ", got " + std::to_string(kv));
-  if (bad.empty() && f.arch == "gpt2" && kv != f.heads)
-    bad.push_back("--kv-heads: the gpt2 preset has as many kv heads as heads; use --arch llama for GQA, got " +
+  if (bad.empty() && f.arch != "llama" && kv != f.heads)
+    bad.push_back("--kv-heads: the " + f.arch + " preset has as many kv heads as heads; use --arch llama for GQA, got " +
                   std::to_string(kv) + " with --heads " + std::to_string(f.heads));
+  if (bad.empty() && f.arch == "bert" && f.context < 3)
+    bad.push_back("--context: a bert sequence is [CLS] tokens [SEP], at least 3 positions, got " +
+                  std::to_string(f.context));
   if (bad.empty() && f.arch == "llama" && (f.embd / f.heads) % 2 != 0)
     bad.push_back("--d-model, --heads: rotary positions (--arch llama) need an even head dim, got " +
                   std::to_string(f.embd) + " / " + std::to_string(f.heads));
@@ -525,6 +637,13 @@ Config model_config(const ModelFlags& f, std::int64_t vocab) {
     c = Config::gpt2_small();
     c.mlp = MlpKind::gelu_exact;
     c.hidden_dim = f.hidden_dim > 0 ? f.hidden_dim : 4 * f.embd;
+  } else if (f.arch == "bert") {
+    // BERT (BertForMaskedLM): bidirectional, post-LayerNorm blocks, learned positions, two token
+    // types, exact GELU MLP of 4·C, biases everywhere (BertModel always has them: --bias is implied),
+    // eps 1e-12, the masked-LM head tied to the token embedding.
+    c.pos = PosEncoding::learned, c.norm = NormKind::layernorm, c.mlp = MlpKind::gelu_exact;
+    c.hidden_dim = f.hidden_dim > 0 ? f.hidden_dim : 4 * f.embd;
+    c.causal = false, c.post_norm = true, c.type_vocab_size = 2, c.mlm_head = true, c.tied_embeddings = true;
   } else {
     // llama2.c's model.py: hidden = 4·dim, then ⅔ of it (SwiGLU's three matrices cost what two of
     // 4·dim would), rounded up to a multiple of 32.
@@ -533,13 +652,19 @@ Config model_config(const ModelFlags& f, std::int64_t vocab) {
     c.tied_embeddings = true;
   }
   c.dim = f.embd, c.n_layers = f.layers, c.n_heads = f.heads, c.n_kv_heads = kv;
-  c.vocab_size = vocab, c.seq_len = f.context, c.bias = f.bias, c.norm_eps = 1e-5f;
+  c.vocab_size = vocab, c.seq_len = f.context, c.bias = f.bias || c.post_norm, c.norm_eps = c.post_norm ? 1e-12f : 1e-5f;
   check_trainable(c, kFn);
   return c;
 }
 
 std::string arch_of(const Config& c) {
-  if (!c.causal || c.post_norm || c.type_vocab_size > 0) return "custom";
+  if (!c.causal)
+    return c.post_norm && c.mlm_head && c.pos == PosEncoding::learned && c.norm == NormKind::layernorm &&
+                   c.mlp == MlpKind::gelu_exact && c.bias && c.tied_embeddings && c.n_kv_heads == c.n_heads &&
+                   c.type_vocab_size == 2
+               ? "bert"
+               : "custom";
+  if (c.post_norm || c.type_vocab_size > 0) return "custom";
   if (c.pos == PosEncoding::learned && c.norm == NormKind::layernorm && c.mlp == MlpKind::gelu_exact &&
       c.tied_embeddings && c.n_kv_heads == c.n_heads)
     return "gpt2";
@@ -587,8 +712,18 @@ class Run {
   Rng rng_;                             // the training batches' stream
   State st_;
   std::vector<LossRow> rows_;
-  std::vector<std::int32_t> x_, y_;     // [B, T] one batch: tokens, next tokens
+  std::vector<std::int32_t> x_, y_;     // [B, T] one batch: tokens, targets (next tokens; an encoder's masked ones)
+  bool encoder_ = false;                // masked-LM batches (mlm_batch) instead of next-token windows
+  std::int32_t mask_id_ = -1;           // encoder: the tokenizer's [MASK]
+  std::string note_;                    // TrainStart::note
+  // One batch of `data` into x_, y_ drawn from rng: next-token windows, or an encoder's masked ones.
+  void draw(const std::vector<std::int32_t>& data, Rng& rng);
 };
+
+void Run::draw(const std::vector<std::int32_t>& data, Rng& rng) {
+  if (encoder_) mlm_batch(data, rng, B_, T_, tok_.file_tokenizer(), mask_id_, x_, y_);
+  else sample_batch(data, rng, B_, T_, x_, y_);
+}
 
 Run::Run(const TrainOptions& opts) : o_(opts) {
   TrainOptions& o = o_;
@@ -633,6 +768,11 @@ Run::Run(const TrainOptions& opts) : o_(opts) {
   } else if (!o.init.empty()) {
     init_weights = load_weights(o.init);
     cfg = init_weights.config;
+    if (!cfg.causal && !cfg.mlm_head) {  // a BertModel (a sentence-transformers folder): the objective's head is new
+      cfg.mlm_head = true;
+      note_ = "--init '" + o.init + "' has no masked-LM head: it is initialised (dense N(0, 0.02), LayerNorm 1 and 0, "
+              "output bias 0)";
+    }
     check_trainable(cfg, std::string(kFn) + ": --init '" + o.init + "'");
     if (o.tokenizer.empty()) o.tokenizer = tokenizer_beside(o.init);
     if (o.tokenizer == "chars" || o.tokenizer == "bpe")
@@ -644,11 +784,37 @@ Run::Run(const TrainOptions& opts) : o_(opts) {
       fail(kFn, "--context: " + std::to_string(o.model.context) + " is longer than --init's model allows (seq_len " +
                     std::to_string(cfg.seq_len) + ")");
   } else {
-    if (o.tokenizer != "chars" && o.tokenizer != "bpe")
-      fail(kFn, "--tokenizer '" + o.tokenizer + "': a tokenizer file is a model's own; use it with --init (a new "
-                                                 "model learns chars or bpe from the corpus)");
-    tok_ = RunTokenizer::learn(o, corpus);
+    bool encoder = o.model.arch == "bert";
+    if (!o.model.config_path.empty()) {  // a feature training does not implement fails before the tokenizer is read
+      const Config mc = load_config(o.model.config_path);
+      check_trainable(mc, std::string(kFn) + ": --model-config '" + o.model.config_path + "'");
+      encoder = !mc.causal;
+    }
+    if (encoder) {
+      if (o.tokenizer == "chars" || o.tokenizer == "bpe")
+        fail(kFn, "--tokenizer " + o.tokenizer + ": an encoder (--arch bert) trains with a WordPiece tokenizer; give "
+                                                 "a BERT folder or its tokenizer.json or vocab.txt");
+      tok_ = RunTokenizer::from_file(o.tokenizer, 0);
+    } else {
+      if (o.tokenizer != "chars" && o.tokenizer != "bpe")
+        fail(kFn, "--tokenizer '" + o.tokenizer + "': a tokenizer file is a model's own; use it with --init (a new "
+                                                   "decoder learns chars or bpe from the corpus)");
+      tok_ = RunTokenizer::learn(o, corpus);
+    }
     cfg = model_config(o.model, tok_.vocab_size());
+  }
+  encoder_ = !cfg.causal;
+  if (encoder_) {
+    if (!tok_.wordpiece())
+      fail(kFn, "--tokenizer '" + o.tokenizer + "': an encoder trains with a WordPiece tokenizer (a BERT folder's "
+                                                 "tokenizer.json or vocab.txt)");
+    const std::vector<int> mask = tok_.file_tokenizer().encode("[MASK]", false, false);
+    if (mask.size() != 1)
+      fail(kFn, "--tokenizer '" + o.tokenizer + "': the WordPiece vocabulary has no [MASK] token, which masked-LM "
+                                                 "training needs");
+    mask_id_ = mask[0];
+  } else if (tok_.wordpiece()) {
+    fail(kFn, "--tokenizer '" + o.tokenizer + "': a WordPiece tokenizer belongs to an encoder (--arch bert)");
   }
 
   const std::vector<std::int32_t> ids = tok_.encode(corpus);
@@ -682,7 +848,15 @@ Run::Run(const TrainOptions& opts) : o_(opts) {
       fail(kFn, "--steps: the checkpoint is at step " + std::to_string(st_.step) + ", beyond --steps " +
                     std::to_string(o.steps));
   } else {
-    if (!o.init.empty()) {
+    if (!note_.empty()) {  // every tensor --init has, the head drawn as a new model's
+      Rng init(o.seed ^ kInitStream);
+      init_params(model, init);
+      for (const auto& t : init_weights.tensors()) {
+        const auto p = std::find_if(model.layout().begin(), model.layout().end(),
+                                    [&](const ParamInfo& q) { return q.name == t.name; });
+        std::copy_n(t.data, p->numel, model.params.data() + p->offset);
+      }
+    } else if (!o.init.empty()) {
       model.set_weights(init_weights, "--init");
     } else {
       Rng init(o.seed ^ kInitStream);
@@ -703,6 +877,7 @@ TrainStart Run::start() const {
   s.first_step = st_.step;
   s.resumed = o_.resume;
   s.schedule_changes = schedule_changes_;
+  s.note = note_;
   return s;
 }
 
@@ -710,7 +885,7 @@ double Run::evaluate() {
   Rng er(o_.seed ^ kEvalStream);
   double sum = 0;
   for (std::int64_t i = 0; i < o_.eval_batches; ++i) {
-    sample_batch(val_ids_, er, B_, T_, x_, y_);
+    draw(val_ids_, er);
     sum += model_->forward(x_.data(), y_.data());
   }
   return sum / static_cast<double>(o_.eval_batches);
@@ -725,7 +900,7 @@ double Run::step(LossRow& row) {
   model.zero_grad();
   double loss = 0;
   for (std::int64_t micro = 0; micro < o_.accum; ++micro) {
-    sample_batch(train_ids_, rng_, B_, T_, x_, y_);
+    draw(train_ids_, rng_);
     loss += model.forward(x_.data(), y_.data()) / static_cast<double>(o_.accum);
     model.backward(1.0f / static_cast<float>(o_.accum));
   }
@@ -742,7 +917,7 @@ double Run::step(LossRow& row) {
 
 void Run::write_outputs() const {
   save_checkpoint(ckpt_, o_, *model_, adam_m_, adam_v_, rng_, st_, tok_, corpus_id_);
-  export_model(o_.out_dir, *model_);
+  export_model(o_.out_dir, *model_, o_.init);
   tok_.write(o_.out_dir);
   write_file_atomic(o_.out_dir + "/loss.csv", csv_text(rows_));
   write_file_atomic(o_.out_dir + "/loss.png", loss_curve_png(rows_));

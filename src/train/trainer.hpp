@@ -31,6 +31,7 @@
 
 #include "qkv/model.hpp"
 #include "train/adamw.hpp"
+#include "train/rng.hpp"
 
 namespace qkv::train {
 
@@ -38,10 +39,13 @@ namespace qkv::train {
 //   gpt2   nanoGPT: learned positions, LayerNorm, exact GELU MLP of 4·d_model, tied unembedding
 //   llama  llama2.c: rotary positions, RMSNorm, SwiGLU MLP of llama2.c's width (hidden_dim 0:
 //          ⌈(8/3)·d_model / 32⌉·32), kv_heads ≤ heads (GQA), tied unembedding
+//   bert   BertForMaskedLM: bidirectional, post-LayerNorm, learned positions, 2 token types, exact
+//          GELU MLP of 4·d_model, biases, eps 1e-12, the masked-LM head tied to the token embedding;
+//          trained on masked-LM batches (BERT's 15 % with 80/10/10) with a WordPiece tokenizer
 // config_path (--model-config) instead names a model JSON (qkv's or a Hugging Face config.json)
 // that fixes every setting; its vocab_size must be the tokenizer's.
 struct ModelFlags {
-  std::string arch = "gpt2";      // gpt2 | llama
+  std::string arch = "gpt2";      // gpt2 | llama | bert
   std::string config_path;        // --model-config
   std::int64_t layers = 4;        // L
   std::int64_t heads = 4;         // H (head dim D = d_model / H)
@@ -117,6 +121,8 @@ struct TrainStart {
   std::int64_t first_step = 0;                 // > 0: resumed at this step
   bool resumed = false;
   std::vector<std::string> schedule_changes;   // resume: "lr 0.001 -> 0.0005", one per changed schedule option
+  std::string note;                            // what the setup did that the caller should say (an --init
+                                               // encoder without the masked-LM head: the head was initialised)
 };
 
 // One optimiser step done (TrainHooks::on_step).
@@ -143,6 +149,16 @@ struct TrainHooks {
 // when the output folder cannot be created or written; qkv::FormatError for a checkpoint or
 // loss.csv whose content is corrupt; qkv::NonFiniteError when the loss becomes NaN or ±inf.
 TrainSummary train(const TrainOptions& o, const TrainHooks& hooks = {});
+
+// An encoder's batch, BERT's masked-LM data: B sequences [CLS] data[i, i+T−2) [SEP] into x [B, T],
+// each at an offset i drawn uniformly from [0, len − (T − 2)] (len = data.size() ≥ T − 2, T ≥ 3);
+// then each position but [CLS] and [SEP] is chosen with probability 15 % (and one uniformly among
+// them when none was, so every sequence predicts something), and a chosen token becomes mask_id
+// (80 %), a random id of [0, V) (10 %) or stays (10 %), as transformers'
+// DataCollatorForLanguageModeling does; y [B, T] holds the chosen positions' original tokens and
+// kIgnoreTarget (−100) elsewhere. Everything is drawn from rng: a seed fixes the batch.
+void mlm_batch(const std::vector<std::int32_t>& data, Rng& rng, std::int64_t B, std::int64_t T, const Tokenizer& tok,
+               std::int32_t mask_id, std::vector<std::int32_t>& x, std::vector<std::int32_t>& y);
 
 // Throws std::invalid_argument naming every bad option with the value given ("--lr: must be a
 // finite number > 0, got nan; --clip: ..."), in one line; train() calls it first.

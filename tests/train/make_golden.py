@@ -4,6 +4,12 @@
   model_grads_{gpt2,llama,mixed}.json   a tiny model of each family (tools/torch_train_twin.py, f64)
                    with order-1 random weights, one batch; the mean cross-entropy and the gradient of
                    every parameter (autograd), by qkv's tensor names
+  bert_mlm/        transformers' BertForMaskedLM (a tiny random config, order-1 weights rounded to f32, tied
+                   decoder) as save_pretrained writes it: config.json + model.safetensors (f32), read by
+                   qkv's one safetensors loader
+  bert_mlm.json    one batch for it (tokens, token types, labels with -100 where not predicted), its
+                   masked-LM loss and the gradient of every parameter, computed by transformers in f64,
+                   by transformers' parameter names
   adamw.json       three steps of torch.optim.AdamW (decay on a subset, clip_grad_norm_ before
                    each step) on f32 tensors: inputs, learning rates, and the parameters after
 
@@ -56,6 +62,34 @@ def model_grads(cfg, B=3):
     }
 
 
+def bert_mlm(folder, B=3, T=8):
+    import transformers
+    cfg = transformers.BertConfig(vocab_size=23, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=T, type_vocab_size=2,
+                                  hidden_act="gelu", layer_norm_eps=1e-12, attn_implementation="eager")
+    torch.manual_seed(2)
+    model = transformers.BertForMaskedLM(cfg).double().eval()  # eval: no dropout
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+            p.copy_(p.float().double())  # f32-representable: the f32 file holds exactly these weights
+    model.float().save_pretrained(folder)
+    model.double()
+    x = torch.randint(0, cfg.vocab_size, (B, T))
+    types = torch.randint(0, 2, (B, T))
+    labels = torch.randint(0, cfg.vocab_size, (B, T))
+    labels[torch.rand(B, T) > 0.3] = -100  # about a third of the positions predicted
+    labels[:, 1] = torch.randint(0, cfg.vocab_size, (B,))
+    loss = model(input_ids=x, token_type_ids=types, labels=labels).loss
+    loss.backward()
+    return {
+        "batch": B, "seq": T,
+        "tokens": x.flatten().tolist(), "types": types.flatten().tolist(), "targets": labels.flatten().tolist(),
+        "loss": loss.item(),
+        "grads": {n: p.grad.flatten().tolist() for n, p in model.named_parameters()},
+    }
+
+
 def adamw():
     torch.manual_seed(1)
     n, n_decay, steps = 12, 7, 3
@@ -82,6 +116,7 @@ if __name__ == "__main__":
     out = os.path.join(HERE, "golden")
     os.makedirs(out, exist_ok=True)
     jobs = [(f"model_grads_{k}.json", lambda c=c: model_grads(c)) for k, c in CONFIGS.items()]
+    jobs.append(("bert_mlm.json", lambda: bert_mlm(os.path.join(out, "bert_mlm"))))
     for name, fn in jobs + [("adamw.json", adamw)]:
         with open(os.path.join(out, name), "w") as f:
             json.dump(fn(), f)

@@ -378,13 +378,16 @@ TEST(Train, ArchitectureMismatchesAreRefused) {
   EXPECT_NE(m.find("holds several tok*.bin"), std::string::npos) << m;
   EXPECT_FALSE(fs::exists(dir + "/finetune/checkpoint.safetensors"));
 
-  // A BERT config (bidirectional, post-norm, token types) for a new model.
+  // A BertModel config (bidirectional, post-norm, token types, but no masked-LM head: no objective)
+  // for a new model.
   write(dir + "/bert.json", R"({"model_type": "bert", "hidden_size": 16, "intermediate_size": 32,
       "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 58, "max_position_embeddings": 16})");
   auto b = small_run(dir + "/corpus.txt", dir + "/bert");
   b.model.config_path = dir + "/bert.json";
   m = error_of([&] { qkv::train::train(b); });
-  EXPECT_NE(m.find("causal: training predicts the next token"), std::string::npos) << m;
+  EXPECT_NE(m.find("mlm_head: a bidirectional encoder (causal: false) trains with the masked-LM objective"),
+            std::string::npos)
+      << m;
   EXPECT_EQ(fs::last_write_time(dir + "/run/checkpoint.safetensors"), before);
   fs::remove_all(dir);
 }
@@ -417,3 +420,59 @@ TEST(Train, InitFineTunesStories260K) {
 }
 
 }  // namespace
+
+// BERT's masking (qkv::train::mlm_batch) against its definition, by counting over 20 batches of
+// 64 × 32 (≈ 5,800 chosen positions): [CLS] first and [SEP] last, never chosen; every sequence predicts
+// at least one position; 15 % of the other positions chosen; of those, [MASK] 80 % + 10 %/V (a random
+// draw of [MASK] itself), kept 10 % + 10 %/V, another id 10 %·(V − 2)/V. The bounds, 0.01 and 0.02,
+// are ≥ 4 standard deviations of these binomial counts (0.0018 and ≤ 0.0053). A seed fixes the batch.
+TEST(Train, MaskedLmBatchesFollowBert) {
+  const std::string vocab = ::testing::TempDir() + "qkv_mlm_vocab.txt";
+  std::ofstream(vocab) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\nsat\n##s\non\nmat\n.\n";
+  const qkv::Tokenizer tok = qkv::Tokenizer::load_wordpiece(vocab);
+  const std::int32_t mask = 4, V = 12;
+  ASSERT_EQ(tok.encode("[MASK]", false, false), std::vector<int>{mask});
+  std::vector<std::int32_t> data(5000);
+  qkv::train::Rng drng(7);
+  for (auto& d : data) d = static_cast<std::int32_t>(5 + drng.below(7));
+  const std::int64_t B = 64, T = 32;
+  std::vector<std::int32_t> x(B * T), y(B * T), x2(B * T), y2(B * T);
+  qkv::train::Rng rng(1), rng2(1), other(2);
+  double inner = 0, chosen = 0, masked = 0, kept = 0, changed = 0;
+  for (int batch = 0; batch < 20; ++batch) {
+    qkv::train::mlm_batch(data, rng, B, T, tok, mask, x, y);
+    qkv::train::mlm_batch(data, rng2, B, T, tok, mask, x2, y2);
+    ASSERT_EQ(x, x2);
+    ASSERT_EQ(y, y2);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int32_t* xb = x.data() + b * T;
+      const std::int32_t* yb = y.data() + b * T;
+      ASSERT_EQ(xb[0], tok.bos_id());
+      ASSERT_EQ(xb[T - 1], tok.eos_id());
+      ASSERT_EQ(yb[0], qkv::kIgnoreTarget);
+      ASSERT_EQ(yb[T - 1], qkv::kIgnoreTarget);
+      int predicted = 0;
+      for (std::int64_t t = 1; t < T - 1; ++t) {
+        inner += 1;
+        if (yb[t] == qkv::kIgnoreTarget) {
+          ASSERT_GE(xb[t], 5);  // unchosen: the corpus' own token
+          continue;
+        }
+        ++predicted, chosen += 1;
+        ASSERT_GE(yb[t], 5);  // the target is the original token
+        if (xb[t] == mask) masked += 1;
+        else if (xb[t] == yb[t]) kept += 1;
+        else changed += 1;
+      }
+      ASSERT_GE(predicted, 1);
+    }
+  }
+  std::printf("chosen %.4f of %g; of those [MASK] %.4f, kept %.4f, another id %.4f\n", chosen / inner, inner,
+              masked / chosen, kept / chosen, changed / chosen);
+  EXPECT_NEAR(chosen / inner, 0.15, 0.01);
+  EXPECT_NEAR(masked / chosen, 0.8 + 0.1 / V, 0.02);
+  EXPECT_NEAR(kept / chosen, 0.1 + 0.1 / V, 0.02);
+  EXPECT_NEAR(changed / chosen, 0.1 * (V - 2) / V, 0.02);
+  qkv::train::mlm_batch(data, other, B, T, tok, mask, x2, y2);
+  EXPECT_NE(y, y2);  // another seed, another batch
+}

@@ -1,6 +1,7 @@
 // qkv's training against PyTorch: the gradient of a whole model of each family (gpt2, llama and a
-// mixture of the remaining features) from torch autograd (tools/torch_train_twin.py), and
-// torch.optim.AdamW with clip_grad_norm_, both from golden files tests/train/make_golden.py writes.
+// mixture of the remaining features) from torch autograd (tools/torch_train_twin.py), the masked-LM
+// loss and gradients of transformers' BertForMaskedLM (the encoder configuration), and
+// torch.optim.AdamW with clip_grad_norm_, all from golden files tests/train/make_golden.py writes.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "model/hf_layout.hpp"
 #include "model/trainable.hpp"
 #include "train/adamw.hpp"
 
@@ -63,6 +65,53 @@ TEST_P(TorchParity, GradientsF64) { check_model<double>(GetParam(), 1e-12, 1e-10
 TEST_P(TorchParity, GradientsF32) { check_model<float>(GetParam(), 1e-5, 1e-4); }
 INSTANTIATE_TEST_SUITE_P(Archs, TorchParity, ::testing::Values("gpt2", "llama", "mixed"),
                          [](const auto& p) { return std::string(p.param); });
+
+// transformers' BertForMaskedLM (tests/train/golden/bert_mlm: its save_pretrained folder, read by
+// qkv's safetensors loader as a Config with mlm_head) on one batch with token types and labels −100
+// where not predicted: the masked-LM loss and the gradient of every parameter, transformers' computed
+// in f64, matched by name through the loader's own HF ↔ qkv mapping. Tolerances as TorchParity's:
+// f64 1e-10 (the rounding of two f64 computations; the LayerNorm eps 1e-12 held as a float differs
+// from torch's double by 4e-21, far below it); f32 1e-5 on the loss and 1e-4 of the largest gradient
+// (f32 rounding through 2 post-norm layers and the head).
+template <class S>
+void check_bert(double loss_tol, double grad_tol) {
+  const auto g = golden("bert_mlm.json");
+  const qkv::Weights w = qkv::load_weights(std::string(QKV_SOURCE_DIR) + "/tests/train/golden/bert_mlm");
+  const qkv::Config& cfg = w.config;
+  ASSERT_TRUE(!cfg.causal && cfg.post_norm && cfg.mlm_head && cfg.tied_embeddings && cfg.type_vocab_size == 2);
+  qkv::Trainable<S> m(cfg, g["batch"].get<std::int64_t>(), g["seq"].get<std::int64_t>());
+  m.set_weights(w, "golden bert_mlm");
+  const auto x = g["tokens"].get<std::vector<std::int32_t>>(), y = g["targets"].get<std::vector<std::int32_t>>(),
+             t = g["types"].get<std::vector<std::int32_t>>();
+  m.zero_grad();
+  const double loss = m.forward(x.data(), y.data(), t.data());
+  m.backward(S(1));
+  const qkv::detail::FileLayout hf{qkv::detail::Layout::hf_bert, "bert."};
+  double gmax = 0, err = 0;
+  std::string worst;
+  std::size_t matched = 0;
+  for (const auto& p : m.layout()) {
+    const std::string name = qkv::detail::source_of(hf, cfg, p.name, p.shape).tensor;
+    ASSERT_TRUE(g["grads"].contains(name)) << p.name << " → " << name;
+    const auto& gr = g["grads"][name];
+    ASSERT_EQ(static_cast<std::int64_t>(gr.size()), p.numel) << name;
+    ++matched;
+    for (std::int64_t i = 0; i < p.numel; ++i) {
+      const double want = gr[i].template get<double>();
+      gmax = std::max(gmax, std::abs(want));
+      const double d = std::abs(want - static_cast<double>(m.grads[static_cast<std::size_t>(p.offset + i)]));
+      if (d > err) err = d, worst = p.name;
+    }
+  }
+  EXPECT_EQ(matched, g["grads"].size());  // every parameter transformers trains, and no other
+  const double want_loss = g["loss"].get<double>();
+  std::printf("bert (%s): loss qkv %.9f transformers %.9f; max |grad| %.3g, max |grad qkv − transformers| %.3g (%s)\n",
+              sizeof(S) == 8 ? "f64" : "f32", loss, want_loss, gmax, err, worst.c_str());
+  EXPECT_LT(std::abs(loss - want_loss), loss_tol * want_loss);
+  EXPECT_LT(err, grad_tol * gmax) << worst;
+}
+TEST(TransformersParity, BertForMaskedLmF64) { check_bert<double>(1e-12, 1e-10); }
+TEST(TransformersParity, BertForMaskedLmF32) { check_bert<float>(1e-5, 1e-4); }
 
 // Three AdamW steps with clipping on a split decay/no-decay parameter set. Both sides run in f32;
 // torch updates m by lerp, qkv by β1·m + (1−β1)·g, which differ in the last bit, so parameters
