@@ -61,6 +61,43 @@ def test_params_json_gqa_and_no_model_total():
     assert doc["model"] is None  # no --d-ff / --vocab: no whole-model count
 
 
+@pytest.mark.parametrize("arch", ["bert_mlm", "llama_gqa_untied", "gpt2"])
+def test_params_config_counts_what_transformers_counts(arch, tmp_path):
+    """`qkv params --config` lists the tensors qkv train trains; their total is transformers' own count of the
+    same configuration (tied weights counted once), exact."""
+    transformers = pytest.importorskip("transformers")
+    if arch == "bert_mlm":
+        folder = ROOT / "tests" / "train" / "golden" / "bert_mlm"  # a BertForMaskedLM folder
+        hf = transformers.BertForMaskedLM(transformers.BertConfig.from_pretrained(folder))
+    else:
+        if arch == "gpt2":
+            cfg = transformers.GPT2Config(n_embd=48, n_layer=3, n_head=4, vocab_size=97, n_positions=40)
+            hf = transformers.GPT2LMHeadModel(cfg)
+        else:
+            cfg = transformers.LlamaConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                                           num_attention_heads=6, num_key_value_heads=2, vocab_size=97,
+                                           max_position_embeddings=64, tie_word_embeddings=False)
+            hf = transformers.LlamaForCausalLM(cfg)
+        folder = tmp_path / arch
+        cfg.save_pretrained(folder)
+    doc = run_json("params", "--config", str(folder))
+    assert doc["total"] == hf.num_parameters()
+    assert doc["total"] == sum(t["count"] for t in doc["other"]) + doc["configuration"]["n_layers"] * doc["layer_total"]
+    if arch != "bert_mlm":  # a decoder: the scorekeeping from sizes alone gives the same whole-model total
+        c = doc["configuration"]
+        flags = ["--d-model", str(c["dim"]), "--heads", str(c["n_heads"]), "--kv-heads", str(c["n_kv_heads"]),
+                 "--layers", str(c["n_layers"]), "--hidden-dim", str(c["hidden_dim"]), "--vocab", str(c["vocab_size"]),
+                 "--context", str(c["seq_len"]), "--mlp", "swiglu" if c["mlp"] == "swiglu" else "gelu",
+                 "--norm", c["norm"], "--positions", c["pos"], "--bias" if c["bias"] else "--no-bias",
+                 "--tied" if c["tied_embeddings"] else "--untied"]
+        assert run_json("params", *flags)["model"]["total"] == doc["total"]
+
+
+def test_params_config_refuses_size_flags():
+    r = run("params", "--config", str(ROOT / "tests" / "train" / "golden" / "bert_mlm"), "--layers", "3")
+    assert r.returncode == 1 and b"--layers cannot change it" in r.stderr
+
+
 def test_generate_json_equals_the_plain_text_and_the_tokenizer():
     prompt = "Once upon a time, there was a dog"
     args = ("generate", "--prompt", prompt, "--temperature", "0", "--steps", "60", "--seed", "7")

@@ -4,6 +4,8 @@
 //   qkv params --d-model 4096 --heads 32 --kv-heads 8 --layers 32
 //   qkv params --preset gpt2 --layers 24          (a preset with some sizes changed)
 //   qkv params --preset gpt3 --json               (the same counts as one JSON document)
+//   qkv params --config runs/bert                 (a model's config.json: every tensor qkv train trains)
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -11,6 +13,8 @@
 
 #include "cli/commands.hpp"
 #include "cli/io.hpp"
+#include "model/trainable.hpp"
+#include "qkv/model.hpp"
 #include "qkv/params.hpp"
 #include "qkv/types.hpp"
 
@@ -19,6 +23,7 @@ namespace {
 
 struct ParamsArgs {
   std::string preset;
+  std::string config;  // a qkv or Hugging Face config.json, or a folder holding one
   // -1: not given on the command line (keep the preset's value).
   std::int64_t d_model = -1, d_source = -1, d_head = -1, d_value = -1, heads = -1, kv_heads = -1, layers = -1,
                d_ff = -1, vocab = -1, context = -1;
@@ -204,6 +209,68 @@ nlohmann::json to_json(const ModelShape& s, const ParamCounts& c) {
   return doc;
 }
 
+// --config: the model's tensors as qkv::param_layout lists them (the flat array qkv train trains),
+// each name of layer 0 standing for all L layers ("layers.0." → "each layer: ").
+struct LayoutCounts {
+  std::vector<ParamInfo> per_layer, other;  // per_layer: layer 0's tensors; other: the rest
+  std::int64_t layer_total = 0, total = 0;
+};
+
+LayoutCounts layout_counts(const Config& c) {
+  LayoutCounts out;
+  for (ParamInfo& p : param_layout(c)) {
+    out.total += p.numel;
+    if (p.name.rfind("layers.", 0) != 0) {
+      out.other.push_back(std::move(p));
+    } else if (p.name.rfind("layers.0.", 0) == 0) {
+      p.name.erase(0, 9);
+      out.layer_total += p.numel;
+      out.per_layer.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+Config config_of(const std::string& path) {
+  check_input(kFn, "--config", path, /*allow_folder=*/true);
+  const std::filesystem::path file = std::filesystem::is_directory(path) ? std::filesystem::path(path) / "config.json"
+                                                                         : std::filesystem::path(path);
+  if (!std::filesystem::exists(file)) fail(kFn, "--config '" + path + "': a folder without config.json");
+  return load_config(file.string());
+}
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? " x " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+void print_layout(std::ostream& os, const std::string& source, const Config& c, const LayoutCounts& n) {
+  os << "configuration " << source << ": " << (c.causal ? "decoder" : "encoder") << ", d_model " << c.dim << ", heads "
+     << c.n_heads << ", kv_heads " << c.n_kv_heads << ", layers " << c.n_layers << ", hidden_dim " << c.hidden_dim
+     << ", vocab " << c.vocab_size << ", context " << c.seq_len << "\n\neach of the " << c.n_layers << " layers\n";
+  for (const ParamInfo& p : n.per_layer) row(os, p.name + " " + shape_str(p.shape), p.numel);
+  row(os, "total", n.layer_total);
+  os << "\nwhole model\n";
+  for (const ParamInfo& p : n.other) row(os, p.name + " " + shape_str(p.shape), p.numel);
+  row(os, std::to_string(c.n_layers) + " layers", n.layer_total * c.n_layers);
+  row(os, "total", n.total, c.tied_embeddings ? "(the unembedding is tied to the token embedding)" : "");
+}
+
+nlohmann::json layout_json(const std::string& source, const Config& c, const LayoutCounts& n) {
+  const auto list = [](const std::vector<ParamInfo>& ps) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const ParamInfo& p : ps) a.push_back({{"name", p.name}, {"shape", p.shape}, {"count", p.numel}});
+    return a;
+  };
+  return {{"source", source},
+          {"configuration", nlohmann::json::parse(config_to_json(c, false))},
+          {"per_layer", list(n.per_layer)},
+          {"layer_total", n.layer_total},
+          {"other", list(n.other)},
+          {"total", n.total}};
+}
+
 }  // namespace
 
 void add_params(CLI::App& app) {
@@ -211,7 +278,11 @@ void add_params(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("params", "count the parameters of attention heads, blocks and whole models");
   std::string names;
   for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
-  cmd->add_option("--preset", args->preset, "a named configuration: " + names);
+  auto* preset = cmd->add_option("--preset", args->preset, "a named configuration: " + names);
+  cmd->add_option("--config", args->config,
+                  "a model's config.json (qkv's or Hugging Face's: GPT-2, Llama, BERT) or a folder holding one, as "
+                  "qkv train writes it: lists every tensor it trains")
+      ->excludes(preset);
   cmd->add_option("--d-model", args->d_model, "width of the embeddings")->check(at_least(1));
   cmd->add_option("--d-source", args->d_source, "width of the key/value input (cross-attention); default d_model")
       ->check(at_least(1));
@@ -237,7 +308,20 @@ void add_params(CLI::App& app) {
   add_flag_pair(cmd, "--tied", "--untied", [args](bool on) { args->tied = on ? 1 : 0; },
                 "unembedding tied to the token embedding");
   cmd->add_flag("--json", args->json, "print the counts as one JSON document");
-  cmd->callback([args] {
+  cmd->callback([args, cmd] {
+    if (!args->config.empty()) {
+      for (const CLI::Option* o : cmd->get_options())
+        if (o->count() > 0 && o->get_name() != "--config" && o->get_name() != "--json" && o->get_name() != "--help")
+          fail(kFn, "--config: the configuration comes from the file; " + o->get_name() + " cannot change it");
+      const Config c = config_of(args->config);
+      const LayoutCounts n = layout_counts(c);
+      if (args->json) {
+        print_json(layout_json(args->config, c, n));
+      } else {
+        print_layout(std::cout, args->config, c, n);
+      }
+      return;
+    }
     const ModelShape s = shape_from(*args);
     const ParamCounts c = count_params(s);
     if (args->json) {
