@@ -27,15 +27,15 @@ namespace {
 // Scratch (as floats): Qt [Dp64] one query row in f32; Q [kDecRows][Dp64] the int8 rows (VNNI) or
 // int16 rows (without), zero past D (Dp64 = D rounded up to 64); qf [kDecRows] score factors;
 // qc [kDecRows] int32 128 · Σ q8 (VNNI); vs [kNt] the tile's v_scale; W16 [kDecRows][kNt] int16
-// weights, 0 outside the tile's keys; vp, kt [kNt] pointers to the tile's V and K rows (8 bytes
-// each); kst [kNt + 16] the tile's k_scale (0 outside its keys; 16 past the end: read by vectors).
+// weights, 0 outside the tile's keys; vp, kt, knext [kNt] pointers to the tile's V and K rows
+// and the next tile's K rows (8 bytes each); kst [kNt + 16] the tile's k_scale (0 outside its keys; 16 past the end: read by vectors).
 template <bool kVnni>
 struct DecodeOpsI8 {
   static constexpr bool kEnabled = true;
   static constexpr i64 kQBytes = kVnni ? 1 : 2;  // bytes per element of Q
   static i64 Dp64(const FlashArgs& a) { return round_up(a.D, 64); }
   static i64 scratch_floats(const FlashArgs& a) {
-    return Dp64(a) + kDecRows * Dp64(a) * kQBytes / 4 + 2 * kDecRows + kNt + kDecRows * kNt / 2 + 4 * kNt + kNt + 16;
+    return Dp64(a) + kDecRows * Dp64(a) * kQBytes / 4 + 2 * kDecRows + kNt + kDecRows * kNt / 2 + 6 * kNt + kNt + 16;
   }
   // The caller (decode_i8) takes this policy for K and V rows of unit element stride only.
   static bool takes_k(const FlashArgs& a) { return a.kv_i8; }
@@ -50,6 +50,7 @@ struct DecodeOpsI8 {
   std::int16_t* W16;
   const std::int8_t** vp;
   const std::int8_t** kt;
+  const std::int8_t** knext;
   float* kst;
   DecodeOpsI8(const FlashArgs& args, float* mem) : a(args), dp64(Dp64(args)) {
     Qt = mem;
@@ -60,9 +61,9 @@ struct DecodeOpsI8 {
     W16 = reinterpret_cast<std::int16_t*>(vs + kNt);
     vp = reinterpret_cast<const std::int8_t**>(vs + kNt + kDecRows * kNt / 2);
     kt = vp + kNt;
-    kst = reinterpret_cast<float*>(kt + kNt);
+    knext = kt + kNt;
+    kst = reinterpret_cast<float*>(knext + kNt);
   }
-  const std::int8_t* krow(i64 b, i64 hk, i64 j) const { return static_cast<const std::int8_t*>(a.k) + kv_row(a, a.sk, b, hk, j); }
 
   void load_q(int r, i64 off) {
     load_row(a, a.q, off, a.sq[3], a.D, 1.0f, Qt);
@@ -143,27 +144,28 @@ struct DecodeOpsI8 {
       scores_block<R>(r0, nr, kt + c0, qfl, qcl, _mm512_permutexvar_ps(ki, _mm512_loadu_ps(kst + c0)), Ps, c0);
   }
   // Columns [c0, c1) of a tile at t0: ptr[c] the int8 row of key j = t0 + c (of k or v, strides
-  // s) and sc[c] its scale (scale, strides ss); a key outside [j_lo, j_hi) gets j_lo's row and
-  // scale 0. Contiguous rows by one stride, paged through kv_row.
+  // s) and, with sc, sc[c] its scale (scale, strides ss); a key outside [j_lo, j_hi) gets j_lo's
+  // row and scale 0. By runs of evenly strided rows (kv_run_end: one block when paged), kv_row
+  // once per run.
   void tile_rows(const void* base, const i64* s, const float* scale, const i64* ss, i64 b, i64 hk, i64 t0, i64 j_lo,
                  i64 j_hi, i64 c0, i64 c1, const std::int8_t** ptr, float* sc) const {
     const auto* x = static_cast<const std::int8_t*>(base);
-    if (!a.block_table) {
-      const std::int8_t* p = x + b * s[0] + hk * s[1];
-      const float* q = scale + b * ss[0] + hk * ss[1];
-      for (i64 c = c0; c < c1; ++c) {
-        const i64 j = t0 + c;
-        const bool in = j >= j_lo && j < j_hi;
-        ptr[c] = p + (in ? j : j_lo) * s[2];
-        sc[c] = in ? q[j * ss[2]] : 0.0f;
-      }
-      return;
-    }
-    for (i64 c = c0; c < c1; ++c) {
+    const std::int8_t* lo_row = x + kv_row(a, s, b, hk, j_lo);
+    for (i64 c = c0; c < c1;) {
       const i64 j = t0 + c;
-      const bool in = j >= j_lo && j < j_hi;
-      ptr[c] = x + kv_row(a, s, b, hk, in ? j : j_lo);
-      sc[c] = in ? scale[kv_row(a, ss, b, hk, j)] : 0.0f;
+      if (j < j_lo || j >= j_hi) {
+        ptr[c] = lo_row;
+        if (sc) sc[c] = 0.0f;
+        ++c;
+        continue;
+      }
+      const i64 end = imin(imin(j_hi, kv_run_end(a, j)) - t0, c1);
+      const std::int8_t* p = x + kv_row(a, s, b, hk, j);
+      if (sc) {
+        const float* q = scale + kv_row(a, ss, b, hk, j);
+        for (i64 e = c; e < end; ++e, q += ss[2]) sc[e] = *q;
+      }
+      for (; c < end; ++c, p += s[2]) ptr[c] = p;
     }
   }
   void scores(int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
@@ -222,7 +224,7 @@ struct DecodeOpsI8 {
   // {0–7, 16–23}, {32–39, 48–55}, {8–15, 24–31}, {40–47, 56–63} of the block.
   // With pf: each pair also prefetches the K rows of keys kNt further on, below pf_end.
   template <int R, int NB>
-  void pv_block(int r0, i64 b, i64 hk, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, i64 e0,
+  void pv_block(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, i64 e0,
                 bool pf, i64 pf_end) const {
     __m512i acc[R][NB][4];
     __mmask64 cm[NB];
@@ -237,7 +239,7 @@ struct DecodeOpsI8 {
     }
     for (i64 c = c_lo; c < c_hi; c += 2) {
       if (pf)
-        for (i64 j = t0 + c + kNt; j < imin(t0 + c + kNt + 2, pf_end); ++j) pf_row(krow(b, hk, j), a.D);
+        for (i64 n = c; n < imin(c + 2, pf_end - t0 - kNt); ++n) pf_row(knext[n], a.D);
       __m512i xs[NB][4];
 #pragma GCC unroll 2
       for (int x = 0; x < NB; ++x) {
@@ -284,29 +286,32 @@ struct DecodeOpsI8 {
   }
   // All Dvp columns of rows [r0, r0 + R): 64-column blocks, 2 per pass for R ≤ 2 (16 accumulators).
   template <int R>
-  void pv_rows(int r0, i64 b, i64 hk, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, bool pf,
+  void pv_rows(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, bool pf,
                i64 pf_end) const {
     constexpr int NB = R <= 2 ? 2 : 1;
     i64 e0 = 0;
     for (; e0 + 64 * NB <= Dvp; e0 += 64 * NB, pf = false)
-      pv_block<R, NB>(r0, b, hk, t0, c_lo, c_hi, step, Od, Dvp, e0, pf, pf_end);
-    for (; e0 < Dvp; e0 += 64, pf = false) pv_block<R, 1>(r0, b, hk, t0, c_lo, c_hi, step, Od, Dvp, e0, pf, pf_end);
+      pv_block<R, NB>(r0, t0, c_lo, c_hi, step, Od, Dvp, e0, pf, pf_end);
+    for (; e0 < Dvp; e0 += 64, pf = false) pv_block<R, 1>(r0, t0, c_lo, c_hi, step, Od, Dvp, e0, pf, pf_end);
   }
   void pv(int nr, const float* Ps, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp) {
     // Key pairs [c_lo, c_hi) of the tile: a key outside [j_lo, j_hi) in a pair reads j_lo's row
     // with weight 0.
     // (vp, vs: set by scores() for this tile.)
     const i64 c_lo = (j_lo - t0) & ~i64{1}, c_hi = (j_hi - t0 + 1) & ~i64{1};
+    // The next tile's K rows [t0 + kNt, j_end_) that pv_block prefetches.
+    const i64 n_hi = imin(j_end_ - t0 - kNt, c_hi);
+    if (n_hi > c_lo) tile_rows(a.k, a.sk, nullptr, nullptr, b, hk, t0 + kNt, t0 + kNt + c_lo, t0 + kNt + n_hi, c_lo, n_hi, knext, nullptr);
     float step[kDecRows];
     for (int r = 0; r < nr; ++r) step[r] = round_row(Ps + r * kNt, j_lo - t0, j_hi - t0, W16 + r * kNt);
     // The next tile's K rows (scores() set j_end_).
     for (int r0 = 0; r0 < nr; r0 += 4) {
       const int left = nr - r0;
       const bool f = r0 == 0;
-      if (left >= 4) pv_rows<4>(r0, b, hk, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
-      else if (left == 3) pv_rows<3>(r0, b, hk, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
-      else if (left == 2) pv_rows<2>(r0, b, hk, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
-      else pv_rows<1>(r0, b, hk, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      if (left >= 4) pv_rows<4>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else if (left == 3) pv_rows<3>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else if (left == 2) pv_rows<2>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else pv_rows<1>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
     }
   }
 };
