@@ -215,11 +215,23 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
 // cache_seqlens) says how many keys each sequence has: only the blocks holding keys
 // [0, key_lengths[b]) are read, and their entries must be in [0, Bc); the rest of a row of the
 // table is never read (vLLM pads it with anything).
-// int8 (cache.k.dtype i8, q f32 or bf16): each row of K and V is dequantised by its scale inside
-// the kernel; the result is attention() on the dequantised cache (in f32). On AVX-512 the kernel
-// reads the int8 rows as they are and quantises each query row to int16 first
-// (q16 = round(q · 32767 / max|q|): a step of 2^-15 of the row's largest element, 256× finer than
-// K's), so there it is attention() on that q and the dequantised cache.
+// int8 (cache.k.dtype i8, q f32 or bf16): the K and V rows are read as int8 and scaled inside the
+// kernel, by one arithmetic contract on every ISA (src/kernels/cpu/decode_i8.hpp; AVX-512 computes
+// the same integers with VNNI):
+//   - each query row is quantised symmetrically to int8 with one f32 step (llama.cpp's q8_0
+//     activations): d = max|q| / 127, q8 = round(q / d); score_j = scale · d · k_scale_j ·
+//     Σ_d q8 · k8_j, the sum exact in int32;
+//   - P·V: per tile of ≤ 64 keys and query row, the weights w_j = p_j · v_scale_j are rounded to
+//     15-bit fixed point on the tile's largest, w16 = round(w · 32767 / w_max), and Σ_j w16 · v8_j
+//     is exact in int32 (then scaled by w_max / 32767 into the f32 accumulators).
+// Bound: each output row differs from attention() in f64 on the dequantised cache (k_scale · k8,
+// v_scale · v8) and the exact q by at most
+//   (e^{2Δ} − 1) · V + 64 / 65534 · V   (+ the f32 rounding of the sums),
+//   Δ = scale · d / 2 · max_j ‖k_j‖₁, V = max_j ‖v_j‖_∞ over the row's keys (dequantised):
+// q's rounding (≤ d / 2 per element) moves each score by ≤ Δ, so each probability by a factor in
+// [e^{−2Δ}, e^{2Δ}]; each weight is off by ≤ half its tile's step w_max / 32767, ≤ 64 keys per
+// tile, and Σ_tiles w_max ≤ Σ_j w_j. Both terms are worst cases: at D = 128 with q ~ N(0, 1) the
+// first is ≈ 0.1 V where the error seen is ≈ 10^-3 V (tests/kernels/test_kvcache.cpp prints it).
 // f16 (cache.k.dtype f16, q f32 or bf16): rows widened exactly to f32 inside the kernel (as int8,
 // scale 1); kvcache_append rounds to nearest. Half the bytes of f32, finer steps than bf16.
 // Every other option is attention()'s (causal alignments, masks [.., Sq, Skv], variants,

@@ -15,6 +15,10 @@
 //   attend: q             f32 cache: f32; bf16 cache: bf16; f16, i8: f32 or bf16   [B, H, Sq, D]
 //   attend: out (, lse)   q's dtype (f32)      [B, H, Sq, Dv] ([B, H, Sq])
 //
+// An i8 cache is attended with q quantised to int8 per (row, head) and the probabilities to 15-bit
+// fixed point, on every ISA: qkv/attention.hpp's int8 contract and its error bound against f64
+// attention on the dequantised cache, (e^{2Δ} − 1) · V + 64 / 65534 · V.
+//
 // max_blocks = ceil(max_len / block_size); block_size is a power of two (vLLM and FlashAttention
 // page in 16–256 rows). The blocks are handed to the sequences in order, so a sequence's rows are
 // the blocks b · max_blocks … b · max_blocks + max_blocks − 1 of the pool.

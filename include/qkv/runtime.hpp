@@ -7,7 +7,8 @@
 
 namespace qkv {
 
-// Instruction sets of the CPU kernels, in increasing order of capability.
+// Instruction sets of the CPU kernels, in increasing order of capability (avx512: F, BW, VL, DQ;
+// avx512_bf16: also AVX512-BF16 and AVX512-VNNI).
 enum class Isa : std::uint8_t { scalar, avx2, avx512, avx512_bf16 };
 
 // Threads used by the kernels when a call does not name its own (AttentionOptions::num_threads

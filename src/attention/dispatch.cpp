@@ -20,7 +20,8 @@ KernelInfo run_reference(const kernels::AttnParams& p) {
 // "flash[_decode]_<isa>_<dtype>": the names KernelInfo reports, as static strings.
 const char* flash_name(Kernel k, Isa isa, bool bf16) {
   if (k == Kernel::flash && isa == Isa::avx512_bf16) return "flash_avx512_bf16_bf16";
-  if (k == Kernel::flash_decode && isa == Isa::avx512_bf16) return "flash_decode_avx512_bf16_bf16";
+  if (k == Kernel::flash_decode && isa == Isa::avx512_bf16)
+    return bf16 ? "flash_decode_avx512_bf16_bf16" : "flash_decode_avx512_bf16_f32";
   static const char* const names[2][3][2] = {
       {{"flash_scalar_f32", "flash_scalar_bf16"}, {"flash_avx2_f32", "flash_avx2_bf16"},
        {"flash_avx512_f32", "flash_avx512_bf16"}},
@@ -91,7 +92,8 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
     k = Kernel::flash_decode;
   }
   const bool bf16 = p.q.dtype == DType::bf16;
-  const Isa isa = flash_isa(bf16);
+  // An int8 cache takes the AVX-512 BF16 level for f32 queries too: its VNNI dot products.
+  const Isa isa = p.cache.i8() && active_isa() == Isa::avx512_bf16 ? Isa::avx512_bf16 : flash_isa(bf16);
   const KernelInfo info{k, isa, flash_name(k, isa, bf16)};
   if (p.B == 0 || p.H == 0 || p.Sq == 0) return info;  // nothing to write
 

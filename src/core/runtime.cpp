@@ -32,10 +32,11 @@ Isa detect_isa() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
     // __builtin_cpu_supports("avx512bf16") is not known to GCC 12; read CPUID leaf 7 sub-leaf 1
-    // EAX bit 5 directly.
+    // EAX bit 5 directly. The avx512_bf16 level also takes AVX512-VNNI (the int8 KV-cache decode,
+    // decode_i8_avx512.hpp), which every CPU with AVX512-BF16 has.
     unsigned a = 7, b = 0, c = 1, d = 0;
     __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d));
-    return (a & (1u << 5)) ? Isa::avx512_bf16 : Isa::avx512;
+    return (a & (1u << 5)) && __builtin_cpu_supports("avx512vnni") ? Isa::avx512_bf16 : Isa::avx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
   return Isa::scalar;

@@ -1,193 +1,330 @@
-// Decode from an int8 KV cache on AVX-512 (F, BW): the decode policy (flash_decode_impl.hpp) that
-// reads the int8 K and V rows in place instead of widening each row to f32 first. Included by
-// flash_avx512.cpp and flash_avx512bf16.cpp after simd_avx512.hpp; the generic rows of decode
-// (every other ISA, QKV_ISA=avx2 or scalar) stay the oracle: the f32 kernel on the dequantised cache.
+// Decode from an int8 KV cache on AVX-512: decode_i8.hpp's contract (the same integers, exact in
+// int32) computed by vectors on the int8 rows as they lie in the cache. Included by flash_avx512.cpp
+// (kVnni false) and flash_avx512bf16.cpp (kVnni true: that ISA level implies AVX512-VNNI, see
+// runtime.cpp) after simd_avx512.hpp; DecodeOpsI8Ref is its oracle and the path of the other ISAs.
 //
-//   scores  the query row is quantised to int16 once per item: q16 = round(q · 32767 / max|q|)
-//           (relative step 2^-15 of the row's largest element, far below K's int8 step), and
-//           q16 · k8 summed exactly in int32 by vpmaddwd (pairs of int16 products) over
-//           R rows × 16/R keys at a time, reduced by reduce16_epi32; the score is
-//           float(Σ) · (max|q| / 32767 · scale · log2 e) · k_scale_j.
-//   P·V     v_scale_j is folded into the probability (w = p · v_scale_j), the int8 V row widened
-//           in registers (vpmovsxbd + vcvtdq2ps) and accumulated by FMA into R ≤ 4 rows at once.
-// The generic rows widen each K and V row to f32 in scratch, reread it, and sum each score
-// horizontally: at GQA 4, D = 128, one thread, Skv = 16384 they took 4.5 ms where this takes
-// 2.1–2.3 (bench_kvcache). It stays compute-bound (the K and V conversions and the f32 FMAs of
-// P·V), not memory-bound: vpdpwssd (AVX512-VNNI) in place of vpmaddwd + vpaddd gained 1 %,
-// f32 scores (q not quantised) cost 20 %.
-//
-// The sums differ from the oracle's only by q's quantisation and f32 rounding: tests compare
-// this policy with the f64 reference on the same quantised q (test_kvcache.cpp).
+//   scores  VNNI: vpdpbusd, unsigned × signed bytes, 4 products per int32 lane: the key bytes are
+//           offset by +128 (k8 ^ 0x80) and each row's 128 · Σ q8 taken off the sum afterwards.
+//           Without VNNI: q8 and k8 widened to int16 and summed by vpmaddwd. R rows × 16/R keys
+//           at a time, reduced by reduce16_epi32.
+//   P·V     keys in pairs (j, j + 1): the two int8 V rows interleaved byte by byte (vpunpck[lh]bw)
+//           and widened to int16 pairs, so vpdpwssd (or vpmaddwd + vpaddd) adds w16_j v_j +
+//           w16_j+1 v_j+1 into each column's int32 lane. The interleave leaves the columns of a
+//           64-column block in the order of pair_columns; the tile's sums are put back in order
+//           (4 lane shuffles) when they join the f32 accumulators.
+// GQA 4, D = 128, one thread, Skv = 16384 (bench_kvcache): 1.18 ms against 2.13 for the bf16 cache
+// (2.06 before, with q widened to int16, V to f32 and P·V by FMA: compute-bound on the conversions).
+// Most of the rest was scalar set-up per key: the row pointers and scales of a tile are found once
+// by runs (tile_rows), which took it from 1.58 to 1.39 ms.
 #pragma once
 
-#include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/decode_i8.hpp"
 #include "kernels/cpu/flash_decode_impl.hpp"
 
 namespace qkv::kernels::cpu {
 namespace {
 
-// Scratch (as floats): Qw [kDecRows][Dp32] int16 query rows, zero past D (Dp32 = D rounded up
-// to 32); Qt [Dp32] one query row in f32 while it is quantised; qs [kDecRows] each row's factor
-// max|q| / 32767 · scale · log2 e; Pw [kDecRows][kNt] the probabilities times v_scale.
+// Scratch (as floats): Qt [Dp64] one query row in f32; Q [kDecRows][Dp64] the int8 rows (VNNI) or
+// int16 rows (without), zero past D (Dp64 = D rounded up to 64); qf [kDecRows] score factors;
+// qc [kDecRows] int32 128 · Σ q8 (VNNI); vs [kNt] the tile's v_scale; W16 [kDecRows][kNt] int16
+// weights, 0 outside the tile's keys; vp, kt, knext [kNt] pointers to the tile's V and K rows
+// and the next tile's K rows (8 bytes each); kst [kNt + 16] the tile's k_scale (0 outside its keys; 16 past the end: read by vectors).
+template <bool kVnni>
 struct DecodeOpsI8 {
   static constexpr bool kEnabled = true;
-  static constexpr float kQmax = 32767.0f;
-  static i64 Dp32(const FlashArgs& a) { return round_up(a.D, 32); }
-  static i64 scratch_floats(const FlashArgs& a) { return kDecRows * Dp32(a) / 2 + Dp32(a) + kDecRows + kDecRows * kNt; }
-  // int8 rows of unit element stride. K: D ≤ 256 keeps the int32 sums exact (|Σ| ≤ D · 32767 · 128 < 2^31).
-  static bool takes_k(const FlashArgs& a) { return a.kv_i8 && a.sk[3] == 1 && a.D <= 256; }
-  static bool takes_v(const FlashArgs& a) { return a.kv_i8 && a.sv[3] == 1; }
+  static constexpr i64 kQBytes = kVnni ? 1 : 2;  // bytes per element of Q
+  static i64 Dp64(const FlashArgs& a) { return round_up(a.D, 64); }
+  static i64 scratch_floats(const FlashArgs& a) {
+    return Dp64(a) + kDecRows * Dp64(a) * kQBytes / 4 + 2 * kDecRows + kNt + kDecRows * kNt / 2 + 6 * kNt + kNt + 16;
+  }
+  // The caller (decode_i8) takes this policy for K and V rows of unit element stride only.
+  static bool takes_k(const FlashArgs& a) { return a.kv_i8; }
+  static bool takes_v(const FlashArgs& a) { return a.kv_i8; }
 
   const FlashArgs& a;
-  i64 dp32;
+  i64 dp64;
   i64 j_end_ = 0;  // of the tile scores() saw last: pv() prefetches the K rows up to it
-  std::int16_t* Qw;
-  float *Qt, *qs, *Pw;
-  DecodeOpsI8(const FlashArgs& args, float* mem) : a(args), dp32(Dp32(args)) {
-    Qw = reinterpret_cast<std::int16_t*>(mem);
-    Qt = mem + kDecRows * dp32 / 2;
-    qs = Qt + dp32;
-    Pw = qs + kDecRows;
+  float *Qt, *qf, *vs;
+  void* Q;
+  std::int32_t* qc;
+  std::int16_t* W16;
+  const std::int8_t** vp;
+  const std::int8_t** kt;
+  const std::int8_t** knext;
+  float* kst;
+  DecodeOpsI8(const FlashArgs& args, float* mem) : a(args), dp64(Dp64(args)) {
+    Qt = mem;
+    Q = Qt + dp64;
+    qf = Qt + dp64 + kDecRows * dp64 * kQBytes / 4;
+    qc = reinterpret_cast<std::int32_t*>(qf + kDecRows);
+    vs = qf + 2 * kDecRows;
+    W16 = reinterpret_cast<std::int16_t*>(vs + kNt);
+    vp = reinterpret_cast<const std::int8_t**>(vs + kNt + kDecRows * kNt / 2);
+    kt = vp + kNt;
+    knext = kt + kNt;
+    kst = reinterpret_cast<float*>(knext + kNt);
   }
-  const std::int8_t* krow(i64 b, i64 hk, i64 j) const { return static_cast<const std::int8_t*>(a.k) + kv_row(a, a.sk, b, hk, j); }
-  const std::int8_t* vrow(i64 b, i64 hk, i64 j) const { return static_cast<const std::int8_t*>(a.v) + kv_row(a, a.sv, b, hk, j); }
 
-  // A row with a NaN or ±∞ gets the factor NaN: its scores are NaN on every key, as q · k would be
-  // (qkv/attention.hpp's non-finite policy); an all-zero row scores 0.
   void load_q(int r, i64 off) {
     load_row(a, a.q, off, a.sq[3], a.D, 1.0f, Qt);
-    float amax = 0.0f;
-    bool finite = true;
-    for (i64 d = 0; d < a.D; ++d) {
-      const float x = std::fabs(Qt[d]);
-      finite = finite && x <= __builtin_huge_valf();
-      amax = x > amax ? x : amax;
+    alignas(64) std::int8_t q8[512];  // D ≤ 512 (flash_supports)
+    qf[r] = quantise_q8(Qt, a.D, a.scale_log2, q8);
+    std::int32_t sum = 0;
+    for (i64 d = 0; d < a.D; ++d) sum += q8[d];
+    qc[r] = 128 * sum;
+    if constexpr (kVnni) {
+      auto* row = static_cast<std::int8_t*>(Q) + r * dp64;
+      std::memcpy(row, q8, static_cast<std::size_t>(a.D));
+      std::memset(row + a.D, 0, static_cast<std::size_t>(dp64 - a.D));
+    } else {
+      auto* row = static_cast<std::int16_t*>(Q) + r * dp64;
+      for (i64 d = 0; d < dp64; ++d) row[d] = d < a.D ? q8[d] : std::int16_t{0};
     }
-    finite = finite && amax < __builtin_huge_valf();
-    std::int16_t* row = Qw + r * dp32;
-    const float inv = finite && amax > 0.0f ? kQmax / amax : 0.0f;
-    for (i64 d = 0; d < a.D; ++d) row[d] = inv > 0.0f ? static_cast<std::int16_t>(std::nearbyint(Qt[d] * inv)) : 0;
-    for (i64 d = a.D; d < dp32; ++d) row[d] = 0;
-    qs[r] = finite ? amax / kQmax * a.scale_log2 : __builtin_nanf("");
   }
 
-  // Ps[r0 + r][c0 + c] for R rows × C = 16/R keys: key c at kp[c] with scale ks[c] (0 for a key
-  // outside the tile's range, which then scores 0; kp[c] points at a key inside it).
+  // Ps[r0 + r][c0 + c] for R rows × C = 16/R keys c0 + c of the tile (kp: their rows), lane
+  // l = r · C + c of the sums; qfl, qcl: each lane's row factor and correction, ksl its key scale.
   template <int R>
-  void scores_block(int r0, int nr, const std::int8_t* const* kp, const float* ks, float* Ps, i64 c0) const {
+  void scores_block(int r0, int nr, const std::int8_t* const* kp, __m512 qfl, __m512i qcl, __m512 ksl, float* Ps,
+                    i64 c0) const {
     constexpr int C = 16 / R;
     __m512i acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
-    for (i64 d = 0; d < dp32; d += 32) {
-      const __mmask32 dm = a.D - d >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (a.D - d)) - 1u);
-      __m512i kw[C];
+    for (i64 d = 0; d < dp64; d += 64) {
+      const i64 left = a.D - d;
+      const __mmask64 dm = left >= 64 ? ~__mmask64{0} : (__mmask64{1} << left) - 1u;
+      if constexpr (kVnni) {
+        const __m512i off = _mm512_set1_epi8(static_cast<char>(0x80));
+        __m512i ku[C];  // k8 + 128 as unsigned bytes (bytes past D: 128, against q8 = 0)
 #pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) kw[c] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(dm, kp[c] + d));
+        for (int c = 0; c < C; ++c) ku[c] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(dm, kp[c] + d), off);
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m512i qv = _mm512_loadu_si512(Qw + (r0 + r) * dp32 + d);
+        for (int r = 0; r < R; ++r) {
+          const __m512i qv = _mm512_loadu_si512(static_cast<const std::int8_t*>(Q) + (r0 + r) * dp64 + d);
 #pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) acc[r * C + c] = _mm512_add_epi32(acc[r * C + c], _mm512_madd_epi16(qv, kw[c]));
+          for (int c = 0; c < C; ++c) acc[r * C + c] = _mm512_dpbusd_epi32(acc[r * C + c], ku[c], qv);
+        }
+      } else {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __mmask32 hm = static_cast<__mmask32>(dm >> (32 * h));
+          __m512i kw[C];
+#pragma GCC unroll 16
+          for (int c = 0; c < C; ++c) kw[c] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(hm, kp[c] + d + 32 * h));
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            const __m512i qv = _mm512_loadu_si512(static_cast<const std::int16_t*>(Q) + (r0 + r) * dp64 + d + 32 * h);
+#pragma GCC unroll 16
+            for (int c = 0; c < C; ++c) acc[r * C + c] = _mm512_add_epi32(acc[r * C + c], _mm512_madd_epi16(qv, kw[c]));
+          }
+        }
       }
     }
-    alignas(64) float f[16], s[16];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) f[r * C + c] = qs[r0 + r] * ks[c];
-    _mm512_store_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(reduce16_epi32(acc)), _mm512_load_ps(f)));
+    const __m512i sum = _mm512_sub_epi32(reduce16_epi32(acc), qcl);
+    alignas(64) float s[16];
+    _mm512_store_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(qfl, ksl)));
     for (int r = 0; r < R && r0 + r < nr; ++r) std::memcpy(Ps + (r0 + r) * kNt + c0, s + r * C, sizeof(float) * C);
   }
+  // Rows [r0, r0 + R) against the tile's keys (kt, kst: their rows and scales by column).
   template <int R>
-  void scores_rows(int r0, int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, float* Ps) const {
+  void scores_rows(int r0, int nr, i64 c_lo, i64 c_hi, float* Ps) const {
     constexpr int C = 16 / R;
-    for (int r = nr; r < r0 + R; ++r) {  // padding rows of the last group: score 0, not stored
-      std::memset(Qw + r * dp32, 0, sizeof(std::int16_t) * static_cast<std::size_t>(dp32));
-      qs[r] = 0.0f;
+    alignas(64) float qf16[16];
+    alignas(64) std::int32_t qc16[16], kidx[16];
+    for (int l = 0; l < 16; ++l) {  // rows past nr (padding of the last group): Q zero, not stored
+      const int r = r0 + l / C;
+      qf16[l] = r < nr ? qf[r] : 0.0f, qc16[l] = r < nr && kVnni ? qc[r] : 0, kidx[l] = l % C;
     }
-    for (i64 c0 = (j_lo - t0) / C * C; t0 + c0 < j_hi; c0 += C) {
-      const std::int8_t* kp[C];
-      float ks[C];
-      for (int c = 0; c < C; ++c) {
-        const i64 j = t0 + c0 + c;
-        const bool in = j >= j_lo && j < j_hi;
-        kp[c] = krow(b, hk, in ? j : j_lo);
-        ks[c] = in ? a.k_scale[kv_row(a, a.sks, b, hk, j)] : 0.0f;
+    for (int r = nr; r < r0 + R; ++r)
+      std::memset(static_cast<char*>(Q) + r * dp64 * kQBytes, 0, static_cast<std::size_t>(dp64 * kQBytes));
+    const __m512 qfl = _mm512_load_ps(qf16);
+    const __m512i qcl = _mm512_load_si512(qc16), ki = _mm512_load_si512(kidx);
+    for (i64 c0 = c_lo / C * C; c0 < c_hi; c0 += C)
+      scores_block<R>(r0, nr, kt + c0, qfl, qcl, _mm512_permutexvar_ps(ki, _mm512_loadu_ps(kst + c0)), Ps, c0);
+  }
+  // Columns [c0, c1) of a tile at t0: ptr[c] the int8 row of key j = t0 + c (of k or v, strides
+  // s) and, with sc, sc[c] its scale (scale, strides ss); a key outside [j_lo, j_hi) gets j_lo's
+  // row and scale 0. By runs of evenly strided rows (kv_run_end: one block when paged), kv_row
+  // once per run.
+  void tile_rows(const void* base, const i64* s, const float* scale, const i64* ss, i64 b, i64 hk, i64 t0, i64 j_lo,
+                 i64 j_hi, i64 c0, i64 c1, const std::int8_t** ptr, float* sc) const {
+    const auto* x = static_cast<const std::int8_t*>(base);
+    const std::int8_t* lo_row = x + kv_row(a, s, b, hk, j_lo);
+    for (i64 c = c0; c < c1;) {
+      const i64 j = t0 + c;
+      if (j < j_lo || j >= j_hi) {
+        ptr[c] = lo_row;
+        if (sc) sc[c] = 0.0f;
+        ++c;
+        continue;
       }
-      scores_block<R>(r0, nr, kp, ks, Ps, c0);
+      const i64 end = imin(imin(j_hi, kv_run_end(a, j)) - t0, c1);
+      const std::int8_t* p = x + kv_row(a, s, b, hk, j);
+      if (sc) {
+        const float* q = scale + kv_row(a, ss, b, hk, j);
+        for (i64 e = c; e < end; ++e, q += ss[2]) sc[e] = *q;
+      }
+      for (; c < end; ++c, p += s[2]) ptr[c] = p;
     }
   }
   void scores(int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
     j_end_ = j_end;
-    for (i64 j = j_lo; j < j_hi; ++j) pf_row(vrow(b, hk, j), a.Dv);  // V rows, read next by pv()
+    // The tile's K and V rows and scales by column c = j − t0 (pv() takes the V ones), over the
+    // 16-column blocks the scores and the key pairs of P·V touch.
+    const i64 c_lo = j_lo - t0, c_hi = j_hi - t0, c0 = c_lo / 16 * 16, c1 = round_up(c_hi, 16);
+    tile_rows(a.k, a.sk, a.k_scale, a.sks, b, hk, t0, j_lo, j_hi, c0, c1, kt, kst);
+    tile_rows(a.v, a.sv, a.v_scale, a.svs, b, hk, t0, j_lo, j_hi, c0, c1, vp, vs);
+    for (i64 c = c_lo; c < c_hi; ++c) pf_row(vp[c], a.Dv);  // V rows, read next by pv()
     for (int r0 = 0; r0 < nr; r0 += 4) {
       const int left = nr - r0;
-      if (left >= 3) scores_rows<4>(r0, nr, b, hk, t0, j_lo, j_hi, Ps);
-      else if (left == 2) scores_rows<2>(r0, nr, b, hk, t0, j_lo, j_hi, Ps);
-      else scores_rows<1>(r0, nr, b, hk, t0, j_lo, j_hi, Ps);
+      if (left >= 3) scores_rows<4>(r0, nr, c_lo, c_hi, Ps);
+      else if (left == 2) scores_rows<2>(r0, nr, c_lo, c_hi, Ps);
+      else scores_rows<1>(r0, nr, c_lo, c_hi, Ps);
     }
   }
 
-  // Od rows [r0, r0 + R) columns [e0, e0 + 16·NV) += Σ_j Pw[r][j − t0] · v_j (columns ≥ Dv read as 0).
-  // With pf: key j's pass also prefetches the K row of key j + kNt, if below pf_end (the next
-  // tile's keys that scores() will read: without it the K loads wait on memory).
-  template <int R, int NV>
-  void pv_block(int r0, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp, i64 e0, bool pf,
-                i64 pf_end) const {
-    __m512 acc[R][NV];
-    __mmask16 cm[NV];
-#pragma GCC unroll 8
-    for (int x = 0; x < NV; ++x) {
-      const i64 left = a.Dv - e0 - 16 * x;
-      cm[x] = static_cast<__mmask16>(left >= 16 ? 0xffffu : (1u << left) - 1u);
-    }
+  // W16 row r, columns [0, kNt) ← decode_i8.hpp's round_weights of Ps row r times vs over the
+  // tile's keys [c_lo, c_hi), 0 elsewhere; returns the step. The same products, maximum and
+  // roundings (vcvtps2dq rounds to nearest even, as nearbyint) by vectors.
+  float round_row(const float* p, i64 c_lo, i64 c_hi, std::int16_t* w16) const {
+    __m512 w[kNt / 16];
+    __m512 mx = _mm512_setzero_ps();
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int x = 0; x < NV; ++x) acc[r][x] = _mm512_loadu_ps(Od + (r0 + r) * Dvp + e0 + 16 * x);
-    for (i64 j = j_lo; j < j_hi; ++j) {
-      if (pf && j + kNt < pf_end) pf_row(krow(b, hk, j + kNt), a.D);
-      const std::int8_t* v = vrow(b, hk, j) + e0;
-      __m512 vv[NV];
-#pragma GCC unroll 8
-      for (int x = 0; x < NV; ++x) vv[x] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(cm[x], v + 16 * x)));
+    for (int x = 0; x < kNt / 16; ++x) {
+      const i64 lo = c_lo - 16 * x, hi = c_hi - 16 * x;
+      const std::uint32_t m_hi = hi >= 16 ? 0xffffu : hi <= 0 ? 0u : (1u << hi) - 1u;
+      const std::uint32_t m_lo = lo <= 0 ? 0xffffu : lo >= 16 ? 0u : 0xffffu & ~((1u << lo) - 1u);
+      const __mmask16 m = static_cast<__mmask16>(m_hi & m_lo);
+      w[x] = _mm512_maskz_mul_ps(m, _mm512_loadu_ps(p + 16 * x), _mm512_loadu_ps(vs + 16 * x));
+      mx = _mm512_max_ps(mx, w[x]);
+    }
+    const float wmax = _mm512_reduce_max_ps(mx);
+    const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? kW16Max / wmax : 0.0f);
+#pragma GCC unroll 4
+    for (int x = 0; x < kNt / 16; ++x) {
+      const __m512 v = _mm512_mul_ps(w[x], inv);
+      const __mmask16 ok = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ);  // NaN → 0
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w16 + 16 * x), _mm512_cvtepi32_epi16(_mm512_maskz_cvtps_epi32(ok, v)));
+    }
+    return wmax / kW16Max;
+  }
+
+  // acc += pairs · w (16 int32 lanes of two int16 products each).
+  static __m512i dp16(__m512i acc, __m512i pairs, __m512i w) {
+    if constexpr (kVnni) return _mm512_dpwssd_epi32(acc, pairs, w);
+    else return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, w));
+  }
+
+  // Od rows [r0, r0 + R), columns [e0, e0 + 64·NB) ∩ [0, Dvp) += step_r · Σ_j W16[r][j] v_j over the
+  // key pairs [c_lo, c_hi) (even c_lo; vp[c] the V rows, W16 0 for keys outside the tile's range).
+  // Block x of 64 columns: for a pair, lo = the bytes of its two rows interleaved from columns
+  // 16L + [0, 8) of each 128-bit lane L, hi from 16L + [8, 16); their four int16-pair halves
+  // X0 = lo[0, 32), X1 = lo[32, 64), X2 = hi[0, 32), X3 = hi[32, 64) hold columns
+  // {0–7, 16–23}, {32–39, 48–55}, {8–15, 24–31}, {40–47, 56–63} of the block.
+  // With pf: each pair also prefetches the K rows of keys kNt further on, below pf_end.
+  template <int R, int NB>
+  void pv_block(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, i64 e0,
+                bool pf, i64 pf_end) const {
+    __m512i acc[R][NB][4];
+    __mmask64 cm[NB];
+#pragma GCC unroll 2
+    for (int x = 0; x < NB; ++x) {
+      const i64 left = a.Dv - e0 - 64 * x;
+      cm[x] = left >= 64 ? ~__mmask64{0} : left <= 0 ? 0 : (__mmask64{1} << left) - 1u;
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int y = 0; y < 4; ++y) acc[r][x][y] = _mm512_setzero_si512();
+    }
+    for (i64 c = c_lo; c < c_hi; c += 2) {
+      if (pf)
+        for (i64 n = c; n < imin(c + 2, pf_end - t0 - kNt); ++n) pf_row(knext[n], a.D);
+      __m512i xs[NB][4];
+#pragma GCC unroll 2
+      for (int x = 0; x < NB; ++x) {
+        const __m512i v0 = _mm512_maskz_loadu_epi8(cm[x], vp[c] + e0 + 64 * x);
+        const __m512i v1 = _mm512_maskz_loadu_epi8(cm[x], vp[c + 1] + e0 + 64 * x);
+        const __m512i lo = _mm512_unpacklo_epi8(v0, v1), hi = _mm512_unpackhi_epi8(v0, v1);
+        xs[x][0] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(lo));
+        xs[x][1] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(lo, 1));
+        xs[x][2] = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(hi));
+        xs[x][3] = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(hi, 1));
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const __m512 w = _mm512_set1_ps(Pw[(r0 + r) * kNt + (j - t0)]);
-#pragma GCC unroll 8
-        for (int x = 0; x < NV; ++x) acc[r][x] = _mm512_fmadd_ps(w, vv[x], acc[r][x]);
+        std::int32_t pair;
+        std::memcpy(&pair, W16 + (r0 + r) * kNt + c, sizeof pair);
+        const __m512i w = _mm512_set1_epi32(pair);
+#pragma GCC unroll 2
+        for (int x = 0; x < NB; ++x)
+#pragma GCC unroll 4
+          for (int y = 0; y < 4; ++y) acc[r][x][y] = dp16(acc[r][x][y], xs[x][y], w);
       }
     }
+    // Back in column order: block columns [0, 16) = X0[0, 8) X2[0, 8), [16, 32) = X0[8, 16) X2[8, 16),
+    // [32, 48) = X1[0, 8) X3[0, 8), [48, 64) = X1[8, 16) X3[8, 16).
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int x = 0; x < NV; ++x) _mm512_storeu_ps(Od + (r0 + r) * Dvp + e0 + 16 * x, acc[r][x]);
+    for (int r = 0; r < R; ++r) {
+      const __m512 sv = _mm512_set1_ps(step[r]);
+#pragma GCC unroll 2
+      for (int x = 0; x < NB; ++x) {
+        const __m512i* A = acc[r][x];
+        const __m512i n[4] = {_mm512_shuffle_i32x4(A[0], A[2], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_i32x4(A[0], A[2], _MM_SHUFFLE(3, 2, 3, 2)),
+                              _mm512_shuffle_i32x4(A[1], A[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_i32x4(A[1], A[3], _MM_SHUFFLE(3, 2, 3, 2))};
+#pragma GCC unroll 4
+        for (int y = 0; y < 4; ++y) {
+          const i64 e = e0 + 64 * x + 16 * y;
+          if (e >= Dvp) break;
+          float* o = Od + (r0 + r) * Dvp + e;
+          _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[y]), sv, _mm512_loadu_ps(o)));
+        }
+      }
+    }
   }
-  // All Dvp columns of rows [r0, r0 + R): 16 accumulators (R · NV) per pass over the keys.
+  // All Dvp columns of rows [r0, r0 + R): 64-column blocks, 2 per pass for R ≤ 2 (16 accumulators).
   template <int R>
-  void pv_rows(int r0, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp, bool pf, i64 pf_end) const {
-    constexpr int NV = R <= 2 ? 8 : 4;
+  void pv_rows(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, bool pf,
+               i64 pf_end) const {
+    constexpr int NB = R <= 2 ? 2 : 1;
     i64 e0 = 0;
-    for (; e0 + 16 * NV <= Dvp; e0 += 16 * NV, pf = false) pv_block<R, NV>(r0, b, hk, t0, j_lo, j_hi, Od, Dvp, e0, pf, pf_end);
-    for (; e0 < Dvp; e0 += 16, pf = false) pv_block<R, 1>(r0, b, hk, t0, j_lo, j_hi, Od, Dvp, e0, pf, pf_end);
+    for (; e0 + 64 * NB <= Dvp; e0 += 64 * NB, pf = false)
+      pv_block<R, NB>(r0, t0, c_lo, c_hi, step, Od, Dvp, e0, pf, pf_end);
+    for (; e0 < Dvp; e0 += 64, pf = false) pv_block<R, 1>(r0, t0, c_lo, c_hi, step, Od, Dvp, e0, pf, pf_end);
   }
   void pv(int nr, const float* Ps, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp) {
-    for (i64 j = j_lo; j < j_hi; ++j) {
-      const float vs = a.v_scale[kv_row(a, a.svs, b, hk, j)];
-      for (int r = 0; r < nr; ++r) Pw[r * kNt + (j - t0)] = Ps[r * kNt + (j - t0)] * vs;
-    }
-    // The next tile's K rows, when scores() reads them (and set j_end_).
-    const bool pf = takes_k(a);
+    // Key pairs [c_lo, c_hi) of the tile: a key outside [j_lo, j_hi) in a pair reads j_lo's row
+    // with weight 0.
+    // (vp, vs: set by scores() for this tile.)
+    const i64 c_lo = (j_lo - t0) & ~i64{1}, c_hi = (j_hi - t0 + 1) & ~i64{1};
+    // The next tile's K rows [t0 + kNt, j_end_) that pv_block prefetches.
+    const i64 n_hi = imin(j_end_ - t0 - kNt, c_hi);
+    if (n_hi > c_lo) tile_rows(a.k, a.sk, nullptr, nullptr, b, hk, t0 + kNt, t0 + kNt + c_lo, t0 + kNt + n_hi, c_lo, n_hi, knext, nullptr);
+    float step[kDecRows];
+    for (int r = 0; r < nr; ++r) step[r] = round_row(Ps + r * kNt, j_lo - t0, j_hi - t0, W16 + r * kNt);
+    // The next tile's K rows (scores() set j_end_).
     for (int r0 = 0; r0 < nr; r0 += 4) {
       const int left = nr - r0;
-      if (left >= 4) pv_rows<4>(r0, b, hk, t0, j_lo, j_hi, Od, Dvp, pf && r0 == 0, j_end_);
-      else if (left == 3) pv_rows<3>(r0, b, hk, t0, j_lo, j_hi, Od, Dvp, pf && r0 == 0, j_end_);
-      else if (left == 2) pv_rows<2>(r0, b, hk, t0, j_lo, j_hi, Od, Dvp, pf && r0 == 0, j_end_);
-      else pv_rows<1>(r0, b, hk, t0, j_lo, j_hi, Od, Dvp, pf && r0 == 0, j_end_);
+      const bool f = r0 == 0;
+      if (left >= 4) pv_rows<4>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else if (left == 3) pv_rows<3>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else if (left == 2) pv_rows<2>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else pv_rows<1>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
     }
   }
 };
+
+// Decode on an int8 cache: this policy when K's and V's rows have unit element stride, else the
+// oracle's (which reads any strides).
+template <class S, bool kVnni>
+void decode_i8(const FlashArgs& a) {
+  if (a.sk[3] == 1 && a.sv[3] == 1) decode<S, DecodeOpsI8<kVnni>>(a);
+  else decode<S, DecodeOpsI8Ref>(a);
+}
 
 }  // namespace
 }  // namespace qkv::kernels::cpu

@@ -8,7 +8,7 @@ namespace qkv::kernels::cpu {
 
 void flash_forward_avx512(const FlashArgs* list, std::int64_t n) { forward<SimdAvx512, OperandsF32<SimdAvx512>>(list, n); }
 void flash_decode_avx512(const FlashArgs& a) {
-  if (a.kv_i8) decode<SimdAvx512, DecodeOpsI8>(a);
+  if (a.kv_i8) decode_i8<SimdAvx512, false>(a);
   else decode<SimdAvx512>(a);
 }
 

@@ -401,7 +401,7 @@ struct DecodeOpsBf16 {
 
 void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n) { forward<S, OperandsBf16>(list, n); }
 void flash_decode_avx512_bf16(const FlashArgs& a) {
-  if (a.kv_i8) decode<S, DecodeOpsI8>(a);
+  if (a.kv_i8) decode_i8<S, true>(a);
   else decode<S, DecodeOpsBf16>(a);
 }
 

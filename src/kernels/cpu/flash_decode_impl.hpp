@@ -204,8 +204,7 @@ void decode(const FlashArgs& a) {
           if (k_in_place) {
             kp = static_cast<const float*>(a.k) + koff;
           } else {
-            if (a.kv_i8) widen_i8_row<S>(static_cast<const std::int8_t*>(a.k) + koff, a.sk[3], D, a.k_scale[kv_row(a, a.sks, b, hk, j)], Kr);
-            else if (a.kv_f16) widen_f16_row<S>(static_cast<const std::uint16_t*>(a.k) + koff, a.sk[3], D, Kr);
+            if (a.kv_f16) widen_f16_row<S>(static_cast<const std::uint16_t*>(a.k) + koff, a.sk[3], D, Kr);
             else if (a.bf16 && a.sk[3] == 1) widen_row<S>(static_cast<const std::uint16_t*>(a.k) + koff, D, Kr);
             else load_row(a, a.k, koff, a.sk[3], D, 1.0f, Kr);
             kp = Kr;
@@ -272,10 +271,7 @@ void decode(const FlashArgs& a) {
         for (i64 j = j_lo; j < j_hi; ++j) {
           float* row = Vs + (j - t0) * Dvp;
           const i64 voff = kv_row(a, a.sv, b, hk, j);
-          if (a.kv_i8) {
-            widen_i8_row<S>(static_cast<const std::int8_t*>(a.v) + voff, a.sv[3], Dv, a.v_scale[kv_row(a, a.svs, b, hk, j)], row);
-            for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
-          } else if (a.kv_f16) {
+          if (a.kv_f16) {
             widen_f16_row<S>(static_cast<const std::uint16_t*>(a.v) + voff, a.sv[3], Dv, row);
             for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
           } else if (a.bf16 && a.sv[3] == 1) {

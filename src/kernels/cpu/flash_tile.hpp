@@ -147,17 +147,6 @@ inline void widen_row(const std::uint16_t* src, i64 n, float* dst) {
   if (x < n) S::storeu(dst + x, S::load_bf16_n(src + x, static_cast<int>(n - x)));
 }
 
-// n elements of an int8 row (element stride `stride`) → dst[0, n) as f32 · scale (int8 KV caches).
-template <class S>
-inline void widen_i8_row(const std::int8_t* src, i64 stride, i64 n, float scale, float* dst) {
-  i64 x = 0;
-  if (stride == 1) {
-    const auto vs = S::set1(scale);
-    for (; x + S::L <= n; x += S::L) S::storeu(dst + x, S::mul(S::load_i8(src + x), vs));
-  }
-  for (; x < n; ++x) dst[x] = static_cast<float>(src[x * stride]) * scale;
-}
-
 // n elements of a binary16 row (element stride `stride`) → dst[0, n) as f32 (f16 KV caches):
 // by vectors where S converts them (S::kHasF16, unit stride), the rest element by element; both exact.
 template <class S>

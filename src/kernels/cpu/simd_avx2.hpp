@@ -74,9 +74,6 @@ struct SimdAvx2 {
   static constexpr bool kHasTranspose16 = false;
   static constexpr bool kHasF16 = false;  // no load_f16: see SimdAvx512
   static void transpose16(const float*, std::int64_t, float*, std::int64_t) {}
-  static V load_i8(const std::int8_t* p) {  // L int8 → f32 (int8 KV caches)
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
   static V load_bf16(const std::uint16_t* p) { return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static V load_bf16_n(const std::uint16_t* p, int n) {
     alignas(16) std::uint16_t t[8] = {};

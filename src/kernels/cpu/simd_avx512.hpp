@@ -118,9 +118,6 @@ struct SimdAvx512 {
   // element by element (F16C is not part of their run-time check).
   static constexpr bool kHasF16 = true;
   static V load_f16(const std::uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static V load_i8(const std::int8_t* p) {  // L int8 → f32 (int8 KV caches)
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
   static V load_bf16(const std::uint16_t* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

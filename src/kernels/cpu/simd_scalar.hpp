@@ -112,11 +112,6 @@ struct SimdScalar {
   static constexpr bool kHasTranspose16 = false;
   static constexpr bool kHasF16 = false;  // no load_f16: see SimdAvx512
   static void transpose16(const float*, std::int64_t, float*, std::int64_t) {}
-  static V load_i8(const std::int8_t* p) {  // L int8 → f32 (int8 KV caches)
-    V r;
-    for (int i = 0; i < L; ++i) r.x[i] = static_cast<float>(p[i]);
-    return r;
-  }
   static V load_bf16(const std::uint16_t* p) { return load_bf16_n(p, L); }
   static V load_bf16_n(const std::uint16_t* p, int n) {
     V r = zero();
