@@ -241,27 +241,28 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
 // tiles to reuse, and D may be smaller than a vector (D = 8 in stories260K: one masked load a row).
 inline i64 imin(i64 x, i64 y) { return x < y ? x : y; }
 
-// out [NV·L columns, the last vector `tail` lanes] = inv · Σ_j p_j · v [j, :] over Skv rows of D
-// floats, keys in order. NV a constant so the accumulators stay in registers (with the count
+// out [NV·L columns, the last vector `tail` lanes] = inv · Σ_j p_j · v [j, d0 + …] over Skv rows of
+// D values (Rows: f32 or bf16), keys in order. NV a constant so the accumulators stay in registers (with the count
 // variable, GCC kept them on the stack: a store and a reload on every key's chain).
-template <class S, int NV>
-void attend_pv(const float* p, const float* v, i64 Skv, i64 D, int tail, float inv, float* out) {
+template <class S, class Rows, int NV>
+void attend_pv(const float* p, const void* v, i64 d0, i64 Skv, i64 D, int tail, float inv, float* out) {
   using V = typename S::V;
   V acc[NV];
   #pragma GCC unroll 4
   for (int c = 0; c < NV; ++c) acc[c] = S::zero();
   for (i64 j = 0; j < Skv; ++j) {
     const V pj = S::set1(p[j]);
-    const float* vr = v + j * D;
+    const i64 vr = j * D + d0;
     #pragma GCC unroll 4
-    for (int c = 0; c + 1 < NV; ++c) acc[c] = S::fmadd(pj, S::loadu(vr + c * S::L), acc[c]);
-    acc[NV - 1] = S::fmadd(pj, S::load_n(vr + (NV - 1) * S::L, tail), acc[NV - 1]);
+    for (int c = 0; c + 1 < NV; ++c) acc[c] = S::fmadd(pj, Rows::load(v, vr + c * S::L), acc[c]);
+    acc[NV - 1] = S::fmadd(pj, Rows::load_n(v, vr + (NV - 1) * S::L, tail), acc[NV - 1]);
   }
   #pragma GCC unroll 4
   for (int c = 0; c < NV; ++c) S::store_n(out + c * S::L, S::mul(acc[c], S::set1(inv)), c + 1 < NV ? S::L : tail);
 }
 
-template <class S>
+// Keys and values as f32 (RowsF32) or bf16 bits widened exactly (RowsBf16); q, out and every sum f32.
+template <class S, class Rows>
 void attend_one_impl(const AttendArgs& a) {
   using V = typename S::V;
   constexpr int L = S::L;
@@ -272,11 +273,11 @@ void attend_one_impl(const AttendArgs& a) {
     const float* q = a.q + r * D;
     float mx = -__builtin_inff();
     for (i64 j = 0; j < Skv; ++j) {
-      const float* k = a.k + j * D;
+      const i64 k = j * D;
       V acc = S::zero();
       i64 d = 0;
-      for (; d + L <= D; d += L) acc = S::fmadd(S::loadu(q + d), S::loadu(k + d), acc);
-      if (d < D) acc = S::fmadd(S::load_n(q + d, static_cast<int>(D - d)), S::load_n(k + d, static_cast<int>(D - d)), acc);
+      for (; d + L <= D; d += L) acc = S::fmadd(S::loadu(q + d), Rows::load(a.k, k + d), acc);
+      if (d < D) acc = S::fmadd(S::load_n(q + d, static_cast<int>(D - d)), Rows::load_n(a.k, k + d, static_cast<int>(D - d)), acc);
       const float s = S::hsum(acc) * sl2;
       sc[j] = s;
       mx = s > mx ? s : mx;
@@ -303,10 +304,10 @@ void attend_one_impl(const AttendArgs& a) {
       const int nv = static_cast<int>((imin(D - d0, 4 * L) + L - 1) / L);
       const int tail = static_cast<int>(imin(D - d0, 4 * L) - (nv - 1) * L);  // lanes of the last vector
       switch (nv) {
-        case 1: attend_pv<S, 1>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
-        case 2: attend_pv<S, 2>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
-        case 3: attend_pv<S, 3>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
-        default: attend_pv<S, 4>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
+        case 1: attend_pv<S, Rows, 1>(sc, a.v, d0, Skv, D, tail, inv, o + d0); break;
+        case 2: attend_pv<S, Rows, 2>(sc, a.v, d0, Skv, D, tail, inv, o + d0); break;
+        case 3: attend_pv<S, Rows, 3>(sc, a.v, d0, Skv, D, tail, inv, o + d0); break;
+        default: attend_pv<S, Rows, 4>(sc, a.v, d0, Skv, D, tail, inv, o + d0); break;
       }
     }
   }
