@@ -269,10 +269,34 @@ void attend_one_impl(const AttendArgs& a) {
   const i64 D = a.D, Skv = a.Skv;
   const float sl2 = a.scale * 1.4426950408889634f;
   float* sc = a.scores;
+  // The cache's rows come from L3 or memory (a decode step streams the weights between two visits
+  // of a head), and the loads of one key's dot product wait on them: the first query head's score
+  // pass prefetches key and value rows kAhead keys ahead (the values for the P·V pass after it; the
+  // other heads of the group then find both in cache). Measured with perf on the 6.1 M model: 20–25 %
+  // less time in this function at B = 1 and 8, f32 and bf16 caches (8 to 64 keys ahead all helped;
+  // without the value rows, half the gain).
+  constexpr i64 kAhead = 16;
+  const i64 row_bytes = D * Rows::bytes;
+  const char* kb = static_cast<const char*>(a.k);
+  const char* vb = static_cast<const char*>(a.v);
   for (i64 r = 0; r < a.nh; ++r) {
     const float* q = a.q + r * D;
+    if (r == 0)
+      for (i64 c = 0; c < imin(kAhead, Skv) * row_bytes; c += 64) {
+        __builtin_prefetch(kb + c, 0, 3);
+        __builtin_prefetch(vb + c, 0, 2);
+      }
     float mx = -__builtin_inff();
     for (i64 j = 0; j < Skv; ++j) {
+      if (r == 0 && j + kAhead < Skv) {  // every line of row j + kAhead (rows need not start on a line)
+        const i64 at = (j + kAhead) * row_bytes;
+        for (i64 c = 0; c < row_bytes; c += 64) {
+          __builtin_prefetch(kb + at + c, 0, 3);
+          __builtin_prefetch(vb + at + c, 0, 2);
+        }
+        __builtin_prefetch(kb + at + row_bytes - 1, 0, 3);
+        __builtin_prefetch(vb + at + row_bytes - 1, 0, 2);
+      }
       const i64 k = j * D;
       V acc = S::zero();
       i64 d = 0;
