@@ -281,9 +281,11 @@ class Tokenizer {
 // ---------------------------------------------------------------------------------------------
 // Keys (after rotary) and values of every position seen so far.
 //   k, v: f32 or bf16 [L, Hkv, capacity, D]; positions [0, len) are filled.
-// Model::forward takes either dtype in every mode. With a bf16 cache the attention runs on bf16
-// q, K, V (the bf16 flash kernels; q and the output rounded to bf16 as well) and the cache holds
-// half the bytes; Model::new_cache() gives the dtype the model's options are fastest with.
+// Model::forward takes either dtype in every mode. With a bf16 cache the cache holds half the
+// bytes (keys and values rounded as they are stored); a call of several tokens runs the bf16 flash
+// kernels (q and the output rounded to bf16 as well), a one-token step (and forward_batch) widens
+// the cached rows and keeps q, the scores and the output in f32. Model::new_cache() gives the
+// dtype the model's options are fastest with.
 struct KvCache {
   KvCache() = default;
   // capacity 0: the config's seq_len; dtype f32 or bf16.
