@@ -21,7 +21,8 @@ Peers:
              bench/llamacpp_driver.py (shared with llamacpp_peer.py): after a warm-up, tokens are fed one at a time through llama_decode (low-level API), timed around the calls: the Python call
              overhead (a few µs) is included, which matters only for stories260K-sized models.
   qkv        `qkv generate -t 0`, QKV_NUM_THREADS=T; the decode tok/s it prints on stderr (sampled tokens after
-             the first / decode time), and --batch-file with 8 prompts for the batched rows.
+             the first / decode time), and --batch-file with 8 prompts for the batched rows, once with
+             f32 KV caches (the default) and once with --kv-dtype bf16 (caches in bf16: half the bytes).
 
 Runs are interleaved (qkv, llama2.c, llama.cpp, qkv, …) for `--rounds` rounds; medians are printed, with
 the load after every round and the machine's peak (bench_attention --peak beside --qkv, when built) before and
@@ -262,8 +263,10 @@ def main() -> int:
                     results.setdefault((name, T, "llama.cpp"), []).append(
                         run_llama_cpp(ggp, T, steps, SHAPES[name][5], prompt=5)["decode_tok_s"])
                 if a.batch:
-                    results.setdefault((name, T, f"qkv B={a.batch}"), []).append(
-                        run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file)], key=(name, T, f"qkv B={a.batch}")))
+                    for kv, eng in (("f32", f"qkv B={a.batch}"), ("bf16", f"qkv B={a.batch} bf16 KV")):
+                        results.setdefault((name, T, eng), []).append(
+                            run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file), "--kv-dtype", kv],
+                                    key=(name, T, eng)))
         loads.append(report.loadavg())
     after = report.measure_peak(build)
     machine = report.machine_line(before, after, loads)
@@ -273,8 +276,8 @@ def main() -> int:
     say(f"load (1-min) over the rounds: {', '.join(map(str, loads))}; {a.rounds} interleaved rounds, medians, tok/s\n")
     peers = ["llama2.c", "llama.cpp"]
     say("| model | threads | qkv | " + " | ".join(f"{p} | qkv / {p}" for p in peers) +
-        f" | qkv B={a.batch} (all sequences) | B={a.batch} / B=1 |")
-    say("|---|---|---|" + "---|---|" * len(peers) + "---|---|")
+        f" | qkv B={a.batch} (all sequences) | B={a.batch} / B=1 | B={a.batch}, bf16 KV cache | / B=1 |")
+    say("|---|---|---|" + "---|---|" * len(peers) + "---|---|---|---|")
     for name in models:
         for T in threads:
             q = statistics.median(results[(name, T, "qkv")])
@@ -282,8 +285,9 @@ def main() -> int:
             for p in peers:
                 r = results.get((name, T, p))
                 row += f" {statistics.median(r):.0f} | {q / statistics.median(r):.2f}× |" if r else " – | – |"
-            rb = results.get((name, T, f"qkv B={a.batch}"))
-            row += f" {statistics.median(rb):.0f} | {statistics.median(rb) / q:.2f}× |" if rb else " – | – |"
+            for eng in (f"qkv B={a.batch}", f"qkv B={a.batch} bf16 KV"):
+                rb = results.get((name, T, eng))
+                row += f" {statistics.median(rb):.0f} | {statistics.median(rb) / q:.2f}× |" if rb else " – | – |"
             say(row)
     say("\nCPU seconds per run (whole process: load, prefill, decode; medians):")
     for key in sorted(CPU):
@@ -300,7 +304,7 @@ def main() -> int:
     # tok/s relative to qkv at B=1 (one bar per engine, one group per model and thread count): the models'
     # speeds differ by 100×, their ratios fit one axis.
     groups = [(name, T) for name in models for T in threads]
-    engines = ["qkv", *peers] + ([f"qkv B={a.batch}"] if a.batch else [])
+    engines = ["qkv", *peers] + ([f"qkv B={a.batch}", f"qkv B={a.batch} bf16 KV"] if a.batch else [])
     med = {key: statistics.median(v) for key, v in results.items()}
     report.bar_plot(a.name + ".png", f"Decode tok/s as a share of qkv's (B=1), greedy, medians of {a.rounds} "
                     "interleaved rounds (> 1: faster than qkv)", [f"{n}\n{T} thread{'s' if T > 1 else ''}" for n, T in groups],

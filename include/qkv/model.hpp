@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -280,9 +281,11 @@ class Tokenizer {
 // ---------------------------------------------------------------------------------------------
 // Keys (after rotary) and values of every position seen so far.
 //   k, v: f32 or bf16 [L, Hkv, capacity, D]; positions [0, len) are filled.
-// Model::forward takes either dtype in every mode. With a bf16 cache the attention runs on bf16
-// q, K, V (the bf16 flash kernels; q and the output rounded to bf16 as well) and the cache holds
-// half the bytes; Model::new_cache() gives the dtype the model's options are fastest with.
+// Model::forward takes either dtype in every mode. With a bf16 cache the cache holds half the
+// bytes (keys and values rounded as they are stored); a call of several tokens runs the bf16 flash
+// kernels (q and the output rounded to bf16 as well), a one-token step (and forward_batch) widens
+// the cached rows and keeps q, the scores and the output in f32. Model::new_cache() gives the
+// dtype the model's options are fastest with.
 struct KvCache {
   KvCache() = default;
   // capacity 0: the config's seq_len; dtype f32 or bf16.
@@ -415,9 +418,15 @@ class Sampler {
 struct GenerateOptions {
   std::int64_t steps = 256;  // positions in all, counting BOS and the prompt (≤ 0 or > P: P)
   SamplerOptions sampling;
+  // Each sequence's KV cache dtype: f32, or bf16 (keys and values rounded to bf16 as they are
+  // stored: half the bytes, which a batched step reads once per sequence; the texts may then differ
+  // from an f32 cache's). Unset: Model::new_cache()'s choice. Greedy texts of generate_batch equal
+  // generate()'s with the same kv_dtype.
+  std::optional<DType> kv_dtype;
 };
 // Throws std::invalid_argument "[fn] option: must be ..., got value" unless steps ≥ 0,
-// temperature ∈ [0, 100] (not NaN), top_p ∈ [0, 1], top_k ≥ 0 and seed ≥ 1: the rules of
+// temperature ∈ [0, 100] (not NaN), top_p ∈ [0, 1], top_k ≥ 0, seed ≥ 1 and kv_dtype (when set)
+// is f32 or bf16: the rules of
 // `qkv generate`'s flags. generate() calls it first; Python's Model.generate calls it with its
 // own name, so both faces give one message.
 void validate_generate_options(const GenerateOptions& opt, std::string_view fn = "qkv::generate");

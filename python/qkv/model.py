@@ -92,6 +92,15 @@ def _real(fn: str, name: str, x: Any) -> float:
     return float(x)
 
 
+def _kv_dtype(fn: str, x: Any) -> str:
+    """kv_dtype for the C++ call: "" for None (the model's choice); strings checked there."""
+    if x is None:
+        return ""
+    if not isinstance(x, str):
+        raise TypeError(f"[{fn}] kv_dtype: must be 'f32', 'bf16' or None, got {x!r}")
+    return x
+
+
 class Tokenizer:
     """Any tokenizer qkv reads, told apart by the file's content: llama2.c's tokenizer.bin
     (score-ordered merges, byte fallback, BOS = 1 and EOS = 2), the tokenizer.json ``qkv train``
@@ -235,7 +244,8 @@ class Model:
         return ModelTrace([LayerTrace(**d) for d in layers], logits, embed)
 
     def generate(self, tokenizer: Tokenizer, prompt: str = "", steps: int = 256, temperature: float = 1.0,
-                 top_p: float = 0.9, top_k: int = 0, seed: int = 1, return_stats: bool = False):
+                 top_p: float = 0.9, top_k: int = 0, seed: int = 1, return_stats: bool = False,
+                 kv_dtype: str | None = None):
         """llama2.c's generation: ``steps`` positions in all (BOS and the prompt included; 0: the
         whole context), stopping at a sampled EOS (llama2.c: or BOS); temperature 0 is greedy. Returns the text (prompt +
         continuation), or a :class:`Generation` with timings. Uses a cache of its own (this
@@ -243,7 +253,9 @@ class Model:
 
         The arguments follow ``qkv generate``'s rules, checked by the same C++ code, with the same
         messages (ValueError): steps >= 0, temperature in [0, 100], top_p in [0, 1], top_k >= 0,
-        seed >= 1. ``prompt`` is a str, or bytes in UTF-8."""
+        seed >= 1. ``prompt`` is a str, or bytes in UTF-8. ``kv_dtype``: the cache's dtype, ``"f32"``
+        or ``"bf16"`` (keys and values rounded as they are stored: half the bytes; the text may
+        differ from f32's); None: bf16 with ``gemm_inputs="bf16"``, else f32."""
         fn = "qkv.Model.generate"
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"[{fn}] tokenizer: must be a qkv.Tokenizer, got {type(tokenizer).__name__}")
@@ -259,7 +271,7 @@ class Model:
         if seed < 1:  # before the C++ call: a negative seed does not fit its unsigned type
             raise ValueError(f"[{fn}] seed: must be ≥ 1 (xorshift's state 0 never changes), got {seed}")
         raw, n_prompt, n_gen, t_pre, t_dec = self._m.generate(tokenizer._t, prompt, steps, temperature, top_p,
-                                                               top_k, seed)
+                                                               top_k, seed, _kv_dtype(fn, kv_dtype))
         text = raw.decode("utf-8", errors="replace")
         if return_stats:
             return Generation(text, n_prompt, n_gen, t_pre, t_dec)
@@ -267,13 +279,14 @@ class Model:
 
     def generate_batch(self, tokenizer: Tokenizer, prompts: Sequence[str], steps: int = 256,
                        temperature: float = 1.0, top_p: float = 0.9, top_k: int = 0, seed: int = 1,
-                       return_stats: bool = False):
+                       return_stats: bool = False, kv_dtype: str | None = None):
         """:meth:`generate` for several prompts at once: each is prefilled alone, then every
         sequence still going gets its next token from one shared step that reads the weights once
         for all of them. Returns the texts in the order of ``prompts`` (or a
         :class:`BatchGeneration`); text i equals ``generate(tokenizer, prompts[i], ...)`` with the
-        same arguments (each sequence samples with its own generator seeded by ``seed``). The
-        arguments follow :meth:`generate`'s rules."""
+        same arguments (each sequence samples with its own generator seeded by ``seed``) and the
+        same ``kv_dtype``. The arguments follow :meth:`generate`'s rules. ``kv_dtype="bf16"``
+        halves the cache bytes each shared step reads per sequence."""
         fn = "qkv.Model.generate_batch"
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"[{fn}] tokenizer: must be a qkv.Tokenizer, got {type(tokenizer).__name__}")
@@ -289,7 +302,7 @@ class Model:
         if seed < 1:
             raise ValueError(f"[{fn}] seed: must be ≥ 1 (xorshift's state 0 never changes), got {seed}")
         raws, n_prompt, n_gen, t_pre, t_dec = self._m.generate_batch(tokenizer._t, list(prompts), steps, temperature,
-                                                                     top_p, top_k, seed)
+                                                                     top_p, top_k, seed, _kv_dtype(fn, kv_dtype))
         texts = [r.decode("utf-8", errors="replace") for r in raws]
         if return_stats:
             return BatchGeneration(texts, n_prompt, n_gen, t_pre, t_dec)

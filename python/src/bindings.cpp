@@ -523,17 +523,29 @@ std::tuple<nb::list, F32Array, F32Array> model_trace(PyModel& self, const std::v
   return {layers, to_numpy(std::move(tr.logits)), to_numpy(std::move(tr.embed))};
 }
 
-// llama2.c's generation loop; the text comes back as bytes (pieces may split UTF-8 characters).
-std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate(
-    PyModel& self, const qkv::Tokenizer& tok, const std::string& prompt, std::int64_t steps, float temperature,
-    float top_p, int top_k, std::uint64_t seed) {
+// GenerateOptions from generate's arguments; kv_dtype "" (None in Python: the model's choice), "f32"
+// or "bf16". Throws std::invalid_argument (ValueError) naming fn, with the CLI's rules and messages.
+qkv::GenerateOptions generate_options(const char* fn, std::int64_t steps, float temperature, float top_p, int top_k,
+                                      std::uint64_t seed, const std::string& kv_dtype) {
   qkv::GenerateOptions o;
   o.steps = steps;
   o.sampling.temperature = temperature;
   o.sampling.top_p = top_p;
   o.sampling.top_k = top_k;
   o.sampling.seed = seed;
-  qkv::validate_generate_options(o, "qkv.Model.generate");  // the CLI's rules and messages
+  if (kv_dtype == "f32") o.kv_dtype = qkv::DType::f32;
+  else if (kv_dtype == "bf16") o.kv_dtype = qkv::DType::bf16;
+  else if (!kv_dtype.empty())
+    throw std::invalid_argument(std::string("[") + fn + "] kv_dtype: must be 'f32', 'bf16' or None, got '" + kv_dtype + "'");
+  qkv::validate_generate_options(o, fn);
+  return o;
+}
+
+// llama2.c's generation loop; the text comes back as bytes (pieces may split UTF-8 characters).
+std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate(
+    PyModel& self, const qkv::Tokenizer& tok, const std::string& prompt, std::int64_t steps, float temperature,
+    float top_p, int top_k, std::uint64_t seed, const std::string& kv_dtype) {
+  const qkv::GenerateOptions o = generate_options("qkv.Model.generate", steps, temperature, top_p, top_k, seed, kv_dtype);
   std::string text;
   qkv::GenerateStats st;
   {
@@ -549,14 +561,9 @@ std::tuple<nb::bytes, std::int64_t, std::int64_t, double, double> model_generate
 // generate_batch: the prompts advanced in lockstep; each text as bytes, in order.
 std::tuple<std::vector<nb::bytes>, std::int64_t, std::int64_t, double, double> model_generate_batch(
     PyModel& self, const qkv::Tokenizer& tok, const std::vector<std::string>& prompts, std::int64_t steps,
-    float temperature, float top_p, int top_k, std::uint64_t seed) {
-  qkv::GenerateOptions o;
-  o.steps = steps;
-  o.sampling.temperature = temperature;
-  o.sampling.top_p = top_p;
-  o.sampling.top_k = top_k;
-  o.sampling.seed = seed;
-  qkv::validate_generate_options(o, "qkv.Model.generate_batch");
+    float temperature, float top_p, int top_k, std::uint64_t seed, const std::string& kv_dtype) {
+  const qkv::GenerateOptions o =
+      generate_options("qkv.Model.generate_batch", steps, temperature, top_p, top_k, seed, kv_dtype);
   std::vector<std::string> texts;
   qkv::GenerateStats st;
   {
@@ -841,10 +848,10 @@ NB_MODULE(_qkv, m) {
       .def("trace", &model_trace, "tokens"_a, "ablate"_a,
            "The whole sequence from position 0, every layer recorded; ablate: (layer, head, mean) heads knocked out.")
       .def("generate_batch", &model_generate_batch, "tokenizer"_a, "prompts"_a, "steps"_a, "temperature"_a,
-           "top_p"_a, "top_k"_a, "seed"_a,
+           "top_p"_a, "top_k"_a, "seed"_a, "kv_dtype"_a,
            "generate_batch: ([text bytes], prompt tokens, generated, prefill s, decode s), summed over the prompts.")
       .def("generate", &model_generate, "tokenizer"_a, "prompt"_a, "steps"_a, "temperature"_a, "top_p"_a,
-           "top_k"_a, "seed"_a, "llama2.c's generation: (text bytes, prompt tokens, generated, prefill s, decode s).");
+           "top_k"_a, "seed"_a, "kv_dtype"_a, "llama2.c's generation: (text bytes, prompt tokens, generated, prefill s, decode s).");
 
   nb::class_<PyEncoder>(m, "Encoder", "A BERT-family sentence encoder (use qkv.Encoder).")
       .def("__init__",

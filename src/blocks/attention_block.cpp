@@ -167,16 +167,7 @@ void attention_block_decode_head(const DecodeHeadCall& a) {
     auto *kc = static_cast<std::uint16_t*>(slot.k) + at, *vc = static_cast<std::uint16_t*>(slot.v) + at;
     f32_to_bf16(kc + pos * D, kh, D, isa);
     f32_to_bf16(vc + pos * D, vh, D, isa);
-    f32_to_bf16(a.q_bf16, qh, G * D, isa);
-    AttentionOptions opt;
-    opt.num_threads = 1;
-    opt.causal = true;
-    opt.align = Align::bottom_right;
-    attention(View::strided(a.q_bf16, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}),
-              View::strided(kc, DType::bf16, {1, 1, pos + 1, D}, {cap * D, cap * D, D, 1}),
-              View::strided(vc, DType::bf16, {1, 1, pos + 1, D}, {cap * D, cap * D, D, 1}),
-              View::strided(a.out_bf16, DType::bf16, {1, G, 1, D}, {G * D, D, G * D, 1}), opt);
-    bf16_to_f32(oh, a.out_bf16, G * D, 1);
+    attend_one_bf16(qh, kc, vc, oh, a.scores, G, D, pos + 1, a.scale, isa);
   }
 }
 

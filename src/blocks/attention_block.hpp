@@ -132,8 +132,8 @@ void attention_block_varlen(AttentionProjections& proj, const VarlenBlockCall& c
 //   rotary(q_b [G, D], k_b [D]) at position cache[b].len  (cs non-null: cs [B, D], rope_angles of it)
 //   cache[b].k[hk, len, :] ← k_b, cache[b].v[hk, len, :] ← v_b     (rounded when the cache is bf16)
 //   out_b [G, D] = softmax(scale · q_b · K_bᵀ) · V_b                 over positions 0 … len
-// f32 cache: attend_one (two passes, any D). bf16 cache: q_b is rounded and qkv::attention's bf16
-// kernel runs on [1, G, 1, D] views of the cache, its bf16 output widened into out_b. The caller
+// attend_one (two passes, any D) on the cache's rows: f32, or bf16 (k_b, v_b rounded to bf16 when
+// appended, the cache's rows widened as they are read; q_b, out_b and the sums stay f32). The caller
 // advances each len after the whole step. Per sequence the result does not depend on B, on the
 // thread or on the other heads (the step's bit-identity across batches and thread counts).
 // ---------------------------------------------------------------------------------------------
@@ -147,11 +147,9 @@ struct DecodeHeadCall {
   std::int64_t ld_q = 0, ld_kv = 0;
   const float* cs = nullptr;      // [B, D] rotary angles, or null: no rotary
   float scale = 0.0f;             // 1 / √D
-  float* scores = nullptr;        // scratch [max len + 1] (f32 cache)
-  std::uint16_t* q_bf16 = nullptr, *out_bf16 = nullptr;  // scratch [G·D] each (bf16 cache)
+  float* scores = nullptr;        // scratch [max len + 1]
 };
 
-// Throws what qkv::attention throws (bf16 cache only).
 void attention_block_decode_head(const DecodeHeadCall& call);
 
 }  // namespace qkv::blocks

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "blocks/dense_kernels.hpp"
@@ -174,26 +175,47 @@ void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, co
     }
 }
 
-void attend_one(const float* q, const float* k, const float* v, float* out, float* scores, i64 nh, i64 D, i64 Skv,
-                float scale, Isa isa) {
-  const detail::AttendArgs a{q, k, v, out, scores, nh, D, Skv, scale};
-  if (isa >= Isa::avx512) return detail::attend_one_avx512(a);
-  if (isa == Isa::avx2) return detail::attend_one_avx2(a);
+namespace {
+// attend_one's portable path (no AVX2): K, V as f32 or bf16 bits (widened), sums in f32.
+template <class T>
+void attend_one_scalar(const float* q, const T* k, const T* v, float* out, float* scores, i64 nh, i64 D, i64 Skv,
+                       float scale) {
+  auto at = [](const T* p, i64 i) {
+    if constexpr (std::is_same_v<T, float>) return p[i];
+    else return kernels::cpu::bf16_bits_to_f32(p[i]);
+  };
   for (i64 r = 0; r < nh; ++r) {
     float mx = -std::numeric_limits<float>::infinity(), sum = 0.0f;
     for (i64 j = 0; j < Skv; ++j) {
       float s = 0.0f;
-      for (i64 d = 0; d < D; ++d) s += q[r * D + d] * k[j * D + d];
+      for (i64 d = 0; d < D; ++d) s += q[r * D + d] * at(k, j * D + d);
       scores[j] = s * scale;
       mx = std::max(mx, scores[j]);
     }
     for (i64 j = 0; j < Skv; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
     for (i64 d = 0; d < D; ++d) {
       float acc = 0.0f;
-      for (i64 j = 0; j < Skv; ++j) acc += scores[j] * v[j * D + d];
+      for (i64 j = 0; j < Skv; ++j) acc += scores[j] * at(v, j * D + d);
       out[r * D + d] = acc / sum;
     }
   }
+}
+}  // namespace
+
+void attend_one(const float* q, const float* k, const float* v, float* out, float* scores, i64 nh, i64 D, i64 Skv,
+                float scale, Isa isa) {
+  const detail::AttendArgs a{q, k, v, out, scores, nh, D, Skv, scale};
+  if (isa >= Isa::avx512) return detail::attend_one_avx512(a);
+  if (isa == Isa::avx2) return detail::attend_one_avx2(a);
+  attend_one_scalar(q, k, v, out, scores, nh, D, Skv, scale);
+}
+
+void attend_one_bf16(const float* q, const std::uint16_t* k, const std::uint16_t* v, float* out, float* scores, i64 nh,
+                     i64 D, i64 Skv, float scale, Isa isa) {
+  const detail::AttendArgs a{q, k, v, out, scores, nh, D, Skv, scale};
+  if (isa >= Isa::avx512) return detail::attend_one_bf16_avx512(a);
+  if (isa == Isa::avx2) return detail::attend_one_bf16_avx2(a);
+  attend_one_scalar(q, k, v, out, scores, nh, D, Skv, scale);
 }
 
 void gelu_fast(float* out, const float* x, i64 n, int threads, Isa isa) {

@@ -79,6 +79,10 @@ void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, co
 // size (stories260K's 8). Twin: qkv::attention (tests/blocks/test_dense.cpp).
 void attend_one(const float* q, const float* k, const float* v, float* out, float* scores, std::int64_t nh,
                 std::int64_t D, std::int64_t Skv, float scale, Isa isa);
+// The same on a bf16 cache: k, v [Skv, D] bf16 bits, widened exactly as they are read; q, out,
+// the scores and every sum stay f32 (the decode step's attention on a bf16 KV cache).
+void attend_one_bf16(const float* q, const std::uint16_t* k, const std::uint16_t* v, float* out, float* scores,
+                     std::int64_t nh, std::int64_t D, std::int64_t Skv, float scale, Isa isa);
 
 // f64 accumulation of the same sum; W as f32 (Wbf16 null) or as bf16 bits (W null).
 void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y,

@@ -30,7 +30,8 @@ void gemv_f32_avx512(const GemvArgs& a, i64 o0, i64 o1) { gemv_rows<S, RowsF32<S
 void gemv_bf16_avx512(const GemvArgs& a, i64 o0, i64 o1) { gemv_rows<S, RowsBf16<S>>(a, o0, o1); }
 void gemv_batch_f32_avx512(const BatchGemvArgs& a, i64 o0, i64 o1) { gemv_batch_rows<S, RowsF32<S>, 4, 4>(a, o0, o1); }
 void gemv_batch_bf16_avx512(const BatchGemvArgs& a, i64 o0, i64 o1) { gemv_batch_rows<S, RowsBf16<S>, 4, 4>(a, o0, o1); }
-void attend_one_avx512(const AttendArgs& a) { attend_one_impl<S>(a); }
+void attend_one_avx512(const AttendArgs& a) { attend_one_impl<S, RowsF32<S>>(a); }
+void attend_one_bf16_avx512(const AttendArgs& a) { attend_one_impl<S, RowsBf16<S>>(a); }
 void gelu_avx512(float* out, const float* x, i64 n) { gelu_impl<S>(out, x, n); }
 void to_bf16_avx512(std::uint16_t* dst, const float* src, i64 n) {
   i64 i = 0;

@@ -241,42 +241,67 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
 // tiles to reuse, and D may be smaller than a vector (D = 8 in stories260K: one masked load a row).
 inline i64 imin(i64 x, i64 y) { return x < y ? x : y; }
 
-// out [NV·L columns, the last vector `tail` lanes] = inv · Σ_j p_j · v [j, :] over Skv rows of D
-// floats, keys in order. NV a constant so the accumulators stay in registers (with the count
+// out [NV·L columns, the last vector `tail` lanes] = inv · Σ_j p_j · v [j, d0 + …] over Skv rows of
+// D values (Rows: f32 or bf16), keys in order. NV a constant so the accumulators stay in registers (with the count
 // variable, GCC kept them on the stack: a store and a reload on every key's chain).
-template <class S, int NV>
-void attend_pv(const float* p, const float* v, i64 Skv, i64 D, int tail, float inv, float* out) {
+template <class S, class Rows, int NV>
+void attend_pv(const float* p, const void* v, i64 d0, i64 Skv, i64 D, int tail, float inv, float* out) {
   using V = typename S::V;
   V acc[NV];
   #pragma GCC unroll 4
   for (int c = 0; c < NV; ++c) acc[c] = S::zero();
   for (i64 j = 0; j < Skv; ++j) {
     const V pj = S::set1(p[j]);
-    const float* vr = v + j * D;
+    const i64 vr = j * D + d0;
     #pragma GCC unroll 4
-    for (int c = 0; c + 1 < NV; ++c) acc[c] = S::fmadd(pj, S::loadu(vr + c * S::L), acc[c]);
-    acc[NV - 1] = S::fmadd(pj, S::load_n(vr + (NV - 1) * S::L, tail), acc[NV - 1]);
+    for (int c = 0; c + 1 < NV; ++c) acc[c] = S::fmadd(pj, Rows::load(v, vr + c * S::L), acc[c]);
+    acc[NV - 1] = S::fmadd(pj, Rows::load_n(v, vr + (NV - 1) * S::L, tail), acc[NV - 1]);
   }
   #pragma GCC unroll 4
   for (int c = 0; c < NV; ++c) S::store_n(out + c * S::L, S::mul(acc[c], S::set1(inv)), c + 1 < NV ? S::L : tail);
 }
 
-template <class S>
+// Keys and values as f32 (RowsF32) or bf16 bits widened exactly (RowsBf16); q, out and every sum f32.
+template <class S, class Rows>
 void attend_one_impl(const AttendArgs& a) {
   using V = typename S::V;
   constexpr int L = S::L;
   const i64 D = a.D, Skv = a.Skv;
   const float sl2 = a.scale * 1.4426950408889634f;
   float* sc = a.scores;
+  // The cache's rows come from L3 or memory (a decode step streams the weights between two visits
+  // of a head), and the loads of one key's dot product wait on them: the first query head's score
+  // pass prefetches key and value rows kAhead keys ahead (the values for the P·V pass after it; the
+  // other heads of the group then find both in cache). Measured with perf on the 6.1 M model: 20–25 %
+  // less time in this function at B = 1 and 8, f32 and bf16 caches (8 to 64 keys ahead all helped;
+  // without the value rows, half the gain).
+  constexpr i64 kAhead = 16;
+  const i64 row_bytes = D * Rows::bytes;
+  const char* kb = static_cast<const char*>(a.k);
+  const char* vb = static_cast<const char*>(a.v);
   for (i64 r = 0; r < a.nh; ++r) {
     const float* q = a.q + r * D;
+    if (r == 0)
+      for (i64 c = 0; c < imin(kAhead, Skv) * row_bytes; c += 64) {
+        __builtin_prefetch(kb + c, 0, 3);
+        __builtin_prefetch(vb + c, 0, 2);
+      }
     float mx = -__builtin_inff();
     for (i64 j = 0; j < Skv; ++j) {
-      const float* k = a.k + j * D;
+      if (r == 0 && j + kAhead < Skv) {  // every line of row j + kAhead (rows need not start on a line)
+        const i64 at = (j + kAhead) * row_bytes;
+        for (i64 c = 0; c < row_bytes; c += 64) {
+          __builtin_prefetch(kb + at + c, 0, 3);
+          __builtin_prefetch(vb + at + c, 0, 2);
+        }
+        __builtin_prefetch(kb + at + row_bytes - 1, 0, 3);
+        __builtin_prefetch(vb + at + row_bytes - 1, 0, 2);
+      }
+      const i64 k = j * D;
       V acc = S::zero();
       i64 d = 0;
-      for (; d + L <= D; d += L) acc = S::fmadd(S::loadu(q + d), S::loadu(k + d), acc);
-      if (d < D) acc = S::fmadd(S::load_n(q + d, static_cast<int>(D - d)), S::load_n(k + d, static_cast<int>(D - d)), acc);
+      for (; d + L <= D; d += L) acc = S::fmadd(S::loadu(q + d), Rows::load(a.k, k + d), acc);
+      if (d < D) acc = S::fmadd(S::load_n(q + d, static_cast<int>(D - d)), Rows::load_n(a.k, k + d, static_cast<int>(D - d)), acc);
       const float s = S::hsum(acc) * sl2;
       sc[j] = s;
       mx = s > mx ? s : mx;
@@ -303,10 +328,10 @@ void attend_one_impl(const AttendArgs& a) {
       const int nv = static_cast<int>((imin(D - d0, 4 * L) + L - 1) / L);
       const int tail = static_cast<int>(imin(D - d0, 4 * L) - (nv - 1) * L);  // lanes of the last vector
       switch (nv) {
-        case 1: attend_pv<S, 1>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
-        case 2: attend_pv<S, 2>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
-        case 3: attend_pv<S, 3>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
-        default: attend_pv<S, 4>(sc, a.v + d0, Skv, D, tail, inv, o + d0); break;
+        case 1: attend_pv<S, Rows, 1>(sc, a.v, d0, Skv, D, tail, inv, o + d0); break;
+        case 2: attend_pv<S, Rows, 2>(sc, a.v, d0, Skv, D, tail, inv, o + d0); break;
+        case 3: attend_pv<S, Rows, 3>(sc, a.v, d0, Skv, D, tail, inv, o + d0); break;
+        default: attend_pv<S, Rows, 4>(sc, a.v, d0, Skv, D, tail, inv, o + d0); break;
       }
     }
   }

@@ -42,11 +42,11 @@ void gemv_batch_f32_avx512(const BatchGemvArgs& a, std::int64_t o0, std::int64_t
 void gemv_batch_bf16_avx2(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);
 void gemv_batch_bf16_avx512(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);
 
-// One query per head against an f32 cache (dense.hpp, attend_one).
+// One query per head against an f32 or bf16 cache (dense.hpp, attend_one / attend_one_bf16).
 struct AttendArgs {
   const float* q;    // [nh, D]
-  const float* k;    // [Skv, D] rows of one kv head
-  const float* v;    // [Skv, D]
+  const void* k;     // [Skv, D] rows of one kv head, f32 or bf16 bits (per entry point)
+  const void* v;     // [Skv, D]
   float* out;        // [nh, D]
   float* scores;     // [Skv] scratch
   std::int64_t nh, D, Skv;
@@ -54,6 +54,8 @@ struct AttendArgs {
 };
 void attend_one_avx2(const AttendArgs& a);
 void attend_one_avx512(const AttendArgs& a);
+void attend_one_bf16_avx2(const AttendArgs& a);
+void attend_one_bf16_avx512(const AttendArgs& a);
 
 void to_bf16_avx512(std::uint16_t* dst, const float* src, std::int64_t n);  // f32_to_bf16, vectorised
 

@@ -9,6 +9,8 @@
 //   qkv generate --weights bf16 ...     (projection matrices held and read as bf16: ModelOptions)
 //   qkv generate --weights bf16 --gemm-inputs bf16 ...   (also the prefill's GEMM inputs, attention
 //                                        and KV cache in bf16: the fastest prefill, as torch's bf16)
+//   qkv generate --batch-file prompts.txt --kv-dtype bf16   (each sequence's KV cache in bf16: half
+//                                        the bytes a batched step reads; texts as --kv-dtype bf16 alone)
 //
 //   echo "Once upon a time" | qkv generate --prompt - --json   (the prompt from stdin; one JSON
 //                                        document: text, tokens, pieces, timings, settings)
@@ -45,6 +47,7 @@ struct GenerateArgs {
   std::int64_t seed = -1;  // -1: from the clock, as llama2.c does
   std::string weights = "f32";
   std::string gemm_inputs = "f32";
+  std::string kv_dtype;  // "", f32 or bf16 ("": the model's choice, Model::new_cache)
   bool json = false;
   std::string batch_file;  // one prompt a line, run by generate_batch
 };
@@ -79,6 +82,7 @@ void run(GenerateArgs a) {
   opt.sampling.seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed)
                                   : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   if (opt.sampling.seed == 0) fail(kFn, "--seed: must be non-zero");
+  if (!a.kv_dtype.empty()) opt.kv_dtype = a.kv_dtype == "bf16" ? DType::bf16 : DType::f32;
   if (!a.batch_file.empty()) {
     const std::vector<std::string> prompts = read_lines(kFn, "--batch-file", a.batch_file);
     if (prompts.empty()) fail(kFn, "--batch-file " + a.batch_file + ": no prompts (one a line)");
@@ -143,7 +147,8 @@ void run(GenerateArgs a) {
                   {"top_k", a.top_k},
                   {"seed", opt.sampling.seed},
                   {"weights", a.weights},
-                  {"gemm_inputs", a.gemm_inputs}}}});
+                  {"gemm_inputs", a.gemm_inputs},
+                  {"kv_dtype", a.kv_dtype.empty() ? a.gemm_inputs : a.kv_dtype}}}});
   } else {
     std::fputc('\n', stdout);
     std::fflush(stdout);
@@ -189,6 +194,11 @@ void add_generate(CLI::App& app) {
                   "f32, or bf16 (with --weights bf16: the prefill rounds each projection's input rows to bf16 and "
                   "keeps the KV cache and attention in bf16; fastest prefill, logits within bf16 rounding)")
       ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  sub->add_option("--kv-dtype", a->kv_dtype,
+                  "the KV cache's dtype: f32, or bf16 (keys and values rounded as they are stored: half the bytes a "
+                  "batched step reads per sequence; texts may differ from f32's). Default: bf16 with --gemm-inputs "
+                  "bf16, else f32")
       ->check(CLI::IsMember({"f32", "bf16"}));
   auto* json = sub->add_flag("--json", a->json,
                              "print one JSON document instead of the text: text, tokens, pieces, timings and the settings used");

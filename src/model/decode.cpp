@@ -2,8 +2,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <exception>
-#include <mutex>
 
 #include "blocks/activation.hpp"
 #include "blocks/attention_block.hpp"
@@ -149,8 +147,6 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
     // wake the waiter sooner to wait again.
     if (T > 1 && mine > 0) done[step].v.fetch_add(static_cast<std::uint32_t>(mine));
   };
-  std::exception_ptr error;  // the bf16 attention validates its views; a throw must not leave a thread behind
-  std::mutex error_mu;
   auto nothing = [] {};
   run_shared(T, [&](int t) {
     float* xb = decode_scratch_.ptr<float>() + t * per_thread;
@@ -182,14 +178,7 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
         call.cs = c.pos == PosEncoding::rotary ? cs : nullptr;
         call.scale = scale;
         call.scores = scores;
-        call.q_bf16 = qb_.ptr<std::uint16_t>() + h0 * D;
-        call.out_bf16 = ob_.ptr<std::uint16_t>() + h0 * D;
-        try {
-          blocks::attention_block_decode_head(call);
-        } catch (...) {
-          const std::lock_guard<std::mutex> lock(error_mu);
-          error = std::current_exception();
-        }
+        blocks::attention_block_decode_head(call);
       });
       share(t, s0 + 1, C, rows_per_chunk(HD, C), nothing, [&](i64 r0, i64 r1) {
         gemv(L.wo, Lb.wo, L.bo, x, C, att, HD, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O
@@ -211,7 +200,6 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
     share(t, steps - 1, V, rows_per_chunk(C, V), [&] { norm_rows(xb, w_.normf_w, w_.normf_b); },
           [&](i64 r0, i64 r1) { gemv(w_.wcls, wcls_bf16_, nullptr, logits, V, xb, C, 0.0f, r0, r1); });
   });
-  if (error) std::rethrow_exception(error);
   for (KvCache* cache : caches) cache->len += 1;
 }
 

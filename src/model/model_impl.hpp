@@ -32,7 +32,7 @@ struct Model::Impl {
   // hb, hb2 [S, Hd]. gemm_inputs = bf16 only: qkv [S, (H + 2·Hkv)·D] (the fused projection's
   // output), xbb [S, max(C, H·D)] and hbb [S, Hd] bf16 (GEMM inputs); with a bf16 cache qkv's first
   // half holds the bf16 [S, (H + 2·Hkv)·D] instead. qb, ob [S, H·D] bf16: q and the attention's
-  // output when the cache is bf16 and the path has f32 q (block(), decode).
+  // output when the cache is bf16 and the path has f32 q (block()).
   Buffer x_, xb_, q_, k_, v_, att_, hb_, hb2_, qkv_, xbb_, hbb_, qb_, ob_;
   std::int64_t rows_ = 0;
   void reserve(std::int64_t S);

@@ -15,6 +15,7 @@
 #include "core/parallel.hpp"
 #include "kernels/cpu/simd_common.hpp"
 #include "qkv/attention.hpp"
+#include "qkv/types.hpp"
 #include "support/fork_testing.hpp"
 #include "support/random_data.hpp"
 
@@ -575,30 +576,42 @@ TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
 // above each vector length and key counts 1, a tail and several vectors, G = 1 and 3 heads per kv
 // head. Tolerance 1e-5 absolute on outputs of magnitude ≤ ~3 (unit normal inputs): f32 scores, the
 // exp2 polynomial (relative error ≤ 2.4e-7) and an f32 weighted sum of ≤ 300 rows, measured ≤ ~1e-6.
+// attend_one_bf16 (bf16 keys and values, f32 q) against the same reference on the bf16 values
+// widened to f32 (exact), with the same tolerance: only the storage differs.
 TEST(Dense, AttendOneMatchesReferenceAttention) {
-  for (Isa isa : isas()) {
-    double worst = 0;
-    for (std::int64_t D : {1, 8, 17, 48, 64})
-      for (std::int64_t Skv : {1, 37, 300})
-        for (std::int64_t G : {1, 3}) {
-          const auto q = randn(static_cast<std::size_t>(G * D), 5);
-          const auto k = randn(static_cast<std::size_t>(Skv * D), 6);
-          const auto v = randn(static_cast<std::size_t>(Skv * D), 7);
-          std::vector<float> out(static_cast<std::size_t>(G * D)), ref(out.size()), scores(static_cast<std::size_t>(Skv));
-          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-          qkv::blocks::attend_one(q.data(), k.data(), v.data(), out.data(), scores.data(), G, D, Skv, scale, isa);
-          qkv::AttentionOptions opt;
-          opt.kernel = qkv::Kernel::reference;
-          opt.scale = scale;
-          qkv::attention(qkv::View::contiguous(const_cast<float*>(q.data()), qkv::DType::f32, {1, G, 1, D}),
-                         qkv::View::contiguous(const_cast<float*>(k.data()), qkv::DType::f32, {1, 1, Skv, D}),
-                         qkv::View::contiguous(const_cast<float*>(v.data()), qkv::DType::f32, {1, 1, Skv, D}),
-                         qkv::View::contiguous(ref.data(), qkv::DType::f32, {1, G, 1, D}), opt);
-          for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, double(std::abs(out[i] - ref[i])));
-        }
-    std::printf("%-12s attend_one: max |out − reference| = %.3g\n", qkv::isa_name(isa), worst);
-    EXPECT_LT(worst, 1e-5) << qkv::isa_name(isa);
-  }
+  for (Isa isa : isas())
+    for (bool bf16 : {false, true}) {
+      double worst = 0;
+      for (std::int64_t D : {1, 8, 17, 48, 64})
+        for (std::int64_t Skv : {1, 37, 300})
+          for (std::int64_t G : {1, 3}) {
+            const auto q = randn(static_cast<std::size_t>(G * D), 5);
+            auto k = randn(static_cast<std::size_t>(Skv * D), 6);
+            auto v = randn(static_cast<std::size_t>(Skv * D), 7);
+            std::vector<std::uint16_t> kb(k.size()), vb(v.size());
+            if (bf16)
+              for (std::size_t i = 0; i < k.size(); ++i) {
+                kb[i] = qkv::f32_to_bf16(k[i]), vb[i] = qkv::f32_to_bf16(v[i]);
+                k[i] = qkv::bf16_to_f32(kb[i]), v[i] = qkv::bf16_to_f32(vb[i]);
+              }
+            std::vector<float> out(static_cast<std::size_t>(G * D)), ref(out.size()), scores(static_cast<std::size_t>(Skv));
+            const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+            if (bf16)
+              qkv::blocks::attend_one_bf16(q.data(), kb.data(), vb.data(), out.data(), scores.data(), G, D, Skv, scale, isa);
+            else
+              qkv::blocks::attend_one(q.data(), k.data(), v.data(), out.data(), scores.data(), G, D, Skv, scale, isa);
+            qkv::AttentionOptions opt;
+            opt.kernel = qkv::Kernel::reference;
+            opt.scale = scale;
+            qkv::attention(qkv::View::contiguous(const_cast<float*>(q.data()), qkv::DType::f32, {1, G, 1, D}),
+                           qkv::View::contiguous(k.data(), qkv::DType::f32, {1, 1, Skv, D}),
+                           qkv::View::contiguous(v.data(), qkv::DType::f32, {1, 1, Skv, D}),
+                           qkv::View::contiguous(ref.data(), qkv::DType::f32, {1, G, 1, D}), opt);
+            for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, double(std::abs(out[i] - ref[i])));
+          }
+      std::printf("%-12s attend_one%s: max |out − reference| = %.3g\n", qkv::isa_name(isa), bf16 ? "_bf16" : "", worst);
+      EXPECT_LT(worst, 1e-5) << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32");
+    }
 }
 
 }  // namespace
