@@ -143,6 +143,16 @@ struct OperandsBf16 {
         for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qb, kv[c]);
       }
     }
+    if (a.softcap_log2 > 0.0f) {
+      // Capped here, once per score, from the registers (score_mod.hpp): the scale folds into
+      // softcap_v's factor kz, so the cap costs no pass over Ps and the tile needs no masked path.
+      const SoftcapK<S> cap(a.softcap_log2, softcap_kz(a.softcap_log2, a.scale_log2));
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) _mm512_storeu_ps(Ps + r * kNt + c * 16, softcap_v<S>(acc[r][c], cap));
+      return;
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 4
