@@ -229,6 +229,8 @@ struct DecodeOpsBf16 {
   // next K row once): paged decode spent ≈ 10 % of its instructions there.
   const std::uint16_t* vp_[kNt];
   const std::uint16_t* kn_[kNt];
+  const std::uint16_t* vn_[kNt];  // the next tile's V rows, prefetched with kn_
+  i64 vpf_b_ = -1, vpf_hk_ = -1, vpf_t0_ = -1;  // the tile whose V rows pv() prefetched last
   DecodeOpsBf16(const FlashArgs& args, float* mem)
       : a(args), dp32(Dp32(args)), Qb(reinterpret_cast<std::uint16_t*>(mem)), Pb(Qb + kDecRows * dp32) {}
 
@@ -301,6 +303,7 @@ struct DecodeOpsBf16 {
     }
   }
   void scores(int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
+    const bool v_fetched = b == vpf_b_ && hk == vpf_hk_ && t0 == vpf_t0_;  // by the previous tile's pv()
     b_ = b, hk_ = hk, j_end_ = j_end;
     const i64 ldk = a.sk[2];
     v_rows(t0, j_lo, j_hi);
@@ -313,7 +316,7 @@ struct DecodeOpsBf16 {
       // The V rows of these 16 keys into L2, read next by pv(), which in turn prefetches the
       // next tile's K rows (see pf_row in flash_tile.hpp); prefetching the next 16 keys' K and V
       // rows here instead streamed 20–25 % slower.
-      for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(vp_[j - t0], 2 * a.Dv);
+      if (!v_fetched) for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(vp_[j - t0], 2 * a.Dv);
       if (j0 >= j_lo && j0 + 16 <= j_hi && a.D % 32 == 0) {
         scores16<false>(nr, krow(j0), ldk, nullptr, nullptr, Ps, c0);
         continue;
@@ -363,8 +366,8 @@ struct DecodeOpsBf16 {
         acc[r][x][1] = _mm512_permutex2var_ps(n0, hi_idx, n1);
       }
     for (i64 jp = jp0; jp < jp1; ++jp) {
-      if (2 * jp < pf_n) pf_row(kn_[2 * jp], 2 * a.D);
-      if (2 * jp + 1 < pf_n) pf_row(kn_[2 * jp + 1], 2 * a.D);
+      if (2 * jp < pf_n) pf_row(kn_[2 * jp], 2 * a.D), pf_row(vn_[2 * jp], 2 * a.Dv);
+      if (2 * jp + 1 < pf_n) pf_row(kn_[2 * jp + 1], 2 * a.D), pf_row(vn_[2 * jp + 1], 2 * a.Dv);
       const i64 ja = t0 + 2 * jp, jb = ja + 1;
       const bool in_a = ja >= j_lo && ja < j_hi, in_b = jb >= j_lo && jb < j_hi;
       const std::uint16_t* va = vp_[2 * jp] + e0;  // a valid row even outside [j_lo, j_hi) (v_rows)
@@ -422,6 +425,8 @@ struct DecodeOpsBf16 {
     i64 pf_n = takes_k(a) ? imax(imin(j_end_, t0 + 2 * kNt) - t0 - kNt, 0) : 0;
     if (!takes_k(a)) v_rows(t0, j_lo, j_hi);  // otherwise scores() found this tile's V rows
     rows_of(a.k, a.sk, t0 + kNt, t0 + kNt, t0 + kNt + pf_n, kn_);
+    rows_of(a.v, a.sv, t0 + kNt, t0 + kNt, t0 + kNt + pf_n, vn_);
+    vpf_b_ = b, vpf_hk_ = hk, vpf_t0_ = pf_n > 0 ? t0 + kNt : -1;
     for (int r = 0; r < nr; r += kRowsPv, pf_n = 0) {
       const std::uint16_t* pb = Pb + r * kNt;
       float* o = Od + r * Dvp;
