@@ -19,8 +19,9 @@ namespace {
 // z = x · kz, kz = softcap_kz(c2, mul) = 2 log2 e · mul / c2, and E = 2^z = e^(2s/c2):
 //   tanh(s / c2) = 1 − 2 / (1 + E),   so   y = c2 − 2 c2 · r,   r = 1 / (1 + E),
 // with the kernels' own S::exp2 (relative error ≤ 2.4e-7) and S::rcp (approximate reciprocal and
-// one Newton step). 16 vector instructions on AVX-512, 9 of them on the FMA ports, against 19 and
-// 15 for the rational minimax tanh it replaced: the bf16 forward's dot products need those ports.
+// one Newton step). 17 vector instructions on AVX-512 (one of them the scale the bf16 forward
+// folds in), 9 of them on the FMA ports, against 20 and 15 for the rational minimax tanh it
+// replaced: the bf16 forward's dot products need those ports.
 // Ends: z is clamped to ≤ 64 (E ≤ 2^64, so 1 + E and its reciprocal stay finite; tanh is 1 in f32
 // from z ≈ 26 on), and S::exp2 is 0 below −126 (y = −c2). x = +∞ → c2 (as ONNX); x = −∞ → −∞
 // (masked stays masked; tested on x, as z is also −∞ for finite x below −FLT_MAX / kz);
