@@ -212,9 +212,11 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
 // Paged (block_table): a pool of Bc blocks of Sc rows each (Sc a power of two, 16–256 as vLLM's
 // and FlashAttention's page sizes); key j of sequence b is row j % Sc of block
 // block_table[b, j / Sc], and Skv = max_blocks · Sc. opt.key_lengths (FlashAttention's
-// cache_seqlens) says how many keys each sequence has: only the blocks holding keys
-// [0, key_lengths[b]) are read, and their entries must be in [0, Bc); the rest of a row of the
-// table is never read (vLLM pads it with anything).
+// cache_seqlens) says how many keys each sequence has. Only the blocks holding keys some query
+// row may attend are read, and their entries must be in [0, Bc): keys [f, key_lengths[b]), where
+// f is the first key of the earliest window (0 with keep_first). The rest of a row of the table
+// (past the key length, or wholly below every row's window_left) is never read: vLLM pads it
+// with anything, −1 included. kvcache_append reads only the entries of the blocks it writes.
 // int8 (cache.k.dtype i8, q f32 or bf16): the K and V rows are read as int8 and scaled inside the
 // kernel, by one arithmetic contract on every ISA (src/kernels/cpu/decode_i8.hpp; AVX-512 computes
 // the same integers with VNNI):

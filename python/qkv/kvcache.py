@@ -148,6 +148,17 @@ class KVCache:
         A.check_float(fn, [("k_new", kn), ("v_new", vn)], kind)
         self._cache.append(kind.native(kn), kind.native(vn))
 
+    def append_to(self, seq: int, k_new: Array, v_new: Array) -> None:
+        """Writes k_new [S, kv_heads, head_dim] and v_new [S, kv_heads, value_dim] after the tokens of
+        sequence ``seq`` alone (quantising them for an int8 cache) and advances ``lengths[seq]``: the
+        other sequences keep theirs (continuous batching: sequences arrive and grow on their own)."""
+        fn = "qkv.KVCache.append_to"
+        if isinstance(seq, bool) or not isinstance(seq, (int, np.integer)) or not 0 <= seq < self.batch:
+            raise ValueError(f"[{fn}] seq: must be an int in [0, batch = {self.batch}), got {seq!r}")
+        kind, (kn, vn) = A.common_kind(fn, [("k_new", k_new), ("v_new", v_new)])
+        A.check_float(fn, [("k_new", kn), ("v_new", vn)], kind)
+        self._cache.append_to(int(seq), kind.native(kn), kind.native(vn))
+
     def reset(self, seq: Optional[int] = None) -> None:
         """Forgets the tokens of every sequence, or of sequence ``seq`` alone (the next :meth:`append`
         writes its rows from position 0 again; the others keep theirs)."""

@@ -263,6 +263,13 @@ void kv_cache_append(qkv::AttentionKvCache& self, In k_new, In v_new) {
   self.append(kn, vn);
 }
 
+void kv_cache_append_to(qkv::AttentionKvCache& self, std::int64_t b, In k_new, In v_new) {
+  const char* fn = "qkv.KVCache.append_to";
+  const qkv::View kn = to_view(fn, "k_new", k_new), vn = to_view(fn, "v_new", v_new);
+  nb::gil_scoped_release unlocked;
+  self.append_to(b, kn, vn);
+}
+
 Info kv_cache_attend(const qkv::AttentionKvCache& self, In q, Out out, std::optional<Out> lse,
                      std::optional<double> scale, bool causal, const std::string& align, std::int64_t window_left,
                      std::int64_t window_right, int num_threads, const std::string& kernel,
@@ -744,6 +751,9 @@ NB_MODULE(_qkv, m) {
       .def("append", &kv_cache_append, "k_new"_a, "v_new"_a,
            "Writes k_new [B, Snew, Hkv, D], v_new [B, Snew, Hkv, Dv] after each sequence's tokens (int8: "
            "quantised per token and head) and advances the lengths.")
+      .def("append_to", &kv_cache_append_to, "b"_a, "k_new"_a, "v_new"_a,
+           "Writes k_new [Snew, Hkv, D], v_new [Snew, Hkv, Dv] after sequence b's tokens and advances its "
+           "length alone.")
       .def("reset", nb::overload_cast<>(&qkv::AttentionKvCache::reset), "Every length to 0.")
       .def("reset", nb::overload_cast<std::int64_t>(&qkv::AttentionKvCache::reset), "b"_a,
            "Sequence b's length to 0.")

@@ -114,3 +114,73 @@ def test_native_errors_name_the_method():
         cache.append(np.zeros((2, 1, 1, 5), np.float32), np.zeros((2, 1, 1, 4), np.float32))
     with pytest.raises(ValueError, match=r"\[qkv.KVCache\] value_dim: must be None or an int >= 1, got 0"):
         qkv.KVCache(1, 8, 1, 4, value_dim=0)
+
+
+@pytest.mark.parametrize("block_size", [None, 16])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_append_to_grows_one_sequence(dtype, block_size):
+    """append_to(b, ...) writes after sequence b's tokens and advances lengths[b] alone, as the same
+    rows appended per sequence in the NumPy contract: sequences 2, 0, 2, 1 get 5, 17, 12, 1 tokens
+    (sequence 2 crosses a block edge), then a batch append adds 2 to each; attend then equals
+    the float64 softmax over each sequence's stored (dequantised) rows."""
+    B, Hkv, D, Dv, max_len, H = 3, 2, 8, 4, 40, 4
+    rng = np.random.default_rng(23)
+    cache = qkv.KVCache(B, max_len, Hkv, D, value_dim=Dv, dtype=dtype, block_size=block_size)
+    cap = cache.k.shape[1] * (cache.k.shape[0] // B if block_size else 1)
+    want_k = np.zeros((B, cap, Hkv, D), np.float32)
+    want_v = np.zeros((B, cap, Hkv, Dv), np.float32)
+    lens = [0] * B
+    for b, S in ((2, 5), (0, 17), (2, 12), (1, 1)):
+        kn = rng.standard_normal((S, Hkv, D)).astype(np.float32)
+        vn = rng.standard_normal((S, Hkv, Dv)).astype(np.float32)
+        cache.append_to(b, kn, vn)
+        want_k[b, lens[b]:lens[b] + S], want_v[b, lens[b]:lens[b] + S] = kn, vn
+        lens[b] += S
+        assert cache.lengths.tolist() == lens
+    kn = rng.standard_normal((B, 2, Hkv, D)).astype(np.float32)
+    vn = rng.standard_normal((B, 2, Hkv, Dv)).astype(np.float32)
+    cache.append(kn, vn)
+    for b in range(B):
+        want_k[b, lens[b]:lens[b] + 2], want_v[b, lens[b]:lens[b] + 2] = kn[b], vn[b]
+        lens[b] += 2
+    assert cache.lengths.tolist() == lens == [19, 3, 19]
+    for got, got_scale, want in ((cache.k, cache.k_scale, want_k), (cache.v, cache.v_scale, want_v)):
+        rows, scale = expected_rows(dtype, want)
+        written = np.arange(cap)[None, :] < np.array(lens)[:, None]
+        np.testing.assert_array_equal(logical(cache, got).view(np.uint8)[written], rows.view(np.uint8)[written])
+        if scale is not None:
+            np.testing.assert_array_equal(logical(cache, got_scale)[written].view(np.uint32),
+                                          scale[written].view(np.uint32))
+    # attend: one query per head against each sequence's stored rows, in float64 (GQA: head h reads kv head h // 2).
+    q = rng.standard_normal((B, H, 1, D)).astype(np.float32)
+    qq = q.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else q
+    out = np.asarray(cache.attend(qq), np.float64)
+    for b in range(B):
+        k64, ks = expected_rows(dtype, want_k[b, :lens[b]])
+        v64, vs = expected_rows(dtype, want_v[b, :lens[b]])
+        k64, v64 = k64.astype(np.float64), v64.astype(np.float64)
+        if ks is not None:
+            k64, v64 = k64 * ks[..., None], v64 * vs[..., None]
+        for h in range(H):
+            s = k64[:, h // 2] @ qq[b, h, 0].astype(np.float64) / np.sqrt(D)
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            # bfloat16: out is rounded to bfloat16 (2^-8 relative) and P to bfloat16 in P·V; int8: the
+            # kernel's int16 query (2^-15 of max|q|); float32: f32 sums. Beside |out| ≤ max|v| ≈ 3.
+            tol = 3e-2 if dtype == "bfloat16" else 2e-3 if dtype == "int8" else 1e-5
+            np.testing.assert_allclose(out[b, h, 0], p @ v64[:, h // 2], atol=tol, rtol=0)
+
+
+def test_append_to_errors():
+    cache = qkv.KVCache(2, 8, 1, 4)
+    x = np.zeros((3, 1, 4), np.float32)
+    with pytest.raises(ValueError, match=r"\[qkv.KVCache.append_to\] seq: must be an int in \[0, batch = 2\), got 2"):
+        cache.append_to(2, x, x)
+    with pytest.raises(ValueError, match=r"\[qkv::AttentionKvCache::append_to\] k_new, v_new: expected \[Snew, Hkv = 1, "
+                                         r"D = 4\] and \[Snew, Hkv, Dv = 4\], got k_new \[1, 3, 1, 4\]"):
+        cache.append_to(0, x[None], x[None])
+    cache.append_to(1, np.zeros((6, 1, 4), np.float32), np.zeros((6, 1, 4), np.float32))
+    with pytest.raises(ValueError, match=r"\[qkv::AttentionKvCache::append_to\] k_new: 3 new rows for sequence 1, "
+                                         r"which holds 6 of at most max_len = 8"):
+        cache.append_to(1, x, x)
+    assert cache.lengths.tolist() == [0, 6]

@@ -615,11 +615,13 @@ CacheShape check_cache(const char* fn, const KvCacheView& c, std::int64_t B, DTy
   return s;
 }
 
-// Every block sequence b uses for keys [0, len) must be a block of the pool.
-void check_blocks(const char* fn, const KvCacheView& c, const CacheShape& s, std::int64_t b, std::int64_t len) {
+// Every block holding some of sequence b's keys [from, len) (the keys read or written) must be a
+// block of the pool; the table's other entries are never read and may hold anything.
+void check_blocks(const char* fn, const KvCacheView& c, const CacheShape& s, std::int64_t b, std::int64_t from,
+                  std::int64_t len) {
   if (!c.block_table) return;
   const View& bt = *c.block_table;
-  for (std::int64_t blk = 0; blk * s.Sc < len; ++blk) {
+  for (std::int64_t blk = from / s.Sc; blk * s.Sc < len; ++blk) {
     const auto id = static_cast<std::int64_t>(bt.ptr<std::int32_t>()[bt.offset(b, blk)]);
     if (id < 0 || id >= s.Bc)
       fail(fn, "cache.block_table[" + std::to_string(b) + ", " + std::to_string(blk) + "] = " + std::to_string(id) +
@@ -649,7 +651,10 @@ KernelInfo attention_kvcache(const View& q, const KvCacheView& cache, const View
   AttnParams p = resolve(fn, q, logical(cache.k, q.dim(0), s.Skv), logical(cache.v, q.dim(0), s.Skv), out, opt, &cache);
   attach_lse(fn, p, lse);
   if (p.lse.data) check_no_overlap(fn, "lse", p.lse, {{"cache.k", &cache.k}, {"cache.v", &cache.v}});
-  for (std::int64_t b = 0; b < p.B; ++b) check_blocks(fn, cache, s, b, p.key_len[static_cast<std::size_t>(b)]);
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    const std::int64_t len = p.key_len[static_cast<std::size_t>(b)];
+    check_blocks(fn, cache, s, b, p.rule.first_key(p.Sq, len), len);
+  }
   if (cache.block_table) {
     p.cache.table = cache.block_table->ptr<std::int32_t>();
     p.cache.ldt = cache.block_table->stride(0);
@@ -681,7 +686,7 @@ void kvcache_append(const KvCacheView& cache, const View& k_new, const View& v_n
     if (p0[static_cast<std::size_t>(b)] < 0 || p0[static_cast<std::size_t>(b)] + Snew > s.Skv)
       fail(fn, "pos[" + std::to_string(b) + "] = " + std::to_string(p0[static_cast<std::size_t>(b)]) + ": rows [pos, pos + " +
                    std::to_string(Snew) + ") must lie in [0, Skv = " + std::to_string(s.Skv) + ")");
-    check_blocks(fn, cache, s, b, p0[static_cast<std::size_t>(b)] + Snew);
+    check_blocks(fn, cache, s, b, p0[static_cast<std::size_t>(b)], p0[static_cast<std::size_t>(b)] + Snew);
   }
   kernels::KvCacheLayout lay;
   if (cache.block_table) lay.table = cache.block_table->ptr<std::int32_t>(), lay.ldt = cache.block_table->stride(0),

@@ -40,6 +40,20 @@ struct KeyRange {
     *lo = l;
     *hi = h;
   }
+
+  // The first key some query row i ∈ [0, Sq) may attend when key_len keys are valid (key_len when
+  // none may): a paged cache's blocks wholly below it, like those from key_len on, are never read.
+  // 0 whenever keep_first keeps a key; otherwise the first non-empty window's lo (lo grows with i).
+  std::int64_t first_key(std::int64_t Sq, std::int64_t key_len) const {
+    std::int64_t first = key_len;
+    for (std::int64_t i = 0; i < Sq; ++i) {
+      std::int64_t lo, hi;
+      range(i, key_len, &lo, &hi);
+      if (std::min(keep_first, hi) > 0) return 0;
+      if (hi > lo) first = std::min(first, lo);
+    }
+    return first;
+  }
 };
 
 // Attention dropout (kernels/dropout.hpp): the keep/drop decision of (b0 + b, h, i, j) is a hash of

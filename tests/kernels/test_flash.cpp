@@ -29,6 +29,9 @@ namespace qkv_test {
 double exp2_max_rel_error_avx512(bool* zeros_ok);
 double exp2_max_rel_error_avx2(bool* zeros_ok);
 double exp2_max_rel_error_scalar(bool* zeros_ok);
+double softcap_max_abs_error_avx512(bool* special_ok);
+double softcap_max_abs_error_avx2(bool* special_ok);
+double softcap_max_abs_error_scalar(bool* special_ok);
 }  // namespace qkv_test
 
 namespace {
@@ -458,23 +461,39 @@ TEST(Flash, VarlenMatchesPerSequenceCalls) {
   }
 }
 
+// An error probe of every ISA's SIMD layer the CPU runs (exp2_<isa>.cpp): fn returns the error and
+// sets *ok when its special values come out as they must; both checked against the bound.
+using ErrorProbe = double (*)(bool*);
+void check_probes(const char* what, const ErrorProbe (&fn)[3], double bound) {
+  const Isa isa[3] = {Isa::scalar, Isa::avx2, Isa::avx512};
+  for (int x = 0; x < 3; ++x) {
+    if (isa[x] > qkv::cpu_isa()) continue;
+    bool ok = false;
+    const double err = fn[x](&ok);
+    std::printf("%s %-7s max error %.3g\n", what, qkv::isa_name(isa[x]), err);
+    EXPECT_LE(err, bound) << what << " " << qkv::isa_name(isa[x]);
+    EXPECT_TRUE(ok) << what << " " << qkv::isa_name(isa[x]);
+  }
+}
+
 // The vectorised exp2 of every ISA: relative error within 2.5e-7 (≈ 2 ulp of f32; the
 // polynomial's own error is 2.3e-7 in f32 arithmetic, see simd_common.hpp), exact 0 below −126.
 TEST(Flash, Exp2Accuracy) {
-  struct Probe {
-    Isa isa;
-    double (*fn)(bool*);
-  };
-  for (const Probe& pr : {Probe{Isa::scalar, qkv_test::exp2_max_rel_error_scalar},
-                          Probe{Isa::avx2, qkv_test::exp2_max_rel_error_avx2},
-                          Probe{Isa::avx512, qkv_test::exp2_max_rel_error_avx512}}) {
-    if (pr.isa > qkv::cpu_isa()) continue;
-    bool zeros_ok = false;
-    const double err = pr.fn(&zeros_ok);
-    std::printf("exp2 %-7s max relative error %.3g\n", qkv::isa_name(pr.isa), err);
-    EXPECT_LE(err, 2.5e-7) << qkv::isa_name(pr.isa);
-    EXPECT_TRUE(zeros_ok) << qkv::isa_name(pr.isa);
-  }
+  check_probes("exp2 (relative)",
+               {qkv_test::exp2_max_rel_error_scalar, qkv_test::exp2_max_rel_error_avx2, qkv_test::exp2_max_rel_error_avx512},
+               2.5e-7);
+}
+
+// The softcap of every ISA (score_mod.hpp: tanh from exp2 and rcp + Newton) against std::tanh in
+// f64, over the whole range, ±0, tiny and huge scores, with ±∞ and NaN as the policy says:
+// absolute error within 5e-7 · c (4 ulps of c; measured 2.8e-7 scalar, 3.6e-7 AVX2, 3.1e-7
+// AVX-512: exp2's 2.4e-7 halved, the Newton reciprocal's ≈ 1 ulp, and the roundings of 1 + E
+// and of c − 2c · r).
+TEST(Flash, SoftcapAccuracy) {
+  check_probes("softcap (absolute, · c)",
+               {qkv_test::softcap_max_abs_error_scalar, qkv_test::softcap_max_abs_error_avx2,
+                qkv_test::softcap_max_abs_error_avx512},
+               5e-7);
 }
 
 // Automatic choice: the fast kernels for f32/bf16, decode for few queries against many keys, and

@@ -519,6 +519,75 @@ TEST(KvCache, AppendWritesRowsAtPositions) {
     }
 }
 
+// A block that holds only keys below every query row's window (and no keep_first key) is never
+// read: its table entry may be anything (−1, or far outside the pool: 0x7fffffff faults if a
+// kernel loads through it, and ASan flags a load through −1). With the entries of such
+// blocks overwritten, every ISA's decode, the f64 reference and int8 / f16 caches give the same
+// bits as with the valid table. Hand-counted: row 0's window starts at len − Sq − window_left, so
+// sequence b's blocks [0, (len − Sq − 150) / Sc) are skipped (window_left = 150, options()).
+TEST(KvCache, SkippedBlocksAreNeverRead) {
+  IsaGuard guard;
+  const Shape s{2, 8, 2, 3, 64, 64, 16, 40, {640, 333}};  // skipped: 30 and 11 blocks of 16
+  const std::int64_t skipped[2] = {(640 - 3 - 150) / 16, (333 - 3 - 150) / 16};
+  const std::int32_t junk[2] = {-1, 0x7fffffff};
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i8}) {
+    const Caches c(s, t == DType::i8 ? DType::f32 : t, 13);
+    std::optional<Int8Cache> c8;
+    if (t == DType::i8) c8.emplace(s, c, true);
+    const KvCacheView cache = c8 ? c8->view(&c) : c.paged();
+    const DType qt = t == DType::f16 || t == DType::i8 ? DType::f32 : t;
+    Buffer q(qt, {s.B, s.H, s.Sq, s.D});
+    fill(q, 6);
+    Buffer saved(DType::i32, {s.B, s.max_blocks});
+    std::memcpy(saved.data(), c.table.data(), static_cast<std::size_t>(saved.bytes()));
+    for (Isa isa : isas()) {
+      qkv::set_isa(isa);
+      for (qkv::Kernel kernel : {qkv::Kernel::flash_decode, qkv::Kernel::reference}) {
+        AttentionOptions o = options(c, true);
+        o.kernel = kernel;
+        Buffer o1(qt, {s.B, s.H, s.Sq, s.Dv}), o2(qt, {s.B, s.H, s.Sq, s.Dv});
+        std::memcpy(c.table.data(), saved.data(), static_cast<std::size_t>(saved.bytes()));
+        const auto info = qkv::attention_kvcache(q.view(), cache, o1.view(), o);
+        for (std::int64_t b = 0; b < s.B; ++b)
+          for (std::int64_t blk = 0; blk < skipped[b]; ++blk) c.table.ptr<std::int32_t>()[b * s.max_blocks + blk] = junk[b];
+        qkv::attention_kvcache(q.view(), cache, o2.view(), o);
+        EXPECT_EQ(max_abs_diff(values(o1), values(o2)), 0.0) << qkv::dtype_name(t) << " " << info.name;
+        // One block further is read (row 0's window starts in it): its entry is checked.
+        c.table.ptr<std::int32_t>()[skipped[0]] = -1;
+        try {
+          qkv::attention_kvcache(q.view(), cache, o2.view(), o);
+          ADD_FAILURE() << "no error for the first block read";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("cache.block_table[0, " + std::to_string(skipped[0]) + "] = -1 outside the pool"),
+                    std::string::npos) << e.what();
+        }
+        // keep_first keeps keys of block 0: then every entry up to the key length is read and checked.
+        c.table.ptr<std::int32_t>()[skipped[0]] = saved.ptr<std::int32_t>()[skipped[0]];
+        o.keep_first = 4;
+        try {
+          qkv::attention_kvcache(q.view(), cache, o2.view(), o);
+          ADD_FAILURE() << "no error with keep_first";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("cache.block_table[0, 0] = -1 outside the pool"), std::string::npos) << e.what();
+        }
+      }
+    }
+    std::memcpy(c.table.data(), saved.data(), static_cast<std::size_t>(saved.bytes()));
+  }
+  // kvcache_append checks only the blocks it writes: rows [32, 48) of a table whose first two entries are junk.
+  const Shape a{1, 2, 1, 1, 8, 8, 16, 4, {64}};
+  const Caches c(a, DType::f32, 3);
+  c.table.ptr<std::int32_t>()[0] = -1, c.table.ptr<std::int32_t>()[1] = 0x7fffffff;
+  Buffer kn(DType::f32, {1, 16, 1, 8}), pos(DType::i64, {1});
+  fill(kn, 8);
+  pos.ptr<std::int64_t>()[0] = 32;
+  qkv::kvcache_append(c.paged(), kn.view(), kn.view(), pos.view());
+  const std::int32_t blk = c.table.ptr<std::int32_t>()[2];
+  for (std::int64_t r = 0; r < 16; ++r)
+    for (std::int64_t d = 0; d < 8; ++d)
+      EXPECT_EQ(c.pk.view().load(c.pk.view().offset(blk, r, 0, d)), kn.view().load(kn.view().offset(0, r, 0, d)));
+}
+
 TEST(KvCache, ValidationNamesArgumentAndValue) {
   const Shape s{1, 2, 1, 1, 8, 8, 16, 2, {32}};
   const Caches c(s, DType::f32, 41);

@@ -143,6 +143,16 @@ struct OperandsBf16 {
         for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qb, kv[c]);
       }
     }
+    if (a.softcap_log2 > 0.0f) {
+      // Capped here, once per score, from the registers (score_mod.hpp): the scale folds into
+      // softcap_v's factor kz, so the cap costs no pass over Ps and the tile needs no masked path.
+      const SoftcapK<S> cap(a.softcap_log2, softcap_kz(a.softcap_log2, a.scale_log2));
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) _mm512_storeu_ps(Ps + r * kNt + c * 16, softcap_v<S>(acc[r][c], cap));
+      return;
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 4
@@ -212,11 +222,35 @@ struct DecodeOpsBf16 {
   std::uint16_t *Qb, *Pb;
   i64 b_ = 0, hk_ = 0;         // the item's batch row and kv head (set by scores() and pv())
   i64 j_end_ = 0;              // of the tile scores() saw last: how far pv() prefetches K
+  // Row pointers of one tile's keys c = j − t0, found through kv_row once per block run (rows_of):
+  //   vp_[c]  the V rows of the tile scores() / pv() work on (keys outside its range: a valid row)
+  //   kn_[c]  the K rows of the next tile, keys [t0 + kNt, t0 + kNt + pf_n), prefetched by pv()
+  // A table lookup per block instead of one per key and use (each V row was found 3 times, each
+  // next K row once): paged decode spent ≈ 10 % of its instructions there.
+  const std::uint16_t* vp_[kNt];
+  const std::uint16_t* kn_[kNt];
+  const std::uint16_t* vn_[kNt];  // the next tile's V rows, prefetched with kn_
+  i64 vpf_b_ = -1, vpf_hk_ = -1, vpf_t0_ = -1;  // the tile whose V rows pv() prefetched last
   DecodeOpsBf16(const FlashArgs& args, float* mem)
       : a(args), dp32(Dp32(args)), Qb(reinterpret_cast<std::uint16_t*>(mem)), Pb(Qb + kDecRows * dp32) {}
 
   const std::uint16_t* krow(i64 j) const { return static_cast<const std::uint16_t*>(a.k) + kv_row(a, a.sk, b_, hk_, j); }
   const std::uint16_t* vrow(i64 j) const { return static_cast<const std::uint16_t*>(a.v) + kv_row(a, a.sv, b_, hk_, j); }
+  // out[j − t0] ← the row of key j of tensor t (strides s) for j ∈ [j_lo, j_hi), by runs of
+  // evenly strided rows (one block when paged): the same addresses kv_row gives.
+  void rows_of(const void* t, const i64* s, i64 t0, i64 j_lo, i64 j_hi, const std::uint16_t** out) const {
+    for (i64 j = j_lo; j < j_hi;) {
+      const i64 e = imin(j_hi, kv_run_end(a, j));
+      const std::uint16_t* p = static_cast<const std::uint16_t*>(t) + kv_row(a, s, b_, hk_, j);
+      for (; j < e; ++j, p += s[2]) out[j - t0] = p;
+    }
+  }
+  // vp_ for the tile at t0 with keys [j_lo, j_hi) (j_lo < j_hi); the others point at j_lo's row.
+  void v_rows(i64 t0, i64 j_lo, i64 j_hi) {
+    rows_of(a.v, a.sv, t0, j_lo, j_hi, vp_);
+    for (i64 c = 0; c < j_lo - t0; ++c) vp_[c] = vp_[j_lo - t0];
+    for (i64 c = j_hi - t0; c < kNt; ++c) vp_[c] = vp_[j_lo - t0];
+  }
 
   void load_q(int r, i64 off) {
     const auto* q = static_cast<const std::uint16_t*>(a.q) + off;
@@ -257,7 +291,7 @@ struct DecodeOpsBf16 {
   // without software prefetch) one thread read K and V at about half the rate.
   void scores1(i64 t0, i64 j_lo, i64 j_hi, float* ps) const {
     for (i64 j = j_lo; j < j_hi; ++j) {
-      pf_row(vrow(j), 2 * a.Dv);  // this key's V row, read next by pv()
+      pf_row(vp_[j - t0], 2 * a.Dv);  // this key's V row, read next by pv()
       const std::uint16_t* k = krow(j);
       __m512 acc = _mm512_setzero_ps();
       for (i64 d = 0; d < dp32; d += 32) {
@@ -269,8 +303,10 @@ struct DecodeOpsBf16 {
     }
   }
   void scores(int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
+    const bool v_fetched = b == vpf_b_ && hk == vpf_hk_ && t0 == vpf_t0_;  // by the previous tile's pv()
     b_ = b, hk_ = hk, j_end_ = j_end;
     const i64 ldk = a.sk[2];
+    v_rows(t0, j_lo, j_hi);
     if (nr == 1) {
       scores1(t0, j_lo, j_hi, Ps);
       return;
@@ -280,7 +316,7 @@ struct DecodeOpsBf16 {
       // The V rows of these 16 keys into L2, read next by pv(), which in turn prefetches the
       // next tile's K rows (see pf_row in flash_tile.hpp); prefetching the next 16 keys' K and V
       // rows here instead streamed 20–25 % slower.
-      for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(vrow(j), 2 * a.Dv);
+      if (!v_fetched) for (i64 j = imax(j0, j_lo); j < imin(j0 + 16, j_hi); ++j) pf_row(vp_[j - t0], 2 * a.Dv);
       if (j0 >= j_lo && j0 + 16 <= j_hi && a.D % 32 == 0) {
         scores16<false>(nr, krow(j0), ldk, nullptr, nullptr, Ps, c0);
         continue;
@@ -330,12 +366,12 @@ struct DecodeOpsBf16 {
         acc[r][x][1] = _mm512_permutex2var_ps(n0, hi_idx, n1);
       }
     for (i64 jp = jp0; jp < jp1; ++jp) {
-      if (2 * jp < pf_n) pf_row(krow(t0 + kNt + 2 * jp), 2 * a.D);
-      if (2 * jp + 1 < pf_n) pf_row(krow(t0 + kNt + 2 * jp + 1), 2 * a.D);
+      if (2 * jp < pf_n) pf_row(kn_[2 * jp], 2 * a.D), pf_row(vn_[2 * jp], 2 * a.Dv);
+      if (2 * jp + 1 < pf_n) pf_row(kn_[2 * jp + 1], 2 * a.D), pf_row(vn_[2 * jp + 1], 2 * a.Dv);
       const i64 ja = t0 + 2 * jp, jb = ja + 1;
       const bool in_a = ja >= j_lo && ja < j_hi, in_b = jb >= j_lo && jb < j_hi;
-      const std::uint16_t* va = vrow(in_a ? ja : jb) + e0;  // a pair lies in one block (pages_ok)
-      const std::uint16_t* vb = vrow(in_b ? jb : ja) + e0;
+      const std::uint16_t* va = vp_[2 * jp] + e0;  // a valid row even outside [j_lo, j_hi) (v_rows)
+      const std::uint16_t* vb = vp_[2 * jp + 1] + e0;
       const __mmask32 ma = in_a ? ~__mmask32{0} : 0, mb = in_b ? ~__mmask32{0} : 0;
       __m512bh lo[NB], hi[NB];
 #pragma GCC unroll 4
@@ -387,6 +423,10 @@ struct DecodeOpsBf16 {
     // the rows evenly strided from the next tile's first (16 of 64 with 16-row blocks) left
     // paged decode 45–49 % slower than contiguous.
     i64 pf_n = takes_k(a) ? imax(imin(j_end_, t0 + 2 * kNt) - t0 - kNt, 0) : 0;
+    if (!takes_k(a)) v_rows(t0, j_lo, j_hi);  // otherwise scores() found this tile's V rows
+    rows_of(a.k, a.sk, t0 + kNt, t0 + kNt, t0 + kNt + pf_n, kn_);
+    rows_of(a.v, a.sv, t0 + kNt, t0 + kNt, t0 + kNt + pf_n, vn_);
+    vpf_b_ = b, vpf_hk_ = hk, vpf_t0_ = pf_n > 0 ? t0 + kNt : -1;
     for (int r = 0; r < nr; r += kRowsPv, pf_n = 0) {
       const std::uint16_t* pb = Pb + r * kNt;
       float* o = Od + r * Dvp;

@@ -103,13 +103,16 @@ struct OperandsF32 {
   // the columns left out are masked by the caller. On the causal diagonal a strip needs only the
   // first keys of its tile: a narrower register block skips the rest (each column's sum is the
   // same whatever the block width, so the scores do not change).
+  // With softcap the scores come out capped (qk_block).
   void qk(int r0, float* Ps, i64 c_lo, i64 c_hi) const {
     constexpr int L = S::L;
+    const bool capped = a.softcap_log2 > 0.0f;
+    const SoftcapK<S> cap(capped ? a.softcap_log2 : 1.0f, capped ? softcap_kz(a.softcap_log2) : 0.0f);
     for (int c0 = 0; c0 < kNt; c0 += kQc) {
       if (c0 >= c_hi || c0 + kQc <= c_lo) continue;
       const int v0 = static_cast<int>(imax(c_lo - c0, 0)) / L;
       const int v1 = static_cast<int>((imin(c_hi - c0, kQc) + L - 1) / L);
-      qk_narrow<S, Blocking<S>::NQ>(v1 - v0, Qs + r0 * D, D, Kt, D, Ps, c0 + v0 * L);
+      qk_narrow<S, Blocking<S>::NQ>(v1 - v0, Qs + r0 * D, D, Kt, D, Ps, c0 + v0 * L, capped ? &cap : nullptr);
     }
   }
   // o[kRows][Dvp] += P[:, c_lo:c_hi] · V[c_lo:c_hi, :]
@@ -210,7 +213,7 @@ void forward(const FlashArgs* list, i64 n) {
       const int nrows = static_cast<int>(imin(mb, a.Sq - i0));
       const int nstrips = (nrows + kRows - 1) / kRows;
       const i64 klen = a.key_len[b];
-      const bool mods = a.softcap_log2 > 0.0f || a.alibi;
+      const bool mods = a.alibi != nullptr;  // softcap is applied by ops.qk (the scores come capped)
       const float slope2 = a.alibi ? static_cast<float>(a.alibi[b * a.alibi_sb + h] * kLog2e) : 0.0f;
 
       KeySpan block(0, a.Skv);  // the keys of the whole block's rows
@@ -273,7 +276,8 @@ void forward(const FlashArgs* list, i64 n) {
           if (strip[s].skips(t0)) continue;                             // in the strip's keep_first gap
           const i64 c_lo = strip[s].tile_lo(t0) - t0, c_hi = strip[s].tile_hi(t0) - t0;
           ops.qk(r0, Ps, c_lo, c_hi);
-          // Score variants go through the masked path: one pass per row over the computed columns.
+          // ALiBi goes through the masked path: one pass per row over the computed columns
+          // (softcap does not: ops.qk capped the scores).
           bool cut = a.mask_kind != MaskKind::none || mods;
           for (int r = r0; r < r0 + kRows; ++r) cut = cut || lo[r] > t0 || hi[r] < t0 + kNt;
           if (!cut) {
@@ -287,7 +291,7 @@ void forward(const FlashArgs* list, i64 n) {
             for (int r = 0; r < kRows; ++r) {
               const i64 row = r0 + r;
               const i64 moff = b * a.smask[0] + h * a.smask[1] + (i0 + row) * a.smask[2];
-              if (mods) mask_mod_row<S>(a, Ps + r * kNt, t0, ke[row], lo[row], hi[row], moff, row_diag(a, i0 + row, klen), slope2, cb, ce);
+              if (mods) mask_mod_row<S>(a, Ps + r * kNt, t0, ke[row], lo[row], hi[row], moff, row_diag(a, i0 + row, klen), slope2, cb, ce, true);
               else mask_row(a, Ps + r * kNt, t0, ke[row], lo[row], hi[row], moff, cb, ce);
               softmax_row<S>(Ps + r * kNt, &Ms[row], Ls + row * S::L, Os + row * Dvp, Dvp, cb, ce);
             }

@@ -275,10 +275,11 @@ inline void mask_row(const FlashArgs& a, float* s, i64 t0, i64 kend, i64 lo, i64
 // One row's scores s[cb, ce) in qkv/attention.hpp's order: softcap (score_mod.hpp), mask_row
 // (the rule's ranges [0, kend) ∪ [lo, hi) and the dense mask: masked keys become −∞ after the cap, so they stay
 // masked), then ALiBi. slope2: the head's slope · log2 e (ignored without ALiBi); moff as mask_row.
+// capped: the scores come capped already (the forward caps them in Q·Kᵀ, qk_block).
 template <class S>
 inline void mask_mod_row(const FlashArgs& a, float* s, i64 t0, i64 kend, i64 lo, i64 hi, i64 moff, i64 diag,
-                         float slope2, int cb, int ce) {
-  if (a.softcap_log2 > 0.0f) softcap_row<S>(s, cb, ce, a.softcap_log2);
+                         float slope2, int cb, int ce, bool capped = false) {
+  if (a.softcap_log2 > 0.0f && !capped) softcap_row<S>(s, cb, ce, a.softcap_log2);
   mask_row(a, s, t0, kend, lo, hi, moff, cb, ce);
   if (a.alibi) alibi_row<S>(s, cb, ce, slope2, t0, diag);
 }
@@ -350,8 +351,10 @@ inline void dropout_tile_row(const FlashArgs& a, std::uint64_t key, float* p, i6
 //   q  [kRows][ldq]  (scaled queries)      kt [D][kNt] (transposed K tile)
 //   s  [kRows][kNt]  written at columns [c0, c0 + NQ·L)
 // The kRows × NQ accumulators stay in registers for the whole D loop.
+// With cap (softcap), the scores are stored capped (score_mod.hpp; cap->kz = softcap_kz(c2)): the cap
+// runs on the accumulators in registers, once per score, before anything else touches them.
 template <class S, int NQ>
-inline void qk_block(const float* q, i64 ldq, const float* kt, i64 D, float* s, int c0) {
+inline void qk_block(const float* q, i64 ldq, const float* kt, i64 D, float* s, int c0, const SoftcapK<S>* cap) {
   constexpr int L = S::L;
   typename S::V acc[kRows][NQ];
 #pragma GCC unroll 8
@@ -368,6 +371,12 @@ inline void qk_block(const float* q, i64 ldq, const float* kt, i64 D, float* s, 
 #pragma GCC unroll 8
       for (int c = 0; c < NQ; ++c) acc[r][c] = S::fmadd(qb, kv[c], acc[r][c]);
     }
+  }
+  if (cap) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < NQ; ++c) acc[r][c] = softcap_v<S>(acc[r][c], *cap);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r)
@@ -404,14 +413,14 @@ inline void pv_block(const float* p, const float* v, i64 ldv, i64 j0, i64 j1, fl
 
 // qk_block over nv ≤ N vectors of keys: the widest instantiation that is not wider than needed.
 template <class S, int N>
-inline void qk_narrow(int nv, const float* q, i64 ldq, const float* kt, i64 D, float* s, int c0) {
+inline void qk_narrow(int nv, const float* q, i64 ldq, const float* kt, i64 D, float* s, int c0, const SoftcapK<S>* cap) {
   if constexpr (N > 1) {
     if (nv < N) {
-      qk_narrow<S, N - 1>(nv, q, ldq, kt, D, s, c0);
+      qk_narrow<S, N - 1>(nv, q, ldq, kt, D, s, c0, cap);
       return;
     }
   }
-  qk_block<S, N>(q, ldq, kt, D, s, c0);
+  qk_block<S, N>(q, ldq, kt, D, s, c0, cap);
 }
 
 }  // namespace

@@ -134,12 +134,14 @@ void dropout_weights(const AttnParams& p, std::int64_t b, std::int64_t h, std::i
 
 void attention_reference(const AttnParams& p) {
   if (p.cache.paged() || p.cache.i8()) {
-    // A paged / int8 KV cache: its keys [0, key_len[b]) gathered and dequantised into f64
-    // [B, Hkv, Skv, D] and [.., Dv] (the rest zeros, never read: those keys are masked).
+    // A paged / int8 KV cache: the keys some row may attend, [first_key, key_len[b]), gathered
+    // and dequantised into f64 [B, Hkv, Skv, D] and [.., Dv] (the rest zeros, never used: those
+    // keys are masked; a paged table's entries for them need not be valid).
     Buffer k(DType::f64, {p.B, p.Hkv, p.Skv, p.D}), v(DType::f64, {p.B, p.Hkv, p.Skv, p.Dv});
     for (std::int64_t b = 0; b < p.B; ++b)
       for (std::int64_t hk = 0; hk < p.Hkv; ++hk)
-        for (std::int64_t j = 0; j < p.key_len[static_cast<std::size_t>(b)]; ++j) {
+        for (std::int64_t j = p.rule.first_key(p.Sq, p.key_len[static_cast<std::size_t>(b)]);
+             j < p.key_len[static_cast<std::size_t>(b)]; ++j) {
           const double ks = p.cache.i8() ? p.cache.k_scale.load(p.cache.offset(p.cache.k_scale, b, hk, j)) : 1.0;
           const double vs = p.cache.i8() ? p.cache.v_scale.load(p.cache.offset(p.cache.v_scale, b, hk, j)) : 1.0;
           const std::int64_t ko = p.cache.offset(p.k, b, hk, j), vo = p.cache.offset(p.v, b, hk, j);
