@@ -37,8 +37,8 @@ def test_stubs_ship_with_the_package():
 
 def test_stub_is_generated_from_the_module_it_ships_with():
     # Every public function and class of the installed qkv._qkv, and every public method and property of each
-    # class, is in the stub beside it: a stub written from an earlier build of the module would lack the names
-    # added after it (python/CMakeLists.txt: the stub generator must import the module it is building).
+    # class, is in the stub beside it. python/CMakeLists.txt generates the stub by importing the very module it
+    # has just built; a stub generated from another copy of the module fails this comparison.
     from qkv import _qkv
     with open(os.path.join(os.path.dirname(_qkv.__file__), "_qkv.pyi")) as f:
         tree = ast.parse(f.read())

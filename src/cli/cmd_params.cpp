@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli/commands.hpp"
 #include "cli/io.hpp"
@@ -85,13 +86,18 @@ void row(std::ostream& os, const std::string& label, std::int64_t n, const std::
   os << l << num << (note.empty() ? "" : "   " + note) << "\n";
 }
 
+// "[4096 x 12288]": a tensor's shape as both listings print it.
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? " x " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 void print(std::ostream& os, const ModelShape& s, const ParamCounts& c) {
   const std::int64_t d_src = s.d_source ? s.d_source : s.d_model;
   const std::int64_t hkv = s.n_kv_heads ? s.n_kv_heads : s.n_heads;
   const std::int64_t dv = s.d_value ? s.d_value : s.d_head;
-  const auto dims = [](std::int64_t r, std::int64_t col) {
-    return "[" + std::to_string(r) + " x " + std::to_string(col) + "]";
-  };
+  const auto dims = [](std::int64_t r, std::int64_t col) { return shape_str({r, col}); };
   os << "configuration " << s.name << ": d_model " << s.d_model;
   if (d_src != s.d_model) os << ", d_source " << d_src;
   os << ", d_head " << s.d_head;
@@ -237,12 +243,6 @@ Config config_of(const std::string& path) {
                                                                          : std::filesystem::path(path);
   if (!std::filesystem::exists(file)) fail(kFn, "--config '" + path + "': a folder without config.json");
   return load_config(file.string());
-}
-
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? " x " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 void print_layout(std::ostream& os, const std::string& source, const Config& c, const LayoutCounts& n) {
