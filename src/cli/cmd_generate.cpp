@@ -9,6 +9,7 @@
 //   qkv generate --weights bf16 ...     (projection matrices held and read as bf16: ModelOptions)
 //   qkv generate --weights bf16 --gemm-inputs bf16 ...   (also the prefill's GEMM inputs, attention
 //                                        and KV cache in bf16: the fastest prefill, as torch's bf16)
+//   qkv generate --dtype bf16 ...        (the same two at once: what embed --dtype bf16 means)
 //   qkv generate --batch-file prompts.txt --kv-dtype bf16   (each sequence's KV cache in bf16: half
 //                                        the bytes a batched step reads; texts as --kv-dtype bf16 alone)
 //
@@ -47,6 +48,7 @@ struct GenerateArgs {
   std::int64_t seed = -1;  // -1: from the clock, as llama2.c does
   std::string weights = "f32";
   std::string gemm_inputs = "f32";
+  std::string dtype;  // "", f32 or bf16: both of the above at once, as embed --dtype
   std::string kv_dtype;  // "", f32 or bf16 ("": the model's choice, Model::new_cache)
   bool json = false;
   std::string batch_file;  // one prompt a line, run by generate_batch
@@ -67,6 +69,7 @@ void run(GenerateArgs a) {
   const std::string tok_path = a.tokenizer.empty() ? default_tokenizer(a.model) : a.tokenizer;
   check_input(kFn, "--tokenizer", tok_path);
   if (!a.config.empty()) check_input(kFn, "--config", a.config);
+  if (!a.dtype.empty()) a.weights = a.gemm_inputs = a.dtype;
   ModelOptions mo;
   mo.weights = a.weights == "bf16" ? DType::bf16 : DType::f32;
   mo.gemm_inputs = a.gemm_inputs == "bf16" ? DType::bf16 : DType::f32;
@@ -195,6 +198,11 @@ void add_generate(CLI::App& app) {
                   "keeps the KV cache and attention in bf16; fastest prefill, logits within bf16 rounding)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  // --dtype means what embed --dtype means: weights and GEMM inputs together.
+  sub->add_option("--dtype", a->dtype, "f32, or bf16: --weights bf16 --gemm-inputs bf16 together (as embed --dtype)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->excludes("--weights")
+      ->excludes("--gemm-inputs");
   sub->add_option("--kv-dtype", a->kv_dtype,
                   "the KV cache's dtype: f32, or bf16 (keys and values rounded as they are stored: half the bytes a "
                   "batched step reads per sequence; texts may differ from f32's). Default: bf16 with --gemm-inputs "
