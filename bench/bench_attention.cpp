@@ -174,6 +174,9 @@ int main(int argc, char** argv) {
       benchmark::AddCustomContext("bf16_dot_peak_gflops_1t", std::to_string(qkv_bench::bf16_dot_peak_gflops(1)));
     }
     benchmark::AddCustomContext("read_bandwidth_gbs_2t", std::to_string(qkv_bench::read_bandwidth_gbs(2)));
+    // One thread's read bandwidth beside two: how much a second thread can add to memory-bound work
+    // (decode of a model whose weights do not fit the caches).
+    benchmark::AddCustomContext("read_bandwidth_gbs_1t", std::to_string(qkv_bench::read_bandwidth_gbs(1)));
     benchmark::AddCustomContext("stream_triad_gbs_2t", std::to_string(qkv_bench::stream_triad_gbs(2)));
   }
   benchmark::AddCustomContext("qkv_isa", qkv::isa_name(qkv::active_isa()));
