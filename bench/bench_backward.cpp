@@ -5,7 +5,10 @@
 // FLOP model (FlashAttention's convention): forward 4·B·H·S²·D, backward 2.5× that (five S×S×D
 // products: S, dP, dV, dK, dQ), halved for causal; the counter GFLOPs is that over the time.
 //
-//   bench_backward [--peak]     also measure the machine's FMA peak (machine_peak.cpp)
+//   bench_backward [--peak]     also measure the machine's FMA peak (machine_peak.cpp); one-thread rows
+//                               then report pct_peak_1t: their GFLOPs_cpu as % of the one-thread peak
+//                               (timed by the wall clock: on busy shared cores that peak reads low
+//                               and the % high; divide GFLOPs_cpu by a peak timed in CPU time then)
 //   any Google Benchmark flag (--benchmark_filter, --benchmark_repetitions, ...)
 //
 // Case names: <bwd|fwdbwd>/qkv/<dtype>/B<B>/H<H>/Hkv<Hkv>/S<S>/D<D>/<causal|full>/T<threads>
@@ -13,6 +16,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +28,16 @@ namespace {
 
 using qkv::Buffer;
 using qkv::DType;
+
+double g_peak_1t = 0.0;  // fp32 FMA peak of one thread, GFLOP/s (--peak), 0 when not measured
+
+// CPU seconds of the calling thread: a one-thread row runs all its work here (parallel_for runs
+// inline with one thread), so this time is insensitive to other processes sharing the cores.
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 struct Shape {
   bool with_forward;
@@ -50,6 +64,7 @@ void run(benchmark::State& st, Shape s) {
   o.num_threads = s.threads;
   qkv::attention(q.view(), k.view(), v.view(), out.view(), o, lse.view());
   std::string name;
+  const double cpu0 = thread_cpu_s();
   for (auto _ : st) {
     std::string fwd;
     if (s.with_forward) fwd = qkv::attention(q.view(), k.view(), v.view(), out.view(), o, lse.view()).name;
@@ -60,7 +75,13 @@ void run(benchmark::State& st, Shape s) {
   }
   double flops = 4.0 * static_cast<double>(s.B * s.H * s.S * s.S * s.D) * (s.with_forward ? 3.5 : 2.5);
   if (s.causal) flops /= 2;
+  const double cpu = thread_cpu_s() - cpu0;
   st.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  if (s.threads == 1 && cpu > 0.0) {  // GFLOP per CPU-second of the thread that did all the work
+    const double gflops_cpu = flops * 1e-9 * static_cast<double>(st.iterations()) / cpu;
+    st.counters["GFLOPs_cpu"] = gflops_cpu;
+    if (g_peak_1t > 0.0) st.counters["pct_peak_1t"] = 100.0 * gflops_cpu / g_peak_1t;
+  }
   st.SetLabel(name);
 }
 
@@ -79,7 +100,9 @@ void add(const Shape& s) {
 //   (D = 64): the bf16 rows against torch's bf16 and qkv's own f32; bf16 backward alone at 2048
 //   GQA (Hkv = 2) at S = 2048, D = 128; one thread at S = 2048 (D = 128) and S ∈ {1024, 2048}
 //   (D = 64), f32 and bf16 (whose CPU times run_backward_bench.py also compares: they do not
-//   depend on other load)
+//   depend on other load); one thread f32 forward + backward at S = 4096 (D = 64, 128) and
+//   S = 1024 (D = 128): with the rows above, S ∈ {1024, 2048, 4096} × D ∈ {64, 128} against the
+//   one-thread FMA peak (issue #18's 85 %)
 void register_grid() {
   for (bool fwd : {true, false})
     for (std::int64_t S : {1024, 2048, 4096})
@@ -100,6 +123,10 @@ void register_grid() {
     for (std::int64_t S : {1024, 2048})
       for (bool fwd : {true, false})
         for (bool c : {false, true}) add({fwd, 1, 8, 8, S, 64, c, t, 1});
+  for (bool c : {false, true}) {
+    add({true, 1, 8, 8, 1024, 128, c, DType::f32, 1});
+    for (std::int64_t D : {64, 128}) add({true, 1, 8, 8, 4096, D, c, DType::f32, 1});
+  }
 }
 
 }  // namespace
@@ -114,7 +141,8 @@ int main(int argc, char** argv) {
   if (peak) {
     const bool avx512 = qkv::cpu_isa() >= qkv::Isa::avx512;
     benchmark::AddCustomContext("fma_peak_gflops_2t", std::to_string(qkv_bench::fma_peak_gflops(2, avx512)));
-    benchmark::AddCustomContext("fma_peak_gflops_1t", std::to_string(qkv_bench::fma_peak_gflops(1, avx512)));
+    g_peak_1t = qkv_bench::fma_peak_gflops(1, avx512);
+    benchmark::AddCustomContext("fma_peak_gflops_1t", std::to_string(g_peak_1t));
   }
   benchmark::AddCustomContext("qkv_isa", qkv::isa_name(qkv::active_isa()));
   register_grid();

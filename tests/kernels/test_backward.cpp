@@ -307,6 +307,39 @@ INSTANTIATE_TEST_SUITE_P(Cases, Backward,
                                   qkv::dtype_name(std::get<1>(param_info.param));
                          });
 
+// f32 gives the same bits on every vector instruction set: each gradient is a sum of the same
+// fused multiply-adds in the same order whatever the register tile, and the tiles leave out only
+// products with P = 0 or dS = 0, which change no bit of a sum (attention_backward_impl.hpp,
+// Spans). Causal and windowed cases put the diagonal inside 64 × 64 tiles at offsets that are no
+// multiple of any tile height. (The scalar tiles round a·b and a·b + c apart, simd_scalar.hpp's
+// fmadd: their bits differ; MatchesReferenceWithinNaiveError holds them to the reference.)
+TEST(BackwardIsas, F32SameBitsOnEveryVectorIsa) {
+  IsaGuard guard;
+  Case window{"window", 1, 2, 2, 150, 150, 64, 64};
+  window.window_left = 37, window.window_right = 5;
+  Case padded{"causal_key_padding", 2, 2, 1, 140, 140, 48, 48, true, Align::bottom_right};
+  padded.key_lengths = {140, 77};
+  for (const Case& c : {Case{"causal_square", 1, 2, 2, 200, 200, 64, 64, true},
+                        Case{"causal_bottom_right", 1, 3, 1, 130, 197, 128, 128, true, Align::bottom_right}, window,
+                        padded}) {
+    Problem pr(c, DType::f32, 21);
+    std::vector<Isa> all = isas();
+    all.erase(std::remove(all.begin(), all.end(), Isa::scalar), all.end());
+    if (all.empty()) GTEST_SKIP() << "no vector instruction set on this CPU";
+    qkv::set_isa(all.front());
+    Grads first(DType::f32, c);
+    run_flash(pr, first, 2);
+    for (Isa isa : all) {
+      qkv::set_isa(isa);
+      Grads g(DType::f32, c);
+      run_flash(pr, g, 2);
+      EXPECT_EQ(std::memcmp(first.dq.data(), g.dq.data(), first.dq.bytes()), 0) << c.name << " " << qkv::isa_name(isa);
+      EXPECT_EQ(std::memcmp(first.dk.data(), g.dk.data(), first.dk.bytes()), 0) << c.name << " " << qkv::isa_name(isa);
+      EXPECT_EQ(std::memcmp(first.dv.data(), g.dv.data(), first.dv.bytes()), 0) << c.name << " " << qkv::isa_name(isa);
+    }
+  }
+}
+
 // The same bits for 1, 2, 3 and 5 threads (the work split depends on the shapes only).
 TEST(BackwardDeterminism, BitIdenticalForAnyThreadCount) {
   IsaGuard guard;

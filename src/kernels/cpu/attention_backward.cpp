@@ -71,8 +71,7 @@ bool usable_in_place(const View& t, std::int64_t n) {
 }
 
 std::int64_t arena_size(std::int64_t D, std::int64_t Dv) {
-  const std::int64_t Dp = pad16(D), Dvp = pad16(Dv);
-  return kBk * Dp + kBk * Dvp + 3 * kBq * kBk + kBk + std::max(ops_f32_floats(D, Dv), ops_bf16_floats(D, Dv));
+  return 3 * kBq * kBk + kBk + kPassBlocks * pass_block_floats(D, Dv);
 }
 
 void pack_kv_block(const Context& cx, std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk, float* KT,

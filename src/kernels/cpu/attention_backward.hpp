@@ -11,8 +11,10 @@
 //
 // Algorithm (nothing of size Sq × Skv is ever stored):
 //   prepass, per (b, h, i):  delta_i = dout_i · out_i,   L_i = lse_i · log2(e)
-//   tasks, one per (b, hk, key chunk c), each owning dK, dV of its keys, per key block of Bk keys:
-//     for each query head h of the group, each query block of Bq rows that may see these keys:
+//   tasks, one per (b, hk, key chunk c), each owning dK, dV of its keys, per pass over up to
+//   kPassBlocks key blocks of Bk keys (Q, dO and dQ rows of a query block serve all of them):
+//     for each query head h of the group, each query block of Bq rows, each key block of the
+//     pass that these rows may see:
 //       S  = Q·Kᵀ                       [Bq, Bk]
 //       P  = 2^(S·scale·log2e + mask − L)   (0 where masked or outside the row's keys, which with
 //            keep_first are [0, min(n, hi)) ∪ [lo, hi), params.hpp; softcap / ALiBi before − L)
@@ -22,6 +24,9 @@
 //       dS = P ∘ (dP − delta) · scale    (∘ (1 − tanh²) with softcap)
 //       dV += Pᵀ·dO (Zᵀ·dO),  dK += dSᵀ·Q,  dQ_c += dS·K
 //   reduce, per (b, h, i): dq_i = Σ_c dQ_c,i in increasing c.
+// Without a dense mask, score variants or dropout, P and dS are formed in the epilogues of the S
+// and dP products (in registers), and every product runs only on the register tiles that hold
+// allowed keys: the diagonal tiles of causal attention compute their lower part.
 // The key chunks, blocks and every loop order depend only on the shapes, never on the thread
 // count, so the result is bit-identical for any number of threads.
 #pragma once
@@ -132,6 +137,13 @@ void sum_rows_bf16_avx512_bf16(const float* src, std::int64_t cs, std::int64_t C
 inline constexpr std::int64_t ops_f32_floats(std::int64_t D, std::int64_t Dv) { return (D + pad16(D) + Dv) * kBk; }
 inline constexpr std::int64_t ops_bf16_floats(std::int64_t D, std::int64_t Dv) {
   return (2 * pad16(D) + pad16(Dv)) * kBk / 2 + 3 * kBq * kBk / 2;
+}
+// Key blocks a task works on at once (backward_task), and the scratch floats of each: its dK, dV
+// accumulators and the operands' scratch (the same for every ISA).
+inline constexpr std::int64_t kPassBlocks = 4;
+inline constexpr std::int64_t pass_block_floats(std::int64_t D, std::int64_t Dv) {
+  const std::int64_t ops = ops_f32_floats(D, Dv) > ops_bf16_floats(D, Dv) ? ops_f32_floats(D, Dv) : ops_bf16_floats(D, Dv);
+  return kBk * (pad16(D) + pad16(Dv)) + ops;
 }
 // Per-thread scratch floats the task functions need (the same for every ISA).
 std::int64_t arena_size(std::int64_t D, std::int64_t Dv);

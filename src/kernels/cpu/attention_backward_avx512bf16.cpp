@@ -228,6 +228,7 @@ inline double dot_bf16(const std::uint16_t* x, const std::uint16_t* y, i64 n) {
 
 // The five products on bf16 operands (the interface of OpsF32 in attention_backward_impl.hpp).
 struct OpsBf16 {
+  static constexpr bool kSpans = false;  // P and dS by backward_task's separate passes
   const Context& cx;
   i64 qw, ow;  // words per Q row (Dp/2), per dO row (Dvp/2)
   Word *Kt, *Kp, *Vt, *Pp, *dSp, *dSr;

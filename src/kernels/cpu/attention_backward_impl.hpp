@@ -6,13 +6,14 @@
 // linkage (anonymous namespace), so no copy compiled with AVX-512 flags can leak into portable code.
 //
 // Per-thread arena (floats, each piece a multiple of 16 so all stay 64-byte aligned):
-//   dK  [kBk, Dp ]   accumulators of the block's dk over the group's heads and all queries
-//   dV  [kBk, Dvp]   same for dv
 //   S   [kBq, kBk]   scores, then probabilities P in place
 //   dP  [kBq, kBk]   dO·Vᵀ, then dS in place
 //   row [kBk]        one row of the dense mask; later that row's dropout factors W
 //   Fc  [kBq, kBk]   1 − tanh² of the softcapped scores (softcap only)
-//   then the operands' own scratch (ops_f32_floats / ops_bf16_floats in attention_backward.hpp); OpsF32's:
+//   then, for each of the kPassBlocks key blocks of a pass (pass_block_floats each):
+//   dK  [kBk, Dp ]   accumulators of the block's dk over the group's heads and all queries
+//   dV  [kBk, Dvp]   same for dv
+//   the operands' own scratch (ops_f32_floats / ops_bf16_floats in attention_backward.hpp); OpsF32's:
 //   KT  [D,   kBk]   keys of the block, transposed      (B operand of S = Q·Kᵀ)
 //   Kr  [kBk, Dp ]   keys of the block, row-major        (B operand of dQ += dS·K)
 //   VT  [Dv,  kBk]   values of the block, transposed    (B operand of dP = dO·Vᵀ)
@@ -82,11 +83,21 @@ struct V16 {
 inline std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 inline std::int64_t imax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
 
-// C[m, 16·g + l] (+)= Σ_k A[m·a_rs + k·a_cs] · B[k·ldb + 16·g + l]  for m < M, g < NG, l < 16.
+// What a register tile does to each accumulator vector before storing it: c is row m, columns
+// [col, col + 16) of the product (m and col counted from the product's first row and column).
+struct EpiStore {  // nothing: C = the product
+  template <class V>
+  V operator()(V c, std::int64_t, std::int64_t) const {
+    return c;
+  }
+};
+
+// C[m, 16·g + l] (+)= Σ_k A[m·a_rs + k·a_cs] · B[k·ldb + 16·g + l]  for m < M, g < NG, l < 16,
+// each sum in increasing k, then C = epi(C) (row row0 + m, column col0 + 16·g of the product).
 // A is broadcast one element at a time, so it may be read transposed (a_rs = 1) as well.
-template <class Simd, int M, int NG>
+template <class Simd, int M, int NG, class Epi>
 void tile(const float* A, std::int64_t a_rs, std::int64_t a_cs, const float* B, std::int64_t ldb, float* C,
-          std::int64_t ldc, std::int64_t K, bool accumulate) {
+          std::int64_t ldc, std::int64_t K, bool accumulate, const Epi& epi, std::int64_t row0, std::int64_t col0) {
   using V = V16<Simd>;
   V c[M][NG];
 #pragma GCC unroll 8
@@ -108,18 +119,19 @@ void tile(const float* A, std::int64_t a_rs, std::int64_t a_cs, const float* B, 
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) c[m][g].store(C + m * ldc + kLanes * g);
+    for (int g = 0; g < NG; ++g) epi(c[m][g], row0 + m, col0 + kLanes * g).store(C + m * ldc + kLanes * g);
 }
 
+template <class Epi>
 using TileFn = void (*)(const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*, std::int64_t,
-                        std::int64_t, bool);
+                        std::int64_t, bool, const Epi&, std::int64_t, std::int64_t);
 // Register tiles of every size up to kM × kNG, for the edges of a product.
-template <class Simd, int kM, int kNG>
+template <class Simd, int kM, int kNG, class Epi>
 struct TileTable {
-  TileFn f[kM][kNG];
+  TileFn<Epi> f[kM][kNG];
   template <int M, std::size_t... G>
   constexpr void fill_row(std::index_sequence<G...>) {
-    ((f[M - 1][G] = &tile<Simd, M, static_cast<int>(G) + 1>), ...);
+    ((f[M - 1][G] = &tile<Simd, M, static_cast<int>(G) + 1, Epi>), ...);
   }
   template <std::size_t... Mi>
   constexpr TileTable(std::index_sequence<Mi...>) : f{} {
@@ -127,20 +139,35 @@ struct TileTable {
   }
 };
 
-// C [m, 16·ng] (+)= A [m, K] · B [K, 16·ng], A read as A[i·a_rs + k·a_cs], B and C row-major;
-// kM × kNG register tiles (kNG groups of 16 columns).
+// The part of a product a row tile (kM rows of C) computes: column groups [g0, g1) of C, the sum
+// over k ∈ [k0, k1). The parts of C left out are not written.
+struct Span {
+  std::int64_t g0, g1, k0, k1;
+};
+
+// C [m, 16·ng] (+)= A [m, K] · B [K, 16·ng], then C = epi(C); A read as A[i·a_rs + k·a_cs], B and
+// C row-major; kM × kNG register tiles (kNG groups of 16 columns), row tile t = rows
+// [t·kM, t·kM + kM) restricted to span(t) (default: all of C, all of K). Terms left out of a sum
+// must be zero products (see Spans); with a sum left empty, accumulate leaves C as it was.
+template <class Simd, int kM, int kNG, class Epi = EpiStore, class SpanOf>
+void gemm_spans(std::int64_t m, const SpanOf& span, const float* A, std::int64_t a_rs, std::int64_t a_cs,
+                const float* B, std::int64_t ldb, float* C, std::int64_t ldc, bool accumulate, const Epi& epi = {}) {
+  static constexpr TileTable<Simd, kM, kNG, Epi> kTiles{std::make_index_sequence<kM>{}};
+  for (std::int64_t t = 0, m0 = 0; m0 < m; ++t, m0 += kM) {
+    const std::int64_t mn = imin(kM, m - m0);
+    const Span s = span(t);
+    if (accumulate && s.k1 <= s.k0) continue;
+    for (std::int64_t g = s.g0; g < s.g1; g += kNG)
+      kTiles.f[mn - 1][imin(kNG, s.g1 - g) - 1](A + m0 * a_rs + s.k0 * a_cs, a_rs, a_cs, B + s.k0 * ldb + kLanes * g,
+                                                 ldb, C + m0 * ldc + kLanes * g, ldc, s.k1 - s.k0, accumulate, epi, m0,
+                                                 kLanes * g);
+  }
+}
 template <class Simd, int kM, int kNG>
 void gemm(std::int64_t m, std::int64_t ng, std::int64_t K, const float* A, std::int64_t a_rs, std::int64_t a_cs,
           const float* B, std::int64_t ldb, float* C, std::int64_t ldc, bool accumulate) {
-  static constexpr TileTable<Simd, kM, kNG> kTiles{std::make_index_sequence<kM>{}};
-  for (std::int64_t g0 = 0; g0 < ng; g0 += kNG) {
-    const std::int64_t gn = imin(kNG, ng - g0);
-    for (std::int64_t m0 = 0; m0 < m; m0 += kM) {
-      const std::int64_t mn = imin(kM, m - m0);
-      kTiles.f[mn - 1][gn - 1](A + m0 * a_rs, a_rs, a_cs, B + kLanes * g0, ldb, C + m0 * ldc + kLanes * g0, ldc, K,
-                                accumulate);
-    }
-  }
+  gemm_spans<Simd, kM, kNG>(
+      m, [&](std::int64_t) { return Span{0, ng, 0, K}; }, A, a_rs, a_cs, B, ldb, C, ldc, accumulate);
 }
 
 // Allowed keys [lo, hi) of query i (KeyRange::range, through simd_common.hpp's rule_range).
@@ -170,6 +197,60 @@ inline TileKeys tile_keys(const KeyRange& r, std::int64_t i, std::int64_t key_le
 
 inline void zero_floats(float* p, std::int64_t n) { std::memset(p, 0, static_cast<std::size_t>(n) * sizeof(float)); }
 
+// The epilogues that turn a tile's products into P and dS while they are in registers (same
+// operations, in the same order, as probabilities and score_gradients below).
+// P = 2^(S·scale·log2e − L) of rows i0 + m of the tile: L points at L of row i0.
+template <class Simd>
+struct EpiP {
+  const float* L;
+  V16<Simd> vc;  // scale · log2(e)
+  V16<Simd> operator()(V16<Simd> c, std::int64_t m, std::int64_t) const {
+    return c.fma(vc, V16<Simd>::set1(-L[m])).exp2();
+  }
+};
+// dS = P ∘ (dP − delta) · scale from the product dP: P [mq, kBk] of the tile, delta of row i0.
+template <class Simd>
+struct EpiDS {
+  const float* P;
+  const float* delta;
+  V16<Simd> vscale;
+  V16<Simd> operator()(V16<Simd> c, std::int64_t m, std::int64_t col) const {
+    return V16<Simd>::load(P + m * kBk + col) * (c - V16<Simd>::set1(delta[m])) * vscale;
+  }
+};
+
+// Where a tile's P and dS may be nonzero, by register tile of kM: query rows [t·kM, t·kM + kM)
+// have their keys in [klo[t], khi[t]), and keys [t·kM, t·kM + kM) their rows in [rlo[t], rhi[t])
+// (hulls of the rows' allowed keys, TileKeys; empty: lo ≥ hi). On a diagonal tile of causal
+// attention this leaves out the register tiles above the diagonal, so causal does not pay for the
+// masked half of those tiles. Everything outside a row's keys has P = dS = 0 (zeroed), so the
+// products may leave it out: a zero product added to a sum changes no bit (the sums start at +0,
+// and x + (±0) = x for x ≠ 0, +0 + (±0) = +0) while its other factor is finite (Q and K are, see
+// Prepass and pack_kv_block; dO is unless the caller's is not). The spans depend on kM only, so
+// avx2 and avx512 (both kM = 6) leave out the same products even then: their bits agree.
+template <int kM>
+struct Spans {
+  static constexpr int kT = (kBq + kM - 1) / kM;
+  static_assert(kBq == kBk, "row and key tiles share the arrays' size");
+  std::int64_t klo[kT], khi[kT], rlo[kT], rhi[kT];
+
+  // Every row sees every key: mq rows, nk keys.
+  void all(std::int64_t mq, std::int64_t nk) {
+    for (int t = 0; t < kT; ++t) klo[t] = 0, khi[t] = nk, rlo[t] = 0, rhi[t] = mq;
+  }
+  // From each row's keys.
+  void from(const TileKeys* keys, std::int64_t mq) {
+    for (int t = 0; t < kT; ++t) klo[t] = rlo[t] = kBk, khi[t] = rhi[t] = 0;
+    for (std::int64_t r = 0; r < mq; ++r) {
+      const std::int64_t lo = keys[r].lo, hi = keys[r].hi;
+      if (lo >= hi) continue;
+      const std::int64_t t = r / kM;
+      klo[t] = imin(klo[t], lo), khi[t] = imax(khi[t], hi);
+      for (std::int64_t u = lo / kM; u <= (hi - 1) / kM; ++u) rlo[u] = imin(rlo[u], r), rhi[u] = imax(rhi[u], r + 1);
+    }
+  }
+};
+
 // The five products on f32 operands: Q and dO rows as the driver left them (Context::q, dout),
 // K and V of the block packed by pack_kv_block; kM × kNG register tiles.
 template <class Simd, int kM, int kNG>
@@ -179,7 +260,30 @@ struct OpsF32 {
   OpsF32(const Context& c, float* mem) : cx(c), KT(mem), Kr(KT + c.D * kBk), VT(Kr + kBk * c.Dp) {}
 
   void pack_kv(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk) {
+    if constexpr (Simd::kHasTranspose16)
+      if (pack_kv_transposed(b, hk, k0, nk)) return;
     pack_kv_block(cx, b, hk, k0, nk, KT, Kr, VT);
+  }
+  // pack_kv_block's KT, Kr and VT (the same values) by 16 × 16 register transposes, for a whole
+  // block of f32 keys with unit inner stride and D, Dv multiples of 16 (nothing to pad); false,
+  // with nothing written, otherwise.
+  bool pack_kv_transposed(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk) {
+    const View& k = cx.p->fwd.k;
+    const View& v = cx.p->fwd.v;
+    if (k.dtype != DType::f32 || v.dtype != DType::f32 || k.stride(3) != 1 || v.stride(3) != 1 || nk != kBk ||
+        cx.D % kLanes != 0 || cx.Dv % kLanes != 0)
+      return false;
+    const float* ks = k.ptr<float>() + k.offset(b, hk, k0, 0);
+    const float* vs = v.ptr<float>() + v.offset(b, hk, k0, 0);
+    const std::int64_t lk = k.stride(2), lv = v.stride(2);
+    for (std::int64_t j0 = 0; j0 < kBk; j0 += kLanes) {
+      for (std::int64_t d0 = 0; d0 < cx.D; d0 += kLanes) Simd::transpose16(ks + j0 * lk + d0, lk, KT + d0 * kBk + j0, kBk);
+      for (std::int64_t e0 = 0; e0 < cx.Dv; e0 += kLanes)
+        Simd::transpose16(vs + j0 * lv + e0, lv, VT + e0 * kBk + j0, kBk);
+    }
+    for (std::int64_t j = 0; j < kBk; ++j)
+      for (std::int64_t d = 0; d < cx.D; ++d) Kr[j * cx.Dp + d] = finite_or_zero(ks[j * lk + d]);
+    return true;
   }
   void store_dkdv(std::int64_t b, std::int64_t hk, std::int64_t k0, std::int64_t nk, const float* dK,
                   const float* dV) const {
@@ -192,6 +296,37 @@ struct OpsF32 {
   // dP [mq, 16·ngk] = dO·Vᵀ.
   void dov(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t ngk, float* dP) const {
     gemm<Simd, kM, kNG>(mq, ngk, cx.Dv, cx.dout_rows(b, h) + i0 * cx.o_ld, cx.o_ld, 1, VT, kBk, dP, kBk, false);
+  }
+  // The products restricted to the register tiles of sp (Spans), the scores and dO·Vᵀ with their
+  // epilogues: S = EpiP(Q·Kᵀ) = P, dP = EpiDS(dO·Vᵀ) = dS, then dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K
+  // as grads below.
+  static constexpr bool kSpans = true;
+  using TileSpans = Spans<kM>;
+  void p_tile(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, const TileSpans& sp, float* S,
+              const EpiP<Simd>& epi) const {
+    gemm_spans<Simd, kM, kNG>(
+        mq, [&](std::int64_t t) { return Span{sp.klo[t] / kLanes, (sp.khi[t] + kLanes - 1) / kLanes, 0, cx.D}; },
+        cx.q_rows(b, h) + i0 * cx.q_ld, cx.q_ld, 1, KT, kBk, S, kBk, false, epi);
+  }
+  void ds_tile(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, const TileSpans& sp, float* dP,
+               const EpiDS<Simd>& epi) const {
+    gemm_spans<Simd, kM, kNG>(
+        mq, [&](std::int64_t t) { return Span{sp.klo[t] / kLanes, (sp.khi[t] + kLanes - 1) / kLanes, 0, cx.Dv}; },
+        cx.dout_rows(b, h) + i0 * cx.o_ld, cx.o_ld, 1, VT, kBk, dP, kBk, false, epi);
+  }
+  void grads_spans(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t nk,
+                   const TileSpans& sp, const float* P, const float* dS, float* dK, float* dV, float* dQ,
+                   std::int64_t dq_ld) const {
+    const float* Q = cx.q_rows(b, h) + i0 * cx.q_ld;
+    const float* dO = cx.dout_rows(b, h) + i0 * cx.o_ld;
+    const std::int64_t ngv = cx.Dvp / kLanes, ngq = cx.Dp / kLanes;
+    gemm_spans<Simd, kM, kNG>(
+        nk, [&](std::int64_t t) { return Span{0, ngv, sp.rlo[t], sp.rhi[t]}; }, P, 1, kBk, dO, cx.o_ld, dV, cx.Dvp,
+        true);
+    gemm_spans<Simd, kM, kNG>(
+        nk, [&](std::int64_t t) { return Span{0, ngq, sp.rlo[t], sp.rhi[t]}; }, dS, 1, kBk, Q, cx.q_ld, dK, cx.Dp, true);
+    gemm_spans<Simd, kM, kNG>(
+        mq, [&](std::int64_t t) { return Span{0, ngq, sp.klo[t], sp.khi[t]}; }, dS, kBk, 1, Kr, cx.Dp, dQ, dq_ld, true);
   }
   // dV += Pᵀ·dO, dK += dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ [mq, Dp] (ld dq_ld) += dS·K, over the
   // block's nk keys; P and dS [mq, kBk], zero past the allowed keys of each row.
@@ -315,6 +450,46 @@ void score_gradients(const Context& cx, std::int64_t b, std::int64_t h, std::int
   }
 }
 
+// One tile without dense mask, score variants or dropout (backward_task's arguments): P and dS
+// computed in the epilogues of Q·Kᵀ and dO·Vᵀ, every product restricted to the register tiles
+// that hold allowed keys (Spans), P and dS zeroed on the rest.
+template <class Simd, class Ops>
+void fused_tile(const Context& cx, const Ops& ops, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq,
+                std::int64_t k0, std::int64_t nk, bool full, float* S, float* dP, float* dK, float* dV, float* dQ,
+                std::int64_t dq_ld) {
+  using V = V16<Simd>;
+  const std::int64_t ngk = (nk + kLanes - 1) / kLanes;
+  const std::int64_t bh = (b * cx.H + h) * cx.Sq + i0;
+  typename Ops::TileSpans sp;
+  TileKeys keys[kBq];
+  if (full) {
+    sp.all(mq, nk);
+  } else {
+    const std::int64_t key_len = cx.key_len[b];
+    for (std::int64_t r = 0; r < mq; ++r) keys[r] = tile_keys(cx.rule, i0 + r, key_len, k0, nk);
+    sp.from(keys, mq);
+  }
+  // Zero P or dS [mq, kBk] outside each row's keys: the products wrote only their spans.
+  auto zero_masked = [&](float* T) {
+    for (std::int64_t r = 0; r < mq; ++r) {
+      float* Tr = T + r * kBk;
+      const TileKeys& k = keys[r];
+      if (k.lo >= k.hi) {
+        zero_floats(Tr, ngk * kLanes);
+        continue;
+      }
+      zero_floats(Tr, k.lo);
+      if (k.gap1 > k.gap0) zero_floats(Tr + k.gap0, k.gap1 - k.gap0);
+      zero_floats(Tr + k.hi, ngk * kLanes - k.hi);
+    }
+  };
+  ops.p_tile(b, h, i0, mq, sp, S, EpiP<Simd>{cx.L + bh, V::set1(cx.scale_log2e)});
+  if (!full) zero_masked(S);
+  ops.ds_tile(b, h, i0, mq, sp, dP, EpiDS<Simd>{S, cx.delta + bh, V::set1(cx.scale)});
+  if (!full) zero_masked(dP);
+  ops.grads_spans(b, h, i0, mq, nk, sp, S, dP, dK, dV, dQ, dq_ld);
+}
+
 // One task (b, hk, chunk): see attention_backward.hpp. Ops: the five products (OpsF32 or the
 // bf16 operands of attention_backward_avx512bf16.cpp); the elementwise steps are f32 either way.
 template <class Simd, class Ops>
@@ -324,27 +499,39 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
   const std::int64_t Dp = cx.Dp, Dvp = cx.Dvp, Sq = cx.Sq;
   const std::int64_t key_len = cx.key_len[b];
 
-  float* dK = arena;
-  float* dV = dK + kBk * Dp;
-  float* S = dV + kBk * Dvp;
+  // The arena (layout at the top of this file): kPassBlocks of dK, dV and the operands' scratch.
+  float* S = arena;
   float* dP = S + kBq * kBk;
   float* mrow = dP + kBq * kBk;
   float* Fc = mrow + kBk;
-  Ops ops(cx, Fc + kBq * kBk);
+  float* per_block = Fc + kBq * kBk;
+  const std::int64_t block_floats = pass_block_floats(cx.D, cx.Dv);
+  static_assert(kPassBlocks == 4, "one Ops per block of a pass below");
+  Ops ops[kPassBlocks] = {Ops(cx, per_block + kBk * (Dp + Dvp)), Ops(cx, per_block + block_floats + kBk * (Dp + Dvp)),
+                          Ops(cx, per_block + 2 * block_floats + kBk * (Dp + Dvp)),
+                          Ops(cx, per_block + 3 * block_floats + kBk * (Dp + Dvp))};
   const bool mods = cx.softcap_log2 > 0.0f || cx.alibi;
+  // P and dS in the products' epilogues, the products restricted to where they are not zero
+  // (fused_tile): everything but a dense mask, score variants and dropout.
+  const bool fused = !cx.has_mask && !mods && !cx.dropout;
 
   const std::int64_t dq_ld = cx.dq_ld(c);
   for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h)
     for (std::int64_t i = 0; i < Sq; ++i) zero_floats(cx.dq_rows(c, b, h) + i * dq_ld, Dp);
 
+  // Passes over up to kPassBlocks key blocks at a time: each query block's Q, dO and dQ rows serve
+  // all of them while they are in cache. Every sum keeps its order (dQ's rows get the key blocks
+  // in increasing order, dK and dV theirs by head and query block), so the bits do not depend on
+  // how the blocks are grouped.
   const std::int64_t kb_begin = cx.chunk_begin[b * (cx.chunks + 1) + c];
   const std::int64_t kb_end = cx.chunk_begin[b * (cx.chunks + 1) + c + 1];
-  for (std::int64_t kb = kb_begin; kb < kb_end; ++kb) {
-    const std::int64_t k0 = kb * kBk, nk = imin(kBk, cx.Skv - k0);
-    const std::int64_t ngk = (nk + kLanes - 1) / kLanes;  // V16 groups spanning the block's keys
-    ops.pack_kv(b, hk, k0, nk);
-    zero_floats(dK, kBk * Dp);
-    zero_floats(dV, kBk * Dvp);
+  for (std::int64_t kb0 = kb_begin; kb0 < kb_end; kb0 += kPassBlocks) {
+    const std::int64_t nb = imin(kPassBlocks, kb_end - kb0);
+    for (std::int64_t u = 0; u < nb; ++u) {
+      const std::int64_t k0 = (kb0 + u) * kBk;
+      ops[u].pack_kv(b, hk, k0, imin(kBk, cx.Skv - k0));
+      zero_floats(per_block + u * block_floats, kBk * (Dp + Dvp));
+    }
 
     for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h) {
       float* dQh = cx.dq_rows(c, b, h);
@@ -358,21 +545,38 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         row_range(cx.rule, i0, key_len, &lo_first, &hi_first);
         row_range(cx.rule, i1, key_len, &lo_last, &hi_last);
         const std::int64_t ke_first = imin(cx.rule.keep_first, hi_first), ke_last = imin(cx.rule.keep_first, hi_last);
-        if (imax(lo_first, k0) >= imin(hi_last, k0 + nk) && k0 >= ke_last) continue;  // no allowed key in the tile
-        const bool full = !cx.has_mask && !mods && nk % kLanes == 0 &&
-                          ((lo_last <= k0 && hi_first >= k0 + nk) || ke_first >= k0 + nk);
 
-        // S = Q·Kᵀ → P; dP = dO·Vᵀ → dS; then the three gradient products.
-        ops.scores(b, h, i0, mq, ngk, S);
-        probabilities<Simd>(cx, b, h, i0, mq, k0, nk, full, S, Fc, mrow);
-        ops.dov(b, h, i0, mq, ngk, dP);
-        score_gradients<Simd>(cx, b, h, i0, mq, k0, nk, S, dP, Fc, mrow);
+        for (std::int64_t u = 0; u < nb; ++u) {
+          const std::int64_t k0 = (kb0 + u) * kBk, nk = imin(kBk, cx.Skv - k0);
+          const std::int64_t ngk = (nk + kLanes - 1) / kLanes;  // V16 groups spanning the block's keys
+          if (imax(lo_first, k0) >= imin(hi_last, k0 + nk) && k0 >= ke_last) continue;  // no allowed key in the tile
+          const bool full = !cx.has_mask && !mods && nk % kLanes == 0 &&
+                            ((lo_last <= k0 && hi_first >= k0 + nk) || ke_first >= k0 + nk);
+          float* dK = per_block + u * block_floats;
+          float* dV = dK + kBk * Dp;
 
-        // dV += Pᵀ·dO (Zᵀ·dO with dropout), dK += dSᵀ·Q, dQ += dS·K.
-        ops.grads(b, h, i0, mq, nk, S, dP, dK, dV, dQh + i0 * dq_ld, dq_ld);
+          if constexpr (Ops::kSpans) {
+            if (fused) {
+              fused_tile<Simd>(cx, ops[u], b, h, i0, mq, k0, nk, full, S, dP, dK, dV, dQh + i0 * dq_ld, dq_ld);
+              continue;
+            }
+          }
+          // S = Q·Kᵀ → P; dP = dO·Vᵀ → dS; then the three gradient products.
+          ops[u].scores(b, h, i0, mq, ngk, S);
+          probabilities<Simd>(cx, b, h, i0, mq, k0, nk, full, S, Fc, mrow);
+          ops[u].dov(b, h, i0, mq, ngk, dP);
+          score_gradients<Simd>(cx, b, h, i0, mq, k0, nk, S, dP, Fc, mrow);
+
+          // dV += Pᵀ·dO (Zᵀ·dO with dropout), dK += dSᵀ·Q, dQ += dS·K.
+          ops[u].grads(b, h, i0, mq, nk, S, dP, dK, dV, dQh + i0 * dq_ld, dq_ld);
+        }
       }
     }
-    ops.store_dkdv(b, hk, k0, nk, dK, dV);
+    for (std::int64_t u = 0; u < nb; ++u) {
+      const std::int64_t k0 = (kb0 + u) * kBk;
+      const float* dK = per_block + u * block_floats;
+      ops[u].store_dkdv(b, hk, k0, imin(kBk, cx.Skv - k0), dK, dK + kBk * Dp);
+    }
   }
 }
 
