@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   std::vector<float> x(static_cast<std::size_t>(B * std::max(C, Hd)), 0.01f), y(static_cast<std::size_t>(B * std::max(V, Hd)));
   const qkv::Isa isa = qkv::active_isa();
   auto gemv = [&](const float* w, long in, long ld, long o0, long o1) {
-    qkv::blocks::gemv_batch_rows(x.data(), w, nullptr, nullptr, y.data(), ld, B, in, 0.0f, isa, o0, o1);
+    qkv::blocks::gemv_batch_rows(x.data(), w, nullptr, nullptr, y.data(), ld, B, in, 0.0f, isa, o0, o1, {0, B});
   };
   auto pass = [&] {
     const auto t0 = std::chrono::steady_clock::now();

@@ -161,11 +161,22 @@ void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, 
 }
 
 void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y, i64 ldy,
-                     i64 M, i64 in, float beta, Isa isa, i64 o0, i64 o1) {
-  const detail::BatchGemvArgs a{x, W ? static_cast<const void*>(W) : Wb, b, y, ldy, M, in, beta};
+                     i64 M, i64 in, float beta, Isa isa, i64 o0, i64 o1, std::pair<i64, i64> rows) {
+  constexpr const char* fn = "qkv::blocks::gemv_batch_rows";
+  const auto [m0, m1] = rows;
+  if (m0 < 0 || m0 > m1 || m1 > M)
+    fail(fn, "rows: need 0 ≤ first ≤ second ≤ M = " + std::to_string(M) + ", got [" + std::to_string(m0) + ", " +
+                 std::to_string(m1) + ")");
+  if (o0 < 0 || o0 > o1)
+    fail(fn, "o0, o1: need 0 ≤ o0 ≤ o1, got " + std::to_string(o0) + ", " + std::to_string(o1));
+  if (in < 1 || (m1 - m0 > 1 && ldy < o1) || (beta != 0.0f && beta != 1.0f) || (W == nullptr) == (Wb == nullptr))
+    fail(fn, "in, ldy, beta, W / Wb: need in ≥ 1, ldy ≥ o1 for several rows, beta ∈ {0, 1} and exactly one of "
+             "W, Wb; got in = " + std::to_string(in) + ", ldy = " + std::to_string(ldy) + ", o1 = " +
+                 std::to_string(o1) + ", beta = " + std::to_string(beta));
+  const detail::BatchGemvArgs a{x, W ? static_cast<const void*>(W) : Wb, b, y, ldy, m0, m1, in, beta};
   if (isa >= Isa::avx512) return Wb ? detail::gemv_batch_bf16_avx512(a, o0, o1) : detail::gemv_batch_f32_avx512(a, o0, o1);
   if (isa == Isa::avx2) return Wb ? detail::gemv_batch_bf16_avx2(a, o0, o1) : detail::gemv_batch_f32_avx2(a, o0, o1);
-  for (i64 m = 0; m < M; ++m)
+  for (i64 m = m0; m < m1; ++m)
     for (i64 o = o0; o < o1; ++o) {
       float s = 0.0f;
       for (i64 i = 0; i < in; ++i)

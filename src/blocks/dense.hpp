@@ -62,15 +62,17 @@ inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int 
 }
 
 // The decode step's GEMV (Model's one-token steps, one or many sequences), on the calling thread:
-//   y [m·ldy + o] = beta·y + x [m, :] · W [o, :] + b [o]      m ∈ [0, M) (any M ≥ 1), o ∈ [o0, o1)
-// W [·, in] f32 (Wb null) or bf16 bits (W null, widened exactly); beta ∈ {0, 1}. Each (m, o) is
-// summed in one fixed order, whatever M and [o0, o1) are: a sequence's result does not depend on
-// the batch it is in or on the thread that computed its rows. Each row of W is read from memory
-// once for all M: with M ≥ 4 (AVX-512; 2 on AVX2) in blocks of 4 rows of W × 4 rows of x (2 × 2),
-// else one row of W at a time. Twin: gemv_reference.
+//   y [m·ldy + o] = beta·y + x [m, :] · W [o, :] + b [o]      m ∈ rows = [m0, m1) ⊆ [0, M), o ∈ [o0, o1)
+// x [M, in]; W [·, in] f32 (Wb null) or bf16 bits (W null, widened exactly); beta ∈ {0, 1}; rows of
+// y outside `rows` are not touched. Each (m, o) is summed in one fixed order, whatever M, `rows` and
+// [o0, o1) are: a sequence's result does not depend on the batch it is in or on the thread that
+// computed its rows. Each row of W is read from memory once for all rows of x: with ≥ 4 of them
+// (AVX-512; 2 on AVX2) in blocks of 4 rows of W × 4 rows of x (2 × 2), else one row of W at a time.
+// Throws (naming the argument) unless 0 ≤ m0 ≤ m1 ≤ M, 0 ≤ o0 ≤ o1, in ≥ 1, ldy ≥ o1 when m1 − m0 > 1,
+// and beta ∈ {0, 1}. Twin: gemv_reference.
 void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y,
                      std::int64_t ldy, std::int64_t M, std::int64_t in, float beta, Isa isa, std::int64_t o0,
-                     std::int64_t o1);
+                     std::int64_t o1, std::pair<std::int64_t, std::int64_t> rows);
 
 // One query position per head against the keys and values of one kv head (f32), on the calling thread:
 //   q, out [nh, D]; k, v [Skv, D] (contiguous rows); scores [Skv] scratch

@@ -134,6 +134,22 @@ void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
   }
 }
 
+// The weight lines [p, end) a later block will read, prefetched into L2 a few at a time from inside
+// the compute loop of the blocks before it (step(): per_step lines per step of gemv_batch_block's
+// inner loop; rest(): whatever is left once the block is done). Spread this way, the prefetches of
+// a block do not queue at once for the few line-fill buffers the loads of the block compete for.
+struct Ahead {
+  const char* p = nullptr;  // the next line to prefetch (64-byte aligned)
+  const char* end = nullptr;
+  i64 per_step = 0;
+  void step() {
+    for (i64 k = 0; k < per_step && p < end; ++k, p += 64) __builtin_prefetch(p, 0, 2);
+  }
+  void rest() {
+    for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+  }
+};
+
 // R output rows [o, o + R) for the MB rows of x from m0, register-blocked: R·MB accumulators, R + MB
 // loads for R·MB FMAs (gemv_batch_row<MB> loads MB + 1 for MB, and the FMA unit waits on loads).
 // Each (row, x row) is summed exactly as gemv_batch_row sums it: its U = 4 chains (chain u takes the
@@ -143,7 +159,7 @@ void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
 // tot in that order, so the result is the same bits. Chain u reads every U-th vector of the R rows
 // (cache line u of each 4 on AVX-512); the rows stay in L1 between the chains.
 template <class S, class Rows, int R, int MB>
-void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0) {
+void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead) {
   using V = typename S::V;
   constexpr int U = 4, L = S::L;
   const i64 in = a.in, steps_end = in / (U * L) * (U * L);
@@ -156,6 +172,7 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0) {
       #pragma GCC unroll 16
       for (int m = 0; m < MB; ++m) acc[r][m] = S::zero();
     for (i64 i = u * L; i < steps_end; i += U * L) {
+      ahead.step();
       V w[R];
       #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) w[r] = Rows::load(a.W, (o + r) * in + i);
@@ -206,32 +223,41 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0) {
   }
 }
 
-// Rows [o0, o1) for all M rows of x: blocks of R rows × MB rows of x (gemv_batch_block) while both
-// are whole, the rest one row at a time, MB rows of x at a time (MB · 4 accumulators must fit the
-// registers: 4 on AVX-512's 32, 2 on AVX2's 16), then single rows of x. Every path sums a (row,
-// x row) the same way: the batch and the split of the rows do not change a bit.
+// Rows [o0, o1) for the rows [a.m0, a.m1) of x: blocks of R rows × MB rows of x (gemv_batch_block)
+// while both are whole, the rest one row at a time, MB rows of x at a time (MB · 4 accumulators must
+// fit the registers: 4 on AVX-512's 32, 2 on AVX2's 16), then single rows of x. Every path sums a
+// (row, x row) the same way: the batch, its range and the split of the rows do not change a bit.
 template <class S, class Rows, int MB, int R>
 void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
-  const i64 Mb = a.M / MB * MB;  // rows of x in whole groups of MB
+  constexpr i64 U = 4;
+  const i64 mb = a.m0 + (a.m1 - a.m0) / MB * MB;  // rows of x [m0, mb) in whole groups of MB
+  // Block o prefetches block o + 2R (R rows, one contiguous range) into L2 while it computes, spread
+  // over the (mb − m0) / MB · (in / (U·L)) · U steps of its inner loops: chain u of a block reads
+  // every U-th cache line, a pattern the hardware prefetchers do not follow (without the prefetch
+  // the blocks ran at half the one-row kernel's speed from memory; 1 block ahead into L1: slower).
+  const i64 block_bytes = R * a.in * Rows::bytes;
+  const i64 steps = (mb - a.m0) / MB * (a.in / (U * S::L) * U);
   i64 o = o0;
-  if (Mb > 0)
+  if (mb > a.m0)
     for (; o + R <= o1; o += R) {
-      // The block 4 ahead (R rows, one contiguous range) towards L2 while this one computes: chain
-      // u reads every U-th cache line of a block, a pattern the hardware prefetchers do not follow
-      // (without this the blocks ran at half the one-row kernel's speed from memory; 1 block ahead
-      // into L1: slower still; 2, 4 or 8 ahead into L2: 1.25–1.45× the one-row kernel at M = 8).
-      if (o + 5 * R <= o1) {
-        const char* ahead = static_cast<const char*>(a.W) + (o + 4 * R) * a.in * Rows::bytes;
-        for (i64 c = 0; c < R * a.in * Rows::bytes; c += 64) __builtin_prefetch(ahead + c, 0, 2);
+      Ahead ahead;
+      if (o + 3 * R <= o1) {
+        const auto first =
+            reinterpret_cast<std::uintptr_t>(a.W) + static_cast<std::uintptr_t>((o + 2 * R) * a.in * Rows::bytes);
+        ahead.p = reinterpret_cast<const char*>(first & ~std::uintptr_t{63});
+        ahead.end = reinterpret_cast<const char*>(first + static_cast<std::uintptr_t>(block_bytes));
+        const i64 lines = (ahead.end - ahead.p + 63) / 64;
+        ahead.per_step = steps > 0 ? (lines + steps - 1) / steps : 0;
       }
-      for (i64 m = 0; m < Mb; m += MB) gemv_batch_block<S, Rows, R, MB>(a, o, m);
+      for (i64 m = a.m0; m < mb; m += MB) gemv_batch_block<S, Rows, R, MB>(a, o, m, ahead);
+      ahead.rest();
       for (int r = 0; r < R; ++r)
-        for (i64 m = Mb; m < a.M; ++m) gemv_batch_row<S, Rows, 1>(a, o + r, m);
+        for (i64 m = mb; m < a.m1; ++m) gemv_batch_row<S, Rows, 1>(a, o + r, m);
     }
   for (; o < o1; ++o) {
-    i64 m = 0;
-    for (; m + MB <= a.M; m += MB) gemv_batch_row<S, Rows, MB>(a, o, m);
-    for (; m < a.M; ++m) gemv_batch_row<S, Rows, 1>(a, o, m);
+    i64 m = a.m0;
+    for (; m + MB <= a.m1; m += MB) gemv_batch_row<S, Rows, MB>(a, o, m);
+    for (; m < a.m1; ++m) gemv_batch_row<S, Rows, 1>(a, o, m);
   }
 }
 

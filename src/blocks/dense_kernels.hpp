@@ -27,14 +27,14 @@ void gemv_bf16_avx512bf16(const GemvArgs& a, std::int64_t o0, std::int64_t o1);
 // rounded to nearest even (kernels::cpu::f32_to_bf16_bits, vectorised).
 void split_bf16_avx512bf16(const float* x, std::uint16_t* xs, std::int64_t M, std::int64_t in);
 
-// The decode step's GEMV (dense.hpp, gemv_batch_rows): rows [o0, o1) of W for every one of the
-// M rows of x, y [m·ldy + o]; bf16 weights are widened (exact), whatever the ISA.
+// The decode step's GEMV (dense.hpp, gemv_batch_rows): rows [o0, o1) of W for the rows [m0, m1)
+// of x, y [m·ldy + o]; bf16 weights are widened (exact), whatever the ISA.
 struct BatchGemvArgs {
-  const float* x;  // [M, in]
+  const float* x;  // [·, in]
   const void* W;   // [·, in] f32 or bf16 bits
   const float* b;  // [·] or null
   float* y;        // rows of ldy floats
-  std::int64_t ldy, M, in;
+  std::int64_t ldy, m0, m1, in;
   float beta;
 };
 void gemv_batch_f32_avx2(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);

@@ -100,7 +100,8 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
   // y [b·ldy + o] (+)= xin [b, :] · W[o, :] + bias[o], rows [r0, r1) of W, f32 or bf16 weights.
   auto gemv = [&](const float* W, const std::uint16_t* Wb, const float* bias, float* y, i64 ldy, const float* xin,
                   i64 in, float beta, i64 r0, i64 r1) {
-    blocks::gemv_batch_rows(xin, bf16 ? nullptr : W, bf16 ? Wb : nullptr, bias, y, ldy, B, in, beta, isa, r0, r1);
+    blocks::gemv_batch_rows(xin, bf16 ? nullptr : W, bf16 ? Wb : nullptr, bias, y, ldy, B, in, beta, isa, r0, r1,
+                            {0, B});
   };
   auto norm_rows = [&](float* out, const float* w, const float* bias) {
     if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, B, C, c.norm_eps);
