@@ -18,9 +18,7 @@
 // by runs (tile_rows), which took it from 1.58 to 1.39 ms.
 #pragma once
 
-#include <cstdint>
 #include <cstring>
-#include <utility>
 
 #include "kernels/cpu/decode_i8.hpp"
 #include "kernels/cpu/flash_decode_impl.hpp"
@@ -172,21 +170,6 @@ struct DecodeOpsI8 {
       for (; c < end; ++c, p += s[2]) ptr[c] = p;
     }
   }
-  // Prefetches (pf_row) the k_scale and v_scale entries of keys [j_lo, j_hi), by runs of evenly
-  // strided rows (kv_run_end): tile_rows reads them with scalar loads at the start of the tile, and
-  // when paged each block's entries lie apart from the previous block's, where the hardware
-  // prefetcher does not follow (contiguous, they are one stream it does).
-  void pf_scales(i64 b, i64 hk, i64 j_lo, i64 j_hi) const {
-    for (i64 j = j_lo; j < j_hi;) {
-      const i64 end = imin(j_hi, kv_run_end(a, j));
-      for (auto [scale, ss] : {std::pair{a.k_scale, a.sks}, std::pair{a.v_scale, a.svs}}) {
-        const char* first = reinterpret_cast<const char*>(scale + kv_row(a, ss, b, hk, j));
-        const char* line = first - (reinterpret_cast<std::uintptr_t>(first) & 63);  // its cache line
-        pf_row(line, first - line + 4 * (end - 1 - j) * ss[2] + 4);
-      }
-      j = end;
-    }
-  }
   void scores(int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
     j_end_ = j_end;
     // The tile's K and V rows and scales by column c = j − t0 (pv() takes the V ones), over the
@@ -320,10 +303,7 @@ struct DecodeOpsI8 {
     const i64 c_lo = (j_lo - t0) & ~i64{1}, c_hi = (j_hi - t0 + 1) & ~i64{1};
     // The next tile's K rows [t0 + kNt, j_end_) that pv_block prefetches.
     const i64 n_hi = imin(j_end_ - t0 - kNt, c_hi);
-    if (n_hi > c_lo) {
-      tile_rows(a.k, a.sk, nullptr, nullptr, b, hk, t0 + kNt, t0 + kNt + c_lo, t0 + kNt + n_hi, c_lo, n_hi, knext, nullptr);
-      pf_scales(b, hk, t0 + kNt + c_lo, t0 + kNt + n_hi);
-    }
+    if (n_hi > c_lo) tile_rows(a.k, a.sk, nullptr, nullptr, b, hk, t0 + kNt, t0 + kNt + c_lo, t0 + kNt + n_hi, c_lo, n_hi, knext, nullptr);
     float step[kDecRows];
     for (int r = 0; r < nr; ++r) step[r] = round_row(Ps + r * kNt, j_lo - t0, j_hi - t0, W16 + r * kNt);
     // The next tile's K rows (scores() set j_end_).

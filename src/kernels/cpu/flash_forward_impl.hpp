@@ -283,10 +283,10 @@ void forward(const FlashArgs* list, i64 n) {
           bool cut = a.mask_kind != MaskKind::none;
           for (int r = r0; r < r0 + kRows; ++r) cut = cut || lo[r] > t0 || hi[r] < t0 + kNt;
           if (!cut) {
-            for (int r = 0; r < kRows; ++r) {
-              if (mods) alibi_row<S>(Ps + r * kNt, 0, kNt, slope2, t0, row_diag(a, i0 + r0 + r, klen));
+            if (mods)
+              for (int r = 0; r < kRows; ++r) alibi_row<S>(Ps + r * kNt, 0, kNt, slope2, t0, row_diag(a, i0 + r0 + r, klen));
+            for (int r = 0; r < kRows; ++r)
               softmax_row<S>(Ps + r * kNt, &Ms[r0 + r], Ls + (r0 + r) * S::L, Os + (r0 + r) * Dvp, Dvp);
-            }
           } else {
             // Masked and normalised over the vectors Q·Kᵀ computed, [cb, ce) ⊇ [c_lo, c_hi), not
             // the whole tile: on the causal diagonal a strip sees on average half of it (same
