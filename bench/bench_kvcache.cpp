@@ -2,6 +2,10 @@
 // (B = 1, H = 16, Hkv = 4, D = Dv = 128) against Skv cached keys, through qkv::attention_kvcache:
 //   contig : one contiguous cache [1, Skv, Hkv, D] (f32 or bf16)
 //   paged  : the same rows in a shuffled pool of blocks of Sc rows, through a block table
+//   paged-seq : blocks of Sc rows through a block table in pool order (block i of the sequence
+//            is block i of the pool): contiguous memory read through the paged path, so that
+//            paged-seq − contig is the page table's own cost and paged − paged-seq the cost of
+//            scattered blocks
 //   int8   : int8 rows with an f32 scale per (row, head), contiguous or paged
 //   f16    : binary16 rows widened to f32 in the kernel (f32 queries), contiguous or paged
 // Decode reads the cache once, so the counter GB/s = cache bytes read per second (K, V and the
@@ -22,6 +26,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qkv/attention.hpp"
@@ -39,9 +44,14 @@ void fill_random(const Buffer& b, unsigned seed) {
   for (std::int64_t i = 0; i < b.numel(); ++i) b.view().store(i, u(rng));
 }
 
-// layout: "contig" or "paged"; dt: the cache's dtype (f32, bf16, or i8 / f16 with f32 queries).
-void run(benchmark::State& st, bool paged, DType dt, std::int64_t Sc, std::int64_t Skv, int threads) {
+// Layouts of the cache (see the top of the file).
+enum class Layout { contig, paged, paged_seq };
+const char* layout_name(Layout l) { return l == Layout::contig ? "contig" : l == Layout::paged ? "paged" : "paged-seq"; }
+
+// dt: the cache's dtype (f32, bf16, or i8 / f16 with f32 queries).
+void run(benchmark::State& st, Layout layout, DType dt, std::int64_t Sc, std::int64_t Skv, int threads) {
   const DType qt = dt == DType::i8 || dt == DType::f16 ? DType::f32 : dt;
+  const bool paged = layout != Layout::contig;
   const std::int64_t rows = paged ? Sc : Skv, blocks = paged ? Skv / Sc : 1;
   Buffer q(qt, {1, kH, 1, kD}), out(qt, {1, kH, 1, kD});
   fill_random(q, 1);
@@ -52,7 +62,7 @@ void run(benchmark::State& st, bool paged, DType dt, std::int64_t Sc, std::int64
     table = Buffer(DType::i32, {1, blocks});
     std::vector<std::int32_t> ids(static_cast<std::size_t>(blocks));
     std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
+    if (layout == Layout::paged) std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
     std::copy(ids.begin(), ids.end(), table.ptr<std::int32_t>());
     tv = table.view();
   }
@@ -80,11 +90,12 @@ int main(int argc, char** argv) {
   for (std::int64_t Skv : {2048, 16384, 32768})
     for (int threads : {1})
       for (DType t : {DType::f32, DType::bf16, DType::i8, DType::f16})
-        for (std::int64_t Sc : {0, 16, 256}) {
-          const bool paged = Sc > 0;
-          const std::string name = std::string("kv/") + (paged ? "paged" : "contig") + "/" + qkv::dtype_name(t) + "/Sc" +
+        for (auto [layout, Sc] : {std::pair{Layout::contig, std::int64_t{0}}, std::pair{Layout::paged, std::int64_t{16}},
+                                  std::pair{Layout::paged_seq, std::int64_t{16}}, std::pair{Layout::paged, std::int64_t{64}},
+                                  std::pair{Layout::paged, std::int64_t{128}}, std::pair{Layout::paged, std::int64_t{256}}}) {
+          const std::string name = std::string("kv/") + layout_name(layout) + "/" + qkv::dtype_name(t) + "/Sc" +
                                    std::to_string(Sc) + "/Skv" + std::to_string(Skv) + "/T" + std::to_string(threads);
-          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { run(st, paged, t, Sc, Skv, threads); })
+          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { run(st, layout, t, Sc, Skv, threads); })
               ->Unit(benchmark::kMillisecond);
         }
   benchmark::Initialize(&argc, argv);

@@ -240,6 +240,11 @@ std::vector<Case> cases() {
   Case al{"alibi_causal_top_left_sq_lt_skv", 1, 3, 1, 40, 100, 48, 40, true};
   al.alibi = true;
   v.push_back(al);
+  // Non-causal, no mask: the forward adds the bias in the tiles nothing cuts (keys [0, 192)) and in
+  // the masked path in the last, partial tile.
+  Case aln{"alibi_unmasked_tiles", 1, 4, 2, 70, 200, 64, 48};
+  aln.alibi = true;
+  v.push_back(aln);
   Case alb{"alibi_bottom_right_window", 2, 4, 4, 65, 130, 17, 33, true, Align::bottom_right};
   alb.alibi = true, alb.window_left = 50;
   v.push_back(alb);

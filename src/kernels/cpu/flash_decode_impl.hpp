@@ -4,7 +4,11 @@
 // flash_decode — keys cut into fixed chunks of kSplit; one work item per (b, kv head, group of
 //   ≤ kDecRows query rows of that kv head, chunk), computing partial (O, m, l); a second pass
 //   merges the chunks of each row by logsumexp. For few queries this keeps every core busy and
-//   reads each key once for all the query heads that share it (GQA).
+//   reads each key once for all the query heads that share it (GQA). Items are numbered chunk by
+//   chunk with the kv heads of a chunk back to back (b, chunk, group, kv head): a cache row
+//   [.., Skv, Hkv, D] holds every head's key j side by side, so consecutive items read
+//   neighbouring memory (the same pages, the same blocks when paged) rather than one head
+//   skipping the other heads' rows through the whole cache. The order changes no result.
 // Deterministic: a row's result depends only on the shape, never on the thread count.
 #pragma once
 
@@ -173,8 +177,8 @@ void decode(const FlashArgs& a) {
     float Md[kDecRows], Ld[kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
 
     for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
-      const i64 sp = item % nsplit, g = (item / nsplit) % ngroups, hk = (item / (nsplit * ngroups)) % a.Hkv;
-      const i64 b = item / (nsplit * ngroups * a.Hkv);
+      const i64 hk = item % a.Hkv, g = (item / a.Hkv) % ngroups, sp = (item / (a.Hkv * ngroups)) % nsplit;
+      const i64 b = item / (a.Hkv * ngroups * nsplit);
       const i64 k0 = sp * split, k1 = imin(a.Skv, k0 + split);
       const int nr = static_cast<int>(imin(kDecRows, GS - g * kDecRows));
       const i64 klen = a.key_len[b];

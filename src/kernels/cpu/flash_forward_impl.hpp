@@ -276,11 +276,15 @@ void forward(const FlashArgs* list, i64 n) {
           if (strip[s].skips(t0)) continue;                             // in the strip's keep_first gap
           const i64 c_lo = strip[s].tile_lo(t0) - t0, c_hi = strip[s].tile_hi(t0) - t0;
           ops.qk(r0, Ps, c_lo, c_hi);
-          // ALiBi goes through the masked path: one pass per row over the computed columns
-          // (softcap does not: ops.qk capped the scores).
-          bool cut = a.mask_kind != MaskKind::none || mods;
+          // A tile no rule or mask cuts for any row of the strip takes the whole tile at once;
+          // with ALiBi its bias is added there without the masked path (softcap needs neither:
+          // ops.qk capped the scores). mask_mod_row would do the same: its mask_row changes
+          // nothing on such a tile, and the columns [cb, ce) are the whole tile.
+          bool cut = a.mask_kind != MaskKind::none;
           for (int r = r0; r < r0 + kRows; ++r) cut = cut || lo[r] > t0 || hi[r] < t0 + kNt;
           if (!cut) {
+            if (mods)
+              for (int r = 0; r < kRows; ++r) alibi_row<S>(Ps + r * kNt, 0, kNt, slope2, t0, row_diag(a, i0 + r0 + r, klen));
             for (int r = 0; r < kRows; ++r)
               softmax_row<S>(Ps + r * kNt, &Ms[r0 + r], Ls + (r0 + r) * S::L, Os + (r0 + r) * Dvp, Dvp);
           } else {
