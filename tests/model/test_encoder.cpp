@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "qkv/encoder.hpp"
+#include "support/temp_path.hpp"
 
 namespace {
 
@@ -38,7 +39,7 @@ qkv::Config tiny_bert() {
 
 // A WordPiece vocabulary of 12 tokens: the specials, then a few words and pieces.
 qkv::Tokenizer tiny_tokenizer() {
-  const std::string path = ::testing::TempDir() + "qkv_encoder_vocab.txt";
+  const std::string path = qkv::testing::temp_path("encoder_vocab.txt");
   std::ofstream(path) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\nsat\n##s\non\nmat\n.\n";
   return qkv::Tokenizer::load_wordpiece(path);
 }

@@ -17,6 +17,7 @@
 
 #include "qkv/model.hpp"
 #include "model/text_tokenizer.hpp"
+#include "support/temp_path.hpp"
 
 namespace {
 
@@ -200,7 +201,7 @@ TEST(Sampler, NucleusOfAFlatDistributionIsTheFirstMaximum) {
 // llama2.c's binary by its content), and encodes and decodes exactly as the trained tokenizer does.
 TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
   const std::string corpus = "First Citizen:\nBefore we proceed any further, hear me speak.\n\u00e9t\u00e9 caf\u00e9\n";
-  const std::string dir = ::testing::TempDir() + "qkv_tok_json_" + std::to_string(::getpid()) + "_";
+  const std::string dir = qkv::testing::temp_path("tok_json_");
   for (const auto& trained : {qkv::detail::TextTokenizer::learn_chars(corpus), qkv::detail::TextTokenizer::learn_bpe(corpus, 270)}) {
     const std::string path = dir + (trained.kind() == qkv::detail::TextTokenizer::Kind::chars ? "chars.json" : "bpe.json");
     std::ofstream(path) << trained.to_json() << "\n";  // as the trainer writes it
@@ -240,7 +241,7 @@ TEST(Tokenizer, ReadsTheTokenizerJsonQkvTrainWrites) {
 // tokenizer.json (it has "model") loads through load_wordpiece; each loader, given a file of
 // another format, says which format the file was read as and which one it expected.
 TEST(Tokenizer, ToldByContentWithMismatchErrors) {
-  const std::string dir = ::testing::TempDir() + "qkv_tok_content_" + std::to_string(::getpid()) + "_";
+  const std::string dir = qkv::testing::temp_path("tok_content_");
   const std::string hf = dir + "tokenizer.json";
   std::ofstream(hf) << R"({"model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
     "max_input_chars_per_word": 100, "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4,

@@ -16,6 +16,7 @@
 #include "core/parallel.hpp"
 #include "model/safetensors.hpp"
 #include "qkv/model.hpp"
+#include "support/temp_path.hpp"
 
 namespace {
 
@@ -29,7 +30,7 @@ std::string read_file(const std::string& p) {
 }
 
 std::string tmp_path(const std::string& name) {
-  return ::testing::TempDir() + "qkv_model_" + std::to_string(::getpid()) + "_" + name;
+  return qkv::testing::temp_path(name);
 }
 
 std::string write_tmp(const std::string& name, const std::string& bytes) {

@@ -23,6 +23,7 @@
 #include "model/trainable.hpp"
 #include "qkv/model.hpp"
 #include "train/trainer.hpp"
+#include "support/temp_path.hpp"
 
 namespace {
 
@@ -427,7 +428,7 @@ TEST(Train, InitFineTunesStories260K) {
 // draw of [MASK] itself), kept 10 % + 10 %/V, another id 10 %·(V − 2)/V. The bounds, 0.01 and 0.02,
 // are ≥ 4 standard deviations of these binomial counts (0.0018 and ≤ 0.0053). A seed fixes the batch.
 TEST(Train, MaskedLmBatchesFollowBert) {
-  const std::string vocab = ::testing::TempDir() + "qkv_mlm_vocab.txt";
+  const std::string vocab = qkv::testing::temp_path("mlm_vocab.txt");
   std::ofstream(vocab) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\nsat\n##s\non\nmat\n.\n";
   const qkv::Tokenizer tok = qkv::Tokenizer::load_wordpiece(vocab);
   const std::int32_t mask = 4, V = 12;
