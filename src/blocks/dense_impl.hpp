@@ -302,9 +302,10 @@ inline i64 imin(i64 x, i64 y) { return x < y ? x : y; }
 
 // out [NV·L columns, the last vector `tail` lanes] = inv · Σ_j p_j · v [j, d0 + …] over Skv rows of
 // D values (Rows: f32 or bf16). NV a constant so the accumulators stay in registers (with the count
-// variable, GCC kept them on the stack: a store and a reload on every key's chain). Key j goes to
-// the accumulators of chain j mod K (K = 4 at one vector a row, 2 at more), summed at the end: with
-// one chain, each key waits for the FMA of the key before it.
+// variable, GCC kept them on the stack: a store and a reload on every key's chain). Keys go to K
+// chains of accumulators in turn (K = 4 at one vector a row, 2 at more; the keys after the last
+// whole turn to chain 0), summed at the end: with one chain, each key waits for the FMA of the key
+// before it.
 template <class S, class Rows, int NV>
 void attend_pv(const float* p, const void* v, i64 d0, i64 Skv, i64 D, int tail, float inv, float* out) {
   using V = typename S::V;
@@ -314,25 +315,50 @@ void attend_pv(const float* p, const void* v, i64 d0, i64 Skv, i64 D, int tail, 
   for (int u = 0; u < K; ++u)
     #pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) acc[u][c] = S::zero();
-  auto key = [&](V (&ac)[NV], i64 j) {
-    const V pj = S::set1(p[j]);
-    const i64 vr = j * D + d0;
-    #pragma GCC unroll 4
-    for (int c = 0; c + 1 < NV; ++c) ac[c] = S::fmadd(pj, Rows::load(v, vr + c * S::L), ac[c]);
-    ac[NV - 1] = S::fmadd(pj, Rows::load_n(v, vr + (NV - 1) * S::L, tail), ac[NV - 1]);
-  };
   i64 j = 0;
   for (; j + K <= Skv; j += K)
     #pragma GCC unroll 4
-    for (int u = 0; u < K; ++u) key(acc[u], j + u);
-  for (int u = 0; j < Skv; ++j, ++u) key(acc[u], j);
+    for (int u = 0; u < K; ++u) {
+      const V pj = S::set1(p[j + u]);
+      const i64 vr = (j + u) * D + d0;
+      #pragma GCC unroll 4
+      for (int c = 0; c + 1 < NV; ++c) acc[u][c] = S::fmadd(pj, Rows::load(v, vr + c * S::L), acc[u][c]);
+      acc[u][NV - 1] = S::fmadd(pj, Rows::load_n(v, vr + (NV - 1) * S::L, tail), acc[u][NV - 1]);
+    }
+  for (; j < Skv; ++j) {
+    const V pj = S::set1(p[j]);
+    const i64 vr = j * D + d0;
+    #pragma GCC unroll 4
+    for (int c = 0; c + 1 < NV; ++c) acc[0][c] = S::fmadd(pj, Rows::load(v, vr + c * S::L), acc[0][c]);
+    acc[0][NV - 1] = S::fmadd(pj, Rows::load_n(v, vr + (NV - 1) * S::L, tail), acc[0][NV - 1]);
+  }
   #pragma GCC unroll 4
   for (int c = 0; c < NV; ++c) {
-    V s = acc[0][c];
+    V sum = acc[0][c];
     #pragma GCC unroll 4
-    for (int u = 1; u < K; ++u) s = S::add(s, acc[u][c]);
-    S::store_n(out + c * S::L, S::mul(s, S::set1(inv)), c + 1 < NV ? S::L : tail);
+    for (int u = 1; u < K; ++u) sum = S::add(sum, acc[u][c]);
+    S::store_n(out + c * S::L, S::mul(sum, S::set1(inv)), c + 1 < NV ? S::L : tail);
   }
+}
+
+// The scaled scores of the n ≤ L keys from k [j0·D] against q (rows of D values: nf full vectors,
+// then one of dt lanes), lane t for key j0 + t; the lanes past n hold 0. Inlined so that a whole
+// block (n = L) has no test per key.
+template <class S, class Rows>
+[[gnu::always_inline]] inline typename S::V attend_scores(const float* q, const void* k, i64 j0, int n, i64 D, i64 nf,
+                                                          int dt, typename S::V sl2) {
+  using V = typename S::V;
+  V f[S::L];
+  #pragma GCC unroll 16
+  for (int t = 0; t < S::L; ++t) {
+    f[t] = S::zero();
+    if (t < n) {
+      const i64 kr = (j0 + t) * D;
+      for (i64 c = 0; c < nf; ++c) f[t] = S::fmadd(S::loadu(q + c * S::L), Rows::load(k, kr + c * S::L), f[t]);
+      f[t] = S::fmadd(S::load_n(q + nf * S::L, dt), Rows::load_n(k, kr + nf * S::L, dt), f[t]);
+    }
+  }
+  return S::mul(S::hsum_lanes(f), sl2);
 }
 
 // Keys and values as f32 (RowsF32) or bf16 bits widened exactly (RowsBf16); q, out and every sum f32.
@@ -341,8 +367,8 @@ void attend_one_impl(const AttendArgs& a) {
   using V = typename S::V;
   constexpr int L = S::L;
   const i64 D = a.D, Skv = a.Skv;
-  const i64 nf = (D - 1) / L;                        // full vectors of a row before its last one
-  const int dt = static_cast<int>(D - nf * L);       // lanes of the last vector, in [1, L]
+  const i64 nf = (D - 1) / L;                   // full vectors of a row before its last one
+  const int dt = static_cast<int>(D - nf * L);  // lanes of the last vector, in [1, L]
   const V sl2 = S::set1(a.scale * 1.4426950408889634f);
   float* sc = a.scores;
   // The cache's rows come from L3 or memory (a decode step streams the weights between two visits
@@ -367,27 +393,17 @@ void attend_one_impl(const AttendArgs& a) {
     if (r == 0) prefetch(0, imin(kAhead, Skv));
     V vmx = S::set1(-__builtin_inff());
     float mx = -__builtin_inff();
-    for (i64 j0 = 0; j0 < Skv; j0 += L) {
-      const int n = static_cast<int>(imin(L, Skv - j0));  // keys in this block
+    i64 j0 = 0;
+    for (; j0 + L <= Skv; j0 += L) {
       if (r == 0) prefetch(imin(j0 + kAhead, Skv), imin(j0 + kAhead + L, Skv));
-      V f[L];
-      #pragma GCC unroll 16
-      for (int t = 0; t < L; ++t) {
-        f[t] = S::zero();
-        if (t < n) {
-          const i64 k = (j0 + t) * D;
-          for (i64 c = 0; c < nf; ++c) f[t] = S::fmadd(S::loadu(q + c * L), Rows::load(a.k, k + c * L), f[t]);
-          f[t] = S::fmadd(S::load_n(q + nf * L, dt), Rows::load_n(a.k, k + nf * L, dt), f[t]);
-        }
-      }
-      const V s = S::mul(S::hsum_lanes(f), sl2);
-      if (n == L) {
-        S::storeu(sc + j0, s);
-        vmx = S::max(vmx, s);
-      } else {  // the lanes past the last key hold 0: not part of the max
-        S::store_n(sc + j0, s, n);
-        for (int t = 0; t < n; ++t) mx = sc[j0 + t] > mx ? sc[j0 + t] : mx;
-      }
+      const V s = attend_scores<S, Rows>(q, a.k, j0, L, D, nf, dt, sl2);
+      S::storeu(sc + j0, s);
+      vmx = S::max(vmx, s);
+    }
+    if (j0 < Skv) {  // the last keys: lanes past them hold 0, not part of the max
+      const int n = static_cast<int>(Skv - j0);
+      S::store_n(sc + j0, attend_scores<S, Rows>(q, a.k, j0, n, D, nf, dt, sl2), n);
+      for (int t = 0; t < n; ++t) mx = sc[j0 + t] > mx ? sc[j0 + t] : mx;
     }
     mx = Skv >= L && S::hmax(vmx) > mx ? S::hmax(vmx) : mx;
     const V vm = S::set1(mx);
