@@ -343,16 +343,27 @@ void attend_pv(const float* p, const void* v, i64 d0, i64 Skv, i64 D, int tail, 
 
 // The scaled scores of the n ≤ L keys from k [j0·D] against q (rows of D values: nf full vectors,
 // then one of dt lanes), lane t for key j0 + t; the lanes past n hold 0. Inlined so that a whole
-// block (n = L) has no test per key.
+// block (n = L) has no test per key. Meanwhile the bytes [pf.at, pf.end) of k and of v are
+// prefetched, pf.per_key lines with each key: a block's lines at once would queue for the few
+// line-fill buffers its own loads need.
+struct KvAhead {
+  const char* k;
+  const char* v;
+  i64 at, end, per_key;
+};
 template <class S, class Rows>
 [[gnu::always_inline]] inline typename S::V attend_scores(const float* q, const void* k, i64 j0, int n, i64 D, i64 nf,
-                                                          int dt, typename S::V sl2) {
+                                                          int dt, typename S::V sl2, KvAhead& pf) {
   using V = typename S::V;
   V f[S::L];
   #pragma GCC unroll 16
   for (int t = 0; t < S::L; ++t) {
     f[t] = S::zero();
     if (t < n) {
+      for (i64 i = 0; i < pf.per_key && pf.at < pf.end; ++i, pf.at += 64) {
+        __builtin_prefetch(pf.k + pf.at, 0, 3);
+        __builtin_prefetch(pf.v + pf.at, 0, 2);
+      }
       const i64 kr = (j0 + t) * D;
       for (i64 c = 0; c < nf; ++c) f[t] = S::fmadd(S::loadu(q + c * S::L), Rows::load(k, kr + c * S::L), f[t]);
       f[t] = S::fmadd(S::load_n(q + nf * S::L, dt), Rows::load_n(k, kr + nf * S::L, dt), f[t]);
@@ -379,30 +390,41 @@ void attend_one_impl(const AttendArgs& a) {
   const i64 row_bytes = D * Rows::bytes;
   const char* kb = static_cast<const char*>(a.k);
   const char* vb = static_cast<const char*>(a.v);
-  auto prefetch = [&](i64 j0, i64 j1) {  // every line of rows [j0, j1) of k and v (rows need not start on a line)
-    if (j0 >= j1) return;
-    for (i64 c = j0 * row_bytes; c < j1 * row_bytes; c += 64) {
-      __builtin_prefetch(kb + c, 0, 3);
-      __builtin_prefetch(vb + c, 0, 2);
+  // Every line of rows [j0, j1) of k and v (rows need not start on a line): at once, or spread
+  // over the keys of a block of scores (KvAhead).
+  auto ahead = [&](i64 j0, i64 j1) {
+    return KvAhead{kb, vb, j0 * row_bytes, j1 * row_bytes, (row_bytes + 63) / 64};
+  };
+  auto rest = [&](KvAhead& pf) {
+    for (; pf.at < pf.end; pf.at += 64) {
+      __builtin_prefetch(kb + pf.at, 0, 3);
+      __builtin_prefetch(vb + pf.at, 0, 2);
     }
-    __builtin_prefetch(kb + j1 * row_bytes - 1, 0, 3);
-    __builtin_prefetch(vb + j1 * row_bytes - 1, 0, 2);
+    if (pf.end > 0) {
+      __builtin_prefetch(kb + pf.end - 1, 0, 3);
+      __builtin_prefetch(vb + pf.end - 1, 0, 2);
+    }
   };
   for (i64 r = 0; r < a.nh; ++r) {
     const float* q = a.q + r * D;
-    if (r == 0) prefetch(0, imin(kAhead, Skv));
+    if (r == 0) {
+      KvAhead first = ahead(0, imin(kAhead, Skv));
+      rest(first);
+    }
     V vmx = S::set1(-__builtin_inff());
     float mx = -__builtin_inff();
     i64 j0 = 0;
     for (; j0 + L <= Skv; j0 += L) {
-      if (r == 0) prefetch(imin(j0 + kAhead, Skv), imin(j0 + kAhead + L, Skv));
-      const V s = attend_scores<S, Rows>(q, a.k, j0, L, D, nf, dt, sl2);
+      KvAhead pf = r == 0 ? ahead(imin(j0 + kAhead, Skv), imin(j0 + kAhead + L, Skv)) : KvAhead{kb, vb, 0, 0, 0};
+      const V s = attend_scores<S, Rows>(q, a.k, j0, L, D, nf, dt, sl2, pf);
+      rest(pf);
       S::storeu(sc + j0, s);
       vmx = S::max(vmx, s);
     }
-    if (j0 < Skv) {  // the last keys: lanes past them hold 0, not part of the max
+    if (j0 < Skv) {  // the last keys (nothing left to prefetch): lanes past them hold 0, not part of the max
       const int n = static_cast<int>(Skv - j0);
-      S::store_n(sc + j0, attend_scores<S, Rows>(q, a.k, j0, n, D, nf, dt, sl2), n);
+      KvAhead none{kb, vb, 0, 0, 0};
+      S::store_n(sc + j0, attend_scores<S, Rows>(q, a.k, j0, n, D, nf, dt, sl2, none), n);
       for (int t = 0; t < n; ++t) mx = sc[j0 + t] > mx ? sc[j0 + t] : mx;
     }
     mx = Skv >= L && S::hmax(vmx) > mx ? S::hmax(vmx) : mx;
