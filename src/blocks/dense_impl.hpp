@@ -386,6 +386,8 @@ void attend_one_impl(const AttendArgs& a) {
   // of a head), and the loads of one key's dot product wait on them: the first query head's score
   // pass prefetches the key and value rows kAhead keys ahead (the values for the P·V pass after it;
   // the other heads of the group then find both in cache), every line of a block's rows once.
+  // Measured with perf on the 6.1 M model, B = 1 and 8, f32 and bf16 caches: 8 to 64 keys ahead all
+  // helped; without the value rows, half the gain.
   constexpr i64 kAhead = 16;
   const i64 row_bytes = D * Rows::bytes;
   const char* kb = static_cast<const char*>(a.k);
@@ -393,14 +395,14 @@ void attend_one_impl(const AttendArgs& a) {
   // Every line of rows [j0, j1) of k and v (rows need not start on a line): at once, or spread
   // over the keys of a block of scores (KvAhead).
   auto ahead = [&](i64 j0, i64 j1) {
-    return KvAhead{kb, vb, j0 * row_bytes, j1 * row_bytes, (row_bytes + 63) / 64};
+    return j0 < j1 ? KvAhead{kb, vb, j0 * row_bytes, j1 * row_bytes, (row_bytes + 63) / 64} : KvAhead{kb, vb, 0, 0, 0};
   };
   auto rest = [&](KvAhead& pf) {
     for (; pf.at < pf.end; pf.at += 64) {
       __builtin_prefetch(kb + pf.at, 0, 3);
       __builtin_prefetch(vb + pf.at, 0, 2);
     }
-    if (pf.end > 0) {
+    if (pf.end > 0) {  // the line of the last byte (the steps of 64 from a row's start can miss it)
       __builtin_prefetch(kb + pf.end - 1, 0, 3);
       __builtin_prefetch(vb + pf.end - 1, 0, 2);
     }
@@ -415,7 +417,7 @@ void attend_one_impl(const AttendArgs& a) {
     float mx = -__builtin_inff();
     i64 j0 = 0;
     for (; j0 + L <= Skv; j0 += L) {
-      KvAhead pf = r == 0 ? ahead(imin(j0 + kAhead, Skv), imin(j0 + kAhead + L, Skv)) : KvAhead{kb, vb, 0, 0, 0};
+      KvAhead pf = r == 0 ? ahead(j0 + kAhead, imin(j0 + kAhead + L, Skv)) : ahead(0, 0);
       const V s = attend_scores<S, Rows>(q, a.k, j0, L, D, nf, dt, sl2, pf);
       rest(pf);
       S::storeu(sc + j0, s);
@@ -423,11 +425,14 @@ void attend_one_impl(const AttendArgs& a) {
     }
     if (j0 < Skv) {  // the last keys (nothing left to prefetch): lanes past them hold 0, not part of the max
       const int n = static_cast<int>(Skv - j0);
-      KvAhead none{kb, vb, 0, 0, 0};
+      KvAhead none = ahead(0, 0);
       S::store_n(sc + j0, attend_scores<S, Rows>(q, a.k, j0, n, D, nf, dt, sl2, none), n);
       for (int t = 0; t < n; ++t) mx = sc[j0 + t] > mx ? sc[j0 + t] : mx;
     }
-    mx = Skv >= L && S::hmax(vmx) > mx ? S::hmax(vmx) : mx;
+    if (Skv >= L) {
+      const float m = S::hmax(vmx);
+      mx = m > mx ? m : mx;
+    }
     const V vm = S::set1(mx);
     V vsum = S::zero();
     i64 j = 0;
