@@ -67,7 +67,8 @@ inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int 
 // y outside `rows` are not touched. Each (m, o) is summed in one fixed order, whatever M, `rows` and
 // [o0, o1) are: a sequence's result does not depend on the batch it is in or on the thread that
 // computed its rows. Each row of W is read from memory once for all rows of x: with ≥ 4 of them
-// (AVX-512; 2 on AVX2) in blocks of 4 rows of W × 4 rows of x (2 × 2), else one row of W at a time.
+// (AVX-512; 2 on AVX2) in blocks of 4 rows of W × 4 rows of x (2 × 2), else 4 rows of W (2) side by
+// side for each row of x; rows of W past the last whole block one at a time.
 // Throws (naming the argument) unless 0 ≤ m0 ≤ m1 ≤ M, 0 ≤ o0 ≤ o1, in ≥ 1, ldy ≥ o1 when m1 − m0 > 1,
 // and beta ∈ {0, 1}. Twin: gemv_reference.
 void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y,
@@ -77,8 +78,9 @@ void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, co
 // One query position per head against the keys and values of one kv head (f32), on the calling thread:
 //   q, out [nh, D]; k, v [Skv, D] (contiguous rows); scores [Skv] scratch
 //   out_r = softmax(scale · q_r · kᵀ) · v   for each of the nh query heads sharing that kv head.
-// Two passes over the keys (scores with exp2, then P·V): no tiles, no per-call scratch, D of any
-// size (stories260K's 8). Twin: qkv::attention (tests/blocks/test_dense.cpp).
+// Two passes over the keys (scores with exp2, a vector's lanes of keys at a time, then P·V): no
+// tiles, no per-call scratch, D of any size (stories260K's 8). Twin: qkv::attention
+// (tests/blocks/test_dense.cpp).
 void attend_one(const float* q, const float* k, const float* v, float* out, float* scores, std::int64_t nh,
                 std::int64_t D, std::int64_t Skv, float scale, Isa isa);
 // The same on a bf16 cache: k, v [Skv, D] bf16 bits, widened exactly as they are read; q, out,

@@ -22,6 +22,28 @@ struct S : kernels::cpu::SimdAvx512 {
     _mm512_store_ps(t, r);
     out[0] = t[0], out[1] = t[4], out[2] = t[8], out[3] = t[12];
   }
+  // Lane j of the result = the sum of the 16 lanes of x[j] (attend_one's scores, 16 keys at a
+  // time): four rounds, each adding the two halves of every input's lanes left and packing two
+  // inputs' halves into one vector (16 → 8 → 4 → 2 → 1 lanes an input; 15 adds, 30 shuffles).
+  // The rounds leave the sum of their i-th input in lane 4(i mod 4) + i / 4: x[4(i mod 4) + i / 4] is that input.
+  static V hsum_lanes(const V (&x)[16]) {
+    auto in = [&](int i) { return x[4 * (i % 4) + i / 4]; };
+    V a[8], b[4], c[2];
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i)  // 128-bit blocks of in(2i) and in(2i+1): 0 + 2, 1 + 3
+      a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(in(2 * i), in(2 * i + 1), 0x44),
+                           _mm512_shuffle_f32x4(in(2 * i), in(2 * i + 1), 0xEE));
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)  // one 128-bit block an input
+      b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    #pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i)  // two lanes an input, within each 128-bit block
+      c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
 };
 
 }  // namespace

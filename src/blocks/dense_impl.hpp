@@ -80,58 +80,83 @@ void gemv_rows(const GemvArgs& a, i64 o0, i64 o1) {
   }
 }
 
-// The decode step's GEMV (gemv_batch_rows in dense.hpp): output row o for the MB rows of x from
-// m0, each summed exactly as gemv_row<M = 1> sums it (U = 4 vectors a step, the same tail, the
-// same reduction), so a row's result does not depend on how many sequences share the step. The
-// weight row is read once for the MB rows; the caller loops over groups of MB with the row in L1.
+// The decode step's GEMV (gemv_batch_rows in dense.hpp): output rows [o, o + R) for the MB rows of
+// x from m0, each (row, x row) summed exactly as gemv_row<M = 1> sums it (U = 4 vectors a step, the
+// same tail, the same reduction), so a row's result does not depend on how many sequences share the
+// step. The weight rows are read once for the MB rows; the caller loops over groups of MB with the
+// rows in L1. R > 1 (at MB = 1: one sequence) reads R rows side by side, so each vector of x is
+// loaded once for R rows and the R horizontal sums go together (S::hsum4: the same bits as S::hsum);
+// for short rows (64 columns: one step) the call and the sums cost more than the FMAs.
 // The loops are unrolled by pragma: GCC otherwise keeps acc[MB][U] on the stack at MB = 4.
 // Measured and dropped: 4 adjacent weight rows at once with one chain per (row, x row) (8 loads for
 // 16 FMAs, no partial sums) cost 2.0× the CPU time at one sequence and 1.4× at 8 (random 6.1M).
-template <class S, class Rows, int MB>
+template <class S, class Rows, int MB, int R = 1>
 void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
   using V = typename S::V;
   constexpr int U = 4;
-  const i64 in = a.in, row = o * in;
+  const i64 in = a.in;
   const float* x = a.x + m0 * in;
-  V acc[MB][U];
+  V acc[R][MB][U];
   #pragma GCC unroll 16
-  for (int m = 0; m < MB; ++m)
+  for (int r = 0; r < R; ++r)
     #pragma GCC unroll 16
-    for (int u = 0; u < U; ++u) acc[m][u] = S::zero();
+    for (int m = 0; m < MB; ++m)
+      #pragma GCC unroll 16
+      for (int u = 0; u < U; ++u) acc[r][m][u] = S::zero();
   i64 i = 0;
   for (; i + U * S::L <= in; i += U * S::L)
     #pragma GCC unroll 16
-    for (int u = 0; u < U; ++u) {
-      const V w = Rows::load(a.W, row + i + u * S::L);
+    for (int u = 0; u < U; ++u)
       #pragma GCC unroll 16
-      for (int m = 0; m < MB; ++m) acc[m][u] = S::fmadd(w, S::loadu(x + m * in + i + u * S::L), acc[m][u]);
-    }
-  for (; i + S::L <= in; i += S::L) {
-    const V w = Rows::load(a.W, row + i);
+      for (int r = 0; r < R; ++r) {
+        const V w = Rows::load(a.W, (o + r) * in + i + u * S::L);
+        #pragma GCC unroll 16
+        for (int m = 0; m < MB; ++m) acc[r][m][u] = S::fmadd(w, S::loadu(x + m * in + i + u * S::L), acc[r][m][u]);
+      }
+  for (; i + S::L <= in; i += S::L)
     #pragma GCC unroll 16
-    for (int m = 0; m < MB; ++m) acc[m][0] = S::fmadd(w, S::loadu(x + m * in + i), acc[m][0]);
-  }
+    for (int r = 0; r < R; ++r) {
+      const V w = Rows::load(a.W, (o + r) * in + i);
+      #pragma GCC unroll 16
+      for (int m = 0; m < MB; ++m) acc[r][m][0] = S::fmadd(w, S::loadu(x + m * in + i), acc[r][m][0]);
+    }
   if (i < in) {
     const int n = static_cast<int>(in - i);
-    const V w = Rows::load_n(a.W, row + i, n);
     #pragma GCC unroll 16
-    for (int m = 0; m < MB; ++m) acc[m][0] = S::fmadd(w, S::load_n(x + m * in + i, n), acc[m][0]);
+    for (int r = 0; r < R; ++r) {
+      const V w = Rows::load_n(a.W, (o + r) * in + i, n);
+      #pragma GCC unroll 16
+      for (int m = 0; m < MB; ++m) acc[r][m][0] = S::fmadd(w, S::load_n(x + m * in + i, n), acc[r][m][0]);
+    }
   }
-  float sum[MB];
   #pragma GCC unroll 16
-  for (int m = 0; m < MB; ++m)
+  for (int r = 0; r < R; ++r)
     #pragma GCC unroll 16
-    for (int u = 1; u < U; ++u) acc[m][0] = S::add(acc[m][0], acc[m][u]);
-  if constexpr (MB == 4 && requires { S::hsum4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], sum); })
-    S::hsum4(acc[0][0], acc[1][0], acc[2][0], acc[3][0], sum);  // S::hsum's sums, 4 vectors reduced together
-  else
+    for (int m = 0; m < MB; ++m)
+      #pragma GCC unroll 16
+      for (int u = 1; u < U; ++u) acc[r][m][0] = S::add(acc[r][m][0], acc[r][m][u]);
+  float sum[R][MB];
+  if constexpr (MB == 4 && requires { S::hsum4(acc[0][0][0], acc[0][1][0], acc[0][2][0], acc[0][3][0], sum[0]); })
     #pragma GCC unroll 16
-    for (int m = 0; m < MB; ++m) sum[m] = S::hsum(acc[m][0]);
+    for (int r = 0; r < R; ++r)  // S::hsum's sums, 4 vectors reduced together
+      S::hsum4(acc[r][0][0], acc[r][1][0], acc[r][2][0], acc[r][3][0], sum[r]);
+  else if constexpr (MB == 1 && R == 4 && requires(V v, float* t) { S::hsum4(v, v, v, v, t); }) {
+    float s4[4];  // the same, over the R rows
+    S::hsum4(acc[0][0][0], acc[1][0][0], acc[2][0][0], acc[3][0][0], s4);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) sum[r][0] = s4[r];
+  } else
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 16
+      for (int m = 0; m < MB; ++m) sum[r][m] = S::hsum(acc[r][m][0]);
   #pragma GCC unroll 16
-  for (int m = 0; m < MB; ++m) {
-    float* y = a.y + (m0 + m) * a.ldy + o;
-    *y = (a.beta == 0.0f ? 0.0f : *y) + sum[m] + (a.b ? a.b[o] : 0.0f);
-  }
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
+    for (int m = 0; m < MB; ++m) {
+      float* y = a.y + (m0 + m) * a.ldy + o + r;
+      *y = (a.beta == 0.0f ? 0.0f : *y) + sum[r][m] + (a.b ? a.b[o + r] : 0.0f);
+    }
 }
 
 // The weight lines [p, end) a later block will read, prefetched into L2 a few at a time from inside
@@ -224,9 +249,11 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead) {
 }
 
 // Rows [o0, o1) for the rows [a.m0, a.m1) of x: blocks of R rows × MB rows of x (gemv_batch_block)
-// while both are whole, the rest one row at a time, MB rows of x at a time (MB · 4 accumulators must
-// fit the registers: 4 on AVX-512's 32, 2 on AVX2's 16), then single rows of x. Every path sums a
-// (row, x row) the same way: the batch, its range and the split of the rows do not change a bit.
+// while both are whole, and the rows of x left over R rows of W at a time (gemv_batch_row<1, R>;
+// all of x when it has fewer than MB rows); then the rows of W left over one at a time, MB rows of x
+// at a time (MB · 4 accumulators must fit the registers: 4 on AVX-512's 32, 2 on AVX2's 16), then
+// single rows of x. Every path sums a (row, x row) the same way: the batch, its range and the split
+// of the rows do not change a bit.
 template <class S, class Rows, int MB, int R>
 void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
   constexpr i64 U = 4;
@@ -251,9 +278,11 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
       }
       for (i64 m = a.m0; m < mb; m += MB) gemv_batch_block<S, Rows, R, MB>(a, o, m, ahead);
       ahead.rest();
-      for (int r = 0; r < R; ++r)
-        for (i64 m = mb; m < a.m1; ++m) gemv_batch_row<S, Rows, 1>(a, o + r, m);
+      for (i64 m = mb; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m);
     }
+  else  // fewer than MB rows of x: R rows of W at a time for each
+    for (; o + R <= o1; o += R)
+      for (i64 m = a.m0; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m);
   for (; o < o1; ++o) {
     i64 m = a.m0;
     for (; m + MB <= a.m1; m += MB) gemv_batch_row<S, Rows, MB>(a, o, m);
@@ -264,27 +293,83 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
 // One query per head (nh heads sharing one kv head) against Skv cached keys and values, f32:
 //   s_j = q·k_j · scale · log2 e,  p_j = 2^(s_j − max s),  out = Σ p_j v_j / Σ p_j.
 // Two passes over the keys (scores, then P·V) instead of flash's online softmax: one query has no
-// tiles to reuse, and D may be smaller than a vector (D = 8 in stories260K: one masked load a row).
+// tiles to reuse. The scores are computed L keys at a time: key t of a block leaves its products
+// q ⊙ k_t in vector f[t] (its D values folded into one vector of L lanes, the last one masked), and
+// S::hsum_lanes turns the L vectors into the vector of their L sums (L − 1 adds and 2(L − 1)
+// shuffles for L keys; a horizontal sum per key costs that much for each key). D may be smaller
+// than a vector (D = 8 in stories260K: one masked load a key).
 inline i64 imin(i64 x, i64 y) { return x < y ? x : y; }
 
 // out [NV·L columns, the last vector `tail` lanes] = inv · Σ_j p_j · v [j, d0 + …] over Skv rows of
-// D values (Rows: f32 or bf16), keys in order. NV a constant so the accumulators stay in registers (with the count
-// variable, GCC kept them on the stack: a store and a reload on every key's chain).
+// D values (Rows: f32 or bf16). NV a constant so the accumulators stay in registers (with the count
+// variable, GCC kept them on the stack: a store and a reload on every key's chain). Keys go to K
+// chains of accumulators in turn (K = 4 at one vector a row, 2 at more; the keys after the last
+// whole turn to chain 0), summed at the end: with one chain, each key waits for the FMA of the key
+// before it.
 template <class S, class Rows, int NV>
 void attend_pv(const float* p, const void* v, i64 d0, i64 Skv, i64 D, int tail, float inv, float* out) {
   using V = typename S::V;
-  V acc[NV];
+  constexpr int K = NV == 1 ? 4 : 2;
+  V acc[K][NV];
   #pragma GCC unroll 4
-  for (int c = 0; c < NV; ++c) acc[c] = S::zero();
-  for (i64 j = 0; j < Skv; ++j) {
+  for (int u = 0; u < K; ++u)
+    #pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) acc[u][c] = S::zero();
+  i64 j = 0;
+  for (; j + K <= Skv; j += K)
+    #pragma GCC unroll 4
+    for (int u = 0; u < K; ++u) {
+      const V pj = S::set1(p[j + u]);
+      const i64 vr = (j + u) * D + d0;
+      #pragma GCC unroll 4
+      for (int c = 0; c + 1 < NV; ++c) acc[u][c] = S::fmadd(pj, Rows::load(v, vr + c * S::L), acc[u][c]);
+      acc[u][NV - 1] = S::fmadd(pj, Rows::load_n(v, vr + (NV - 1) * S::L, tail), acc[u][NV - 1]);
+    }
+  for (; j < Skv; ++j) {
     const V pj = S::set1(p[j]);
     const i64 vr = j * D + d0;
     #pragma GCC unroll 4
-    for (int c = 0; c + 1 < NV; ++c) acc[c] = S::fmadd(pj, Rows::load(v, vr + c * S::L), acc[c]);
-    acc[NV - 1] = S::fmadd(pj, Rows::load_n(v, vr + (NV - 1) * S::L, tail), acc[NV - 1]);
+    for (int c = 0; c + 1 < NV; ++c) acc[0][c] = S::fmadd(pj, Rows::load(v, vr + c * S::L), acc[0][c]);
+    acc[0][NV - 1] = S::fmadd(pj, Rows::load_n(v, vr + (NV - 1) * S::L, tail), acc[0][NV - 1]);
   }
   #pragma GCC unroll 4
-  for (int c = 0; c < NV; ++c) S::store_n(out + c * S::L, S::mul(acc[c], S::set1(inv)), c + 1 < NV ? S::L : tail);
+  for (int c = 0; c < NV; ++c) {
+    V sum = acc[0][c];
+    #pragma GCC unroll 4
+    for (int u = 1; u < K; ++u) sum = S::add(sum, acc[u][c]);
+    S::store_n(out + c * S::L, S::mul(sum, S::set1(inv)), c + 1 < NV ? S::L : tail);
+  }
+}
+
+// The scaled scores of the n ≤ L keys from k [j0·D] against q (rows of D values: nf full vectors,
+// then one of dt lanes), lane t for key j0 + t; the lanes past n hold 0. Inlined so that a whole
+// block (n = L) has no test per key. Meanwhile the bytes [pf.at, pf.end) of k and of v are
+// prefetched, pf.per_key lines with each key: a block's lines at once would queue for the few
+// line-fill buffers its own loads need.
+struct KvAhead {
+  const char* k;
+  const char* v;
+  i64 at, end, per_key;
+};
+template <class S, class Rows>
+[[gnu::always_inline]] inline typename S::V attend_scores(const float* q, const void* k, i64 j0, int n, i64 D, i64 nf,
+                                                          int dt, typename S::V sl2, KvAhead& pf) {
+  using V = typename S::V;
+  V f[S::L];
+  #pragma GCC unroll 16
+  for (int t = 0; t < S::L; ++t) {
+    f[t] = S::zero();
+    if (t < n) {
+      for (i64 i = 0; i < pf.per_key && pf.at < pf.end; ++i, pf.at += 64) {
+        __builtin_prefetch(pf.k + pf.at, 0, 3);
+        __builtin_prefetch(pf.v + pf.at, 0, 2);
+      }
+      const i64 kr = (j0 + t) * D;
+      for (i64 c = 0; c < nf; ++c) f[t] = S::fmadd(S::loadu(q + c * S::L), Rows::load(k, kr + c * S::L), f[t]);
+      f[t] = S::fmadd(S::load_n(q + nf * S::L, dt), Rows::load_n(k, kr + nf * S::L, dt), f[t]);
+    }
+  }
+  return S::mul(S::hsum_lanes(f), sl2);
 }
 
 // Keys and values as f32 (RowsF32) or bf16 bits widened exactly (RowsBf16); q, out and every sum f32.
@@ -293,56 +378,72 @@ void attend_one_impl(const AttendArgs& a) {
   using V = typename S::V;
   constexpr int L = S::L;
   const i64 D = a.D, Skv = a.Skv;
-  const float sl2 = a.scale * 1.4426950408889634f;
+  const i64 nf = (D - 1) / L;                   // full vectors of a row before its last one
+  const int dt = static_cast<int>(D - nf * L);  // lanes of the last vector, in [1, L]
+  const V sl2 = S::set1(a.scale * 1.4426950408889634f);
   float* sc = a.scores;
   // The cache's rows come from L3 or memory (a decode step streams the weights between two visits
   // of a head), and the loads of one key's dot product wait on them: the first query head's score
-  // pass prefetches key and value rows kAhead keys ahead (the values for the P·V pass after it; the
-  // other heads of the group then find both in cache). Measured with perf on the 6.1 M model: 20–25 %
-  // less time in this function at B = 1 and 8, f32 and bf16 caches (8 to 64 keys ahead all helped;
-  // without the value rows, half the gain).
+  // pass prefetches the key and value rows kAhead keys ahead (the values for the P·V pass after it;
+  // the other heads of the group then find both in cache), every line of a block's rows once.
+  // Measured with perf on the 6.1 M model, B = 1 and 8, f32 and bf16 caches: 8 to 64 keys ahead all
+  // helped; without the value rows, half the gain.
   constexpr i64 kAhead = 16;
   const i64 row_bytes = D * Rows::bytes;
   const char* kb = static_cast<const char*>(a.k);
   const char* vb = static_cast<const char*>(a.v);
+  // Every line of rows [j0, j1) of k and v (rows need not start on a line): at once, or spread
+  // over the keys of a block of scores (KvAhead).
+  auto ahead = [&](i64 j0, i64 j1) {
+    return j0 < j1 ? KvAhead{kb, vb, j0 * row_bytes, j1 * row_bytes, (row_bytes + 63) / 64} : KvAhead{kb, vb, 0, 0, 0};
+  };
+  auto rest = [&](KvAhead& pf) {
+    for (; pf.at < pf.end; pf.at += 64) {
+      __builtin_prefetch(kb + pf.at, 0, 3);
+      __builtin_prefetch(vb + pf.at, 0, 2);
+    }
+    if (pf.end > 0) {  // the line of the last byte (the steps of 64 from a row's start can miss it)
+      __builtin_prefetch(kb + pf.end - 1, 0, 3);
+      __builtin_prefetch(vb + pf.end - 1, 0, 2);
+    }
+  };
   for (i64 r = 0; r < a.nh; ++r) {
     const float* q = a.q + r * D;
-    if (r == 0)
-      for (i64 c = 0; c < imin(kAhead, Skv) * row_bytes; c += 64) {
-        __builtin_prefetch(kb + c, 0, 3);
-        __builtin_prefetch(vb + c, 0, 2);
-      }
-    float mx = -__builtin_inff();
-    for (i64 j = 0; j < Skv; ++j) {
-      if (r == 0 && j + kAhead < Skv) {  // every line of row j + kAhead (rows need not start on a line)
-        const i64 at = (j + kAhead) * row_bytes;
-        for (i64 c = 0; c < row_bytes; c += 64) {
-          __builtin_prefetch(kb + at + c, 0, 3);
-          __builtin_prefetch(vb + at + c, 0, 2);
-        }
-        __builtin_prefetch(kb + at + row_bytes - 1, 0, 3);
-        __builtin_prefetch(vb + at + row_bytes - 1, 0, 2);
-      }
-      const i64 k = j * D;
-      V acc = S::zero();
-      i64 d = 0;
-      for (; d + L <= D; d += L) acc = S::fmadd(S::loadu(q + d), Rows::load(a.k, k + d), acc);
-      if (d < D) acc = S::fmadd(S::load_n(q + d, static_cast<int>(D - d)), Rows::load_n(a.k, k + d, static_cast<int>(D - d)), acc);
-      const float s = S::hsum(acc) * sl2;
-      sc[j] = s;
-      mx = s > mx ? s : mx;
+    if (r == 0) {
+      KvAhead first = ahead(0, imin(kAhead, Skv));
+      rest(first);
     }
-    const V vmx = S::set1(mx);
+    V vmx = S::set1(-__builtin_inff());
+    float mx = -__builtin_inff();
+    i64 j0 = 0;
+    for (; j0 + L <= Skv; j0 += L) {
+      KvAhead pf = r == 0 ? ahead(j0 + kAhead, imin(j0 + kAhead + L, Skv)) : ahead(0, 0);
+      const V s = attend_scores<S, Rows>(q, a.k, j0, L, D, nf, dt, sl2, pf);
+      rest(pf);
+      S::storeu(sc + j0, s);
+      vmx = S::max(vmx, s);
+    }
+    if (j0 < Skv) {  // the last keys (nothing left to prefetch): lanes past them hold 0, not part of the max
+      const int n = static_cast<int>(Skv - j0);
+      KvAhead none = ahead(0, 0);
+      S::store_n(sc + j0, attend_scores<S, Rows>(q, a.k, j0, n, D, nf, dt, sl2, none), n);
+      for (int t = 0; t < n; ++t) mx = sc[j0 + t] > mx ? sc[j0 + t] : mx;
+    }
+    if (Skv >= L) {
+      const float m = S::hmax(vmx);
+      mx = m > mx ? m : mx;
+    }
+    const V vm = S::set1(mx);
     V vsum = S::zero();
     i64 j = 0;
     for (; j + L <= Skv; j += L) {
-      const V p = S::exp2(S::sub(S::loadu(sc + j), vmx));
+      const V p = S::exp2(S::sub(S::loadu(sc + j), vm));
       S::storeu(sc + j, p);
       vsum = S::add(vsum, p);
     }
     if (j < Skv) {
       const int n = static_cast<int>(Skv - j);
-      const V p = S::exp2(S::sub(S::load_n(sc + j, n), vmx));
+      const V p = S::exp2(S::sub(S::load_n(sc + j, n), vm));
       S::store_n(sc + j, p, n);
       vsum = S::add(vsum, S::load_n(sc + j, n));
     }

@@ -619,8 +619,8 @@ TEST(Dense, GemvBatchRowRangeEqualsOneRowGemv) {
 
 // attend_one (one query per head, the decode step's attention on an f32 cache) against the
 // library's reference attention in f64 (qkv::attention with Kernel::reference), for D below, at and
-// above each vector length and key counts 1, a tail and several vectors, G = 1 and 3 heads per kv
-// head. Tolerance 1e-5 absolute on outputs of magnitude ≤ ~3 (unit normal inputs): f32 scores, the
+// above each vector length and key counts 1, a tail, whole blocks of 8 and 16 keys (the scores are
+// computed a vector's lanes of keys at a time) and several blocks, G = 1 and 3 heads per kv head. Tolerance 1e-5 absolute on outputs of magnitude ≤ ~3 (unit normal inputs): f32 scores, the
 // exp2 polynomial (relative error ≤ 2.4e-7) and an f32 weighted sum of ≤ 300 rows, measured ≤ ~1e-6.
 // attend_one_bf16 (bf16 keys and values, f32 q) against the same reference on the bf16 values
 // widened to f32 (exact), with the same tolerance: only the storage differs.
@@ -628,8 +628,8 @@ TEST(Dense, AttendOneMatchesReferenceAttention) {
   for (Isa isa : isas())
     for (bool bf16 : {false, true}) {
       double worst = 0;
-      for (std::int64_t D : {1, 8, 17, 48, 64})
-        for (std::int64_t Skv : {1, 37, 300})
+      for (std::int64_t D : {1, 4, 8, 16, 17, 48, 64})
+        for (std::int64_t Skv : {1, 8, 16, 37, 300})
           for (std::int64_t G : {1, 3}) {
             const auto q = randn(static_cast<std::size_t>(G * D), 5);
             auto k = randn(static_cast<std::size_t>(Skv * D), 6);
@@ -653,10 +653,47 @@ TEST(Dense, AttendOneMatchesReferenceAttention) {
                            qkv::View::contiguous(k.data(), qkv::DType::f32, {1, 1, Skv, D}),
                            qkv::View::contiguous(v.data(), qkv::DType::f32, {1, 1, Skv, D}),
                            qkv::View::contiguous(ref.data(), qkv::DType::f32, {1, G, 1, D}), opt);
-            for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, double(std::abs(out[i] - ref[i])));
+            for (std::size_t i = 0; i < out.size(); ++i) {
+              const double e = std::abs(double(out[i]) - ref[i]);
+              if (!(e <= worst)) worst = e;  // a NaN stays
+            }
           }
       std::printf("%-12s attend_one%s: max |out − reference| = %.3g\n", qkv::isa_name(isa), bf16 ? "_bf16" : "", worst);
       EXPECT_LT(worst, 1e-5) << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32");
+    }
+}
+
+// attend_one when every score is far below 0: the softmax subtracts the largest score, and the
+// lanes of a block past the last key (which hold 0) must not count as one, or every 2^(s − max)
+// underflows to 0 and the output is NaN. Scores −300 − j/4 (q = e_0, scale 1, k_j[0] = −300 − j/4,
+// exact in f32); 5 keys (one partial block) and 21 (whole blocks then a partial one). Reference:
+// qkv::attention in f64. Tolerance 1e-4: each score carries an f32 rounding error ≤ 300·log2 e·2^-24
+// ≈ 3e-5 in its exponent, so each weight is off by ≤ ~2e-5 relative, on outputs of magnitude ≤ ~3.
+TEST(Dense, AttendOneWithVeryNegativeScores) {
+  constexpr std::int64_t D = 8;
+  for (Isa isa : isas())
+    for (std::int64_t Skv : {5, 21}) {
+      std::vector<float> q(D, 0.0f);
+      q[0] = 1.0f;
+      auto k = randn(static_cast<std::size_t>(Skv * D), 8);
+      const auto v = randn(static_cast<std::size_t>(Skv * D), 9);
+      for (std::int64_t j = 0; j < Skv; ++j) k[j * D] = -300.0f - 0.25f * static_cast<float>(j);
+      std::vector<float> out(D), ref(D), scores(static_cast<std::size_t>(Skv));
+      qkv::blocks::attend_one(q.data(), k.data(), v.data(), out.data(), scores.data(), 1, D, Skv, 1.0f, isa);
+      qkv::AttentionOptions opt;
+      opt.kernel = qkv::Kernel::reference;
+      opt.scale = 1.0f;
+      qkv::attention(qkv::View::contiguous(q.data(), qkv::DType::f32, {1, 1, 1, D}),
+                     qkv::View::contiguous(k.data(), qkv::DType::f32, {1, 1, Skv, D}),
+                     qkv::View::contiguous(const_cast<float*>(v.data()), qkv::DType::f32, {1, 1, Skv, D}),
+                     qkv::View::contiguous(ref.data(), qkv::DType::f32, {1, 1, 1, D}), opt);
+      double worst = 0;
+      for (std::int64_t d = 0; d < D; ++d) {
+        const double e = std::abs(double(out[d]) - ref[d]);
+        if (!(e <= worst)) worst = e;  // a NaN stays
+      }
+      std::printf("%-12s Skv %2ld: max |out − reference| = %.3g\n", qkv::isa_name(isa), static_cast<long>(Skv), worst);
+      EXPECT_LT(worst, 1e-4) << qkv::isa_name(isa) << " Skv " << Skv;
     }
 }
 
