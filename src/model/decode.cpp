@@ -36,9 +36,9 @@ void Model::Impl::DecodeSyncDeleter::operator()(DecodeSync* s) const { delete s;
 // weight row once, for the B rows of activations) in one parallel call (run_shared) whose threads
 // go through the stages below in order; a stage starts once the one before it has finished all its
 // units (done[s], a WaitWord: spin, then sleep):
-//   A  per KV head (handed out from a counter): its rows of W_Q, W_K, W_V → q, k, v of its G query
-//      heads, then the attention block's decode entry (blocks::attention_block_decode_head): for
-//      each sequence rotary at its position, k, v appended to its cache, the G heads' attention
+//   A  per chunk of KV heads: their rows of W_Q, W_K, W_V → q, k, v of their G query heads each,
+//      then, head by head, the attention block's decode entry (blocks::attention_block_decode_head):
+//      for each sequence rotary at its position, k, v appended to its cache, the G heads' attention
 //   B  rows of x += att·W_Oᵀ + b_O
 //   C  rows of hb = xb·W1ᵀ (+ W3) and the activation on them
 //   D  rows of x += hb·W2ᵀ + b2
@@ -48,10 +48,11 @@ void Model::Impl::DecodeSyncDeleter::operator()(DecodeSync* s) const { delete s;
 // a thread that takes no chunk reads nothing. So a thread that wakes late or is preempted on a busy
 // machine is not waited for: the others take its share, and it skips the stages already handed
 // out (run_shared lets no thread join after the caller's part is done). Rows are handed out in
-// chunks of half what a thread's segment has left, down to ≈ 64 KiB of weights (see `share`). Every row's sum and every head's attention is
-// computed by the same code whichever thread and whatever B, so the logits are the same bits on any
-// number of threads and in any batch (tests/model/test_model.cpp). With one thread the caller runs
-// the stages alone: no thread is woken, no counter waited on.
+// chunks of half what a thread's segment has left, down to ≈ 64 KiB of weights (see `share`).
+// Every row's sum and every head's attention is computed by the same code whichever thread, chunk
+// and B, so the logits are the same bits on any number of threads and in any batch
+// (tests/model/test_model.cpp). With one thread the caller runs the stages alone: no thread is
+// woken, no counter waited on.
 void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int T) {
   using i64 = std::int64_t;
   const Config& c = w_.config;
