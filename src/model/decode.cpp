@@ -36,9 +36,9 @@ void Model::Impl::DecodeSyncDeleter::operator()(DecodeSync* s) const { delete s;
 // weight row once, for the B rows of activations) in one parallel call (run_shared) whose threads
 // go through the stages below in order; a stage starts once the one before it has finished all its
 // units (done[s], a WaitWord: spin, then sleep):
-//   A  per KV head (handed out from a counter): its rows of W_Q, W_K, W_V → q, k, v of its G query
-//      heads, then the attention block's decode entry (blocks::attention_block_decode_head): for
-//      each sequence rotary at its position, k, v appended to its cache, the G heads' attention
+//   A  per chunk of KV heads: their rows of W_Q, W_K, W_V → q, k, v of their G query heads each,
+//      then, head by head, the attention block's decode entry (blocks::attention_block_decode_head):
+//      for each sequence rotary at its position, k, v appended to its cache, the G heads' attention
 //   B  rows of x += att·W_Oᵀ + b_O
 //   C  rows of hb = xb·W1ᵀ (+ W3) and the activation on them
 //   D  rows of x += hb·W2ᵀ + b2
@@ -48,10 +48,11 @@ void Model::Impl::DecodeSyncDeleter::operator()(DecodeSync* s) const { delete s;
 // a thread that takes no chunk reads nothing. So a thread that wakes late or is preempted on a busy
 // machine is not waited for: the others take its share, and it skips the stages already handed
 // out (run_shared lets no thread join after the caller's part is done). Rows are handed out in
-// chunks of ≈ 64 KiB of weights (see `share`). Every row's sum and every head's attention is
-// computed by the same code whichever thread and whatever B, so the logits are the same bits on any
-// number of threads and in any batch (tests/model/test_model.cpp). With one thread the caller runs
-// the stages alone: no thread is woken, no counter waited on.
+// chunks of half what a thread's segment has left, down to ≈ 64 KiB of weights (see `share`).
+// Every row's sum and every head's attention is computed by the same code whichever thread, chunk
+// and B, so the logits are the same bits on any number of threads and in any batch
+// (tests/model/test_model.cpp). With one thread the caller runs the stages alone: no thread is
+// woken, no counter waited on.
 void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits, int T) {
   using i64 = std::int64_t;
   const Config& c = w_.config;
@@ -107,7 +108,7 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
     if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, B, C, c.norm_eps);
     else blocks::layernorm_forward(out, nullptr, nullptr, x, w, bias, B, C, c.norm_eps);
   };
-  // Rows per chunk of n rows with `in` columns: ≈ 64 KiB of weights, a multiple of 8 rows (whole
+  // The smallest chunk of n rows with `in` columns: ≈ 64 KiB of weights, a multiple of 8 rows (whole
   // blocks of gemv_batch_rows); all n on one thread (nothing to rebalance: each matrix is read as
   // one stream, W1 and W3 one after the other).
   const i64 wbytes = bf16 ? 2 : 4;
@@ -120,10 +121,14 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
     const int stage = step % 4;
     return stage == 0 ? Hkv : stage == 2 ? Hd : C;
   };
-  // Step `step`: its n units, [0, n), are cut into T contiguous segments, each with its counter:
-  // thread t takes the chunks of segment t in order (one linear stream, as a static split would),
-  // then helps with the other segments' remaining chunks. It first waits for the step before to
-  // finish, and calls first() once before its first chunk (the norm of x, when the step reads it).
+  // Step `step`: its n units, [0, n), are cut into T contiguous segments, each with its counter of
+  // the units handed out: thread t takes the chunks of segment t in order, then helps with the other
+  // segments' remaining chunks. A chunk is half of what its segment has left, rounded up to a
+  // multiple of `chunk` (the least a chunk holds): the segment's owner reads it in few long runs
+  // (gemv_batch_rows prefetches the rows ahead only inside one call: the first blocks of each call
+  // wait on memory), and the last chunks are small enough to rebalance the threads. It first waits
+  // for the step before to finish, and calls first() once before its first chunk (the norm of x,
+  // when the step reads it).
   auto share = [&](int t, int step, i64 n, i64 chunk, auto&& first, auto&& fn) {
     if (T > 1 && step > 0) {
       const auto need = static_cast<std::uint32_t>(units(step - 1));
@@ -133,14 +138,19 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
     for (int j = 0; j < T; ++j) {
       const int seg = (t + j) % T;
       const auto [a, b] = blocks::gemv_part_rows(n, seg, T);
-      std::atomic<i64>& counter = next[step * T + seg].v;
-      for (;;) {
-        const i64 r0 = a + counter.fetch_add(1, std::memory_order_relaxed) * chunk;
-        if (r0 >= b) break;
+      std::atomic<i64>& taken = next[step * T + seg].v;
+      for (i64 r0 = a + taken.load(std::memory_order_relaxed); r0 < b;) {
+        const i64 half = ((b - r0 + 1) / 2 + chunk - 1) / chunk * chunk;
+        const i64 r1 = std::min(b, r0 + half);
+        i64 seen = r0 - a;
+        if (!taken.compare_exchange_weak(seen, r1 - a, std::memory_order_relaxed)) {
+          r0 = a + seen;  // another thread took [r0, a + seen): go on from there
+          continue;
+        }
         if (mine == 0) first();
-        const i64 r1 = std::min(b, r0 + chunk);
         fn(r0, r1);
         mine += r1 - r0;
+        r0 = a + taken.load(std::memory_order_relaxed);
       }
     }
     // One add a thread a step, not one a chunk: every add wakes a thread sleeping on the word (a
@@ -156,30 +166,30 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
       const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
       const LayerBf16 Lb = bf16 ? layers_bf16_[static_cast<std::size_t>(l)] : LayerBf16{};
       const int s0 = 4 * l;
-      share(t, s0, Hkv, 1, [&] { norm_rows(xb, L.norm1_w, L.norm1_b); }, [&](i64 hk, i64) {
-        const i64 h0 = hk * G;
-        gemv(L.wq ? L.wq + h0 * D * C : nullptr, Lb.wq ? Lb.wq + h0 * D * C : nullptr, L.bq ? L.bq + h0 * D : nullptr,
-             q + h0 * D, HD, xb, C, 0.0f, 0, G * D);
-        gemv(L.wk ? L.wk + hk * D * C : nullptr, Lb.wk ? Lb.wk + hk * D * C : nullptr, L.bk ? L.bk + hk * D : nullptr,
-             k + hk * D, KD, xb, C, 0.0f, 0, D);
-        gemv(L.wv ? L.wv + hk * D * C : nullptr, Lb.wv ? Lb.wv + hk * D * C : nullptr, L.bv ? L.bv + hk * D : nullptr,
-             v + hk * D, KD, xb, C, 0.0f, 0, D);
-        blocks::DecodeHeadCall call;
-        call.B = B;
-        call.G = G;
-        call.D = D;
-        call.hk = hk;
-        call.cache = slots + l * B;
-        call.q = q + h0 * D;
-        call.k = k + hk * D;
-        call.v = v + hk * D;
-        call.out = att + h0 * D;
-        call.ld_q = HD;
-        call.ld_kv = KD;
-        call.cs = c.pos == PosEncoding::rotary ? cs : nullptr;
-        call.scale = scale;
-        call.scores = scores;
-        blocks::attention_block_decode_head(call);
+      share(t, s0, Hkv, 1, [&] { norm_rows(xb, L.norm1_w, L.norm1_b); }, [&](i64 k0, i64 k1) {
+        // The rows of kv heads [k0, k1) (and of their query heads) are contiguous: one call a matrix.
+        gemv(L.wq, Lb.wq, L.bq, q, HD, xb, C, 0.0f, k0 * G * D, k1 * G * D);
+        gemv(L.wk, Lb.wk, L.bk, k, KD, xb, C, 0.0f, k0 * D, k1 * D);
+        gemv(L.wv, Lb.wv, L.bv, v, KD, xb, C, 0.0f, k0 * D, k1 * D);
+        for (i64 hk = k0; hk < k1; ++hk) {
+          const i64 h0 = hk * G;
+          blocks::DecodeHeadCall call;
+          call.B = B;
+          call.G = G;
+          call.D = D;
+          call.hk = hk;
+          call.cache = slots + l * B;
+          call.q = q + h0 * D;
+          call.k = k + hk * D;
+          call.v = v + hk * D;
+          call.out = att + h0 * D;
+          call.ld_q = HD;
+          call.ld_kv = KD;
+          call.cs = c.pos == PosEncoding::rotary ? cs : nullptr;
+          call.scale = scale;
+          call.scores = scores;
+          blocks::attention_block_decode_head(call);
+        }
       });
       share(t, s0 + 1, C, rows_per_chunk(HD, C), nothing, [&](i64 r0, i64 r1) {
         gemv(L.wo, Lb.wo, L.bo, x, C, att, HD, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O
