@@ -7,7 +7,7 @@
 //     Q·Kᵀ micro-kernel (6 × NQ·L register block) → scores Ps
 //     mask (only on tiles the causal/window/padding rule cuts, or with a dense mask)
 //     online softmax: running max m (raised lazily), running sum l, accumulators rescaled
-//     P·V micro-kernel (6 × 2L register block) into the accumulators Os
+//     P·V micro-kernel (6 × 4L register blocks on AVX-512, 6 × 2L elsewhere) into the accumulators Os
 //   then out = Os / l, lse = ln 2 · (m + log2 l). Tiles and strips the rule removes entirely
 //   are never computed, so causal costs about half.
 // Deterministic: a row's result depends only on the shape, never on the thread count.
@@ -19,11 +19,17 @@ namespace qkv::kernels::cpu {
 namespace {
 
 // Register blocking per ISA: NQ vectors of keys in Q·Kᵀ (NQ·L divides kNt), NV vectors of
-// value columns in P·V. AVX-512: 6×4 + 4 = 28 zmm and 6×2 + 2 = 14 zmm; AVX2 (16 ymm): 6×2 + 2.
+// value columns in P·V (the unit Dv is padded to), NVw vectors in P·V where Dvp has room.
+// AVX-512: Q·Kᵀ 6×4 + 4 = 28 zmm, P·V 6×4 + 4 = 28 zmm (NVw) or 6×2 + 2; AVX2 (16 ymm): 6×2 + 2.
+// Why P·V takes 4 vectors where it can: each key costs NV loads of V, 6 broadcasts of P and a
+// loop step (4 uops) for 6·NV FMAs. On a CPU with two 512-bit FMA ports and a 4-wide front end
+// (Intel Xeon), NV = 2 is 24 uops per 6 cycles of FMAs, the front end's whole width; NV = 4 is
+// 38 uops per 12 cycles, and loads each P broadcast and each accumulator once per 64 columns.
 template <class S>
 struct Blocking {
   static constexpr int NQ = S::L >= 16 ? 4 : 2;
   static constexpr int NV = 2;
+  static constexpr int NVw = S::L >= 16 ? 4 : 2;
 };
 
 // The operands of forward() in f32 (any input dtype, converted once per block / tile):
@@ -115,9 +121,14 @@ struct OperandsF32 {
       qk_narrow<S, Blocking<S>::NQ>(v1 - v0, Qs + r0 * D, D, Kt, D, Ps, c0 + v0 * L, capped ? &cap : nullptr);
     }
   }
-  // o[kRows][Dvp] += P[:, c_lo:c_hi] · V[c_lo:c_hi, :]
+  // o[kRows][Dvp] += P[:, c_lo:c_hi] · V[c_lo:c_hi, :], by blocks of NVw vectors of columns, the
+  // rest by NV. Each column's sum runs over the keys in the same order whatever its block.
   void pv(const float* Ps, i64 c_lo, i64 c_hi, float* o) const {
-    for (i64 e0 = 0; e0 < Dvp; e0 += kVc) pv_block<S, Blocking<S>::NV>(Ps, vt, ldv, c_lo, c_hi, o, Dvp, e0);
+    constexpr int kVw = Blocking<S>::NVw * S::L;
+    i64 e0 = 0;
+    if constexpr (kVw > kVc)
+      for (; e0 + kVw <= Dvp; e0 += kVw) pv_block<S, Blocking<S>::NVw>(Ps, vt, ldv, c_lo, c_hi, o, Dvp, e0);
+    for (; e0 < Dvp; e0 += kVc) pv_block<S, Blocking<S>::NV>(Ps, vt, ldv, c_lo, c_hi, o, Dvp, e0);
   }
 };
 

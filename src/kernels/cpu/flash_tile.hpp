@@ -350,11 +350,13 @@ inline void dropout_tile_row(const FlashArgs& a, std::uint64_t key, float* p, i6
 // Q·Kᵀ micro-kernel: scores of kRows queries against NQ·L keys starting at column c0.
 //   q  [kRows][ldq]  (scaled queries)      kt [D][kNt] (transposed K tile)
 //   s  [kRows][kNt]  written at columns [c0, c0 + NQ·L)
-// The kRows × NQ accumulators stay in registers for the whole D loop.
+// The kRows × NQ accumulators stay in registers for the whole D loop. Out of line (as pv_block):
+// with 28 of the 32 zmm live, inlined into forward()'s body the register allocator spilled
+// accumulators of one micro-kernel or the other to the stack, a load and a store per FMA.
 // With cap (softcap), the scores are stored capped (score_mod.hpp; cap->kz = softcap_kz(c2)): the cap
 // runs on the accumulators in registers, once per score, before anything else touches them.
 template <class S, int NQ>
-inline void qk_block(const float* q, i64 ldq, const float* kt, i64 D, float* s, int c0, const SoftcapK<S>* cap) {
+__attribute__((noinline)) void qk_block(const float* q, i64 ldq, const float* kt, i64 D, float* s, int c0, const SoftcapK<S>* cap) {
   constexpr int L = S::L;
   typename S::V acc[kRows][NQ];
 #pragma GCC unroll 8
@@ -387,7 +389,7 @@ inline void qk_block(const float* q, i64 ldq, const float* kt, i64 D, float* s, 
 // P·V micro-kernel: o[r][e0, e0 + NV·L) += Σ_{j ∈ [j0, j1)} p[r][j] · v[j][e0, e0 + NV·L).
 //   p [kRows][kNt]    v rows j at v + j·ldv    o [kRows][ldo]
 template <class S, int NV>
-inline void pv_block(const float* p, const float* v, i64 ldv, i64 j0, i64 j1, float* o, i64 ldo, i64 e0) {
+__attribute__((noinline)) void pv_block(const float* p, const float* v, i64 ldv, i64 j0, i64 j1, float* o, i64 ldo, i64 e0) {
   constexpr int L = S::L;
   typename S::V acc[kRows][NV];
 #pragma GCC unroll 8
