@@ -147,13 +147,6 @@ void decode(const FlashArgs& a) {
   // reads both: it lifts long-context decode from ≈ 70 % to 85–100 % of the read bandwidth.
   const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
   const i64 esz = a.kv_i8 ? 1 : a.bf16 || a.kv_f16 ? 2 : 4;  // bytes per K/V element
-  // Paged bf16 (widened here): while the keys of a tile are scored, both the K and the V rows of
-  // the next tile's keys are fetched, key by key through the block table, and the first tile's V
-  // rows as its keys are scored. Blocks lie anywhere in the pool, so the hardware prefetcher
-  // starts cold at each one; at bf16's half the bytes per key the fetch a tile ahead (rather than
-  // K during P·V and V during the scores, as the other layouts) covers the latency. P·V then reads
-  // the widened tile Vs in one run, as contiguous does.
-  const bool far_pf = prefetch && a.bf16 && a.block_table != nullptr;
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
   //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
@@ -204,21 +197,12 @@ void decode(const FlashArgs& a) {
         Md[r] = kNegInf;
         S::storeu(Ld + r * L, S::zero());
       }
-      const i64 t_first = span.first_tile();
-      for (i64 t0 = t_first; t0 < span.hi; t0 += kNt) {
+      for (i64 t0 = span.first_tile(); t0 < span.hi; t0 += kNt) {
         if (span.skips(t0)) continue;  // between kept keys and every row's window
         const i64 j_lo = span.tile_lo(t0), j_hi = span.tile_hi(t0);
         if (ops_k) ops.scores(nr, b, hk, t0, j_lo, j_hi, span.hi, Ps);
         for (i64 j = ops_k ? j_hi : j_lo; j < j_hi; ++j) {
-          if (far_pf) {
-            if (t0 == t_first) pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk, j), esz * Dv);
-            if (j + kNt < span.hi) {
-              pf_row(static_cast<const char*>(a.k) + esz * kv_row(a, a.sk, b, hk, j + kNt), esz * D);
-              pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk, j + kNt), esz * Dv);
-            }
-          } else if (prefetch) {
-            pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk, j), esz * Dv);
-          }
+          if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk, j), esz * Dv);
           const i64 koff = kv_row(a, a.sk, b, hk, j);
           const float* kp;
           if (k_in_place) {
@@ -253,8 +237,7 @@ void decode(const FlashArgs& a) {
           ops.pv(nr, Ps, b, hk, t0, j_lo, j_hi, Od, Dvp);
           continue;
         }
-        // While P·V reads this tile's V rows: the next tile's K rows, those this item scores (unless
-        // far_pf fetched them with the scores). Paged,
+        // While P·V reads this tile's V rows: the next tile's K rows, those this item scores. Paged,
         // P·V runs block by block (below) and each run [s_lo, s_hi) fetches the next tile's keys
         // [s_lo, s_hi) + kNt, which lie in one block too (block sizes are powers of two, kNt is
         // 64): fetching only the rows evenly strided from the next tile's first left 16-row blocks
@@ -264,7 +247,7 @@ void decode(const FlashArgs& a) {
         // rows c of vt, column c_lo being key j_first; the first pass prefetches the K rows of the
         // keys kNt further on (evenly strided: one block when paged), those below span.hi.
         auto pv = [&](const float* P, const float* vt, i64 ldv, i64 c_lo, i64 c_hi, i64 j_first) {
-          const i64 n_lo = j_first + kNt, n_hi = prefetch && !far_pf ? imin(n_lo + c_hi - c_lo, span.hi) : n_lo;
+          const i64 n_lo = j_first + kNt, n_hi = prefetch ? imin(n_lo + c_hi - c_lo, span.hi) : n_lo;
           const char* pf = n_hi > n_lo ? static_cast<const char*>(a.k) + esz * kv_row(a, a.sk, b, hk, n_lo) : nullptr;
           const i64 pf_n = n_hi - n_lo;
           int r = 0;
@@ -302,10 +285,9 @@ void decode(const FlashArgs& a) {
             for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
           }
         }
-        // By runs of one block when paged (unless far_pf), each prefetching the matching keys of
-        // the next tile.
+        // By runs of one block when paged, each prefetching the matching keys of the next tile.
         for (i64 s_lo = j_lo; s_lo < j_hi;) {
-          const i64 s_hi = a.block_table && !far_pf ? imin(j_hi, kv_run_end(a, s_lo)) : j_hi;
+          const i64 s_hi = a.block_table ? imin(j_hi, kv_run_end(a, s_lo)) : j_hi;
           pv(Ps, Vs, Dvp, s_lo - t0, s_hi - t0, s_lo);
           s_lo = s_hi;
         }
