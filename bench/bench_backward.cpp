@@ -123,10 +123,10 @@ void add(const Shape& s) {
 //   one-thread FMA peak (issue #18's 85 %); the f32 forward alone on one thread at the same
 //   S ∈ {1024, 2048, 4096} × D ∈ {64, 128}, causal and not
 void register_grid() {
-  const Kind bwd = Kind::bwd, fwdbwd = Kind::fwdbwd;
-  for (Kind fwd : {fwdbwd, bwd})
+  constexpr Kind bwd = Kind::bwd, fwdbwd = Kind::fwdbwd;
+  for (Kind kind : {fwdbwd, bwd})
     for (std::int64_t S : {1024, 2048, 4096})
-      for (bool c : {false, true}) add({fwd, 1, 8, 8, S, 128, c, DType::f32, 2});
+      for (bool c : {false, true}) add({kind, 1, 8, 8, S, 128, c, DType::f32, 2});
   for (std::int64_t S : {1024, 2048, 4096})
     for (bool c : {false, true}) add({fwdbwd, 1, 8, 8, S, 128, c, DType::bf16, 2});
   for (DType t : {DType::f32, DType::bf16})
@@ -137,12 +137,12 @@ void register_grid() {
     add({fwdbwd, 1, 8, 2, 2048, 128, c, DType::f32, 2});
   }
   for (DType t : {DType::f32, DType::bf16})
-    for (Kind fwd : {fwdbwd, bwd})
-      for (bool c : {false, true}) add({fwd, 1, 8, 8, 2048, 128, c, t, 1});
+    for (Kind kind : {fwdbwd, bwd})
+      for (bool c : {false, true}) add({kind, 1, 8, 8, 2048, 128, c, t, 1});
   for (DType t : {DType::f32, DType::bf16})
     for (std::int64_t S : {1024, 2048})
-      for (Kind fwd : {fwdbwd, bwd})
-        for (bool c : {false, true}) add({fwd, 1, 8, 8, S, 64, c, t, 1});
+      for (Kind kind : {fwdbwd, bwd})
+        for (bool c : {false, true}) add({kind, 1, 8, 8, S, 64, c, t, 1});
   for (bool c : {false, true}) {
     add({fwdbwd, 1, 8, 8, 1024, 128, c, DType::f32, 1});
     for (std::int64_t D : {64, 128}) add({fwdbwd, 1, 8, 8, 4096, D, c, DType::f32, 1});
