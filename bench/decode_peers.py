@@ -226,7 +226,7 @@ def main() -> int:
         import llama_cpp  # noqa: F401, PLC0415
         have_llama_cpp = True
     except ImportError as e:
-        print(f"llama.cpp: skipped (pip install llama-cpp-python gguf; {e})", file=sys.stderr)
+        print(f"llama.cpp: skipped (bash scripts/install-peers.sh; {e})", file=sys.stderr)
         have_llama_cpp = False
 
     models = {}

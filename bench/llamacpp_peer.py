@@ -8,10 +8,10 @@ threads and prefill of 512 tokens, f32 and 16-bit weights.
 llama.cpp is optional: it comes from PyPI's llama-cpp-python, which compiles llama.cpp from source (its
 GGML_NATIVE build uses this CPU's AVX-512 BF16), and the GGUF files are written with the `gguf` package:
 
-    CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python gguf
+    bash scripts/install-peers.sh
 
-Without them the script says so and exits 0 (nothing to compare). Not in scripts/install-deps.sh: the source
-build took > 80 minutes at nice 19 on this machine's 2 shared cores (load 20–30), past the test run's 30-minute aim.
+Without them the script says so and exits 0 (nothing to compare). Not in scripts/install-deps.sh: the demo and
+the tests do not need it, and the source build (the library alone) takes 10–20 minutes on 2 cores.
 
 Models (bench/decode_peers.py's random llamas, N(0, 0.02²) weights from a fixed seed; context 1024 here
 so that a 512-token prefill fits):
@@ -131,7 +131,7 @@ def main() -> int:
         import llama_cpp  # noqa: F401, PLC0415
     except ImportError as e:
         print(f"llama.cpp peer: skipped, not installed ({e}). Install it with\n"
-              '  CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python gguf')
+              '  bash scripts/install-peers.sh')
         return 0
     if not Path(a.bench_model).exists():
         print(f"llamacpp_peer: {a.bench_model} not found (build the ci preset: cmake --build --preset ci)")
