@@ -333,17 +333,18 @@ struct HeadAblation {
 // region (Model::decode, which forward_batch also runs); the logits are the same bit for bit.
 //
 // gemm_inputs = f32 (the default) or bf16, for calls of more than 4 rows (prefill), which run
-// GEMMs: f32 multiplies the activations as they are (bf16 weights are widened to f32 exactly);
-// bf16 rounds each projection's input rows to bf16 (nearest even, ≤ 2^-9 relative) and runs a
-// bf16 × bf16 GEMM accumulating in f32 (oneDNN matmul, AVX-512 BF16: ≈ 2× the f32 GEMM here), a
-// second rounding on top of the weights'. Needs weights = bf16. Outputs, norms, attention, the
-// residual stream and decoding (≤ 4 rows: GEMV kernels) are unchanged. In this mode a prefill
-// multiplies by W_Q, W_K, W_V in one GEMM, does bias, residual add, GELU and the rounding to bf16
-// in the GEMMs' epilogues, and reads each layer matrix from a copy packed once in oneDNN's blocked
-// layout (a second bf16 copy of the layer matrices: ≈ 170 MB for GPT-2 small). With a bf16 KV cache
-// (new_cache() gives one in this mode) the fused projection writes bf16 q, k, v (models without
-// rotary; with rotary it writes f32 and the rotation rounds), the prefill's attention runs the bf16
-// flash kernel and writes bf16 rows straight into W_O's input.
+// GEMMs: f32 multiplies the activations as they are (bf16 weights are widened to f32 exactly); bf16
+// rounds each projection's input rows to bf16 (nearest even, ≤ 2^-9 relative) and runs a bf16 ×
+// bf16 GEMM accumulating in f32 (oneDNN matmul, AVX-512 BF16: ≈ 2× the f32 GEMM here; CPUs without
+// it multiply the same bf16 values widened to f32, at about the f32 GEMM's speed), a second
+// rounding on top of the weights'. Needs weights = bf16. Outputs, norms, attention, the residual
+// stream and decoding (≤ 4 rows: GEMV kernels) are unchanged. In this mode a prefill multiplies by
+// W_Q, W_K, W_V in one GEMM, does bias, residual add, GELU and the rounding to bf16 in the GEMMs'
+// epilogues, and reads each layer matrix from a copy packed once in oneDNN's blocked layout (a
+// second bf16 copy of the layer matrices: ≈ 170 MB for GPT-2 small; f32, twice that, without BF16).
+// With a bf16 KV cache (new_cache() gives one in this mode) the fused projection writes bf16 q, k,
+// v (models without rotary; with rotary it writes f32 and the rotation rounds), the prefill's
+// attention runs the bf16 flash kernel and writes bf16 rows straight into W_O's input.
 struct ModelOptions {
   DType weights = DType::f32;      // f32 or bf16
   int num_threads = 0;             // ≥ 0

@@ -97,7 +97,9 @@ void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, 
 //   y [M, out] = beta·y + bf16(x) [M, in] · Wᵀ + b      W [out, in] bf16 bits, b [out] or null
 // x is rounded to bf16 (nearest even) row by row, then oneDNN's matmul multiplies bf16 × bf16
 // (products exact in f32) and accumulates in f32 (AVX-512 BF16 where the CPU has it: ≈ 2× its f32
-// sgemm here). beta ∈ {0, 1} (0 never reads y). Its twin: gemv_reference on the rounded x.
+// sgemm here; on other CPUs, and under QKV_ISA below avx512_bf16, the same bf16 values widened to
+// f32 on oneDNN's f32 matmul). beta ∈ {0, 1} (0 never reads y). Its twin: gemv_reference on the
+// rounded x.
 void gemm_bf16(const float* x, const std::uint16_t* W, const float* b, float* y, std::int64_t M, std::int64_t in,
                std::int64_t out, float beta, int threads, Isa isa);
 
@@ -117,9 +119,10 @@ void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* 
                   const PackedBf16* packed = nullptr);
 
 // A copy of W [out, in] bf16 in the blocked layout oneDNN's bf16 matmul asks for (format "any" for
-// W of that shape; on oneDNN 2.6 the same for every row count M). Empty (default) means none.
+// W of that shape; on oneDNN 2.6 the same for every row count M), or, where gemm_bf16_in runs the
+// f32 matmul (no AVX-512 BF16), W widened to f32 in that matmul's layout. Empty (default): none.
 // gemm_bf16_in checks the layout against each primitive it builds and reads the plain W when a
-// primitive wants another one. Holds in·out bf16 (or a little more: blocks are padded).
+// primitive wants another one. Holds in·out bf16 or f32 (or a little more: blocks are padded).
 struct PackedImpl;  // gemm_bf16.cpp: oneDNN's memory and its descriptor
 class PackedBf16 {
  public:

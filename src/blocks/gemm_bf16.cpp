@@ -1,5 +1,10 @@
 // gemm_bf16 and gemm_bf16_in (dense.hpp): bf16 × bf16 GEMM on oneDNN's matmul primitive, and
 // gemm_f32_packed, its f32 twin on a packed W.
+// The bf16 matmul runs where it has dot-product instructions (bf16_native()). Elsewhere oneDNN 2.6
+// emulates it (about a quarter of its f32 matmul's speed on AVX-512 without BF16) or, below
+// AVX-512, has none at all; there gemm_bf16_in multiplies the same bf16 values widened to f32 on the
+// f32 matmul: a product of two bf16 values is exact in f32 and the sums are f32 in both, so the
+// contract (and the twin) is the same, and PackedBf16 keeps its copy widened and packed for f32.
 //   xb [M, in] bf16 (gemm_bf16 rounds its f32 x into a per-thread copy first)
 //   W [out, in] bf16 (read as the [in, out] matrix Wᵀ in oneDNN's "ba" layout, nothing copied),
 //     or its PackedBf16 copy in the blocked layout the primitive asks for
@@ -24,6 +29,7 @@
 
 #include "blocks/dense.hpp"
 #include "blocks/onednn_call.hpp"
+#include "qkv/runtime.hpp"
 
 namespace qkv::blocks {
 namespace {
@@ -57,6 +63,17 @@ dnnl::engine& engine() {
 // Wᵀ [in, out] as oneDNN sees W [out, in]: plain ("ba") or the layout the matmul chooses ("any").
 dnnl::memory::desc weights_desc(i64 in, i64 out, bool any, dt type = dt::bf16) {
   return dnnl::memory::desc({in, out}, type, any ? tag::any : tag::ba);
+}
+
+// bf16 × bf16 on dot-product instructions: qkv's active ISA (the CPU's best, or QKV_ISA / set_isa)
+// has AVX-512 BF16 and oneDNN may use it too (ONEDNN_MAX_CPU_ISA can hold it below).
+bool bf16_native() {
+  if (active_isa() != Isa::avx512_bf16) return false;
+  static const bool onednn = [] {
+    const dnnl::cpu_isa i = dnnl::get_effective_cpu_isa();
+    return i == dnnl::cpu_isa::all || i == dnnl::cpu_isa::avx512_core_bf16 || i == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return onednn;
 }
 
 // The layout a matmul of 512 rows asks for Wᵀ [in, out] (PackedBf16's and PackedF32's layout).
@@ -112,6 +129,7 @@ void execute(const Prim& p, dnnl::stream& s, std::unordered_map<int, dnnl::memor
 
 struct PackedImpl {
   i64 in, out;
+  dt type;  // of the packed copy: bf16, or f32 (PackedF32, and PackedBf16 where bf16 is not native)
   dnnl::memory::desc desc;
   dnnl::memory mem;  // owns the packed copy
 };
@@ -128,6 +146,7 @@ std::shared_ptr<const PackedImpl> pack(const char* fn, const void* W, dt type, i
     auto impl = std::make_shared<PackedImpl>();
     impl->in = in;
     impl->out = out;
+    impl->type = type;
     impl->desc = packed_desc(in, out, type);
     impl->mem = dnnl::memory(impl->desc, engine());
     dnnl::memory plain(weights_desc(in, out, false, type), engine(), const_cast<void*>(W));
@@ -143,8 +162,75 @@ std::shared_ptr<const PackedImpl> pack(const char* fn, const void* W, dt type, i
 
 }  // namespace
 
-PackedBf16::PackedBf16(const std::uint16_t* W, i64 in, i64 out)
-    : impl_(pack("qkv::blocks::PackedBf16", W, dt::bf16, in, out)) {}
+namespace {
+
+// W [out, in] bf16 packed for the GEMM gemm_bf16_in runs on this machine: the bf16 matmul's layout,
+// or, where bf16 is not native, W widened to f32 in the f32 matmul's.
+std::shared_ptr<const PackedImpl> pack_bf16(const std::uint16_t* W, i64 in, i64 out) {
+  const char* fn = "qkv::blocks::PackedBf16";
+  if (bf16_native() || !W || in < 1 || out < 1) return pack(fn, W, dt::bf16, in, out);
+  std::vector<float> wide(static_cast<std::size_t>(in * out));
+  bf16_to_f32(wide.data(), W, in * out, omp_get_max_threads());
+  return pack(fn, wide.data(), dt::f32, in, out);
+}
+
+// y [M, out] = act(x · Wᵀ + b) (beta 0) or y += x · Wᵀ + b (beta 1) on oneDNN's f32 matmul, all f32,
+// W from pk (packed f32) where the primitive takes its layout, else from the plain W [out, in]
+// (Wplain, or pk unpacked for this call when there is none).
+void matmul_f32(const char* fn, const float* x, const PackedImpl* pk, const float* Wplain, const float* b, float* y,
+                i64 M, i64 in, i64 out, float beta, GemmAct act) {
+  try {
+    const OneDnnCall call;
+    const int threads = omp_get_max_threads();
+    Prim prim = pk ? primitive({M, in, out, b != nullptr, beta != 0.0f, act, false, true, dt::f32, threads}, &pk->desc)
+                   : Prim{};
+    dnnl::engine& e = engine();
+    dnnl::stream s(e);
+    dnnl::memory wm = pk ? pk->mem : dnnl::memory();
+    if (!prim.prim) {  // no packed W, or this primitive wants another layout (not seen on oneDNN 2.6)
+      prim = primitive({M, in, out, b != nullptr, beta != 0.0f, act, false, false, dt::f32, threads}, nullptr);
+      if (Wplain) {
+        wm = dnnl::memory(weights_desc(in, out, false, dt::f32), e, const_cast<float*>(Wplain));
+      } else {
+        dnnl::memory packed_w = pk->mem;
+        wm = dnnl::memory(weights_desc(in, out, false, dt::f32), e);
+        dnnl::reorder(packed_w, wm).execute(s, packed_w, wm);
+      }
+    }
+    const dnnl::memory xm({{M, in}, dt::f32, tag::ab}, e, const_cast<float*>(x));
+    const dnnl::memory ym({{M, out}, dt::f32, tag::ab}, e, y);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};
+    if (b) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, out}, dt::f32, tag::ab}, e, const_cast<float*>(b)));
+    execute(prim, s, args);
+  } catch (const dnnl::error& err) {
+    fail(fn, std::string("oneDNN matmul failed: ") + err.what() + " (M = " + std::to_string(M) + ", in = " +
+                 std::to_string(in) + ", out = " + std::to_string(out) + ")");
+  }
+}
+
+// gemm_bf16_in where bf16 is not native: the inputs widened to f32 (exact), the f32 matmul with the
+// same epilogue, a bf16 y rounded from its f32 result (nearest even, as oneDNN's bf16 dst rounds).
+void gemm_bf16_widened(const std::uint16_t* xb, const std::uint16_t* W, const PackedImpl* pk, const float* b,
+                       void* y, DType y_dtype, i64 M, i64 in, i64 out, float beta, GemmAct act) {
+  const int threads = omp_get_max_threads();
+  thread_local std::vector<float> xw, ww, yw;  // x, W (when not packed) and a bf16 y's f32 values
+  xw.resize(static_cast<std::size_t>(M * in));
+  bf16_to_f32(xw.data(), xb, M * in, threads);
+  if (pk && pk->type != dt::f32) pk = nullptr;  // packed for the bf16 matmul (before a set_isa)
+  if (!pk) {
+    ww.resize(static_cast<std::size_t>(in * out));
+    bf16_to_f32(ww.data(), W, in * out, threads);
+  }
+  const bool y_bf16 = y_dtype == DType::bf16;
+  if (y_bf16) yw.resize(static_cast<std::size_t>(M * out));
+  float* yf = y_bf16 ? yw.data() : static_cast<float*>(y);
+  matmul_f32("qkv::blocks::gemm_bf16_in", xw.data(), pk, pk ? nullptr : ww.data(), b, yf, M, in, out, beta, act);
+  if (y_bf16) f32_to_bf16(static_cast<std::uint16_t*>(y), yf, M * out, threads, active_isa());
+}
+
+}  // namespace
+
+PackedBf16::PackedBf16(const std::uint16_t* W, i64 in, i64 out) : impl_(pack_bf16(W, in, out)) {}
 
 PackedF32::PackedF32(const float* W, i64 in, i64 out) : impl_(pack("qkv::blocks::PackedF32", W, dt::f32, in, out)) {}
 
@@ -163,6 +249,8 @@ void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* 
   if (pk && (pk->in != in || pk->out != out))
     fail(fn, "packed: made for in = " + std::to_string(pk->in) + ", out = " + std::to_string(pk->out) +
                  ", got in = " + std::to_string(in) + ", out = " + std::to_string(out));
+  if (!bf16_native()) return gemm_bf16_widened(xb, W, pk, b, y, y_dtype, M, in, out, beta, act);
+  if (pk && pk->type != dt::bf16) pk = nullptr;  // widened for f32 (packed before a set_isa)
   const bool y_bf16 = y_dtype == DType::bf16;
   try {
     const OneDnnCall call;
@@ -199,30 +287,7 @@ void gemm_f32_packed(const float* x, const PackedF32& W, const float* b, float* 
   if (pk->in != in || pk->out != out)
     fail(fn, "W: packed for in = " + std::to_string(pk->in) + ", out = " + std::to_string(pk->out) + ", got in = " +
                  std::to_string(in) + ", out = " + std::to_string(out));
-  try {
-    const OneDnnCall call;
-    const int threads = omp_get_max_threads();
-    Prim prim = primitive({M, in, out, b != nullptr, beta != 0.0f, act, false, true, dt::f32, threads}, &pk->desc);
-    dnnl::engine& e = engine();
-    dnnl::stream s(e);
-    dnnl::memory wm = pk->mem;
-    if (!prim.prim) {
-      // This primitive wants another layout than the packed one (not seen on oneDNN 2.6): unpack
-      // W for this call and run the plain-W primitive.
-      prim = primitive({M, in, out, b != nullptr, beta != 0.0f, act, false, false, dt::f32, threads}, nullptr);
-      dnnl::memory packed_w = pk->mem;
-      wm = dnnl::memory(weights_desc(in, out, false, dt::f32), e);
-      dnnl::reorder(packed_w, wm).execute(s, packed_w, wm);
-    }
-    const dnnl::memory xm({{M, in}, dt::f32, tag::ab}, e, const_cast<float*>(x));
-    const dnnl::memory ym({{M, out}, dt::f32, tag::ab}, e, y);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};
-    if (b) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, out}, dt::f32, tag::ab}, e, const_cast<float*>(b)));
-    execute(prim, s, args);
-  } catch (const dnnl::error& err) {
-    fail(fn, std::string("oneDNN matmul failed: ") + err.what() + " (M = " + std::to_string(M) + ", in = " +
-                 std::to_string(in) + ", out = " + std::to_string(out) + ")");
-  }
+  matmul_f32(fn, x, pk, nullptr, b, y, M, in, out, beta, act);
 }
 
 void gemm_bf16(const float* x, const std::uint16_t* W, const float* b, float* y, i64 M, i64 in, i64 out, float beta,

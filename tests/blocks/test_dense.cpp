@@ -239,59 +239,72 @@ TEST(Dense, GemmBf16MatchesReference) {
 //                                         ½r(1 + tanh) cancels for r ≪ 0 (its value → 0)
 //   bf16 y: e·(1 + 2^-8) + 2^-8·|ref|     one more rounding to nearest even: half an ulp of an
 //                                         8-bit significand, ≤ 2^-8 relative
-// Each case also runs on W packed once (PackedBf16), which must give the same bound.
+// Each case also runs on W packed once (PackedBf16), which must give the same bound. Every case runs
+// on the bf16 matmul where the CPU has AVX-512 BF16 and on the f32 matmul of the widened inputs (the
+// path of every other CPU, chosen here by set_isa(avx2)), with W packed under either ISA.
 TEST(Dense, GemmBf16InEpilogueMatchesReference) {
   using qkv::blocks::GemmAct;
+  if (qkv::cpu_isa() < Isa::avx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  const Isa saved = qkv::active_isa();
+  std::vector<Isa> paths{qkv::cpu_isa()};
+  if (qkv::cpu_isa() != Isa::avx2) paths.push_back(Isa::avx2);
   double worst = 0;
-  for (std::int64_t M : {5, 67})
-    for (std::int64_t in : {7, 300})
-      for (std::int64_t out : {3, 33, 70})
-        for (GemmAct act : {GemmAct::none, GemmAct::gelu_tanh, GemmAct::gelu_erf})
-          for (qkv::DType yt : {qkv::DType::f32, qkv::DType::bf16})
-            for (float beta : {0.0f, 1.0f})
-              for (bool pack : {false, true}) {
-                if (beta != 0.0f && (yt != qkv::DType::f32 || act != GemmAct::none)) continue;
-                const auto x = randn(static_cast<std::size_t>(M * in), 51);
-                const auto W = randn(static_cast<std::size_t>(out * in), 52);
-                const auto b = randn(static_cast<std::size_t>(out), 53);
-                std::vector<std::uint16_t> Wb(W.size()), xb(x.size());
-                qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
-                qkv::blocks::f32_to_bf16(xb.data(), x.data(), static_cast<std::int64_t>(x.size()));
-                std::vector<float> xr(x.size());
-                for (std::size_t i = 0; i < x.size(); ++i) xr[i] = qkv::bf16_to_f32(xb[i]);
-                const std::size_t n = static_cast<std::size_t>(M * out);
-                const auto y0 = beta == 0.0f ? std::vector<float>(n, std::nanf("")) : randn(n, 54);
-                std::vector<float> y = y0, r = y0;
-                std::vector<std::uint16_t> yb(n, 0x7fc0);  // NaN bits: every element must be written
-                const float* bias = (out != 33) ? b.data() : nullptr;
-                void* dst = yt == qkv::DType::f32 ? static_cast<void*>(y.data()) : static_cast<void*>(yb.data());
-                const qkv::blocks::PackedBf16 packed =
-                    pack ? qkv::blocks::PackedBf16(Wb.data(), in, out) : qkv::blocks::PackedBf16();
-                qkv::blocks::gemm_bf16_in(xb.data(), Wb.data(), bias, dst, yt, M, in, out, beta, act, &packed);
-                qkv::blocks::gemv_reference(xr.data(), nullptr, Wb.data(), bias, r.data(), M, in, out, beta);
-                for (std::int64_t m = 0; m < M; ++m)
-                  for (std::int64_t o = 0; o < out; ++o) {
-                    const std::size_t e = static_cast<std::size_t>(m * out + o);
-                    double mag = (bias ? std::abs(bias[o]) : 0.0) + (beta != 0.0f ? std::abs(y0[e]) : 0.0);
-                    for (std::int64_t i = 0; i < in; ++i)
-                      mag += std::abs(double(xr[m * in + i]) * qkv::bf16_to_f32(Wb[o * in + i]));
-                    const double z = r[e];
-                    const double u = std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z);
-                    const double ref = act == GemmAct::none        ? z
-                                       : act == GemmAct::gelu_tanh ? 0.5 * z * (1.0 + std::tanh(u))
-                                                                   : 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
-                    double bound = 1.13 * (in + 2) * std::ldexp(1.0, -24) * mag;
-                    if (act != GemmAct::none) bound += 16 * std::ldexp(1.0, -24) * std::max(1.0, std::abs(z));
-                    if (yt == qkv::DType::bf16)
-                      bound = bound * (1 + std::ldexp(1.0, -8)) + std::ldexp(1.0, -8) * std::abs(ref);
-                    const double got = yt == qkv::DType::f32 ? double(y[e]) : double(qkv::bf16_to_f32(yb[e]));
-                    const double err = std::abs(got - ref);
-                    ASSERT_LE(err, bound) << "M=" << M << " in=" << in << " out=" << out << " act="
-                                          << static_cast<int>(act) << " bf16 y=" << (yt == qkv::DType::bf16)
-                                          << " beta=" << beta << " packed=" << pack << " at " << m << "," << o;
-                    worst = std::max(worst, err / bound);
+  for (Isa run_isa : paths)
+    for (Isa pack_isa : paths)
+      for (std::int64_t M : {5, 67})
+        for (std::int64_t in : {7, 300})
+          for (std::int64_t out : {3, 33, 70})
+            for (GemmAct act : {GemmAct::none, GemmAct::gelu_tanh, GemmAct::gelu_erf})
+              for (qkv::DType yt : {qkv::DType::f32, qkv::DType::bf16})
+                for (float beta : {0.0f, 1.0f})
+                  for (bool pack : {false, true}) {
+                    if (beta != 0.0f && (yt != qkv::DType::f32 || act != GemmAct::none)) continue;
+                    if (!pack && pack_isa != run_isa) continue;
+                    const auto x = randn(static_cast<std::size_t>(M * in), 51);
+                    const auto W = randn(static_cast<std::size_t>(out * in), 52);
+                    const auto b = randn(static_cast<std::size_t>(out), 53);
+                    std::vector<std::uint16_t> Wb(W.size()), xb(x.size());
+                    qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
+                    qkv::blocks::f32_to_bf16(xb.data(), x.data(), static_cast<std::int64_t>(x.size()));
+                    std::vector<float> xr(x.size());
+                    for (std::size_t i = 0; i < x.size(); ++i) xr[i] = qkv::bf16_to_f32(xb[i]);
+                    const std::size_t n = static_cast<std::size_t>(M * out);
+                    const auto y0 = beta == 0.0f ? std::vector<float>(n, std::nanf("")) : randn(n, 54);
+                    std::vector<float> y = y0, r = y0;
+                    std::vector<std::uint16_t> yb(n, 0x7fc0);  // NaN bits: every element must be written
+                    const float* bias = (out != 33) ? b.data() : nullptr;
+                    void* dst = yt == qkv::DType::f32 ? static_cast<void*>(y.data()) : static_cast<void*>(yb.data());
+                    qkv::set_isa(pack_isa);
+                    const qkv::blocks::PackedBf16 packed =
+                        pack ? qkv::blocks::PackedBf16(Wb.data(), in, out) : qkv::blocks::PackedBf16();
+                    qkv::set_isa(run_isa);
+                    qkv::blocks::gemm_bf16_in(xb.data(), Wb.data(), bias, dst, yt, M, in, out, beta, act, &packed);
+                    qkv::set_isa(saved);
+                    qkv::blocks::gemv_reference(xr.data(), nullptr, Wb.data(), bias, r.data(), M, in, out, beta);
+                    for (std::int64_t m = 0; m < M; ++m)
+                      for (std::int64_t o = 0; o < out; ++o) {
+                        const std::size_t e = static_cast<std::size_t>(m * out + o);
+                        double mag = (bias ? std::abs(bias[o]) : 0.0) + (beta != 0.0f ? std::abs(y0[e]) : 0.0);
+                        for (std::int64_t i = 0; i < in; ++i)
+                          mag += std::abs(double(xr[m * in + i]) * qkv::bf16_to_f32(Wb[o * in + i]));
+                        const double z = r[e];
+                        const double u = std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z);
+                        const double ref = act == GemmAct::none        ? z
+                                           : act == GemmAct::gelu_tanh ? 0.5 * z * (1.0 + std::tanh(u))
+                                                                       : 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+                        double bound = 1.13 * (in + 2) * std::ldexp(1.0, -24) * mag;
+                        if (act != GemmAct::none) bound += 16 * std::ldexp(1.0, -24) * std::max(1.0, std::abs(z));
+                        if (yt == qkv::DType::bf16)
+                          bound = bound * (1 + std::ldexp(1.0, -8)) + std::ldexp(1.0, -8) * std::abs(ref);
+                        const double got = yt == qkv::DType::f32 ? double(y[e]) : double(qkv::bf16_to_f32(yb[e]));
+                        const double err = std::abs(got - ref);
+                        ASSERT_LE(err, bound) << "M=" << M << " in=" << in << " out=" << out << " act="
+                                              << static_cast<int>(act) << " bf16 y=" << (yt == qkv::DType::bf16)
+                                              << " beta=" << beta << " packed=" << pack << " isa=" << int(run_isa)
+                                              << "/" << int(pack_isa) << " at " << m << "," << o;
+                        worst = std::max(worst, err / bound);
+                      }
                   }
-              }
   std::printf("gemm_bf16_in: max |err| / bound = %.3f\n", worst);
   std::uint16_t xb[8] = {}, W[8] = {}, yb[8] = {};
   float y[8] = {};
