@@ -1,6 +1,8 @@
 // The weight work of one decode step alone: blocks::gemv_batch_rows over a llama2.c-shaped model's
 // matrices for B sequences on one thread, beside the machine's one-thread FMA peak and read
-// bandwidth (machine_peak.cpp). It separates the GEMV kernel from the rest of Model::decode.
+// bandwidth (machine_peak.cpp). It separates the GEMV kernel from the rest of Model::decode. Each
+// pass is timed by the wall clock and by the thread's CPU time (CLOCK_THREAD_CPUTIME_ID: on a shared
+// machine, time the thread spent descheduled does not count).
 //
 //   bench_gemv_step [--dim C] [--hidden Hd] [--layers L] [--vocab V] [--batch B] [--head-rows R] [--passes N]
 //
@@ -9,11 +11,12 @@
 // with transparent huge pages asked for (as the loader's copy of checkpoints ≤ 64 MiB). Defaults:
 // the 6.1 M model of bench/decode_peers.py (288, 768, 6, 512). FLOP model 2·B·(weights); prints the
 // best and the median of N passes (the weights of one pass stay in the last-level cache when they
-// fit, as they do between decode steps).
+// fit, as they do between decode steps), for both clocks.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <sys/mman.h>
 #include <vector>
@@ -49,8 +52,15 @@ int main(int argc, char** argv) {
   auto gemv = [&](const float* w, long in, long ld, long o0, long o1) {
     qkv::blocks::gemv_batch_rows(x.data(), w, nullptr, nullptr, y.data(), ld, B, in, 0.0f, isa, o0, o1, {0, B});
   };
+  auto cpu_now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  std::vector<double> tc;  // thread CPU time of each pass
   auto pass = [&] {
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_now();
     const float* p = W;
     for (long l = 0; l < L; ++l) {
       for (int k = 0; k < 3; ++k, p += C * C)
@@ -61,11 +71,13 @@ int main(int argc, char** argv) {
       gemv(p, Hd, C, 0, C), p += C * Hd;
     }
     gemv(p, C, V, 0, V);
+    tc.push_back(cpu_now() - c0);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   std::vector<double> t;
   for (long r = 0; r < N; ++r) t.push_back(pass());
   std::sort(t.begin(), t.end());
+  std::sort(tc.begin(), tc.end());
   const double peak = qkv_bench::fma_peak_gflops(1, isa >= qkv::Isa::avx512), bw = qkv_bench::read_probe_gbs(1);
   const double flop = 2.0 * static_cast<double>(B) * static_cast<double>(total);
   std::printf("C %ld Hd %ld L %ld V %ld, B %ld, rows per W_Q/W_K/W_V call %ld, %.1f MB of f32 weights, %s\n", C, Hd, L, V, B, R,
@@ -74,6 +86,8 @@ int main(int argc, char** argv) {
               "median %.3f ms\n",
               t[0] * 1e3, flop / t[0] * 1e-9, 100.0 * flop / t[0] * 1e-9 / peak, peak,
               static_cast<double>(bytes) / t[0] * 1e-9, bw, t[static_cast<std::size_t>(N / 2)] * 1e3);
+  std::printf("thread CPU time: best %.3f ms (%.1f GB/s of weights), median %.3f ms\n", tc[0] * 1e3,
+              static_cast<double>(bytes) / tc[0] * 1e-9, tc[static_cast<std::size_t>(N / 2)] * 1e3);
   munmap(W, bytes);
   return 0;
 }

@@ -9,18 +9,26 @@ namespace {
 struct S : kernels::cpu::SimdAvx512 {
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
   static V div(V a, V b) { return _mm512_div_ps(a, b); }
-  // out[i] = hsum(x_i) for 4 vectors, bit for bit (the batched GEMV's rows must equal its one-row
-  // calls): hsum (_mm512_reduce_add_ps) adds lanes k + 8 → k, then j + 4 → j, then i + 2 → i, then
-  // 1 → 0; the same pairs here, on 4 vectors at once (8 shuffles and 5 adds instead of 4 × 7 ops).
-  static void hsum4(V a, V b, V c, V d, float* out) {
+  // hsum(x_i) for 4 vectors, bit for bit (the batched GEMV's rows must equal its one-row calls):
+  // hsum (_mm512_reduce_add_ps) adds lanes k + 8 → k, then j + 4 → j, then i + 2 → i, then 1 → 0;
+  // the same pairs here, on 4 vectors at once (8 shuffles and 5 adds instead of 4 × 7 ops), leave
+  // the sums in lanes 0, 4, 8, 12. hsum4 writes them to out[0..4) (through memory: gemv_batch_row
+  // wants floats), hsum4x returns them as one 4-lane vector (gemv_batch_block's y update).
+  static V hsum4_lanes(V a, V b, V c, V d) {
     const V ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));  // a8 | b8
     const V cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));  // c8 | d8
     V r = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));  // a4 b4 c4 d4
     r = _mm512_add_ps(r, _mm512_permute_ps(r, _MM_SHUFFLE(1, 0, 3, 2)));
-    r = _mm512_add_ps(r, _mm512_permute_ps(r, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm512_add_ps(r, _mm512_permute_ps(r, _MM_SHUFFLE(2, 3, 0, 1)));
+  }
+  static void hsum4(V a, V b, V c, V d, float* out) {
     alignas(64) float t[16];
-    _mm512_store_ps(t, r);
+    _mm512_store_ps(t, hsum4_lanes(a, b, c, d));
     out[0] = t[0], out[1] = t[4], out[2] = t[8], out[3] = t[12];
+  }
+  static __m128 hsum4x(V a, V b, V c, V d) {
+    const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(lanes, hsum4_lanes(a, b, c, d)));
   }
   // Lane j of the result = the sum of the 16 lanes of x[j] (attend_one's scores, 16 keys at a
   // time): four rounds, each adding the two halves of every input's lanes left and packing two

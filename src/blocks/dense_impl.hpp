@@ -160,15 +160,24 @@ void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
 }
 
 // The weight lines [p, end) a later block will read, prefetched into L2 a few at a time from inside
-// the compute loop of the blocks before it (step(): per_step lines per step of gemv_batch_block's
-// inner loop; rest(): whatever is left once the block is done). Spread this way, the prefetches of
-// a block do not queue at once for the few line-fill buffers the loads of the block compete for.
+// the compute loop of the blocks before it (step<K>(): K lines a step of gemv_batch_block's inner
+// loop, while any are left; rest(): whatever is left once the block is done). Spread this way, the
+// prefetches of a block do not queue at once for the few line-fill buffers the loads of the block
+// compete for. K is a constant so that a step is K prefetches, one add and one test: the inner loop
+// has 16 FMAs and 8 loads on AVX-512, and a counted loop of prefetches there costs as much issue
+// width as the FMAs of a short row.
 struct Ahead {
   const char* p = nullptr;  // the next line to prefetch (64-byte aligned)
   const char* end = nullptr;
-  i64 per_step = 0;
+  template <int K>
   void step() {
-    for (i64 k = 0; k < per_step && p < end; ++k, p += 64) __builtin_prefetch(p, 0, 2);
+    // Expected: p < end in all but a block's last steps (GCC otherwise moves the prefetches out of
+    // line, two taken jumps a step).
+    if (__builtin_expect(p < end, 1)) {
+      #pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) __builtin_prefetch(p + 64 * k, 0, 2);
+      p += 64 * K;
+    }
   }
   void rest() {
     for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
@@ -182,13 +191,15 @@ struct Ahead {
 // and the masked tail) are added as ((c0 + c1) + c2) + c3, then reduced by S::hsum. Here the chains
 // run one after the other (R·MB accumulators at a time, not R·MB·U), the finished ones summed into
 // tot in that order, so the result is the same bits. Chain u reads every U-th vector of the R rows
-// (cache line u of each 4 on AVX-512); the rows stay in L1 between the chains.
-template <class S, class Rows, int R, int MB>
-void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead) {
+// (cache line u of each 4 on AVX-512); the rows stay in L1 between the chains. K: lines prefetched a
+// step (Ahead).
+template <class S, class Rows, int R, int MB, int K>
+void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead_io) {
   using V = typename S::V;
   constexpr int U = 4, L = S::L;
   const i64 in = a.in, steps_end = in / (U * L) * (U * L);
   const float* x = a.x + m0 * in;
+  Ahead ahead = ahead_io;  // a local copy keeps p in a register (through the reference GCC stores it every step)
   V tot[R][MB], acc[R][MB];
   #pragma GCC unroll 4
   for (int u = 0; u < U; ++u) {
@@ -197,13 +208,16 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead) {
       #pragma GCC unroll 16
       for (int m = 0; m < MB; ++m) acc[r][m] = S::zero();
     for (i64 i = u * L; i < steps_end; i += U * L) {
-      ahead.step();
+      ahead.template step<K>();
       V w[R];
       #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) w[r] = Rows::load(a.W, (o + r) * in + i);
       #pragma GCC unroll 16
       for (int m = 0; m < MB; ++m) {
-        const V xv = S::loadu(x + m * in + i);
+        V xv = S::loadu(x + m * in + i);
+        // One load for the R FMAs: without this GCC may fold the load into each FMA (R loads of
+        // the same vector; it does at R = 3, and the loads then outnumber the FMAs).
+        asm("" : "+v"(xv));
         #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) acc[r][m] = S::fmadd(w[r], xv, acc[r][m]);
       }
@@ -232,20 +246,33 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead) {
       #pragma GCC unroll 16
       for (int m = 0; m < MB; ++m) tot[r][m] = u == 0 ? acc[r][m] : S::add(tot[r][m], acc[r][m]);
   }
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    float sum[MB];
-    if constexpr (MB == 4 && requires { S::hsum4(tot[r][0], tot[r][1], tot[r][2], tot[r][3], sum); })
-      S::hsum4(tot[r][0], tot[r][1], tot[r][2], tot[r][3], sum);
-    else
-      #pragma GCC unroll 16
-      for (int m = 0; m < MB; ++m) sum[m] = S::hsum(tot[r][m]);
+  ahead_io = ahead;
+  // y [m0 + m, o + r] = ((beta·y or 0) + Σ) + (b [o + r] or 0), the expression of gemv_row.
+  if constexpr (R == 4 && requires { S::hsum4x(tot[0][0], tot[1][0], tot[2][0], tot[3][0]); }) {
+    // The R = 4 sums of one row of x are adjacent in y: reduced together into one 4-lane vector
+    // (S::hsum4x: S::hsum's sums) and written with one 4-float load, two adds and one store.
+    const __m128 bias = a.b ? _mm_loadu_ps(a.b + o) : _mm_setzero_ps();
     #pragma GCC unroll 16
     for (int m = 0; m < MB; ++m) {
-      float* y = a.y + (m0 + m) * a.ldy + o + r;
-      *y = (a.beta == 0.0f ? 0.0f : *y) + sum[m] + (a.b ? a.b[o + r] : 0.0f);
+      float* y = a.y + (m0 + m) * a.ldy + o;
+      const __m128 sum = S::hsum4x(tot[0][m], tot[1][m], tot[2][m], tot[3][m]);
+      _mm_storeu_ps(y, _mm_add_ps(_mm_add_ps(a.beta == 0.0f ? _mm_setzero_ps() : _mm_loadu_ps(y), sum), bias));
     }
-  }
+  } else
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      float sum[MB];
+      if constexpr (MB == 4 && requires { S::hsum4(tot[r][0], tot[r][1], tot[r][2], tot[r][3], sum); })
+        S::hsum4(tot[r][0], tot[r][1], tot[r][2], tot[r][3], sum);
+      else
+        #pragma GCC unroll 16
+        for (int m = 0; m < MB; ++m) sum[m] = S::hsum(tot[r][m]);
+      #pragma GCC unroll 16
+      for (int m = 0; m < MB; ++m) {
+        float* y = a.y + (m0 + m) * a.ldy + o + r;
+        *y = (a.beta == 0.0f ? 0.0f : *y) + sum[m] + (a.b ? a.b[o + r] : 0.0f);
+      }
+    }
 }
 
 // Rows [o0, o1) for the rows [a.m0, a.m1) of x: blocks of R rows × MB rows of x (gemv_batch_block)
@@ -262,10 +289,15 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
   // over the (mb − m0) / MB · (in / (U·L)) · U steps of its inner loops: chain u of a block reads
   // every U-th cache line, a pattern the hardware prefetchers do not follow (without the prefetch
   // the blocks ran at half the one-row kernel's speed from memory; 1 block ahead into L1: slower).
+  // K lines a step: lines / steps rounded down to 1, 2 or 4, the rest left to rest() (f32 rows of
+  // 288 columns at 8 rows of x: 72 lines in 32 steps, K = 2 and 8 lines at the end; of 768: 192 in
+  // 96). Rounded up instead (K = 4 at 288), the prefetches of a block came in its first half and the
+  // 6.1 M model's weight pass took longer.
   const i64 block_bytes = R * a.in * Rows::bytes;
   const i64 steps = (mb - a.m0) / MB * (a.in / (U * S::L) * U);
+  const i64 lines = (block_bytes + 63) / 64;
   i64 o = o0;
-  if (mb > a.m0)
+  auto blocks = [&]<int K>() {
     for (; o + R <= o1; o += R) {
       Ahead ahead;
       if (o + 3 * R <= o1) {
@@ -273,14 +305,18 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
             reinterpret_cast<std::uintptr_t>(a.W) + static_cast<std::uintptr_t>((o + 2 * R) * a.in * Rows::bytes);
         ahead.p = reinterpret_cast<const char*>(first & ~std::uintptr_t{63});
         ahead.end = reinterpret_cast<const char*>(first + static_cast<std::uintptr_t>(block_bytes));
-        const i64 lines = (ahead.end - ahead.p + 63) / 64;
-        ahead.per_step = steps > 0 ? (lines + steps - 1) / steps : 0;
       }
-      for (i64 m = a.m0; m < mb; m += MB) gemv_batch_block<S, Rows, R, MB>(a, o, m, ahead);
+      for (i64 m = a.m0; m < mb; m += MB) gemv_batch_block<S, Rows, R, MB, K>(a, o, m, ahead);
       ahead.rest();
       for (i64 m = mb; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m);
     }
-  else  // fewer than MB rows of x: R rows of W at a time for each
+  };
+  if (mb > a.m0) {
+    const i64 per_step = steps > 0 ? lines / steps : 0;
+    if (per_step >= 4) blocks.template operator()<4>();
+    else if (per_step >= 2) blocks.template operator()<2>();
+    else blocks.template operator()<1>();
+  } else  // fewer than MB rows of x: R rows of W at a time for each
     for (; o + R <= o1; o += R)
       for (i64 m = a.m0; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m);
   for (; o < o1; ++o) {

@@ -538,7 +538,9 @@ TEST(Dense, ForkedChildRunsBf16GemmWhileAnotherThreadBuildsOne) {
 // GemvMatchesReferenceOnEveryIsa (γ_in · Σ|x·w|, bf16 weights widened exactly, so no extra term),
 // and bit for bit equal, row by row, to the same call with M = 1 and to calls over other row
 // ranges: a sequence's result must not depend on its batch or on the thread's share of the rows
-// (M ≥ 4 runs the register-blocked path, which sums each chain separately: the same bits).
+// (M ≥ 4 runs the register-blocked path, which sums each chain separately: the same bits), with a
+// bias and without (the blocks of 4 rows write y 4 floats at a time on AVX-512). M ∈ {4, 5, 8} ×
+// in ∈ {64, 100, 300} × f32 / bf16 take every count of prefetched lines a step (1, 2 and 4).
 TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
   for (Isa isa : isas())
     for (bool bf16 : {false, true}) {
@@ -546,7 +548,8 @@ TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
       for (std::int64_t M : {1, 2, 3, 4, 5, 8})
         for (std::int64_t in : {7, 16, 64, 100, 300})
           for (std::int64_t out : {13, 29})  // blocks of 4 rows (AVX-512) and 2 (AVX2), a row left over
-          for (float beta : {0.0f, 1.0f}) {
+          for (float beta : {0.0f, 1.0f})
+          for (bool bias : {true, false}) {
             const std::int64_t ldy = out + 3;
             const auto x = randn(static_cast<std::size_t>(M * in), 1);
             const auto W = randn(static_cast<std::size_t>(out * in), 2);
@@ -559,16 +562,17 @@ TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
             std::vector<float> y = y0, y1 = y0;
             const float* Wf = bf16 ? nullptr : W.data();
             const std::uint16_t* Wh = bf16 ? Wb.data() : nullptr;
-            qkv::blocks::gemv_batch_rows(x.data(), Wf, Wh, b.data(), y.data(), ldy, M, in, beta, isa, 0, out, {0, M});
+            const float* bp = bias ? b.data() : nullptr;
+            qkv::blocks::gemv_batch_rows(x.data(), Wf, Wh, bp, y.data(), ldy, M, in, beta, isa, 0, out, {0, M});
             for (std::int64_t m = 0; m < M; ++m)  // one row of x at a time, the rows of W in two ranges
               for (auto [o0, o1] : {std::pair<std::int64_t, std::int64_t>{0, 5}, {5, out}})
-                qkv::blocks::gemv_batch_rows(x.data() + m * in, Wf, Wh, b.data(), y1.data() + m * ldy, ldy, 1, in, beta,
-                                             isa, o0, o1, {0, 1});
+                qkv::blocks::gemv_batch_rows(x.data() + m * in, Wf, Wh, bp, y1.data() + m * ldy, ldy, 1, in, beta, isa,
+                                             o0, o1, {0, 1});
             EXPECT_EQ(std::memcmp(y.data(), y1.data(), 4 * y.size()), 0)
-                << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " M " << M << " in " << in;
+                << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " M " << M << " in " << in << " bias " << bias;
             for (std::int64_t m = 0; m < M; ++m)
               for (std::int64_t o = 0; o < out; ++o) {
-                double ref = b[o] + (beta == 0.0f ? 0.0 : y0[m * ldy + o]), mag = std::abs(ref);
+                double ref = (bias ? b[o] : 0.0) + (beta == 0.0f ? 0.0 : y0[m * ldy + o]), mag = std::abs(ref);
                 for (std::int64_t i = 0; i < in; ++i) {
                   ref += double(x[m * in + i]) * Wr[o * in + i];
                   mag += std::abs(double(x[m * in + i]) * Wr[o * in + i]);
