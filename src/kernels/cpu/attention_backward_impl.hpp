@@ -237,9 +237,10 @@ struct EpiDS {
 // masked half of those tiles. Everything outside a row's keys has P = dS = 0 (zeroed), so the
 // products may leave it out: a zero product added to a sum changes no bit (the sums start at +0,
 // and x + (±0) = x for x ≠ 0, +0 + (±0) = +0; so a tile's partial sum of zero products is +0,
-// which added to the accumulator changes no bit either) while its other factor is finite (Q and K are, see
-// Prepass and pack_kv_block; dO is unless the caller's is not). The spans depend on kM only, so
-// avx2 and avx512 (both kM = 6) leave out the same products even then: their bits agree.
+// which added to the accumulator changes no bit either) while its other factor is finite (Q and K
+// are, see Prepass and pack_kv_block; dO is unless the caller's is not). The spans depend on kM
+// only, so avx2 and avx512 (both kM = 6) leave out the same products and cut the same partial
+// sums even then: their bits agree.
 template <int kM>
 struct Spans {
   static constexpr int kT = (kBq + kM - 1) / kM;
