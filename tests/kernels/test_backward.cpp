@@ -308,9 +308,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, Backward,
                          });
 
 // f32 gives the same bits on every vector instruction set: each gradient is a sum of the same
-// fused multiply-adds in the same order whatever the register tile, and the tiles leave out only
-// products with P = 0 or dS = 0, which change no bit of a sum (attention_backward_impl.hpp,
-// Spans). Causal and windowed cases put the diagonal inside 64 × 64 tiles at offsets that are no
+// fused multiply-adds in the same order whatever the register tile's width (partial sums over the
+// same key or query ranges of kM-row tiles, kM = 6 on avx2 and avx512, added to the accumulator
+// in the same order), and the tiles leave out only products with P = 0 or dS = 0, which change no
+// bit of a sum (attention_backward_impl.hpp, Spans). Causal and windowed cases put the diagonal inside 64 × 64 tiles at offsets that are no
 // multiple of any tile height. (The scalar tiles round a·b and a·b + c apart, simd_scalar.hpp's
 // fmadd: their bits differ; MatchesReferenceWithinNaiveError holds them to the reference.)
 TEST(BackwardIsas, F32SameBitsOnEveryVectorIsa) {

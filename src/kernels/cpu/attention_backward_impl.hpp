@@ -93,8 +93,11 @@ struct EpiStore {  // nothing: C = the product
 };
 
 // C[m, 16·g + l] (+)= Σ_k A[m·a_rs + k·a_cs] · B[k·ldb + 16·g + l]  for m < M, g < NG, l < 16,
-// each sum in increasing k, then C = epi(C) (row row0 + m, column col0 + 16·g of the product).
-// A is broadcast one element at a time, so it may be read transposed (a_rs = 1) as well.
+// each sum in increasing k from +0, added to C (accumulate) after the loop, then C = epi(C) (row
+// row0 + m, column col0 + 16·g of the product). A is broadcast one element at a time, so it may be
+// read transposed (a_rs = 1) as well. C is read after the loop rather than before it: the loop's
+// first multiply-adds do not wait for C, which the gradient products find in L2 (their dK, dV and
+// dQ accumulators are too large for L1), and the loads issue while the loop still runs.
 template <class Simd, int M, int NG, class Epi>
 void tile(const float* A, std::int64_t a_rs, std::int64_t a_cs, const float* B, std::int64_t ldb, float* C,
           std::int64_t ldc, std::int64_t K, bool accumulate, const Epi& epi, std::int64_t row0, std::int64_t col0) {
@@ -103,7 +106,7 @@ void tile(const float* A, std::int64_t a_rs, std::int64_t a_cs, const float* B, 
 #pragma GCC unroll 8
   for (int m = 0; m < M; ++m)
 #pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) c[m][g] = accumulate ? V::load(C + m * ldc + kLanes * g) : V::zero();
+    for (int g = 0; g < NG; ++g) c[m][g] = V::zero();
   for (std::int64_t k = 0; k < K; ++k) {
     V b[NG];
 #pragma GCC unroll 8
@@ -116,10 +119,18 @@ void tile(const float* A, std::int64_t a_rs, std::int64_t a_cs, const float* B, 
       for (int g = 0; g < NG; ++g) c[m][g] = am.fma(b[g], c[m][g]);
     }
   }
+  // A row's epilogues before its stores: with no store between them, the compiler reads the
+  // epilogue's per-row operands (L or delta of row m) once per row instead of once per vector.
 #pragma GCC unroll 8
-  for (int m = 0; m < M; ++m)
+  for (int m = 0; m < M; ++m) {
 #pragma GCC unroll 8
-    for (int g = 0; g < NG; ++g) epi(c[m][g], row0 + m, col0 + kLanes * g).store(C + m * ldc + kLanes * g);
+    for (int g = 0; g < NG; ++g) {
+      if (accumulate) c[m][g] = V::load(C + m * ldc + kLanes * g) + c[m][g];
+      c[m][g] = epi(c[m][g], row0 + m, col0 + kLanes * g);
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; ++g) c[m][g].store(C + m * ldc + kLanes * g);
+  }
 }
 
 template <class Epi>
@@ -225,9 +236,11 @@ struct EpiDS {
 // attention this leaves out the register tiles above the diagonal, so causal does not pay for the
 // masked half of those tiles. Everything outside a row's keys has P = dS = 0 (zeroed), so the
 // products may leave it out: a zero product added to a sum changes no bit (the sums start at +0,
-// and x + (±0) = x for x ≠ 0, +0 + (±0) = +0) while its other factor is finite (Q and K are, see
-// Prepass and pack_kv_block; dO is unless the caller's is not). The spans depend on kM only, so
-// avx2 and avx512 (both kM = 6) leave out the same products even then: their bits agree.
+// and x + (±0) = x for x ≠ 0, +0 + (±0) = +0; so a tile's partial sum of zero products is +0,
+// which added to the accumulator changes no bit either) while its other factor is finite (Q and K
+// are, see Prepass and pack_kv_block; dO is unless the caller's is not). The spans depend on kM
+// only, so avx2 and avx512 (both kM = 6) leave out the same products and cut the same partial
+// sums even then: their bits agree.
 template <int kM>
 struct Spans {
   static constexpr int kT = (kBq + kM - 1) / kM;
