@@ -115,14 +115,23 @@ Prim primitive(const Key& key, const dnnl::memory::desc* packed) {
   return p;
 }
 
-// Runs p with a scratchpad of this thread's own.
-void execute(const Prim& p, dnnl::stream& s, std::unordered_map<int, dnnl::memory>& args) {
+// Runs p on x, W and y, with b [1, out] f32 as its bias when given, and a scratchpad of this
+// thread's own.
+void run(const Prim& p, dnnl::stream& s, const dnnl::memory& xm, const dnnl::memory& wm, const dnnl::memory& ym,
+         const float* b, i64 out) {
   thread_local std::vector<std::uint8_t> scratch;
   const std::size_t bytes = p.scratch.get_size();
   if (scratch.size() < bytes) scratch.resize(bytes);
-  args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(p.scratch, engine(), scratch.data()));
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym},
+                                             {DNNL_ARG_SCRATCHPAD, dnnl::memory(p.scratch, engine(), scratch.data())}};
+  if (b) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, out}, dt::f32, tag::ab}, engine(), const_cast<float*>(b)));
   p.prim.execute(s, args);
   s.wait();
+}
+
+[[noreturn]] void matmul_failed(const char* fn, const dnnl::error& err, i64 M, i64 in, i64 out) {
+  fail(fn, std::string("oneDNN matmul failed: ") + err.what() + " (M = " + std::to_string(M) + ", in = " +
+               std::to_string(in) + ", out = " + std::to_string(out) + ")");
 }
 
 }  // namespace
@@ -199,12 +208,9 @@ void matmul_f32(const char* fn, const float* x, const PackedImpl* pk, const floa
     }
     const dnnl::memory xm({{M, in}, dt::f32, tag::ab}, e, const_cast<float*>(x));
     const dnnl::memory ym({{M, out}, dt::f32, tag::ab}, e, y);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};
-    if (b) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, out}, dt::f32, tag::ab}, e, const_cast<float*>(b)));
-    execute(prim, s, args);
+    run(prim, s, xm, wm, ym, b, out);
   } catch (const dnnl::error& err) {
-    fail(fn, std::string("oneDNN matmul failed: ") + err.what() + " (M = " + std::to_string(M) + ", in = " +
-                 std::to_string(in) + ", out = " + std::to_string(out) + ")");
+    matmul_failed(fn, err, M, in, out);
   }
 }
 
@@ -266,12 +272,9 @@ void gemm_bf16_in(const std::uint16_t* xb, const std::uint16_t* W, const float* 
     const dnnl::memory xm({{M, in}, dt::bf16, tag::ab}, e, const_cast<std::uint16_t*>(xb));
     const dnnl::memory wm = pk ? pk->mem : dnnl::memory(weights_desc(in, out, false), e, const_cast<std::uint16_t*>(W));
     const dnnl::memory ym({{M, out}, y_bf16 ? dt::bf16 : dt::f32, tag::ab}, e, y);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};
-    if (b) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, out}, dt::f32, tag::ab}, e, const_cast<float*>(b)));
-    execute(prim, s, args);
+    run(prim, s, xm, wm, ym, b, out);
   } catch (const dnnl::error& err) {
-    fail(fn, std::string("oneDNN matmul failed: ") + err.what() + " (M = " + std::to_string(M) + ", in = " +
-                 std::to_string(in) + ", out = " + std::to_string(out) + ")");
+    matmul_failed(fn, err, M, in, out);
   }
 }
 
