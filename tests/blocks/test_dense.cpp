@@ -187,6 +187,33 @@ TEST(Dense, SplitBf16MatchesScalarRounding) {
   std::printf("%lld values split, all bit-equal to the scalar rounding\n", static_cast<long long>(M * in));
 }
 
+// The epilogue's activation in f64: none, GELU in the tanh form, or in the erf form.
+double act_reference(qkv::blocks::GemmAct act, double z) {
+  using qkv::blocks::GemmAct;
+  const double u = std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z);
+  return act == GemmAct::none        ? z
+         : act == GemmAct::gelu_tanh ? 0.5 * z * (1.0 + std::tanh(u))
+                                     : 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+}
+
+// Random x [M, in], W [out, in], b [out] from seed, seed + 1, seed + 2, with x and W rounded to bf16
+// (Wb, xb: nearest even) and xr the f32 values of xb: the inputs of the bf16 GEMM tests and their twin.
+struct Bf16Gemm {
+  std::vector<float> W, b, xr;
+  std::vector<std::uint16_t> Wb, xb;
+};
+Bf16Gemm bf16_gemm_inputs(std::int64_t M, std::int64_t in, std::int64_t out, unsigned seed) {
+  const auto x = randn(static_cast<std::size_t>(M * in), seed);
+  Bf16Gemm g{randn(static_cast<std::size_t>(out * in), seed + 1), randn(static_cast<std::size_t>(out), seed + 2),
+             std::vector<float>(x.size()), {}, {}};
+  g.Wb.resize(g.W.size());
+  g.xb.resize(x.size());
+  qkv::blocks::f32_to_bf16(g.Wb.data(), g.W.data(), static_cast<std::int64_t>(g.W.size()));
+  qkv::blocks::f32_to_bf16(g.xb.data(), x.data(), static_cast<std::int64_t>(x.size()));
+  for (std::size_t i = 0; i < x.size(); ++i) g.xr[i] = qkv::bf16_to_f32(g.xb[i]);
+  return g;
+}
+
 // The bf16 GEMM of prefill (ModelOptions::gemm_inputs = bf16) against its twin: x rounded to bf16
 // by the scalar rounding, then gemv_reference in f64. Products of two bf16 are exact in f32, so
 // only the f32 accumulation differs: the bound is γ_in · Σ|bf16(x)·w| with γ_in = (in + 2)·2^-24, as
@@ -199,14 +226,8 @@ TEST(Dense, GemmBf16MatchesReference) {
       for (std::int64_t out : {3, 33})
         for (float beta : {0.0f, 1.0f})
           for (int threads : {1, 2}) {
-            const auto x = randn(static_cast<std::size_t>(M * in), 41);
-            const auto W = randn(static_cast<std::size_t>(out * in), 42);
-            const auto b = randn(static_cast<std::size_t>(out), 43);
-            std::vector<std::uint16_t> Wb(W.size()), xb(x.size());
-            qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
-            qkv::blocks::f32_to_bf16(xb.data(), x.data(), static_cast<std::int64_t>(x.size()));
-            std::vector<float> xr(x.size());
-            for (std::size_t i = 0; i < x.size(); ++i) xr[i] = qkv::bf16_to_f32(xb[i]);
+            const auto x = randn(static_cast<std::size_t>(M * in), 41);  // the same x as bf16_gemm_inputs'
+            const auto [W, b, xr, Wb, xb] = bf16_gemm_inputs(M, in, out, 41);
             const auto y0 = beta == 0.0f ? std::vector<float>(static_cast<std::size_t>(M * out), std::nanf(""))
                                          : randn(static_cast<std::size_t>(M * out), 44);
             std::vector<float> y = y0, r = y0;
@@ -260,14 +281,7 @@ TEST(Dense, GemmBf16InEpilogueMatchesReference) {
                   for (bool pack : {false, true}) {
                     if (beta != 0.0f && (yt != qkv::DType::f32 || act != GemmAct::none)) continue;
                     if (!pack && pack_isa != run_isa) continue;
-                    const auto x = randn(static_cast<std::size_t>(M * in), 51);
-                    const auto W = randn(static_cast<std::size_t>(out * in), 52);
-                    const auto b = randn(static_cast<std::size_t>(out), 53);
-                    std::vector<std::uint16_t> Wb(W.size()), xb(x.size());
-                    qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
-                    qkv::blocks::f32_to_bf16(xb.data(), x.data(), static_cast<std::int64_t>(x.size()));
-                    std::vector<float> xr(x.size());
-                    for (std::size_t i = 0; i < x.size(); ++i) xr[i] = qkv::bf16_to_f32(xb[i]);
+                    const auto [W, b, xr, Wb, xb] = bf16_gemm_inputs(M, in, out, 51);
                     const std::size_t n = static_cast<std::size_t>(M * out);
                     const auto y0 = beta == 0.0f ? std::vector<float>(n, std::nanf("")) : randn(n, 54);
                     std::vector<float> y = y0, r = y0;
@@ -288,10 +302,7 @@ TEST(Dense, GemmBf16InEpilogueMatchesReference) {
                         for (std::int64_t i = 0; i < in; ++i)
                           mag += std::abs(double(xr[m * in + i]) * qkv::bf16_to_f32(Wb[o * in + i]));
                         const double z = r[e];
-                        const double u = std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z);
-                        const double ref = act == GemmAct::none        ? z
-                                           : act == GemmAct::gelu_tanh ? 0.5 * z * (1.0 + std::tanh(u))
-                                                                       : 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+                        const double ref = act_reference(act, z);
                         double bound = 1.13 * (in + 2) * std::ldexp(1.0, -24) * mag;
                         if (act != GemmAct::none) bound += 16 * std::ldexp(1.0, -24) * std::max(1.0, std::abs(z));
                         if (yt == qkv::DType::bf16)
@@ -350,10 +361,7 @@ TEST(Dense, GemmF32PackedEpilogueMatchesReference) {
                 double mag = (bias ? std::abs(bias[o]) : 0.0) + (beta != 0.0f ? std::abs(y0[e]) : 0.0);
                 for (std::int64_t i = 0; i < in; ++i) mag += std::abs(double(x[m * in + i]) * W[o * in + i]);
                 const double z = r[e];
-                const double u = std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z);
-                const double ref = act == GemmAct::none        ? z
-                                   : act == GemmAct::gelu_tanh ? 0.5 * z * (1.0 + std::tanh(u))
-                                                               : 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+                const double ref = act_reference(act, z);
                 double bound = 1.13 * (in + 2) * std::ldexp(1.0, -24) * mag;
                 if (act != GemmAct::none) bound += 16 * std::ldexp(1.0, -24) * std::max(1.0, std::abs(z));
                 const double err = std::abs(double(y[e]) - ref);
