@@ -158,14 +158,17 @@ struct OperandsBf16 {
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) _mm512_storeu_ps(Ps + r * kNt + c * 16, _mm512_mul_ps(acc[r][c], scale));
   }
-  void pv(const float* Ps, i64 c_lo, i64 c_hi, float* o) const {
+  // One pass over all Dvp columns (P rounded to bf16 once per strip and tile).
+  i64 pv_pass_cols() const { return Dvp; }
+  // o[kRows][e0, e1) += P[:, c_lo:c_hi] · V[c_lo:c_hi, e0:e1) (e0, e1 multiples of kVc or e1 ≥ Dvp).
+  void pv(const float* Ps, i64 c_lo, i64 c_hi, float* o, i64 e_begin, i64 e_end) const {
     for (int r = 0; r < kRows; ++r)
       for (int c = 0; c < kNt; c += 32) {
         const __m512bh p = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(Ps + r * kNt + c + 16), _mm512_loadu_ps(Ps + r * kNt + c));
         _mm512_storeu_si512(reinterpret_cast<void*>(Pb + r * kNt + c), reinterpret_cast<__m512i>(p));
       }
     const i64 jp0 = c_lo / 2, jp1 = (c_hi + 1) / 2;
-    for (i64 e0 = 0; e0 < Dvp; e0 += kVc) {
+    for (i64 e0 = e_begin; e0 < imin(e_end, Dvp); e0 += kVc) {
       __m512 acc[kRows][2];
 #pragma GCC unroll 8
       for (int r = 0; r < kRows; ++r)

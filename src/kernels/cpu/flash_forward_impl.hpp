@@ -3,11 +3,13 @@
 //
 // flash_forward — one work item per (b, h, query block of kMb rows), handed out dynamically:
 //   load the block's queries (scaled) into Qs; for every K/V tile of kNt keys the block may
-//   attend: transpose K into Kt, then for every 6-row strip that may attend the tile:
-//     Q·Kᵀ micro-kernel (6 × NQ·L register block) → scores Ps
-//     mask (only on tiles the causal/window/padding rule cuts, or with a dense mask)
-//     online softmax: running max m (raised lazily), running sum l, accumulators rescaled
-//     P·V micro-kernel (6 × 4L register blocks on AVX-512, 6 × 2L elsewhere) into the accumulators Os
+//   attend: transpose K into Kt, then
+//     for every 6-row strip that may attend the tile:
+//       Q·Kᵀ micro-kernel (6 × NQ·L register block) → the strip's scores in Ps
+//       mask (only on tiles the causal/window/padding rule cuts, or with a dense mask)
+//       online softmax: running max m (raised lazily), running sum l, accumulators rescaled
+//     then for every such strip: P·V micro-kernel (6 × 4L register blocks on AVX-512, 6 × 2L
+//     elsewhere) into the accumulators Os
 //   then out = Os / l, lse = ln 2 · (m + log2 l). Tiles and strips the rule removes entirely
 //   are never computed, so causal costs about half.
 // Deterministic: a row's result depends only on the shape, never on the thread count.
@@ -121,14 +123,18 @@ struct OperandsF32 {
       qk_narrow<S, Blocking<S>::NQ>(v1 - v0, Qs + r0 * D, D, Kt, D, Ps, c0 + v0 * L, capped ? &cap : nullptr);
     }
   }
-  // o[kRows][Dvp] += P[:, c_lo:c_hi] · V[c_lo:c_hi, :], by blocks of NVw vectors of columns, the
-  // rest by NV. Each column's sum runs over the keys in the same order whatever its block.
-  void pv(const float* Ps, i64 c_lo, i64 c_hi, float* o) const {
+  // Columns of the accumulators a P·V pass covers (forward() runs every strip's P·V on one pass of
+  // columns before the next, so that the part of V they read, 64 keys × 64 columns, stays in L1).
+  i64 pv_pass_cols() const { return Blocking<S>::NVw * S::L; }
+  // o[kRows][e0, e1) += P[:, c_lo:c_hi] · V[c_lo:c_hi, e0:e1) for a pass [e0, e1) of columns, by
+  // blocks of NVw vectors of columns, the rest by NV. Each column's sum runs over the keys in the
+  // same order whatever its block or pass.
+  void pv(const float* Ps, i64 c_lo, i64 c_hi, float* o, i64 e0, i64 e1) const {
     constexpr int kVw = Blocking<S>::NVw * S::L;
-    i64 e0 = 0;
+    e1 = imin(e1, Dvp);
     if constexpr (kVw > kVc)
-      for (; e0 + kVw <= Dvp; e0 += kVw) pv_block<S, Blocking<S>::NVw>(Ps, vt, ldv, c_lo, c_hi, o, Dvp, e0);
-    for (; e0 < Dvp; e0 += kVc) pv_block<S, Blocking<S>::NV>(Ps, vt, ldv, c_lo, c_hi, o, Dvp, e0);
+      for (; e0 + kVw <= e1; e0 += kVw) pv_block<S, Blocking<S>::NVw>(Ps, vt, ldv, c_lo, c_hi, o, Dvp, e0);
+    for (; e0 < e1; e0 += kVc) pv_block<S, Blocking<S>::NV>(Ps, vt, ldv, c_lo, c_hi, o, Dvp, e0);
   }
 };
 
@@ -186,10 +192,10 @@ void forward(const FlashArgs* list, i64 n) {
   //   Os [kMb][Dvp]  unnormalised output accumulators (Dvp = Dv rounded up to the P·V block)
   //   Ms [kMb]       running max (log2 units)
   //   Ls [kMb][L]    running sum, lane-wise (see softmax_row)
-  //   Ps [kRows][kNt] one strip's scores, then probabilities
+  //   Ps [kMb][kNt]  the block's scores of one tile, then probabilities (strip s at rows 6s…)
   //   then the operands' own scratch (Ops::scratch_floats: queries, K and V tiles)
   const i64 n_os = round_up(kMb * Dvp, 16);
-  const i64 arena = per_thread_floats(n_os + kMb + kMb * S::L + kRows * kNt + ops_floats);
+  const i64 arena = per_thread_floats(n_os + kMb + kMb * S::L + kMb * kNt + ops_floats);
   Scratch mem(threads * arena * static_cast<i64>(sizeof(float)));
 
   // One item needs no team (waking another thread costs microseconds). The items are handed out
@@ -202,6 +208,7 @@ void forward(const FlashArgs* list, i64 n) {
     float* Ps = Ls + kMb * S::L;
     i64 ke[kMb], lo[kMb], hi[kMb];           // allowed keys [0, ke) ∪ [lo, hi) of each row (key_range; none past Sq)
     KeySpan strip[kMb / kRows];              // the keys of each strip's rows (set per item)
+    i64 strip_lo[kMb / kRows], strip_hi[kMb / kRows];  // the tile's columns each strip computed (empty: none)
     std::uint64_t dkey[kMb];                 // dropout_row_key of each row, when a.dropout
 
     for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
@@ -211,7 +218,7 @@ void forward(const FlashArgs* list, i64 n) {
         (plan[mid].first <= item ? c0 : c1) = mid;
       }
       const FlashArgs& a = list[c0];
-      Ops ops(a, Ps + kRows * kNt);
+      Ops ops(a, Ps + kMb * kNt);
       const i64 G = a.H / a.Hkv;
       const i64 nqb = plan[c0].nqb, mb = plan[c0].mb;
       const i64 local = item - plan[c0].first;
@@ -283,10 +290,13 @@ void forward(const FlashArgs* list, i64 n) {
               for (i64 r = r0 + kRows; r < imin(r0 + 2 * kRows, nrows); ++r)
                 pf_row(static_cast<const char*>(a.q) + esz * (b * a.sq[0] + h * a.sq[1] + (i0 + r) * a.sq[2]), esz * a.D);
           }
+          strip_lo[s] = strip_hi[s] = 0;
           if (strip[s].lo >= t0 + kNt || strip[s].hi <= t0) continue;  // the rule removes the whole strip
           if (strip[s].skips(t0)) continue;                             // in the strip's keep_first gap
           const i64 c_lo = strip[s].tile_lo(t0) - t0, c_hi = strip[s].tile_hi(t0) - t0;
-          ops.qk(r0, Ps, c_lo, c_hi);
+          strip_lo[s] = c_lo, strip_hi[s] = c_hi;
+          float* Pst = Ps + r0 * kNt;
+          ops.qk(r0, Pst, c_lo, c_hi);
           // A tile no rule or mask cuts for any row of the strip takes the whole tile at once;
           // with ALiBi its bias is added there without the masked path (softcap needs neither:
           // ops.qk capped the scores). mask_mod_row would do the same: its mask_row changes
@@ -295,9 +305,9 @@ void forward(const FlashArgs* list, i64 n) {
           for (int r = r0; r < r0 + kRows; ++r) cut = cut || lo[r] > t0 || hi[r] < t0 + kNt;
           if (!cut) {
             if (mods)
-              for (int r = 0; r < kRows; ++r) alibi_row<S>(Ps + r * kNt, 0, kNt, slope2, t0, row_diag(a, i0 + r0 + r, klen));
+              for (int r = 0; r < kRows; ++r) alibi_row<S>(Pst + r * kNt, 0, kNt, slope2, t0, row_diag(a, i0 + r0 + r, klen));
             for (int r = 0; r < kRows; ++r)
-              softmax_row<S>(Ps + r * kNt, &Ms[r0 + r], Ls + (r0 + r) * S::L, Os + (r0 + r) * Dvp, Dvp);
+              softmax_row<S>(Pst + r * kNt, &Ms[r0 + r], Ls + (r0 + r) * S::L, Os + (r0 + r) * Dvp, Dvp);
           } else {
             // Masked and normalised over the vectors Q·Kᵀ computed, [cb, ce) ⊇ [c_lo, c_hi), not
             // the whole tile: on the causal diagonal a strip sees on average half of it (same
@@ -306,15 +316,26 @@ void forward(const FlashArgs* list, i64 n) {
             for (int r = 0; r < kRows; ++r) {
               const i64 row = r0 + r;
               const i64 moff = b * a.smask[0] + h * a.smask[1] + (i0 + row) * a.smask[2];
-              if (mods) mask_mod_row<S>(a, Ps + r * kNt, t0, ke[row], lo[row], hi[row], moff, row_diag(a, i0 + row, klen), slope2, cb, ce, true);
-              else mask_row(a, Ps + r * kNt, t0, ke[row], lo[row], hi[row], moff, cb, ce);
-              softmax_row<S>(Ps + r * kNt, &Ms[row], Ls + row * S::L, Os + row * Dvp, Dvp, cb, ce);
+              if (mods) mask_mod_row<S>(a, Pst + r * kNt, t0, ke[row], lo[row], hi[row], moff, row_diag(a, i0 + row, klen), slope2, cb, ce, true);
+              else mask_row(a, Pst + r * kNt, t0, ke[row], lo[row], hi[row], moff, cb, ce);
+              softmax_row<S>(Pst + r * kNt, &Ms[row], Ls + row * S::L, Os + row * Dvp, Dvp, cb, ce);
             }
           }
           if (a.dropout)
-            for (int r = r0; r < imin(r0 + kRows, nrows); ++r) dropout_tile_row(a, dkey[r], Ps + (r - r0) * kNt, t0, c_lo, c_hi);
-          ops.pv(Ps, c_lo, c_hi, Os + r0 * Dvp);
+            for (int r = r0; r < imin(r0 + kRows, nrows); ++r) dropout_tile_row(a, dkey[r], Pst + (r - r0) * kNt, t0, c_lo, c_hi);
         }
+        // P·V of every strip after all the scores, by passes of columns: while the strips' Q·Kᵀ
+        // run, only Kt is read again and again, and while their P·V run, only one pass's part of
+        // V, so the tile operand the micro-kernels re-read stays in L1 (Kt and V of a tile
+        // together, 32 KiB at D = 64, do not fit beside the rows streaming through). Each row still
+        // takes its softmax's rescale before its P·V, and each column's sum runs over the same
+        // keys in the same order: this order gives the same bits as P·V right after each strip's
+        // softmax.
+        const i64 pass = ops.pv_pass_cols();
+        for (i64 e0 = 0; e0 < Dvp; e0 += pass)
+          for (int s = 0; s < nstrips; ++s)
+            if (strip_hi[s] > strip_lo[s])
+              ops.pv(Ps + s * kRows * kNt, strip_lo[s], strip_hi[s], Os + s * kRows * Dvp, e0, e0 + pass);
       }
       for (int r = 0; r < nrows; ++r)
         store_row<S>(a, b, h, i0 + r, Os + r * Dvp, Ms[r], S::hsum(S::loadu(Ls + r * S::L)));

@@ -386,7 +386,10 @@ __attribute__((noinline)) void qk_block(const float* q, i64 ldq, const float* kt
     for (int c = 0; c < NQ; ++c) S::storeu(s + r * kNt + c0 + c * L, acc[r][c]);
 }
 
-// P·V micro-kernel: o[r][e0, e0 + NV·L) += Σ_{j ∈ [j0, j1)} p[r][j] · v[j][e0, e0 + NV·L).
+// P·V micro-kernel: o[r][e0, e0 + NV·L) += Σ_{j ∈ [j0, j1)} p[r][j] · v[j][e0, e0 + NV·L), the sum
+// in increasing j from +0, added to o after the loop. o is read after the loop rather than before
+// it: the loop's first multiply-adds do not wait for o (the forward's accumulators, 48–96 KiB a
+// block, live in L2), and its loads issue while the loop still runs.
 //   p [kRows][kNt]    v rows j at v + j·ldv    o [kRows][ldo]
 template <class S, int NV>
 __attribute__((noinline)) void pv_block(const float* p, const float* v, i64 ldv, i64 j0, i64 j1, float* o, i64 ldo, i64 e0) {
@@ -395,7 +398,7 @@ __attribute__((noinline)) void pv_block(const float* p, const float* v, i64 ldv,
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) acc[r][c] = S::loadu(o + r * ldo + e0 + c * L);
+    for (int c = 0; c < NV; ++c) acc[r][c] = S::zero();
   for (i64 j = j0; j < j1; ++j) {
     typename S::V vv[NV];
 #pragma GCC unroll 8
@@ -410,7 +413,7 @@ __attribute__((noinline)) void pv_block(const float* p, const float* v, i64 ldv,
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) S::storeu(o + r * ldo + e0 + c * L, acc[r][c]);
+    for (int c = 0; c < NV; ++c) S::storeu(o + r * ldo + e0 + c * L, S::add(S::loadu(o + r * ldo + e0 + c * L), acc[r][c]));
 }
 
 // qk_block over nv ≤ N vectors of keys: the widest instantiation that is not wider than needed.
