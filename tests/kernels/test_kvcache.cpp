@@ -370,6 +370,53 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
   }
 }
 
+// A sliding window on an int8 cache: rows' first keys fall inside tiles (and blocks), so the
+// decode policy fills the columns before them with j_lo's rows and scale 0 (tile_kv). Paged =
+// contiguous bit for bit on every ISA (the same rows in the same order); the contiguous output
+// within qkv/attention.hpp's int8 bound of the reference (the f64 twin on the dequantised cache),
+// taken over the whole cache (max ‖k‖₁, max |v|, max q step: a looser bound than each row's) + an
+// f32 allowance 2 · n · 2⁻²⁴ · max |v| for sums over n ≤ Skv keys.
+TEST(KvCache, Int8WindowPagedEqualsContiguous) {
+  IsaGuard guard;
+  for (const Shape& s : shapes()) {
+    if (s.lens[0] <= (s.max_blocks - 1) * s.Sc) continue;  // as Int8WithinItsBoundOfTheF64Twin
+    const Caches c(s, DType::f32, 31);
+    const Int8Cache contig(s, c, false), paged(s, c, true);
+    Buffer q(DType::f32, {s.B, s.H, s.Sq, s.D});
+    fill(q, 13);
+    std::vector<double> qstep;
+    quantise_q8(q, s.D, &qstep);
+    double k1 = 0.0, vmax = 0.0;
+    for (std::int64_t row = 0; row < s.B * s.Skv() * s.Hkv; ++row) {
+      double n1 = 0.0;
+      for (std::int64_t d = 0; d < s.D; ++d) n1 += std::abs(contig.k.ptr<std::int8_t>()[row * s.D + d] * double{contig.ks.ptr<float>()[row]});
+      k1 = std::max(k1, n1);
+      for (std::int64_t e = 0; e < s.Dv; ++e)
+        vmax = std::max(vmax, std::abs(contig.v.ptr<std::int8_t>()[row * s.Dv + e] * double{contig.vs.ptr<float>()[row]}));
+    }
+    const double delta = 1.0 / std::sqrt(static_cast<double>(s.D)) * *std::max_element(qstep.begin(), qstep.end()) / 2 *
+                         (1 + 0x1p-14) * k1;
+    const double bound = (std::expm1(2 * delta) + 64.0 / 65534.0) * vmax + 2.0 * static_cast<double>(s.Skv()) * 0x1p-24 * vmax;
+    AttentionOptions o = options(c, false);
+    o.window_left = 150;
+    Buffer ref(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+    o.kernel = qkv::Kernel::reference;
+    qkv::attention_kvcache(q.view(), contig.view(nullptr), ref.view(), o);
+    o.kernel = qkv::Kernel::flash_decode;
+    for (Isa isa : isas()) {
+      qkv::set_isa(isa);
+      Buffer o1(DType::f32, {s.B, s.H, s.Sq, s.Dv}), o2(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+      const auto info = qkv::attention_kvcache(q.view(), contig.view(nullptr), o1.view(), o);
+      qkv::attention_kvcache(q.view(), paged.view(&c), o2.view(), o);
+      const double err = max_abs_diff(values(o1), values(ref));
+      std::printf("int8 window Sc %3ld Sq %ld %-28s err %.2e (bound %.2e)\n", static_cast<long>(s.Sc),
+                  static_cast<long>(s.Sq), info.name, err, bound);
+      EXPECT_LE(err, bound) << info.name;
+      EXPECT_EQ(max_abs_diff(values(o2), values(o1)), 0.0) << info.name << " Sc " << s.Sc;
+    }
+  }
+}
+
 // Non-finite and zero query rows on an int8 cache (qkv/attention.hpp's policy), every ISA: a NaN
 // or +∞ in q makes its row NaN, an all-zero q row averages V uniformly (the reference's value,
 // within the bound's P·V term, 64 / 65534 of the largest |v|, + 2^-20 of the largest output: f32

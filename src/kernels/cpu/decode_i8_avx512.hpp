@@ -146,28 +146,64 @@ struct DecodeOpsI8 {
       scores_block<R>(r0, nr, kt + c0, qfl, qcl, _mm512_permutexvar_ps(ki, _mm512_loadu_ps(kst + c0)), Ps, c0);
   }
   // Columns [c0, c1) of a tile at t0: ptr[c] the int8 row of key j = t0 + c (of k or v, strides
-  // s) and, with sc, sc[c] its scale (scale, strides ss); a key outside [j_lo, j_hi) gets j_lo's
-  // row and scale 0. By runs of evenly strided rows (kv_run_end: one block when paged), kv_row
-  // once per run.
-  void tile_rows(const void* base, const i64* s, const float* scale, const i64* ss, i64 b, i64 hk, i64 t0, i64 j_lo,
-                 i64 j_hi, i64 c0, i64 c1, const std::int8_t** ptr, float* sc) const {
+  // s); a key outside [j_lo, j_hi) gets j_lo's row. By runs of evenly strided rows (kv_run_end:
+  // one block when paged), kv_row once per run.
+  void tile_rows(const void* base, const i64* s, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 c0, i64 c1,
+                 const std::int8_t** ptr) const {
     const auto* x = static_cast<const std::int8_t*>(base);
     const std::int8_t* lo_row = x + kv_row(a, s, b, hk, j_lo);
     for (i64 c = c0; c < c1;) {
       const i64 j = t0 + c;
       if (j < j_lo || j >= j_hi) {
-        ptr[c] = lo_row;
-        if (sc) sc[c] = 0.0f;
-        ++c;
+        ptr[c++] = lo_row;
         continue;
       }
       const i64 end = imin(imin(j_hi, kv_run_end(a, j)) - t0, c1);
       const std::int8_t* p = x + kv_row(a, s, b, hk, j);
-      if (sc) {
-        const float* q = scale + kv_row(a, ss, b, hk, j);
-        for (i64 e = c; e < end; ++e, q += ss[2]) sc[e] = *q;
-      }
       for (; c < end; ++c, p += s[2]) ptr[c] = p;
+    }
+  }
+  // tile_rows for K and V at once, with the scales: kt[c], vp[c] the K and V rows of key
+  // j = t0 + c, kst[c], vs[c] their scales (0 outside [j_lo, j_hi)). The block table is read once
+  // per run for the four tensors.
+  void tile_kv(i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 c0, i64 c1) {
+    const auto* k = static_cast<const std::int8_t*>(a.k);
+    const auto* v = static_cast<const std::int8_t*>(a.v);
+    const std::int8_t *k_lo = k + kv_row(a, a.sk, b, hk, j_lo), *v_lo = v + kv_row(a, a.sv, b, hk, j_lo);
+    for (i64 c = c0; c < c1;) {
+      const i64 j = t0 + c;
+      if (j < j_lo || j >= j_hi) {
+        kt[c] = k_lo, vp[c] = v_lo, kst[c] = 0.0f, vs[c] = 0.0f;
+        ++c;
+        continue;
+      }
+      const i64 end = imin(imin(j_hi, kv_run_end(a, j)) - t0, c1);
+      i64 blk, r;
+      kv_pos(a, b, j, &blk, &r);
+      const std::int8_t* kr = k + blk * a.sk[0] + hk * a.sk[1] + r * a.sk[2];
+      const std::int8_t* vr = v + blk * a.sv[0] + hk * a.sv[1] + r * a.sv[2];
+      const float* ks = a.k_scale + blk * a.sks[0] + hk * a.sks[1] + r * a.sks[2];
+      const float* vsc = a.v_scale + blk * a.svs[0] + hk * a.svs[1] + r * a.svs[2];
+      for (; c < end; ++c, kr += a.sk[2], vr += a.sv[2], ks += a.sks[2], vsc += a.svs[2])
+        kt[c] = kr, vp[c] = vr, kst[c] = *ks, vs[c] = *vsc;
+    }
+  }
+  // Fetches the k_scale and v_scale entries of keys [j_lo, j_hi) (of the next tile: a tile ahead,
+  // as the scales are read by scalar loads at the tile's start, with no stream for the hardware
+  // prefetcher to follow across scattered blocks), by runs as tile_kv.
+  void pf_scales(i64 b, i64 hk, i64 j_lo, i64 j_hi) const {
+    for (i64 j = j_lo; j < j_hi;) {
+      const i64 end = imin(j_hi, kv_run_end(a, j));
+      i64 blk, r;
+      kv_pos(a, b, j, &blk, &r);
+      const float* ks = a.k_scale + blk * a.sks[0] + hk * a.sks[1] + r * a.sks[2];
+      const float* vsc = a.v_scale + blk * a.svs[0] + hk * a.svs[1] + r * a.svs[2];
+      const i64 n = end - j;
+      for (i64 x = 0; x < n * a.sks[2]; x += 16) __builtin_prefetch(ks + x, 0, 2);
+      __builtin_prefetch(ks + (n - 1) * a.sks[2], 0, 2);
+      for (i64 x = 0; x < n * a.svs[2]; x += 16) __builtin_prefetch(vsc + x, 0, 2);
+      __builtin_prefetch(vsc + (n - 1) * a.svs[2], 0, 2);
+      j = end;
     }
   }
   void scores(int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
@@ -175,8 +211,8 @@ struct DecodeOpsI8 {
     // The tile's K and V rows and scales by column c = j − t0 (pv() takes the V ones), over the
     // 16-column blocks the scores and the key pairs of P·V touch.
     const i64 c_lo = j_lo - t0, c_hi = j_hi - t0, c0 = c_lo / 16 * 16, c1 = round_up(c_hi, 16);
-    tile_rows(a.k, a.sk, a.k_scale, a.sks, b, hk, t0, j_lo, j_hi, c0, c1, kt, kst);
-    tile_rows(a.v, a.sv, a.v_scale, a.svs, b, hk, t0, j_lo, j_hi, c0, c1, vp, vs);
+    tile_kv(b, hk, t0, j_lo, j_hi, c0, c1);
+    if (t0 + kNt < j_end) pf_scales(b, hk, t0 + kNt, imin(t0 + 2 * kNt, j_end));
     for (i64 c = c_lo; c < c_hi; ++c) pf_row(vp[c], a.Dv);  // V rows, read next by pv()
     for (int r0 = 0; r0 < nr; r0 += 4) {
       const int left = nr - r0;
@@ -303,7 +339,7 @@ struct DecodeOpsI8 {
     const i64 c_lo = (j_lo - t0) & ~i64{1}, c_hi = (j_hi - t0 + 1) & ~i64{1};
     // The next tile's K rows [t0 + kNt, j_end_) that pv_block prefetches.
     const i64 n_hi = imin(j_end_ - t0 - kNt, c_hi);
-    if (n_hi > c_lo) tile_rows(a.k, a.sk, nullptr, nullptr, b, hk, t0 + kNt, t0 + kNt + c_lo, t0 + kNt + n_hi, c_lo, n_hi, knext, nullptr);
+    if (n_hi > c_lo) tile_rows(a.k, a.sk, b, hk, t0 + kNt, t0 + kNt + c_lo, t0 + kNt + n_hi, c_lo, n_hi, knext);
     float step[kDecRows];
     for (int r = 0; r < nr; ++r) step[r] = round_row(Ps + r * kNt, j_lo - t0, j_hi - t0, W16 + r * kNt);
     // The next tile's K rows (scores() set j_end_).

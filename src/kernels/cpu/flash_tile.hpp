@@ -158,12 +158,24 @@ inline void widen_f16_row(const std::uint16_t* src, i64 stride, i64 n, float* ds
   for (; x < n; ++x) dst[x] = f16_bits_to_f32(src[x * stride]);
 }
 
+// Where key row j of batch row b lies in the cache's tensors: row *r of block *blk (when paged,
+// through the block table, flash.hpp), else row j of batch row b; (b, kv head hk)'s row is then at
+// element offset blk · s[0] + hk · s[1] + r · s[2] of any of them (strides s).
+inline void kv_pos(const FlashArgs& a, i64 b, i64 j, i64* blk, i64* r) {
+  if (!a.block_table) {
+    *blk = b, *r = j;
+    return;
+  }
+  *blk = a.block_table[b * a.ldt + (j >> a.page_shift)];
+  *r = j & ((i64{1} << a.page_shift) - 1);
+}
+
 // Element offset of key/value row j of (b, kv head hk) in a tensor with strides s (a.sk, a.sv,
-// or a scale's a.sks, a.svs): through the block table when the KV cache is paged (flash.hpp).
+// or a scale's a.sks, a.svs): kv_pos's row.
 inline i64 kv_row(const FlashArgs& a, const i64* s, i64 b, i64 hk, i64 j) {
-  if (!a.block_table) return b * s[0] + hk * s[1] + j * s[2];
-  const i64 blk = a.block_table[b * a.ldt + (j >> a.page_shift)];
-  return blk * s[0] + hk * s[1] + (j & ((i64{1} << a.page_shift) - 1)) * s[2];
+  i64 blk, r;
+  kv_pos(a, b, j, &blk, &r);
+  return blk * s[0] + hk * s[1] + r * s[2];
 }
 
 // The end of the run of rows from j on that are evenly strided in memory: j's block's end when
