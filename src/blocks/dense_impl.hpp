@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "blocks/dense_kernels.hpp"
 
@@ -276,26 +277,36 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead_io) {
 }
 
 // Rows [o0, o1) for the rows [a.m0, a.m1) of x: blocks of R rows × MB rows of x (gemv_batch_block)
-// while both are whole, and the rows of x left over R rows of W at a time (gemv_batch_row<1, R>;
-// all of x when it has fewer than MB rows); then the rows of W left over one at a time, MB rows of x
-// at a time (MB · 4 accumulators must fit the registers: 4 on AVX-512's 32, 2 on AVX2's 16), then
-// single rows of x. Every path sums a (row, x row) the same way: the batch, its range and the split
-// of the rows do not change a bit.
+// while both are whole, then the n = (m1 − m0) mod MB rows of x left over as one block of R × n
+// when n ≥ 2 (a B = 2, 3, 6 or 7 step reads each weight vector once for them, not once a row), and
+// a last single row of x R rows of W at a time (gemv_batch_row<1, R>: contiguous loads, which the
+// hardware prefetcher follows; B = 1 is only that); then the rows of W left over one at a time, MB
+// rows of x at a time (MB · 4 accumulators must fit the registers: 4 on AVX-512's 32, 2 on AVX2's
+// 16), then single rows of x. Every path sums a (row, x row) the same way: the batch, its range and
+// the split of the rows do not change a bit.
 template <class S, class Rows, int MB, int R>
 void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
   constexpr i64 U = 4;
   const i64 mb = a.m0 + (a.m1 - a.m0) / MB * MB;  // rows of x [m0, mb) in whole groups of MB
+  const i64 left = a.m1 - mb;                     // then `left` < MB rows: a block of them if ≥ 2
+  const i64 groups = (mb - a.m0) / MB + (left >= 2 ? 1 : 0);
   // Block o prefetches block o + 2R (R rows, one contiguous range) into L2 while it computes, spread
-  // over the (mb − m0) / MB · (in / (U·L)) · U steps of its inner loops: chain u of a block reads
-  // every U-th cache line, a pattern the hardware prefetchers do not follow (without the prefetch
-  // the blocks ran at half the one-row kernel's speed from memory; 1 block ahead into L1: slower).
+  // over the groups · (in / (U·L)) · U steps of its inner loops: chain u of a block reads every
+  // U-th cache line, a pattern the hardware prefetchers do not follow (without the prefetch the
+  // blocks ran at half the one-row kernel's speed from memory; 1 block ahead into L1: slower).
   // K lines a step: lines / steps rounded down to 1, 2 or 4, the rest left to rest() (f32 rows of
   // 288 columns at 8 rows of x: 72 lines in 32 steps, K = 2 and 8 lines at the end; of 768: 192 in
   // 96). Rounded up instead (K = 4 at 288), the prefetches of a block came in its first half and the
   // 6.1 M model's weight pass took longer.
   const i64 block_bytes = R * a.in * Rows::bytes;
-  const i64 steps = (mb - a.m0) / MB * (a.in / (U * S::L) * U);
+  const i64 steps = groups * (a.in / (U * S::L) * U);
   const i64 lines = (block_bytes + 63) / 64;
+  // The block of the `left` rows from mb: a template constant n ∈ [2, MB) (registers as above).
+  auto left_block = [&]<int K>(i64 o, Ahead& ahead) {
+    [&]<int... n>(std::integer_sequence<int, n...>) {
+      ((left == n + 2 ? gemv_batch_block<S, Rows, R, n + 2, K>(a, o, mb, ahead) : void()), ...);
+    }(std::make_integer_sequence<int, (MB > 2 ? MB - 2 : 0)>{});
+  };
   i64 o = o0;
   auto blocks = [&]<int K>() {
     for (; o + R <= o1; o += R) {
@@ -307,16 +318,17 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
         ahead.end = reinterpret_cast<const char*>(first + static_cast<std::uintptr_t>(block_bytes));
       }
       for (i64 m = a.m0; m < mb; m += MB) gemv_batch_block<S, Rows, R, MB, K>(a, o, m, ahead);
+      if (left >= 2) left_block.template operator()<K>(o, ahead);
       ahead.rest();
-      for (i64 m = mb; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m);
+      if (left == 1) gemv_batch_row<S, Rows, 1, R>(a, o, mb);
     }
   };
-  if (mb > a.m0) {
+  if (groups > 0) {
     const i64 per_step = steps > 0 ? lines / steps : 0;
     if (per_step >= 4) blocks.template operator()<4>();
     else if (per_step >= 2) blocks.template operator()<2>();
     else blocks.template operator()<1>();
-  } else  // fewer than MB rows of x: R rows of W at a time for each
+  } else  // one row of x (or none): R rows of W at a time
     for (; o + R <= o1; o += R)
       for (i64 m = a.m0; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m);
   for (; o < o1; ++o) {

@@ -546,14 +546,15 @@ TEST(Dense, ForkedChildRunsBf16GemmWhileAnotherThreadBuildsOne) {
 // GemvMatchesReferenceOnEveryIsa (γ_in · Σ|x·w|, bf16 weights widened exactly, so no extra term),
 // and bit for bit equal, row by row, to the same call with M = 1 and to calls over other row
 // ranges: a sequence's result must not depend on its batch or on the thread's share of the rows
-// (M ≥ 4 runs the register-blocked path, which sums each chain separately: the same bits), with a
-// bias and without (the blocks of 4 rows write y 4 floats at a time on AVX-512). M ∈ {4, 5, 8} ×
-// in ∈ {64, 100, 300} × f32 / bf16 take every count of prefetched lines a step (1, 2 and 4).
+// (M ≥ 2 runs the register-blocked path, which sums each chain separately: the same bits; M = 2, 3,
+// 6, 7 its blocks of the 2 or 3 rows of x left over after the groups of 4 on AVX-512), with a bias
+// and without (the blocks of 4 rows write y 4 floats at a time on AVX-512). M ∈ {2, …, 8} × in ∈
+// {64, 100, 300} × f32 / bf16 take every count of prefetched lines a step (1, 2 and 4).
 TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
   for (Isa isa : isas())
     for (bool bf16 : {false, true}) {
       double worst = 0;
-      for (std::int64_t M : {1, 2, 3, 4, 5, 8})
+      for (std::int64_t M : {1, 2, 3, 4, 5, 6, 7, 8})
         for (std::int64_t in : {7, 16, 64, 100, 300})
           for (std::int64_t out : {13, 29})  // blocks of 4 rows (AVX-512) and 2 (AVX2), a row left over
           for (float beta : {0.0f, 1.0f})
