@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <utility>
 
 #include "blocks/dense_kernels.hpp"
 
@@ -301,12 +300,7 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
   const i64 block_bytes = R * a.in * Rows::bytes;
   const i64 steps = groups * (a.in / (U * S::L) * U);
   const i64 lines = (block_bytes + 63) / 64;
-  // The block of the `left` rows from mb: a template constant n ∈ [2, MB) (registers as above).
-  auto left_block = [&]<int K>(i64 o, Ahead& ahead) {
-    [&]<int... n>(std::integer_sequence<int, n...>) {
-      ((left == n + 2 ? gemv_batch_block<S, Rows, R, n + 2, K>(a, o, mb, ahead) : void()), ...);
-    }(std::make_integer_sequence<int, (MB > 2 ? MB - 2 : 0)>{});
-  };
+  static_assert(MB == 2 || MB == 4, "the rows of x left over form a block of 2 or 3 only when MB = 4");
   i64 o = o0;
   auto blocks = [&]<int K>() {
     for (; o + R <= o1; o += R) {
@@ -318,7 +312,10 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
         ahead.end = reinterpret_cast<const char*>(first + static_cast<std::uintptr_t>(block_bytes));
       }
       for (i64 m = a.m0; m < mb; m += MB) gemv_batch_block<S, Rows, R, MB, K>(a, o, m, ahead);
-      if (left >= 2) left_block.template operator()<K>(o, ahead);
+      if constexpr (MB == 4) {  // the `left` rows from mb as one block (a template constant)
+        if (left == 2) gemv_batch_block<S, Rows, R, 2, K>(a, o, mb, ahead);
+        else if (left == 3) gemv_batch_block<S, Rows, R, 3, K>(a, o, mb, ahead);
+      }
       ahead.rest();
       if (left == 1) gemv_batch_row<S, Rows, 1, R>(a, o, mb);
     }
