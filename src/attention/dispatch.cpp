@@ -20,9 +20,8 @@ KernelInfo run_reference(const kernels::AttnParams& p) {
 // "flash[_decode]_<isa>_<dtype>": the names KernelInfo reports, as static strings (avx512_vnni:
 // the int8 cache's decode only, see run_forward).
 const char* flash_name(Kernel k, Isa isa, bool bf16) {
-  if (k == Kernel::flash && isa == Isa::avx512_bf16) return "flash_avx512_bf16_bf16";
-  if (k == Kernel::flash_decode && isa == Isa::avx512_bf16)
-    return bf16 ? "flash_decode_avx512_bf16_bf16" : "flash_decode_avx512_bf16_f32";
+  if (isa == Isa::avx512_bf16)  // bf16 calls only (flash_isa)
+    return k == Kernel::flash ? "flash_avx512_bf16_bf16" : "flash_decode_avx512_bf16_bf16";
   if (k == Kernel::flash_decode && isa == Isa::avx512_vnni)
     return bf16 ? "flash_decode_avx512_vnni_bf16" : "flash_decode_avx512_vnni_f32";
   static const char* const names[2][3][2] = {
