@@ -150,8 +150,9 @@ struct AttentionOptions {
   std::uint64_t dropout_offset = 0;
 };
 
-// What ran: the kernel, the instruction set it was compiled for, and a printable name
-// such as "flash_avx512_f32" or "reference_f64".
+// What ran: the kernel, the instruction set it was compiled for (at most active_isa(): f32 calls
+// report avx512 on avx512_bf16, int8 KV caches avx512_vnni), and a printable name such as
+// "flash_avx512_f32" or "reference_f64".
 struct KernelInfo {
   Kernel kernel = Kernel::reference;
   Isa isa = Isa::scalar;
@@ -219,7 +220,7 @@ KernelInfo attention_varlen_backward(const View& q, const View& k, const View& v
 // with anything, −1 included. kvcache_append reads only the entries of the blocks it writes.
 // int8 (cache.k.dtype i8, q f32 or bf16): the K and V rows are read as int8 and scaled inside the
 // kernel, by one arithmetic contract on every ISA (src/kernels/cpu/decode_i8.hpp; AVX-512 computes
-// the same integers with VNNI):
+// the same integers, with VNNI on the avx512_vnni and avx512_bf16 levels):
 //   - each query row is quantised symmetrically to int8 with one f32 step (llama.cpp's q8_0
 //     activations): d = max|q| / 127, q8 = round(q / d); score_j = scale · d · k_scale_j ·
 //     Σ_d q8 · k8_j, the sum exact in int32;

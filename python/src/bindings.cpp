@@ -119,10 +119,10 @@ qkv::Kernel to_kernel(const std::string& s) {
 }
 
 qkv::Isa to_isa(const std::string& s) {
-  for (qkv::Isa i : {qkv::Isa::scalar, qkv::Isa::avx2, qkv::Isa::avx512, qkv::Isa::avx512_bf16})
+  for (qkv::Isa i : {qkv::Isa::scalar, qkv::Isa::avx2, qkv::Isa::avx512, qkv::Isa::avx512_vnni, qkv::Isa::avx512_bf16})
     if (s == qkv::isa_name(i)) return i;
   throw nb::value_error(
-      ("[qkv.set_isa] isa: must be 'scalar', 'avx2', 'avx512' or 'avx512_bf16', got '" + s + "'").c_str());
+      ("[qkv.set_isa] isa: must be 'scalar', 'avx2', 'avx512', 'avx512_vnni' or 'avx512_bf16', got '" + s + "'").c_str());
 }
 
 using Info = std::tuple<std::string, std::string, std::string>;  // (kernel, isa, name)
@@ -950,11 +950,13 @@ NB_MODULE(_qkv, m) {
   m.def("num_threads", &qkv::num_threads, "Threads the kernels use when a call does not say.");
   m.def(
       "cpu_isa", [] { return std::string(qkv::isa_name(qkv::cpu_isa())); },
-      "The best instruction set this CPU supports: 'scalar', 'avx2', 'avx512' or 'avx512_bf16'.");
+      "The best instruction set this CPU supports, lowest first: 'scalar', 'avx2', 'avx512', 'avx512_vnni' (AVX-512 "
+      "with VNNI: the int8 KV-cache decode) or 'avx512_bf16' (also AVX512-BF16: the bf16 kernels).");
   m.def(
       "active_isa", [] { return std::string(qkv::isa_name(qkv::active_isa())); },
       "The instruction set the kernels use (cpu_isa() unless QKV_ISA or set_isa() chose a lower one).");
   m.def(
       "set_isa", [](const std::string& isa) { qkv::set_isa(to_isa(isa)); }, "isa"_a,
-      "Restricts the kernels to `isa` ('scalar', 'avx2', 'avx512', 'avx512_bf16'); raises if the CPU lacks it.");
+      "Restricts the kernels to `isa` ('scalar', 'avx2', 'avx512', 'avx512_vnni', 'avx512_bf16'); raises if the CPU "
+      "lacks it.");
 }

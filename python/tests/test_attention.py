@@ -99,7 +99,7 @@ def test_threads_kernel_choice_and_float64(rng):
         assert r.kernel.kernel in ("reference", "flash", "flash_decode") and r.kernel.name
     ref = qkv.attention(q, k, v, kernel="reference")
     assert ref.kernel.kernel == "reference" and ref.kernel.name.startswith("reference")
-    assert qkv.cpu_isa() in ("scalar", "avx2", "avx512", "avx512_bf16")
+    assert qkv.cpu_isa() in ("scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
     before = qkv.num_threads()
     qkv.set_num_threads(1)
     assert qkv.num_threads() == 1

@@ -115,7 +115,7 @@ CASES = [
     # process-wide settings
     ("threads", lambda: qkv.set_num_threads(0), ValueError, r"\[qkv::set_num_threads\] n: must be ≥ 1, got 0"),
     ("isa name", lambda: qkv.set_isa("sse9"), ValueError,
-     r"isa: must be 'scalar', 'avx2', 'avx512' or 'avx512_bf16', got 'sse9'"),
+     r"isa: must be 'scalar', 'avx2', 'avx512', 'avx512_vnni' or 'avx512_bf16', got 'sse9'"),
 ]
 
 

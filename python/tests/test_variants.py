@@ -28,7 +28,7 @@ def rand(*shape, seed, dtype=torch.float64, sigma=1.0):
 
 
 def isas():
-    order = ["scalar", "avx2", "avx512", "avx512_bf16"]
+    order = ["scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16"]
     return order[: order.index(qkv.cpu_isa()) + 1]
 
 

@@ -17,23 +17,26 @@ KernelInfo run_reference(const kernels::AttnParams& p) {
   return {Kernel::reference, Isa::scalar, "reference_f64"};
 }
 
-// "flash[_decode]_<isa>_<dtype>": the names KernelInfo reports, as static strings.
+// "flash[_decode]_<isa>_<dtype>": the names KernelInfo reports, as static strings (avx512_vnni:
+// the int8 cache's decode only, see run_forward).
 const char* flash_name(Kernel k, Isa isa, bool bf16) {
-  if (k == Kernel::flash && isa == Isa::avx512_bf16) return "flash_avx512_bf16_bf16";
-  if (k == Kernel::flash_decode && isa == Isa::avx512_bf16)
-    return bf16 ? "flash_decode_avx512_bf16_bf16" : "flash_decode_avx512_bf16_f32";
+  if (isa == Isa::avx512_bf16)  // bf16 calls only (flash_isa)
+    return k == Kernel::flash ? "flash_avx512_bf16_bf16" : "flash_decode_avx512_bf16_bf16";
+  if (k == Kernel::flash_decode && isa == Isa::avx512_vnni)
+    return bf16 ? "flash_decode_avx512_vnni_bf16" : "flash_decode_avx512_vnni_f32";
   static const char* const names[2][3][2] = {
       {{"flash_scalar_f32", "flash_scalar_bf16"}, {"flash_avx2_f32", "flash_avx2_bf16"},
        {"flash_avx512_f32", "flash_avx512_bf16"}},
       {{"flash_decode_scalar_f32", "flash_decode_scalar_bf16"}, {"flash_decode_avx2_f32", "flash_decode_avx2_bf16"},
        {"flash_decode_avx512_f32", "flash_decode_avx512_bf16"}}};
   const int ki = k == Kernel::flash_decode ? 1 : 0;
-  const int ii = isa == Isa::scalar ? 0 : isa == Isa::avx2 ? 1 : 2;
+  const int ii = isa >= Isa::avx512 ? 2 : isa == Isa::avx2 ? 1 : 0;
   return names[ki][ii][bf16 ? 1 : 0];
 }
 
 // The ISA a flash kernel runs on: AVX-512 BF16 changes only the bf16 kernels (dot-product
-// instructions); f32 runs the AVX-512 code there.
+// instructions); f32 runs the AVX-512 code there, and everything does on avx512_vnni (which
+// changes the int8 cache's decode only).
 Isa flash_isa(bool bf16) {
   const Isa active = active_isa();
   if (active == Isa::avx512_bf16 && bf16) return Isa::avx512_bf16;
@@ -48,7 +51,7 @@ const char* flash_backward_name(Isa isa, bool bf16) {
   static const char* const names[3][2] = {{"flash_backward_scalar_f32", "flash_backward_scalar_bf16"},
                                           {"flash_backward_avx2_f32", "flash_backward_avx2_bf16"},
                                           {"flash_backward_avx512_f32", "flash_backward_avx512_bf16"}};
-  return names[isa == Isa::avx512 ? 2 : isa == Isa::avx2 ? 1 : 0][bf16 ? 1 : 0];
+  return names[isa >= Isa::avx512 ? 2 : isa == Isa::avx2 ? 1 : 0][bf16 ? 1 : 0];
 }
 
 void run_flash_forward(Isa isa, const kernels::cpu::FlashArgs* list, std::int64_t n) {
@@ -92,8 +95,9 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
     k = Kernel::flash_decode;
   }
   const bool bf16 = p.q.dtype == DType::bf16;
-  // An int8 cache takes the AVX-512 BF16 level for f32 queries too: its VNNI dot products.
-  const Isa isa = p.cache.i8() && active_isa() == Isa::avx512_bf16 ? Isa::avx512_bf16 : flash_isa(bf16);
+  // An int8 cache runs on the VNNI dot products wherever the CPU has them, for f32 and bf16
+  // queries: avx512_vnni and avx512_bf16 run the same kernel (flash_avx512vnni.cpp).
+  const Isa isa = p.cache.i8() && active_isa() >= Isa::avx512_vnni ? Isa::avx512_vnni : flash_isa(bf16);
   const KernelInfo info{k, isa, flash_name(k, isa, bf16)};
   if (p.B == 0 || p.H == 0 || p.Sq == 0) return info;  // nothing to write
 
@@ -102,6 +106,8 @@ KernelInfo run_forward(const char* fn, const kernels::AttnParams& p, Kernel requ
     run_flash_forward(isa, &a, 1);
   } else if (isa == Isa::avx512_bf16) {
     kernels::cpu::flash_decode_avx512_bf16(a);
+  } else if (isa == Isa::avx512_vnni) {
+    kernels::cpu::flash_decode_avx512_vnni(a);
   } else if (isa == Isa::avx512) {
     kernels::cpu::flash_decode_avx512(a);
   } else if (isa == Isa::avx2) {

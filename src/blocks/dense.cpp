@@ -79,7 +79,7 @@ Kernel f32_kernel(Isa isa) {
 }
 Kernel bf16_kernel(Isa isa) {
   return isa == Isa::avx512_bf16 ? detail::gemv_bf16_avx512bf16
-         : isa == Isa::avx512    ? detail::gemv_bf16_avx512
+         : isa >= Isa::avx512    ? detail::gemv_bf16_avx512
          : isa == Isa::avx2      ? detail::gemv_bf16_avx2
                                  : gemv_scalar<std::uint16_t>;
 }

@@ -8,7 +8,7 @@
 // independent vector accumulators per row, and split the output rows over `threads`. bf16 weights halve the bytes read. Activations and accumulation stay f32.
 //   avx512_bf16: vdpbf16ps on (W, x_hi) and (W, x_lo), x = x_hi + x_lo split into two bf16
 //                (x_hi + x_lo carries 16 of x's 24 significand bits: error ≤ 2^-17·|x|).
-//   avx512, avx2: W widened to f32 (a 16-bit shift), f32 FMA: exact products.
+//   avx512(_vnni), avx2: W widened to f32 (a 16-bit shift), f32 FMA: exact products.
 //   scalar:      the plain loop below, in f32 (the fallback).
 // gemv_reference is the f64 twin the tests compare with.
 //

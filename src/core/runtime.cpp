@@ -31,12 +31,13 @@ Isa detect_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    // __builtin_cpu_supports("avx512bf16") is not known to GCC 12; read CPUID leaf 7 sub-leaf 1
-    // EAX bit 5 directly. The avx512_bf16 level also takes AVX512-VNNI (the int8 KV-cache decode,
-    // decode_i8_avx512.hpp), which every CPU with AVX512-BF16 has.
+    // The levels are nested: avx512_bf16 also requires AVX512-VNNI, which every CPU with
+    // AVX512-BF16 has (Cooper Lake, Sapphire Rapids, Zen 4). __builtin_cpu_supports("avx512bf16")
+    // is not known to GCC 12; read CPUID leaf 7 sub-leaf 1 EAX bit 5 directly.
+    if (!__builtin_cpu_supports("avx512vnni")) return Isa::avx512;
     unsigned a = 7, b = 0, c = 1, d = 0;
     __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d));
-    return (a & (1u << 5)) && __builtin_cpu_supports("avx512vnni") ? Isa::avx512_bf16 : Isa::avx512;
+    return (a & (1u << 5)) ? Isa::avx512_bf16 : Isa::avx512_vnni;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
   return Isa::scalar;
@@ -46,7 +47,7 @@ Isa env_or_cpu_isa() {
   const Isa cpu = detect_isa();
   if (const char* s = std::getenv("QKV_ISA"); s && *s) {
     std::string names;
-    for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
+    for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_vnni, Isa::avx512_bf16}) {
       if (std::strcmp(s, isa_name(i)) == 0) return std::min(i, cpu);
       names += std::string(names.empty() ? "" : ", ") + isa_name(i);
     }
@@ -100,6 +101,7 @@ const char* isa_name(Isa isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::avx512_vnni: return "avx512_vnni";
     case Isa::avx512_bf16: return "avx512_bf16";
   }
   return "?";

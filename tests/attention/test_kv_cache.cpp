@@ -171,7 +171,7 @@ TEST(AttentionKvCache, StorageHoldsTheAppendedRows) {
 TEST(AttentionKvCache, AttendMatchesOracleOnStoredValues) {
   IsaGuard guard;
   const std::int64_t Sq = 3;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_vnni, Isa::avx512_bf16}) {
     if (isa > qkv::cpu_isa()) continue;
     qkv::set_isa(isa);
     for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i8})
@@ -244,7 +244,7 @@ TEST(AttentionKvCache, AttendMatchesOracleOnStoredValues) {
 
 TEST(AttentionKvCache, PagedEqualsContiguousBitForBit) {
   IsaGuard guard;
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_vnni, Isa::avx512_bf16}) {
     if (isa > qkv::cpu_isa()) continue;
     qkv::set_isa(isa);
     for (DType t : {DType::f32, DType::f16, DType::i8}) {

@@ -223,7 +223,7 @@ bad_values)
   QKV_NUM_THREADS=0 run 1 "$qkv" attend
   has err "QKV_NUM_THREADS.*got '0'"
   QKV_ISA=bogus run 1 "$qkv" attend
-  has err "QKV_ISA: must be one of scalar, avx2, avx512, avx512_bf16, got 'bogus'"
+  has err "QKV_ISA: must be one of scalar, avx2, avx512, avx512_vnni, avx512_bf16, got 'bogus'"
   one_error
   QKV_ISA=scalar QKV_NUM_THREADS=1 run 0 "$qkv" attend ;;
 

@@ -268,14 +268,15 @@ TEST_P(Backward, MatchesReferenceWithinNaiveError) {
   if (t == DType::bf16) pr.naive(naive_pds.dq, naive_pds.dk, naive_pds.dv, /*round_pds=*/true);
 
   // Every path set_isa reaches: bf16 on avx512_bf16 runs the vdpbf16ps tiles, bf16 on avx512 and
-  // below the f32 tiles on converted inputs; f32 on avx512_bf16 runs the avx512 code.
+  // below the f32 tiles on converted inputs; f32 on avx512_bf16, and both on avx512_vnni, run the
+  // avx512 code.
   for (Isa isa : isas()) {
     qkv::set_isa(isa);
     const bool dot_tiles = t == DType::bf16 && isa == Isa::avx512_bf16;
     Grads fast(t, c);
     const auto info = run_flash(pr, fast, 2);
     EXPECT_EQ(info.kernel, qkv::Kernel::flash);
-    EXPECT_EQ(info.isa, t == DType::f32 && isa == Isa::avx512_bf16 ? Isa::avx512 : isa);
+    EXPECT_EQ(info.isa, isa == Isa::avx512_vnni || (t == DType::f32 && isa == Isa::avx512_bf16) ? Isa::avx512 : isa);
     const Buffer* f[3] = {&fast.dq, &fast.dk, &fast.dv};
     const Grads& model = dot_tiles ? naive_pds : naive;
     const Buffer* n[3] = {&model.dq, &model.dk, &model.dv};

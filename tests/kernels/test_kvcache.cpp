@@ -40,7 +40,7 @@ struct IsaGuard {
 
 std::vector<Isa> isas() {
   std::vector<Isa> r;
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
+  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_vnni, Isa::avx512_bf16})
     if (i <= qkv::cpu_isa()) r.push_back(i);
   return r;
 }
@@ -298,7 +298,7 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
     // caches here, so that shape's table must reference real blocks only.
     if (s.lens[0] <= (s.max_blocks - 1) * s.Sc) continue;
     const Caches c(s, DType::f32, 21);
-    std::vector<double> contiguous_out[4];  // per Isa: the contiguous cache's output
+    std::vector<double> contiguous_out[5];  // per Isa: the contiguous cache's output
     for (bool paged : {false, true}) {
       const Int8Cache ic(s, c, paged);
       const KvCacheView cache = ic.view(paged ? &c : nullptr);
@@ -360,6 +360,13 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
         std::vector<double>& first = contiguous_out[static_cast<std::size_t>(isa)];
         if (!paged) first = got;
         else EXPECT_EQ(max_abs_diff(got, first), 0.0) << info.name;
+        // From avx512_vnni up the VNNI policy runs (one kernel, flash_avx512vnni.cpp), on avx512 the
+        // widening one: the same integers (decode_i8.hpp), exact in int32, and the same f32 code
+        // around them, so the same bits as avx512 (which isas() puts first).
+        EXPECT_EQ(info.isa, isa >= Isa::avx512_vnni ? Isa::avx512_vnni : isa) << info.name;
+        if (isa > Isa::avx512) {
+          EXPECT_EQ(max_abs_diff(got, contiguous_out[static_cast<std::size_t>(Isa::avx512)]), 0.0) << info.name;
+        }
       }
       // The reference on the int8 cache is the twin's computation in f64 (its output rounded to f32).
       Buffer ref(DType::f32, {s.B, s.H, s.Sq, s.Dv});

@@ -61,11 +61,13 @@ struct RoundedTensor {
   }
 };
 
-// The instruction sets this CPU runs, lowest first (each test runs every kernel on each of them).
-// with_bf16 = false leaves out avx512_bf16, for code with no path of its own there.
+// The instruction sets this CPU runs, lowest first (each test runs every kernel on each of them;
+// avx512_vnni, whose only kernel of its own is the int8 KV-cache decode, shows that everything else
+// runs avx512's code there). with_bf16 = false leaves out avx512_bf16, for code with no path of its
+// own there.
 inline std::vector<Isa> isas(bool with_bf16 = true) {
   std::vector<Isa> r;
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
+  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_vnni, Isa::avx512_bf16})
     if (i <= qkv::cpu_isa() && (with_bf16 || i != Isa::avx512_bf16)) r.push_back(i);
   return r;
 }

@@ -1,6 +1,6 @@
 // Decode from an int8 KV cache on AVX-512: decode_i8.hpp's contract (the same integers, exact in
 // int32) computed by vectors on the int8 rows as they lie in the cache. Included by flash_avx512.cpp
-// (kVnni false) and flash_avx512bf16.cpp (kVnni true: that ISA level implies AVX512-VNNI, see
+// (kVnni false) and flash_avx512vnni.cpp (kVnni true: the avx512_vnni and avx512_bf16 levels, see
 // runtime.cpp) after simd_avx512.hpp; DecodeOpsI8Ref is its oracle and the path of the other ISAs.
 //
 //   scores  VNNI: vpdpbusd, unsigned × signed bytes, 4 products per int32 lane: the key bytes are

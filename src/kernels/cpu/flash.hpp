@@ -2,9 +2,10 @@
 //
 // The portable side (flash.cpp) turns a validated AttnParams into a FlashArgs of plain
 // pointers, sizes and strides and calls the entry point of the ISA the dispatcher chose. The
-// ISA translation units (flash_avx512.cpp, flash_avx2.cpp, flash_scalar.cpp) are compiled
-// with their own -m flags and share one template body: flash_forward_impl.hpp and
-// flash_decode_impl.hpp, built from the pieces of flash_tile.hpp.
+// ISA translation units (flash_avx512bf16.cpp, flash_avx512vnni.cpp, flash_avx512.cpp,
+// flash_avx2.cpp, flash_scalar.cpp) are compiled with their own -m flags and share one template
+// body: flash_forward_impl.hpp and flash_decode_impl.hpp, built from the pieces of flash_tile.hpp
+// (decode_i8_avx512.hpp for an int8 cache).
 #pragma once
 
 #include <cstdint>
@@ -81,7 +82,8 @@ void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n);  // bf16 
 void flash_forward_avx2(const FlashArgs* list, std::int64_t n);
 void flash_forward_scalar(const FlashArgs* list, std::int64_t n);
 void flash_decode_avx512(const FlashArgs& a);
-void flash_decode_avx512_bf16(const FlashArgs& a);  // bf16 tensors only: scores by vdpbf16ps
+void flash_decode_avx512_vnni(const FlashArgs& a);  // int8 KV caches only (kv_i8): vpdpbusd, vpdpwssd
+void flash_decode_avx512_bf16(const FlashArgs& a);  // bf16 tensors only, no int8 cache: scores by vdpbf16ps
 void flash_decode_avx2(const FlashArgs& a);
 void flash_decode_scalar(const FlashArgs& a);
 

@@ -4,7 +4,6 @@
 // f32 code of flash_tile.hpp; P is rounded to bf16 for P·V (as a bf16 matmul would).
 // Compiled with -mavx512bf16 on top of the AVX-512 flags (CMakeLists.txt).
 #include "kernels/cpu/simd_avx512.hpp"  // first: see simd_avx512.hpp on GCC 12
-#include "kernels/cpu/decode_i8_avx512.hpp"
 #include "kernels/cpu/flash_decode_impl.hpp"
 #include "kernels/cpu/flash_forward_impl.hpp"
 
@@ -443,9 +442,6 @@ struct DecodeOpsBf16 {
 }  // namespace
 
 void flash_forward_avx512_bf16(const FlashArgs* list, std::int64_t n) { forward<S, OperandsBf16>(list, n); }
-void flash_decode_avx512_bf16(const FlashArgs& a) {
-  if (a.kv_i8) decode_i8<S, true>(a);
-  else decode<S, DecodeOpsBf16>(a);
-}
+void flash_decode_avx512_bf16(const FlashArgs& a) { decode<S, DecodeOpsBf16>(a); }
 
 }  // namespace qkv::kernels::cpu
