@@ -6,8 +6,7 @@
 //            is block i of the pool): contiguous memory read through the paged path, so that
 //            paged-seq − contig is the page table's own cost and paged − paged-seq the cost of
 //            scattered blocks
-//   int8   : int8 rows with an f32 scale per (row, head), contiguous or paged; the scales stored
-//            head-major (each head's scales of a block together), as qkv::AttentionKvCache does
+//   int8   : int8 rows with an f32 scale per (row, head), contiguous or paged
 //   f16    : binary16 rows widened to f32 in the kernel (f32 queries), contiguous or paged
 // Decode reads the cache once, so the counter GB/s = cache bytes read per second (K, V and the
 // scales) is the figure to set beside the machine's read bandwidth (bench/machine_peak), and the
@@ -76,10 +75,8 @@ std::unique_ptr<Setup> make_setup(Layout layout, DType dt, std::int64_t Sc, std:
     s->tv = s->table.view();
   }
   if (dt == DType::i8) {
-    // The scales [blocks, rows, Hkv] stored head-major [blocks, Hkv, rows], as qkv::AttentionKvCache keeps them.
-    s->ks = Buffer(DType::f32, {blocks, kHkv, rows}), s->vs = Buffer(DType::f32, {blocks, kHkv, rows});
-    s->ksv = qkv::View::strided(s->ks.data(), DType::f32, {blocks, rows, kHkv}, {kHkv * rows, 1, rows});
-    s->vsv = qkv::View::strided(s->vs.data(), DType::f32, {blocks, rows, kHkv}, {kHkv * rows, 1, rows});
+    s->ks = Buffer(DType::f32, {blocks, rows, kHkv}), s->vs = Buffer(DType::f32, {blocks, rows, kHkv});
+    s->ksv = s->ks.view(), s->vsv = s->vs.view();
     Buffer kn(DType::f32, {1, Skv, kHkv, kD}), vn(DType::f32, {1, Skv, kHkv, kD}), pos(DType::i64, {1});
     fill_random(kn, 2), fill_random(vn, 3);
     qkv::kvcache_append({s->k.view(), s->v.view(), s->tv, s->ksv, s->vsv}, kn.view(), vn.view(), pos.view());

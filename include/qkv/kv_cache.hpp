@@ -6,8 +6,8 @@
 //   member / argument     dtype                shape                            notes
 //   view().k, view().v    dtype                [B, max_len, Hkv, D | Dv]        contiguous (block_size 0)
 //                                              [B · max_blocks, block_size, Hkv, D | Dv]   paged
-//   view().k_scale,       f32 (i8 only)        [.., .., Hkv]                    one scale per token and head,
-//     view().v_scale                                                            stored head-major (below)
+//   view().k_scale,       f32 (i8 only)        [.., .., Hkv]                    one scale per token and head
+//     view().v_scale
 //   view().block_table    i32 (paged only)     [B, max_blocks]                  [b, m] = b · max_blocks + m
 //   lengths()             i64                  [B]                              tokens each sequence holds
 //   append: k_new, v_new  f32 | bf16 | f64     [B, Snew, Hkv, D], [B, Snew, Hkv, Dv]   every sequence
@@ -18,10 +18,6 @@
 // An i8 cache is attended with q quantised to int8 per (row, head) and the probabilities to 15-bit
 // fixed point, on every ISA: qkv/attention.hpp's int8 contract and its error bound against f64
 // attention on the dequantised cache, (e^{2Δ} − 1) · V + 64 / 65534 · V.
-//
-// The scales' storage is head-major, [B, Hkv, max_len] or [B · max_blocks, Hkv, block_size], seen
-// through the logical [.., .., Hkv] above by strides (token stride 1): a head's scales of a block
-// are adjacent (one 64-byte line for 16 rows), which the int8 decode reads as vectors.
 //
 // max_blocks = ceil(max_len / block_size); block_size is a power of two (vLLM and FlashAttention
 // page in 16–256 rows). The blocks are handed to the sequences in order, so a sequence's rows are

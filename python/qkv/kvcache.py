@@ -95,8 +95,7 @@ class KVCache:
         framework: 'numpy' or 'torch': the arrays the cache holds and :meth:`attend` returns.
 
     Attributes: ``k``, ``v`` (the storage, FlashAttention's layout), ``k_scale``, ``v_scale``
-    (int8 only; [blocks | batch, block_size | max_len, kv_heads] over head-major memory, so not
-    C-contiguous), ``block_table`` (paged only), ``lengths`` (NumPy int64 [batch], tokens held): views
+    (int8 only), ``block_table`` (paged only), ``lengths`` (NumPy int64 [batch], tokens held): views
     of the C++ cache's memory, no copies (writing them writes the cache).
     """
 

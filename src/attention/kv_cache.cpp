@@ -42,9 +42,9 @@ AttentionKvCache::AttentionKvCache(std::int64_t batch, std::int64_t max_len, std
   k_ = Buffer(dtype, {n0, n1, kv_heads, head_dim});
   v_ = Buffer(dtype, {n0, n1, kv_heads, Dv});
   zero(k_), zero(v_);
-  if (i8) {  // head-major: see view()
-    k_scale_ = Buffer(DType::f32, {n0, kv_heads, n1});
-    v_scale_ = Buffer(DType::f32, {n0, kv_heads, n1});
+  if (i8) {
+    k_scale_ = Buffer(DType::f32, {n0, n1, kv_heads});
+    v_scale_ = Buffer(DType::f32, {n0, n1, kv_heads});
     zero(k_scale_), zero(v_scale_);
   }
   if (block_size) {
@@ -61,16 +61,7 @@ AttentionKvCache::AttentionKvCache(std::int64_t batch, std::int64_t max_len, std
 KvCacheView AttentionKvCache::view() const {
   KvCacheView c{k_.view(), v_.view(), std::nullopt, std::nullopt, std::nullopt};
   if (block_size_) c.block_table = block_table_.view();
-  if (k_.dtype() == DType::i8) {
-    // The scales' logical [n0, n1, Hkv] over their head-major storage [n0, Hkv, n1]: one head's
-    // scales of a block (or sequence) lie together, 16 of them in one 64-byte line for blocks of
-    // 16 rows, which the decode kernel reads as vectors (decode_i8_avx512.hpp).
-    auto heads_last = [](const Buffer& t) {
-      const std::int64_t n0 = t.shape()[0], Hkv = t.shape()[1], n1 = t.shape()[2];
-      return View::strided(t.data(), DType::f32, {n0, n1, Hkv}, {Hkv * n1, 1, n1});
-    };
-    c.k_scale = heads_last(k_scale_), c.v_scale = heads_last(v_scale_);
-  }
+  if (k_.dtype() == DType::i8) c.k_scale = k_scale_.view(), c.v_scale = v_scale_.view();
   return c;
 }
 

@@ -7,7 +7,8 @@
 //   - int8 (decode_i8.hpp's contract: q quantised to int8 per row, P·V weights to 15-bit fixed
 //     point per tile): on every ISA within qkv/attention.hpp's stated bound of an f64 twin on the
 //     dequantised cache and the exact q, and within the bound's P·V term of the twin on q as the
-//     contract quantises it; paged = contiguous bit for bit.
+//     contract quantises it; paged = contiguous, and scales stored head-major (a strided view) =
+//     token-major, bit for bit.
 //   - f16 = the f32 kernel on the widened cache (binary16 → f32 is exact), bit for bit.
 //   - append writes the rows it is given (f32: exactly) and int8 rows within half a step:
 //     |scale · q − x| ≤ scale / 2 with scale = max|x| / 127 (round to nearest).
@@ -232,7 +233,7 @@ std::vector<double> quantise_q8(const Buffer& q, std::int64_t D, std::vector<dou
 
 // An int8 cache filled by kvcache_append from the contiguous f32 cache, paged or not. The scales
 // [Bc, Sc, Hkv] (ksv, vsv) in token-major storage ks, vs [Bc, Sc, Hkv], or head-major [Bc, Hkv, Sc]
-// seen through strides (token stride 1, as qkv::AttentionKvCache stores them).
+// seen through strides (token stride 1: a caller's own layout, which the kernels read by the view's strides).
 struct Int8Cache {
   Buffer k, v, ks, vs;
   qkv::View ksv, vsv;
@@ -300,8 +301,8 @@ double ratio_to_bound(const std::vector<double>& got, const std::vector<double>&
 // and the exact f32 q, within qkv/attention.hpp's bound (int8_bound) + FlashAttention's f32 rule
 // (2× a naive f32 computation's error + 2^-20 of the largest); against the twin on q quantised as
 // the contract says (quantise_q8), within the P·V term alone + that rule. Paged = contiguous and
-// head-major scales = token-major ones, bit for bit on every ISA (the same scales, read by vectors
-// or one by one); the reference on the int8 cache = the f64 twin.
+// head-major scales = token-major ones, bit for bit on every ISA (the same scales at other
+// addresses); the reference on the int8 cache = the f64 twin.
 TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
   IsaGuard guard;
   for (const Shape& s : shapes()) {
@@ -384,8 +385,8 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
 }
 
 // A sliding window on an int8 cache: rows' first keys fall inside tiles (and blocks), so the
-// decode policy fills the columns before them with j_lo's rows and scale 0 (tile_kv), and copies
-// head-major scales from inside a block. Paged = contiguous, and head-major scales = token-major,
+// decode policy fills the columns before them with j_lo's rows and scale 0 (tile_kv), here also
+// from head-major scales. Paged = contiguous, and head-major scales = token-major,
 // bit for bit on every ISA (the same rows and scales in the same order); the contiguous output
 // within qkv/attention.hpp's int8 bound of the reference (the f64 twin on the dequantised cache),
 // taken over the whole cache (max ‖k‖₁, max |v|, max q step: a looser bound than each row's) + an

@@ -163,17 +163,9 @@ struct DecodeOpsI8 {
       for (; c < end; ++c, p += s[2]) ptr[c] = p;
     }
   }
-  // dst[0, n) ← src[0, n) by masked vectors (n ≤ kNt): a run's scales when their token stride is 1.
-  static void copy_scales(float* dst, const float* src, i64 n) {
-    for (i64 x = 0; x < n; x += 16) {
-      const __mmask16 m = n - x >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - x)) - 1u);
-      _mm512_mask_storeu_ps(dst + x, m, _mm512_maskz_loadu_ps(m, src + x));
-    }
-  }
   // tile_rows for K and V at once, with the scales: kt[c], vp[c] the K and V rows of key
   // j = t0 + c, kst[c], vs[c] their scales (0 outside [j_lo, j_hi)). The block table is read once
-  // per run for the four tensors. Scales of token stride 1 (head-major, as AttentionKvCache keeps
-  // them: a run's scales of one head are adjacent) are copied by vectors, others one by one.
+  // per run for the four tensors.
   void tile_kv(i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 c0, i64 c1) {
     const auto* k = static_cast<const std::int8_t*>(a.k);
     const auto* v = static_cast<const std::int8_t*>(a.v);
@@ -192,19 +184,13 @@ struct DecodeOpsI8 {
       const std::int8_t* vr = v + blk * a.sv[0] + hk * a.sv[1] + r * a.sv[2];
       const float* ks = a.k_scale + blk * a.sks[0] + hk * a.sks[1] + r * a.sks[2];
       const float* vsc = a.v_scale + blk * a.svs[0] + hk * a.svs[1] + r * a.svs[2];
-      if (a.sks[2] == 1 && a.svs[2] == 1) {
-        copy_scales(kst + c, ks, end - c), copy_scales(vs + c, vsc, end - c);
-        for (; c < end; ++c, kr += a.sk[2], vr += a.sv[2]) kt[c] = kr, vp[c] = vr;
-      } else {
-        for (; c < end; ++c, kr += a.sk[2], vr += a.sv[2], ks += a.sks[2], vsc += a.svs[2])
-          kt[c] = kr, vp[c] = vr, kst[c] = *ks, vs[c] = *vsc;
-      }
+      for (; c < end; ++c, kr += a.sk[2], vr += a.sv[2], ks += a.sks[2], vsc += a.svs[2])
+        kt[c] = kr, vp[c] = vr, kst[c] = *ks, vs[c] = *vsc;
     }
   }
   // Fetches the k_scale and v_scale entries of keys [j_lo, j_hi) (of the next tile: a tile ahead,
-  // as the scales are read at the tile's start, with no stream for the hardware prefetcher to
-  // follow across scattered blocks), by runs as tile_kv: a prefetch per 64 bytes a run's entries
-  // span, one line per block of 16 rows for head-major scales (token-major: Hkv lines).
+  // as the scales are read by scalar loads at the tile's start, with no stream for the hardware
+  // prefetcher to follow across scattered blocks), by runs as tile_kv.
   void pf_scales(i64 b, i64 hk, i64 j_lo, i64 j_hi) const {
     for (i64 j = j_lo; j < j_hi;) {
       const i64 end = imin(j_hi, kv_run_end(a, j));
