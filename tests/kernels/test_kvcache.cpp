@@ -7,7 +7,8 @@
 //   - int8 (decode_i8.hpp's contract: q quantised to int8 per row, P·V weights to 15-bit fixed
 //     point per tile): on every ISA within qkv/attention.hpp's stated bound of an f64 twin on the
 //     dequantised cache and the exact q, and within the bound's P·V term of the twin on q as the
-//     contract quantises it; paged = contiguous bit for bit.
+//     contract quantises it; paged = contiguous, and scales stored head-major (a strided view) =
+//     token-major, bit for bit.
 //   - f16 = the f32 kernel on the widened cache (binary16 → f32 is exact), bit for bit.
 //   - append writes the rows it is given (f32: exactly) and int8 rows within half a step:
 //     |scale · q − x| ≤ scale / 2 with scale = max|x| / 127 (round to nearest).
@@ -230,21 +231,31 @@ std::vector<double> quantise_q8(const Buffer& q, std::int64_t D, std::vector<dou
   return r;
 }
 
-// An int8 cache filled by kvcache_append from the contiguous f32 cache, paged or not.
+// An int8 cache filled by kvcache_append from the contiguous f32 cache, paged or not. The scales
+// [Bc, Sc, Hkv] (ksv, vsv) in token-major storage ks, vs [Bc, Sc, Hkv], or head-major [Bc, Hkv, Sc]
+// seen through strides (token stride 1: a caller's own layout, which the kernels read by the view's strides).
 struct Int8Cache {
   Buffer k, v, ks, vs;
-  Int8Cache(const Shape& s, const Caches& c, bool paged) {
+  qkv::View ksv, vsv;
+  Int8Cache(const Shape& s, const Caches& c, bool paged, bool head_major = false) {
     const std::int64_t Bc = paged ? c.pk.shape()[0] : s.B, Sc = paged ? s.Sc : s.Skv();
     k = Buffer(DType::i8, {Bc, Sc, s.Hkv, s.D});
     v = Buffer(DType::i8, {Bc, Sc, s.Hkv, s.Dv});
-    ks = Buffer(DType::f32, {Bc, Sc, s.Hkv});
-    vs = Buffer(DType::f32, {Bc, Sc, s.Hkv});
+    if (head_major) {
+      ks = Buffer(DType::f32, {Bc, s.Hkv, Sc});
+      vs = Buffer(DType::f32, {Bc, s.Hkv, Sc});
+      ksv = qkv::View::strided(ks.data(), DType::f32, {Bc, Sc, s.Hkv}, {s.Hkv * Sc, 1, Sc});
+      vsv = qkv::View::strided(vs.data(), DType::f32, {Bc, Sc, s.Hkv}, {s.Hkv * Sc, 1, Sc});
+    } else {
+      ks = Buffer(DType::f32, {Bc, Sc, s.Hkv});
+      vs = Buffer(DType::f32, {Bc, Sc, s.Hkv});
+      ksv = ks.view(), vsv = vs.view();
+    }
     Buffer pos(DType::i64, {s.B});  // zeros: the whole cache in one append
     qkv::kvcache_append(view(paged ? &c : nullptr), c.k.view(), c.v.view(), pos.view());
   }
   KvCacheView view(const Caches* paged_by) const {
-    return {k.view(), v.view(), paged_by ? std::optional<qkv::View>(paged_by->table.view()) : std::nullopt, ks.view(),
-            vs.view()};
+    return {k.view(), v.view(), paged_by ? std::optional<qkv::View>(paged_by->table.view()) : std::nullopt, ksv, vsv};
   }
 };
 
@@ -289,8 +300,9 @@ double ratio_to_bound(const std::vector<double>& got, const std::vector<double>&
 // The int8 decode on every ISA against an f64 twin on the dequantised cache (scale · int8 in f64)
 // and the exact f32 q, within qkv/attention.hpp's bound (int8_bound) + FlashAttention's f32 rule
 // (2× a naive f32 computation's error + 2^-20 of the largest); against the twin on q quantised as
-// the contract says (quantise_q8), within the P·V term alone + that rule. Paged = contiguous bit
-// for bit on every ISA; the reference on the int8 cache = the f64 twin.
+// the contract says (quantise_q8), within the P·V term alone + that rule. Paged = contiguous and
+// head-major scales = token-major ones, bit for bit on every ISA (the same scales at other
+// addresses); the reference on the int8 cache = the f64 twin.
 TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
   IsaGuard guard;
   for (const Shape& s : shapes()) {
@@ -298,9 +310,10 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
     // caches here, so that shape's table must reference real blocks only.
     if (s.lens[0] <= (s.max_blocks - 1) * s.Sc) continue;
     const Caches c(s, DType::f32, 21);
-    std::vector<double> contiguous_out[5];  // per Isa: the contiguous cache's output
-    for (bool paged : {false, true}) {
-      const Int8Cache ic(s, c, paged);
+    std::vector<double> contiguous_out[5];  // per Isa: the contiguous token-major cache's output
+    for (auto [paged, head_major] : {std::pair{false, false}, std::pair{false, true}, std::pair{true, false},
+                                     std::pair{true, true}}) {
+      const Int8Cache ic(s, c, paged, head_major);
       const KvCacheView cache = ic.view(paged ? &c : nullptr);
       // The dequantised cache, dense [B, Skv, Hkv, X], in f64.
       std::vector<double> kdv(static_cast<std::size_t>(s.B * s.Skv() * s.Hkv * s.D)),
@@ -310,8 +323,8 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
           const std::int64_t blk = paged ? c.table.ptr<std::int32_t>()[b * s.max_blocks + j / s.Sc] : b;
           const std::int64_t r = paged ? j % s.Sc : j, rows = paged ? s.Sc : s.Skv();
           for (std::int64_t hk = 0; hk < s.Hkv; ++hk) {
-            const double ksc = ic.ks.view().load(ic.ks.view().offset(blk, r, hk));
-            const double vsc = ic.vs.view().load(ic.vs.view().offset(blk, r, hk));
+            const double ksc = ic.ksv.load(ic.ksv.offset(blk, r, hk));
+            const double vsc = ic.vsv.load(ic.vsv.offset(blk, r, hk));
             for (std::int64_t d = 0; d < s.D; ++d)
               kdv[static_cast<std::size_t>(((b * s.Skv() + j) * s.Hkv + hk) * s.D + d)] =
                   ic.k.ptr<std::int8_t>()[((blk * rows + r) * s.Hkv + hk) * s.D + d] * ksc;
@@ -350,16 +363,17 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
         const auto info = qkv::attention_kvcache(q.view(), cache, out.view(), o);
         const std::vector<double> got = values(out);
         const double r = ratio_to_bound(got, want, bound, s.Dv, tol), rq = ratio_to_bound(got, want_q, bound_p, s.Dv, tol_q);
-        std::printf("int8 %s Sc %3ld Sq %ld %-28s err %.2e (bound %.2e, %.3f of it); on q8 err %.2e (%.3f of its bound)\n",
-                    paged ? "paged" : "contig", static_cast<long>(s.Sc), static_cast<long>(s.Sq), info.name,
+        std::printf("int8 %s %s Sc %3ld Sq %ld %-28s err %.2e (bound %.2e, %.3f of it); on q8 err %.2e (%.3f of its bound)\n",
+                    paged ? "paged " : "contig", head_major ? "hm" : "tm", static_cast<long>(s.Sc), static_cast<long>(s.Sq), info.name,
                     max_abs_diff(got, want), *std::max_element(bound.begin(), bound.end()), r,
                     max_abs_diff(got, want_q), rq);
         EXPECT_LE(r, 1.0) << info.name;
         EXPECT_LE(rq, 1.0) << info.name;
-        // Paged: the same rows in the same order through the table, the same bits.
+        // Paged: the same rows in the same order through the table; head-major: the same scales
+        // elsewhere in memory. The same bits.
         std::vector<double>& first = contiguous_out[static_cast<std::size_t>(isa)];
-        if (!paged) first = got;
-        else EXPECT_EQ(max_abs_diff(got, first), 0.0) << info.name;
+        if (!paged && !head_major) first = got;
+        else EXPECT_EQ(max_abs_diff(got, first), 0.0) << info.name << (paged ? " paged" : "") << (head_major ? " head-major" : "");
         // From avx512_vnni up the VNNI policy runs (one kernel, flash_avx512vnni.cpp), on avx512 the
         // widening one: the same integers (decode_i8.hpp), exact in int32, and the same f32 code
         // around them, so the same bits as avx512 (which isas() puts first).
@@ -378,8 +392,9 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
 }
 
 // A sliding window on an int8 cache: rows' first keys fall inside tiles (and blocks), so the
-// decode policy fills the columns before them with j_lo's rows and scale 0 (tile_kv). Paged =
-// contiguous bit for bit on every ISA (the same rows in the same order); the contiguous output
+// decode policy fills the columns before them with j_lo's rows and scale 0 (tile_kv), here also
+// from head-major scales. Paged = contiguous, and head-major scales = token-major,
+// bit for bit on every ISA (the same rows and scales in the same order); the contiguous output
 // within qkv/attention.hpp's int8 bound of the reference (the f64 twin on the dequantised cache),
 // taken over the whole cache (max ‖k‖₁, max |v|, max q step: a looser bound than each row's) + an
 // f32 allowance 2 · n · 2⁻²⁴ · max |v| for sums over n ≤ Skv keys.
@@ -388,7 +403,7 @@ TEST(KvCache, Int8WindowPagedEqualsContiguous) {
   for (const Shape& s : shapes()) {
     if (s.lens[0] <= (s.max_blocks - 1) * s.Sc) continue;  // as Int8WithinItsBoundOfTheF64Twin
     const Caches c(s, DType::f32, 31);
-    const Int8Cache contig(s, c, false), paged(s, c, true);
+    const Int8Cache contig(s, c, false), paged(s, c, true), contig_hm(s, c, false, true), paged_hm(s, c, true, true);
     Buffer q(DType::f32, {s.B, s.H, s.Sq, s.D});
     fill(q, 13);
     std::vector<double> qstep;
@@ -420,6 +435,12 @@ TEST(KvCache, Int8WindowPagedEqualsContiguous) {
                   static_cast<long>(s.Sq), info.name, err, bound);
       EXPECT_LE(err, bound) << info.name;
       EXPECT_EQ(max_abs_diff(values(o2), values(o1)), 0.0) << info.name << " Sc " << s.Sc;
+      for (const Int8Cache* hm : {&contig_hm, &paged_hm}) {
+        Buffer o3(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+        qkv::attention_kvcache(q.view(), hm->view(hm == &paged_hm ? &c : nullptr), o3.view(), o);
+        EXPECT_EQ(max_abs_diff(values(o3), values(o1)), 0.0) << info.name << " Sc " << s.Sc << " head-major"
+                                                             << (hm == &paged_hm ? " paged" : "");
+      }
     }
   }
 }

@@ -201,9 +201,15 @@ void decode(const FlashArgs& a) {
         if (span.skips(t0)) continue;  // between kept keys and every row's window
         const i64 j_lo = span.tile_lo(t0), j_hi = span.tile_hi(t0);
         if (ops_k) ops.scores(nr, b, hk, t0, j_lo, j_hi, span.hi, Ps);
-        for (i64 j = ops_k ? j_hi : j_lo; j < j_hi; ++j) {
-          if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk, j), esz * Dv);
-          const i64 koff = kv_row(a, a.sk, b, hk, j);
+        // Keys by runs of evenly strided rows (one block when paged): the table read once per run.
+        for (i64 j = ops_k ? j_hi : j_lo, run = j, koff = 0, voff = 0; j < j_hi; ++j, koff += a.sk[2], voff += a.sv[2]) {
+          if (j == run) {
+            i64 blk, r;
+            kv_pos(a, b, j, &blk, &r);
+            koff = blk * a.sk[0] + hk * a.sk[1] + r * a.sk[2], voff = blk * a.sv[0] + hk * a.sv[1] + r * a.sv[2];
+            run = kv_run_end(a, j);
+          }
+          if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * voff, esz * Dv);
           const float* kp;
           if (k_in_place) {
             kp = static_cast<const float*>(a.k) + koff;
@@ -271,10 +277,10 @@ void decode(const FlashArgs& a) {
           }
           continue;
         }
-        // Otherwise the tile's V rows [j_lo, j_hi) converted into rows c = j − t0 of Vs.
-        for (i64 j = j_lo; j < j_hi; ++j) {
+        // Otherwise the tile's V rows [j_lo, j_hi) converted into rows c = j − t0 of Vs (by runs, as the keys).
+        for (i64 j = j_lo, run = j, voff = 0; j < j_hi; ++j, voff += a.sv[2]) {
           float* row = Vs + (j - t0) * Dvp;
-          const i64 voff = kv_row(a, a.sv, b, hk, j);
+          if (j == run) voff = kv_row(a, a.sv, b, hk, j), run = kv_run_end(a, j);
           if (a.kv_f16) {
             widen_f16_row<S>(static_cast<const std::uint16_t*>(a.v) + voff, a.sv[3], Dv, row);
             for (i64 e = Dv; e < Dvp; ++e) row[e] = 0.0f;
