@@ -15,10 +15,11 @@
 // GQA 4, D = 128, one thread, Skv = 16384 (bench_kvcache): 1.18 ms against 2.13 for the bf16 cache
 // (2.06 before, with q widened to int16, V to f32 and P·V by FMA: compute-bound on the conversions).
 // Most of the rest was scalar set-up per key: the row pointers and scales of a tile are found once
-// by runs (tile_rows), which took it from 1.58 to 1.39 ms.
+// by runs (tile_kv), which took it from 1.58 to 1.39 ms.
 #pragma once
 
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/decode_i8.hpp"
 #include "kernels/cpu/flash_decode_impl.hpp"
@@ -28,16 +29,18 @@ namespace {
 
 // Scratch (as floats): Qt [Dp64] one query row in f32; Q [kDecRows][Dp64] the int8 rows (VNNI) or
 // int16 rows (without), zero past D (Dp64 = D rounded up to 64); qf [kDecRows] score factors;
-// qc [kDecRows] int32 128 · Σ q8 (VNNI); vs [kNt] the tile's v_scale; W16 [kDecRows][kNt] int16
-// weights, 0 outside the tile's keys; vp, kt, knext [kNt] pointers to the tile's V and K rows
-// and the next tile's K rows (8 bytes each); kst [kNt + 16] the tile's k_scale (0 outside its keys; 16 past the end: read by vectors).
+// qc [kDecRows] int32 128 · Σ q8 (VNNI); W16 [kDecRows][kNt] int16 weights, 0 outside the tile's
+// keys; then two sets of a tile's rows, this tile's and the next one's (tile_kv), each
+//   vs [kNt] v_scale, vp and kt [kNt] pointers to the V and K rows (8 bytes each), kst [kNt + 16]
+//   k_scale (0 outside the tile's keys; 16 past the end: read by vectors).
 template <bool kVnni>
 struct DecodeOpsI8 {
   static constexpr bool kEnabled = true;
   static constexpr i64 kQBytes = kVnni ? 1 : 2;  // bytes per element of Q
+  static constexpr i64 kSetFloats = kNt + 4 * kNt + kNt + 16;  // one set: vs, vp, kt, kst
   static i64 Dp64(const FlashArgs& a) { return round_up(a.D, 64); }
   static i64 scratch_floats(const FlashArgs& a) {
-    return Dp64(a) + kDecRows * Dp64(a) * kQBytes / 4 + 2 * kDecRows + kNt + kDecRows * kNt / 2 + 6 * kNt + kNt + 16;
+    return Dp64(a) + kDecRows * Dp64(a) * kQBytes / 4 + 2 * kDecRows + kDecRows * kNt / 2 + 2 * kSetFloats;
   }
   // The caller (decode_i8) takes this policy for K and V rows of unit element stride only.
   static bool takes_k(const FlashArgs& a) { return a.kv_i8; }
@@ -46,25 +49,30 @@ struct DecodeOpsI8 {
   const FlashArgs& a;
   i64 dp64;
   i64 j_end_ = 0;  // of the tile scores() saw last: pv() prefetches the K rows up to it
-  float *Qt, *qf, *vs;
+  float *Qt, *qf;
   void* Q;
   std::int32_t* qc;
   std::int16_t* W16;
-  const std::int8_t** vp;
-  const std::int8_t** kt;
-  const std::int8_t** knext;
-  float* kst;
+  // This tile's set (scores() and pv() read it) and the next tile's (pv() fills it and
+  // prefetches its K rows; scores() takes it when the next tile is the one filled: (b, hk) and
+  // keys [t0, j_hi) as recorded in nb_ …, nb_ = −1 when none is).
+  float *vs, *vs2, *kst, *kst2;
+  const std::int8_t **vp, **vp2, **kt, **kt2;
+  i64 nb_ = -1, nhk_ = 0, nt0_ = 0, nhi_ = 0;
   DecodeOpsI8(const FlashArgs& args, float* mem) : a(args), dp64(Dp64(args)) {
     Qt = mem;
     Q = Qt + dp64;
     qf = Qt + dp64 + kDecRows * dp64 * kQBytes / 4;
     qc = reinterpret_cast<std::int32_t*>(qf + kDecRows);
-    vs = qf + 2 * kDecRows;
-    W16 = reinterpret_cast<std::int16_t*>(vs + kNt);
-    vp = reinterpret_cast<const std::int8_t**>(vs + kNt + kDecRows * kNt / 2);
+    W16 = reinterpret_cast<std::int16_t*>(qf + 2 * kDecRows);
+    vs = qf + 2 * kDecRows + kDecRows * kNt / 2;
+    vp = reinterpret_cast<const std::int8_t**>(vs + kNt);
     kt = vp + kNt;
-    knext = kt + kNt;
-    kst = reinterpret_cast<float*>(knext + kNt);
+    kst = reinterpret_cast<float*>(kt + kNt);
+    vs2 = vs + kSetFloats;
+    vp2 = reinterpret_cast<const std::int8_t**>(vs2 + kNt);
+    kt2 = vp2 + kNt;
+    kst2 = reinterpret_cast<float*>(kt2 + kNt);
   }
 
   void load_q(int r, i64 off) {
@@ -145,35 +153,19 @@ struct DecodeOpsI8 {
     for (i64 c0 = c_lo / C * C; c0 < c_hi; c0 += C)
       scores_block<R>(r0, nr, kt + c0, qfl, qcl, _mm512_permutexvar_ps(ki, _mm512_loadu_ps(kst + c0)), Ps, c0);
   }
-  // Columns [c0, c1) of a tile at t0: ptr[c] the int8 row of key j = t0 + c (of k or v, strides
-  // s); a key outside [j_lo, j_hi) gets j_lo's row. By runs of evenly strided rows (kv_run_end:
-  // one block when paged), kv_row once per run.
-  void tile_rows(const void* base, const i64* s, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 c0, i64 c1,
-                 const std::int8_t** ptr) const {
-    const auto* x = static_cast<const std::int8_t*>(base);
-    const std::int8_t* lo_row = x + kv_row(a, s, b, hk, j_lo);
-    for (i64 c = c0; c < c1;) {
-      const i64 j = t0 + c;
-      if (j < j_lo || j >= j_hi) {
-        ptr[c++] = lo_row;
-        continue;
-      }
-      const i64 end = imin(imin(j_hi, kv_run_end(a, j)) - t0, c1);
-      const std::int8_t* p = x + kv_row(a, s, b, hk, j);
-      for (; c < end; ++c, p += s[2]) ptr[c] = p;
-    }
-  }
-  // tile_rows for K and V at once, with the scales: kt[c], vp[c] the K and V rows of key
-  // j = t0 + c, kst[c], vs[c] their scales (0 outside [j_lo, j_hi)). The block table is read once
-  // per run for the four tensors.
-  void tile_kv(i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 c0, i64 c1) {
+  // Columns [c0, c1) of a tile at t0 into one set (ko, vo, kso, vso): ko[c], vo[c] the K and V rows
+  // of key j = t0 + c, kso[c], vso[c] their scales; a key outside [j_lo, j_hi) gets j_lo's rows
+  // and scales 0. By runs of evenly strided rows (kv_run_end: one block when paged), the block
+  // table read once per run for the four tensors.
+  void tile_kv(i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 c0, i64 c1, const std::int8_t** ko,
+               const std::int8_t** vo, float* kso, float* vso) const {
     const auto* k = static_cast<const std::int8_t*>(a.k);
     const auto* v = static_cast<const std::int8_t*>(a.v);
     const std::int8_t *k_lo = k + kv_row(a, a.sk, b, hk, j_lo), *v_lo = v + kv_row(a, a.sv, b, hk, j_lo);
     for (i64 c = c0; c < c1;) {
       const i64 j = t0 + c;
       if (j < j_lo || j >= j_hi) {
-        kt[c] = k_lo, vp[c] = v_lo, kst[c] = 0.0f, vs[c] = 0.0f;
+        ko[c] = k_lo, vo[c] = v_lo, kso[c] = 0.0f, vso[c] = 0.0f;
         ++c;
         continue;
       }
@@ -185,12 +177,12 @@ struct DecodeOpsI8 {
       const float* ks = a.k_scale + blk * a.sks[0] + hk * a.sks[1] + r * a.sks[2];
       const float* vsc = a.v_scale + blk * a.svs[0] + hk * a.svs[1] + r * a.svs[2];
       for (; c < end; ++c, kr += a.sk[2], vr += a.sv[2], ks += a.sks[2], vsc += a.svs[2])
-        kt[c] = kr, vp[c] = vr, kst[c] = *ks, vs[c] = *vsc;
+        ko[c] = kr, vo[c] = vr, kso[c] = *ks, vso[c] = *vsc;
     }
   }
-  // Fetches the k_scale and v_scale entries of keys [j_lo, j_hi) (of the next tile: a tile ahead,
-  // as the scales are read by scalar loads at the tile's start, with no stream for the hardware
-  // prefetcher to follow across scattered blocks), by runs as tile_kv.
+  // Fetches the k_scale and v_scale entries of keys [j_lo, j_hi) (of the next tile: a tile ahead
+  // of the scalar loads in tile_kv, with no stream for the hardware prefetcher to follow across
+  // scattered blocks), by runs as tile_kv.
   void pf_scales(i64 b, i64 hk, i64 j_lo, i64 j_hi) const {
     for (i64 j = j_lo; j < j_hi;) {
       const i64 end = imin(j_hi, kv_run_end(a, j));
@@ -209,9 +201,15 @@ struct DecodeOpsI8 {
   void scores(int nr, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 j_end, float* Ps) {
     j_end_ = j_end;
     // The tile's K and V rows and scales by column c = j − t0 (pv() takes the V ones), over the
-    // 16-column blocks the scores and the key pairs of P·V touch.
+    // 16-column blocks the scores and the key pairs of P·V touch: the set the previous tile's
+    // pv() filled when this is the tile it filled (the same rows and scales: the same bits),
+    // else gathered here.
     const i64 c_lo = j_lo - t0, c_hi = j_hi - t0, c0 = c_lo / 16 * 16, c1 = round_up(c_hi, 16);
-    tile_kv(b, hk, t0, j_lo, j_hi, c0, c1);
+    if (b == nb_ && hk == nhk_ && t0 == nt0_ && j_lo == t0 && j_hi == nhi_)
+      std::swap(vs, vs2), std::swap(vp, vp2), std::swap(kt, kt2), std::swap(kst, kst2);
+    else
+      tile_kv(b, hk, t0, j_lo, j_hi, c0, c1, kt, vp, kst, vs);
+    nb_ = -1;
     if (t0 + kNt < j_end) pf_scales(b, hk, t0 + kNt, imin(t0 + 2 * kNt, j_end));
     for (i64 c = c_lo; c < c_hi; ++c) pf_row(vp[c], a.Dv);  // V rows, read next by pv()
     for (int r0 = 0; r0 < nr; r0 += 4) {
@@ -260,7 +258,7 @@ struct DecodeOpsI8 {
   // 16L + [0, 8) of each 128-bit lane L, hi from 16L + [8, 16); their four int16-pair halves
   // X0 = lo[0, 32), X1 = lo[32, 64), X2 = hi[0, 32), X3 = hi[32, 64) hold columns
   // {0–7, 16–23}, {32–39, 48–55}, {8–15, 24–31}, {40–47, 56–63} of the block.
-  // With pf: each pair also prefetches the K rows of keys kNt further on, below pf_end.
+  // With pf: each pair also prefetches the K rows of keys kNt further on (kt2), below pf_end.
   template <int R, int NB>
   void pv_block(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, i64 e0,
                 bool pf, i64 pf_end) const {
@@ -277,7 +275,7 @@ struct DecodeOpsI8 {
     }
     for (i64 c = c_lo; c < c_hi; c += 2) {
       if (pf)
-        for (i64 n = c; n < imin(c + 2, pf_end - t0 - kNt); ++n) pf_row(knext[n], a.D);
+        for (i64 n = c; n < imin(c + 2, pf_end - t0 - kNt); ++n) pf_row(kt2[n], a.D);
       __m512i xs[NB][4];
 #pragma GCC unroll 2
       for (int x = 0; x < NB; ++x) {
@@ -337,12 +335,16 @@ struct DecodeOpsI8 {
     // with weight 0.
     // (vp, vs: set by scores() for this tile.)
     const i64 c_lo = (j_lo - t0) & ~i64{1}, c_hi = (j_hi - t0 + 1) & ~i64{1};
-    // The next tile's K rows [t0 + kNt, j_end_) that pv_block prefetches.
-    const i64 n_hi = imin(j_end_ - t0 - kNt, c_hi);
-    if (n_hi > c_lo) tile_rows(a.k, a.sk, b, hk, t0 + kNt, t0 + kNt + c_lo, t0 + kNt + n_hi, c_lo, n_hi, knext);
+    // The next tile's set, keys [t0 + kNt, j_end_) as far as a tile goes, gathered before P·V
+    // (whose pv_block prefetches its K rows from kt2): its scale loads, scattered when paged, wait
+    // for memory while P·V computes rather than at the next tile's start. A next tile that starts
+    // elsewhere (a gap of keep_first and a window) is gathered by scores() instead.
+    if (const i64 nt0 = t0 + kNt; nt0 < j_end_) {
+      nb_ = b, nhk_ = hk, nt0_ = nt0, nhi_ = imin(nt0 + kNt, j_end_);
+      tile_kv(b, hk, nt0, nt0, nhi_, 0, round_up(nhi_ - nt0, 16), kt2, vp2, kst2, vs2);
+    }
     float step[kDecRows];
     for (int r = 0; r < nr; ++r) step[r] = round_row(Ps + r * kNt, j_lo - t0, j_hi - t0, W16 + r * kNt);
-    // The next tile's K rows (scores() set j_end_).
     for (int r0 = 0; r0 < nr; r0 += 4) {
       const int left = nr - r0;
       const bool f = r0 == 0;

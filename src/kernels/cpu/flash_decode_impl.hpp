@@ -203,12 +203,7 @@ void decode(const FlashArgs& a) {
         if (ops_k) ops.scores(nr, b, hk, t0, j_lo, j_hi, span.hi, Ps);
         // Keys by runs of evenly strided rows (one block when paged): the table read once per run.
         for (i64 j = ops_k ? j_hi : j_lo, run = j, koff = 0, voff = 0; j < j_hi; ++j, koff += a.sk[2], voff += a.sv[2]) {
-          if (j == run) {
-            i64 blk, r;
-            kv_pos(a, b, j, &blk, &r);
-            koff = blk * a.sk[0] + hk * a.sk[1] + r * a.sk[2], voff = blk * a.sv[0] + hk * a.sv[1] + r * a.sv[2];
-            run = kv_run_end(a, j);
-          }
+          if (j == run) koff = kv_row(a, a.sk, b, hk, j), voff = kv_row(a, a.sv, b, hk, j), run = kv_run_end(a, j);
           if (prefetch) pf_row(static_cast<const char*>(a.v) + esz * voff, esz * Dv);
           const float* kp;
           if (k_in_place) {
