@@ -90,10 +90,19 @@ void gemv_rows(const GemvArgs& a, i64 o0, i64 o1) {
 // The loops are unrolled by pragma: GCC otherwise keeps acc[MB][U] on the stack at MB = 4.
 // Measured and dropped: 4 adjacent weight rows at once with one chain per (row, x row) (8 loads for
 // 16 FMAs, no partial sums) cost 2.0× the CPU time at one sequence and 1.4× at 8 (random 6.1M).
+// `ahead` (one sequence, MB = 1): the first byte of the R rows the next call reads (null: none),
+// prefetched into L1 as this call goes, each step of U·L columns the lines at the same place in
+// that block that the step reads in its own (spread, not at once: a block's lines at once queue
+// for the line-fill buffers this call's loads need). The hardware prefetcher follows the R row
+// streams inside a 4 KiB page but restarts at every page boundary (a block of 4 f32 rows of 288
+// columns is 4.5 KiB); the software prefetch crosses them.
 template <class S, class Rows, int MB, int R = 1>
-void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
+void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0, const char* ahead = nullptr) {
   using V = typename S::V;
   constexpr int U = 4;
+  // Lines of the R rows that one step covers (block bytes in proportion: R·U·L columns' bytes).
+  constexpr i64 step_bytes = R * U * S::L * Rows::bytes;
+  static_assert(MB == 1 || R == 1, "ahead: one sequence's R rows");
   const i64 in = a.in;
   const float* x = a.x + m0 * in;
   V acc[R][MB][U];
@@ -104,7 +113,11 @@ void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
       #pragma GCC unroll 16
       for (int u = 0; u < U; ++u) acc[r][m][u] = S::zero();
   i64 i = 0;
-  for (; i + U * S::L <= in; i += U * S::L)
+  for (; i + U * S::L <= in; i += U * S::L) {
+    if (ahead) {
+      #pragma GCC unroll 16
+      for (i64 k = 0; k < step_bytes; k += 64) __builtin_prefetch(ahead + i * R * Rows::bytes + k, 0, 3);
+    }
     #pragma GCC unroll 16
     for (int u = 0; u < U; ++u)
       #pragma GCC unroll 16
@@ -113,6 +126,12 @@ void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0) {
         #pragma GCC unroll 16
         for (int m = 0; m < MB; ++m) acc[r][m][u] = S::fmadd(w, S::loadu(x + m * in + i + u * S::L), acc[r][m][u]);
       }
+  }
+  if (ahead) {  // the rest of the block, up to the line of its last byte
+    const char* end = ahead + R * in * Rows::bytes;
+    for (const char* p = ahead + i * R * Rows::bytes; p < end; p += 64) __builtin_prefetch(p, 0, 3);
+    __builtin_prefetch(end - 1, 0, 3);
+  }
   for (; i + S::L <= in; i += S::L)
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -279,7 +298,8 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead_io) {
 // while both are whole, then the n = (m1 − m0) mod MB rows of x left over as one block of R × n
 // when n ≥ 2 (a B = 2, 3, 6 or 7 step reads each weight vector once for them, not once a row), and
 // a last single row of x R rows of W at a time (gemv_batch_row<1, R>: contiguous loads, which the
-// hardware prefetcher follows; B = 1 is only that); then the rows of W left over one at a time, MB
+// hardware prefetcher follows; B = 1 is only that, each block prefetching the next one, see
+// gemv_batch_row's `ahead`); then the rows of W left over one at a time, MB
 // rows of x at a time (MB · 4 accumulators must fit the registers: 4 on AVX-512's 32, 2 on AVX2's
 // 16), then single rows of x. Every path sums a (row, x row) the same way: the batch, its range and
 // the split of the rows do not change a bit.
@@ -325,9 +345,11 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
     if (per_step >= 4) blocks.template operator()<4>();
     else if (per_step >= 2) blocks.template operator()<2>();
     else blocks.template operator()<1>();
-  } else  // one row of x (or none): R rows of W at a time
-    for (; o + R <= o1; o += R)
-      for (i64 m = a.m0; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m);
+  } else  // one row of x (or none): R rows of W at a time, each block prefetching the next
+    for (; o + R <= o1; o += R) {
+      const char* next = o + 2 * R <= o1 ? static_cast<const char*>(a.W) + (o + R) * a.in * Rows::bytes : nullptr;
+      for (i64 m = a.m0; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m, next);
+    }
   for (; o < o1; ++o) {
     i64 m = a.m0;
     for (; m + MB <= a.m1; m += MB) gemv_batch_row<S, Rows, MB>(a, o, m);
