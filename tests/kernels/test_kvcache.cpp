@@ -393,7 +393,13 @@ TEST(KvCache, Int8WithinItsBoundOfTheF64Twin) {
 
 // A sliding window on an int8 cache: rows' first keys fall inside tiles (and blocks), so the
 // decode policy fills the columns before them with j_lo's rows and scale 0 (tile_kv), here also
-// from head-major scales. Paged = contiguous, and head-major scales = token-major,
+// from head-major scales. With keep_first (StreamingLLM's first keys beside the window) the tile
+// after a kept tile is not the one pv() gathered ahead (keys 4: the window starts elsewhere, so
+// scores() gathers its own; keys 70: the kept run ends 6 keys into its second 64-key tile): there
+// the output must also equal, within the P·V rounding term of the bound (the scores are the same
+// integers; only the tiles' 15-bit weight steps and f32 sums may differ), the same call with the
+// window and the kept keys as an explicit mask [B, 1, Sq, Skv] (diag(i) = i + lens[b] − Sq).
+// Paged = contiguous, and head-major scales = token-major,
 // bit for bit on every ISA (the same rows and scales in the same order); the contiguous output
 // within qkv/attention.hpp's int8 bound of the reference (the f64 twin on the dequantised cache),
 // taken over the whole cache (max ‖k‖₁, max |v|, max q step: a looser bound than each row's) + an
@@ -419,27 +425,43 @@ TEST(KvCache, Int8WindowPagedEqualsContiguous) {
     const double delta = 1.0 / std::sqrt(static_cast<double>(s.D)) * *std::max_element(qstep.begin(), qstep.end()) / 2 *
                          (1 + 0x1p-14) * k1;
     const double bound = (std::expm1(2 * delta) + 64.0 / 65534.0) * vmax + 2.0 * static_cast<double>(s.Skv()) * 0x1p-24 * vmax;
-    AttentionOptions o = options(c, false);
-    o.window_left = 150;
-    Buffer ref(DType::f32, {s.B, s.H, s.Sq, s.Dv});
-    o.kernel = qkv::Kernel::reference;
-    qkv::attention_kvcache(q.view(), contig.view(nullptr), ref.view(), o);
-    o.kernel = qkv::Kernel::flash_decode;
-    for (Isa isa : isas()) {
-      qkv::set_isa(isa);
-      Buffer o1(DType::f32, {s.B, s.H, s.Sq, s.Dv}), o2(DType::f32, {s.B, s.H, s.Sq, s.Dv});
-      const auto info = qkv::attention_kvcache(q.view(), contig.view(nullptr), o1.view(), o);
-      qkv::attention_kvcache(q.view(), paged.view(&c), o2.view(), o);
-      const double err = max_abs_diff(values(o1), values(ref));
-      std::printf("int8 window Sc %3ld Sq %ld %-28s err %.2e (bound %.2e)\n", static_cast<long>(s.Sc),
-                  static_cast<long>(s.Sq), info.name, err, bound);
-      EXPECT_LE(err, bound) << info.name;
-      EXPECT_EQ(max_abs_diff(values(o2), values(o1)), 0.0) << info.name << " Sc " << s.Sc;
-      for (const Int8Cache* hm : {&contig_hm, &paged_hm}) {
-        Buffer o3(DType::f32, {s.B, s.H, s.Sq, s.Dv});
-        qkv::attention_kvcache(q.view(), hm->view(hm == &paged_hm ? &c : nullptr), o3.view(), o);
-        EXPECT_EQ(max_abs_diff(values(o3), values(o1)), 0.0) << info.name << " Sc " << s.Sc << " head-major"
-                                                             << (hm == &paged_hm ? " paged" : "");
+    for (std::int64_t keep : {0, 4, 70}) {
+      AttentionOptions o = options(c, false);
+      o.window_left = 150;
+      o.keep_first = keep;
+      Buffer ref(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+      o.kernel = qkv::Kernel::reference;
+      qkv::attention_kvcache(q.view(), contig.view(nullptr), ref.view(), o);
+      o.kernel = qkv::Kernel::flash_decode;
+      Buffer mask(DType::u8, {s.B, 1, s.Sq, s.Skv()});
+      for (std::int64_t b = 0; b < s.B; ++b)
+        for (std::int64_t i = 0; i < s.Sq; ++i) {
+          const std::int64_t diag = i + s.lens[static_cast<std::size_t>(b)] - s.Sq;
+          for (std::int64_t j = 0; j < s.Skv(); ++j)
+            mask.ptr<std::uint8_t>()[(b * s.Sq + i) * s.Skv() + j] = j >= diag - o.window_left || j < keep;
+        }
+      AttentionOptions om = o;
+      om.window_left = -1, om.keep_first = 0, om.mask = mask.view();
+      const double pv_bound = 2 * 64.0 / 65534.0 * vmax + 2.0 * static_cast<double>(s.Skv()) * 0x1p-24 * vmax;
+      for (Isa isa : isas()) {
+        qkv::set_isa(isa);
+        Buffer o1(DType::f32, {s.B, s.H, s.Sq, s.Dv}), o2(DType::f32, {s.B, s.H, s.Sq, s.Dv}),
+            o4(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+        const auto info = qkv::attention_kvcache(q.view(), contig.view(nullptr), o1.view(), o);
+        qkv::attention_kvcache(q.view(), paged.view(&c), o2.view(), o);
+        qkv::attention_kvcache(q.view(), paged.view(&c), o4.view(), om);
+        EXPECT_LE(max_abs_diff(values(o4), values(o1)), pv_bound) << info.name << " keep_first " << keep << " as a mask";
+        const double err = max_abs_diff(values(o1), values(ref));
+        std::printf("int8 window keep_first %2ld Sc %3ld Sq %ld %-28s err %.2e (bound %.2e)\n", static_cast<long>(keep),
+                    static_cast<long>(s.Sc), static_cast<long>(s.Sq), info.name, err, bound);
+        EXPECT_LE(err, bound) << info.name << " keep_first " << keep;
+        EXPECT_EQ(max_abs_diff(values(o2), values(o1)), 0.0) << info.name << " Sc " << s.Sc << " keep_first " << keep;
+        for (const Int8Cache* hm : {&contig_hm, &paged_hm}) {
+          Buffer o3(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+          qkv::attention_kvcache(q.view(), hm->view(hm == &paged_hm ? &c : nullptr), o3.view(), o);
+          EXPECT_EQ(max_abs_diff(values(o3), values(o1)), 0.0) << info.name << " Sc " << s.Sc << " head-major"
+                                                               << (hm == &paged_hm ? " paged" : "");
+        }
       }
     }
   }
