@@ -68,7 +68,7 @@ inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int 
 // Measured (bench_gemv_step --batch 1, bench/results/gemv_walk_2026-11-27.md): on an Intel Cascade
 // Lake guest blocks are the faster walk, from caches and from memory; on AMD Zen 4 blocks are faster
 // (1.2–1.5×) while the weights stay in L3, but from memory the R interleaved streams defeat its
-// prefetchers, and rows take 0.5–0.65× blocks' time (the 6.1 M model's 24.5 MB, the 110M shape).
+// prefetchers, and rows take 0.4–0.8× blocks' time (24.5–440 MB of weights).
 enum class GemvWalk { blocks, rows };
 // The walk for a decode step that streams weight_bytes of weights: QKV_GEMV_WALK=blocks|rows when
 // set and not empty (A/B measurements, tests; anything else throws, naming the variable and the
