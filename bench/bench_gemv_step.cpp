@@ -9,7 +9,8 @@
 // Per layer W_Q, W_K, W_V (in calls of R rows: a head's rows, as the step's stage A; default C),
 // W_O [C, C], W1, W3 [Hd, C], W2 [C, Hd]; then W_cls [V, C]; f32 weights in one anonymous mapping
 // with transparent huge pages asked for (as the loader's copy of checkpoints ≤ 64 MiB). Defaults:
-// the 6.1 M model of bench/decode_peers.py (288, 768, 6, 512). FLOP model 2·B·(weights); prints the
+// the 6.1 M model of bench/decode_peers.py (288, 768, 6, 512). B = 1 walks W as decode would for these
+// weights (blocks::gemv_walk; QKV_GEMV_WALK=blocks|rows forces one). FLOP model 2·B·(weights); prints the
 // best and the median of N passes (the weights of one pass stay in the last-level cache when they
 // fit, as they do between decode steps), for both clocks.
 #include <algorithm>
@@ -49,8 +50,9 @@ int main(int argc, char** argv) {
   for (long i = 0; i < total; ++i) W[i] = static_cast<float>((i * 7919) % 13 - 6) * 0.01f;
   std::vector<float> x(static_cast<std::size_t>(B * std::max(C, Hd)), 0.01f), y(static_cast<std::size_t>(B * std::max(V, Hd)));
   const qkv::Isa isa = qkv::active_isa();
+  const qkv::blocks::GemvWalk walk = qkv::blocks::gemv_walk(static_cast<std::int64_t>(bytes));  // as decode picks it
   auto gemv = [&](const float* w, long in, long ld, long o0, long o1) {
-    qkv::blocks::gemv_batch_rows(x.data(), w, nullptr, nullptr, y.data(), ld, B, in, 0.0f, isa, o0, o1, {0, B});
+    qkv::blocks::gemv_batch_rows(x.data(), w, nullptr, nullptr, y.data(), ld, B, in, 0.0f, isa, o0, o1, {0, B}, walk);
   };
   auto cpu_now = [] {
     timespec ts;
@@ -80,8 +82,9 @@ int main(int argc, char** argv) {
   std::sort(tc.begin(), tc.end());
   const double peak = qkv_bench::fma_peak_gflops(1, isa >= qkv::Isa::avx512), bw = qkv_bench::read_probe_gbs(1);
   const double flop = 2.0 * static_cast<double>(B) * static_cast<double>(total);
-  std::printf("C %ld Hd %ld L %ld V %ld, B %ld, rows per W_Q/W_K/W_V call %ld, %.1f MB of f32 weights, %s\n", C, Hd, L, V, B, R,
-              static_cast<double>(bytes) / 1e6, qkv::isa_name(isa));
+  std::printf("C %ld Hd %ld L %ld V %ld, B %ld, rows per W_Q/W_K/W_V call %ld, %.1f MB of f32 weights, %s, %s walk%s\n",
+              C, Hd, L, V, B, R, static_cast<double>(bytes) / 1e6, qkv::isa_name(isa),
+              walk == qkv::blocks::GemvWalk::rows ? "rows" : "blocks", B == 1 ? "" : " (B = 1 only)");
   std::printf("best %.3f ms (%.1f GFLOP/s, %.0f %% of the 1-thread FMA peak %.0f; %.1f GB/s of weights, read probe %.1f), "
               "median %.3f ms\n",
               t[0] * 1e3, flop / t[0] * 1e-9, 100.0 * flop / t[0] * 1e-9 / peak, peak,

@@ -4,10 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <unistd.h>
 
 #include "blocks/dense_kernels.hpp"
 #include "blocks/activation.hpp"
@@ -160,8 +165,44 @@ void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, 
     }
 }
 
+namespace {
+// The CPU's side of gemv_walk: an AMD CPU (CPUID's vendor string) and the bytes of CPU 0's L3.
+struct WalkCpu {
+  bool amd = false;
+  i64 l3_bytes = 0;
+};
+WalkCpu walk_cpu() {
+  WalkCpu c;
+  unsigned a = 0, b = 0, cx = 0, d = 0;
+  __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(cx), "=d"(d));
+  char vendor[13] = {};
+  std::memcpy(vendor, &b, 4), std::memcpy(vendor + 4, &d, 4), std::memcpy(vendor + 8, &cx, 4);
+  c.amd = std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
+  // sysfs says what this guest's CPU shares ("32768K"); sysconf may report the host's whole package.
+  if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+    long v = 0;
+    char unit = 0;
+    if (std::fscanf(f, "%ld%c", &v, &unit) >= 1 && v > 0)
+      c.l3_bytes = static_cast<i64>(v) * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
+    std::fclose(f);
+  }
+  if (c.l3_bytes == 0) c.l3_bytes = std::max<long>(sysconf(_SC_LEVEL3_CACHE_SIZE), 0);
+  return c;
+}
+}  // namespace
+
+GemvWalk gemv_walk(i64 weight_bytes) {
+  if (const char* s = std::getenv("QKV_GEMV_WALK"); s && *s) {
+    if (std::strcmp(s, "blocks") == 0) return GemvWalk::blocks;
+    if (std::strcmp(s, "rows") == 0) return GemvWalk::rows;
+    fail("qkv::blocks::gemv_walk", std::string("QKV_GEMV_WALK: must be blocks or rows, got '") + s + "'");
+  }
+  static const WalkCpu cpu = walk_cpu();
+  return cpu.amd && cpu.l3_bytes > 0 && weight_bytes > cpu.l3_bytes / 2 ? GemvWalk::rows : GemvWalk::blocks;
+}
+
 void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y, i64 ldy,
-                     i64 M, i64 in, float beta, Isa isa, i64 o0, i64 o1, std::pair<i64, i64> rows) {
+                     i64 M, i64 in, float beta, Isa isa, i64 o0, i64 o1, std::pair<i64, i64> rows, GemvWalk walk) {
   constexpr const char* fn = "qkv::blocks::gemv_batch_rows";
   const auto [m0, m1] = rows;
   if (m0 < 0 || m0 > m1 || m1 > M)
@@ -173,7 +214,8 @@ void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, co
     fail(fn, "in, ldy, beta, W / Wb: need in ≥ 1, ldy ≥ o1 for several rows, beta ∈ {0, 1} and exactly one of "
              "W, Wb; got in = " + std::to_string(in) + ", ldy = " + std::to_string(ldy) + ", o1 = " +
                  std::to_string(o1) + ", beta = " + std::to_string(beta));
-  const detail::BatchGemvArgs a{x, W ? static_cast<const void*>(W) : Wb, b, y, ldy, m0, m1, in, beta};
+  const detail::BatchGemvArgs a{x, W ? static_cast<const void*>(W) : Wb, b, y, ldy, m0, m1, in, beta,
+                                walk == GemvWalk::rows};
   if (isa >= Isa::avx512) return Wb ? detail::gemv_batch_bf16_avx512(a, o0, o1) : detail::gemv_batch_f32_avx512(a, o0, o1);
   if (isa == Isa::avx2) return Wb ? detail::gemv_batch_bf16_avx2(a, o0, o1) : detail::gemv_batch_f32_avx2(a, o0, o1);
   for (i64 m = m0; m < m1; ++m)

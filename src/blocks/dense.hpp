@@ -61,19 +61,35 @@ inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int 
   return {n * part / parts, n * (part + 1) / parts};
 }
 
+// How gemv_batch_rows reads W for a lone row of x (one sequence); both give the same bits.
+//   blocks: R rows of W side by side (4 on AVX-512, 2 on AVX2: x loaded once for R rows, the R sums
+//           reduced together), each block prefetching the next one into L1;
+//   rows:   one row of W after the other, one contiguous stream left to the hardware prefetcher.
+// Measured (bench_gemv_step --batch 1, bench/results/gemv_walk_2026-11-27.md): on an Intel Cascade
+// Lake guest blocks are the faster walk, from caches and from memory; on AMD Zen 4 blocks are faster
+// (1.2–1.5×) while the weights stay in L3, but from memory the R interleaved streams defeat its
+// prefetchers, and rows take 0.4–0.8× blocks' time (24.5–440 MB of weights).
+enum class GemvWalk { blocks, rows };
+// The walk for a decode step that streams weight_bytes of weights: QKV_GEMV_WALK=blocks|rows when
+// set and not empty (A/B measurements, tests; anything else throws, naming the variable and the
+// value), else rows on AMD CPUs when weight_bytes exceed half the L3 cache of CPU 0 (Linux sysfs;
+// sysconf's when sysfs has none), blocks otherwise.
+GemvWalk gemv_walk(std::int64_t weight_bytes);
+
 // The decode step's GEMV (Model's one-token steps, one or many sequences), on the calling thread:
 //   y [m·ldy + o] = beta·y + x [m, :] · W [o, :] + b [o]      m ∈ rows = [m0, m1) ⊆ [0, M), o ∈ [o0, o1)
 // x [M, in]; W [·, in] f32 (Wb null) or bf16 bits (W null, widened exactly); beta ∈ {0, 1}; rows of
 // y outside `rows` are not touched. Each (m, o) is summed in one fixed order, whatever M, `rows` and
 // [o0, o1) are: a sequence's result does not depend on the batch it is in or on the thread that
 // computed its rows. Each row of W is read from memory once for all rows of x: with ≥ 4 of them
-// (AVX-512; 2 on AVX2) in blocks of 4 rows of W × 4 rows of x (2 × 2), else 4 rows of W (2) side by
-// side for each row of x; rows of W past the last whole block one at a time.
+// (AVX-512; 2 on AVX2) in blocks of 4 rows of W × 4 rows of x (2 × 2); a lone row of x as `walk`
+// says (GemvWalk); rows of W past the last whole block one at a time.
 // Throws (naming the argument) unless 0 ≤ m0 ≤ m1 ≤ M, 0 ≤ o0 ≤ o1, in ≥ 1, ldy ≥ o1 when m1 − m0 > 1,
 // and beta ∈ {0, 1}. Twin: gemv_reference.
 void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y,
                      std::int64_t ldy, std::int64_t M, std::int64_t in, float beta, Isa isa, std::int64_t o0,
-                     std::int64_t o1, std::pair<std::int64_t, std::int64_t> rows);
+                     std::int64_t o1, std::pair<std::int64_t, std::int64_t> rows,
+                     GemvWalk walk);
 
 // One query position per head against the keys and values of one kv head (f32), on the calling thread:
 //   q, out [nh, D]; k, v [Skv, D] (contiguous rows); scores [Skv] scratch

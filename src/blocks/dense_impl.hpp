@@ -299,7 +299,8 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead_io) {
 // when n ≥ 2 (a B = 2, 3, 6 or 7 step reads each weight vector once for them, not once a row), and
 // a last single row of x R rows of W at a time (gemv_batch_row<1, R>: contiguous loads, which the
 // hardware prefetcher follows; B = 1 is only that, each block prefetching the next one, see
-// gemv_batch_row's `ahead`); then the rows of W left over one at a time, MB
+// gemv_batch_row's `ahead`, unless a.walk_rows: then B = 1 reads W row after row, below); then the
+// rows of W left over one at a time, MB
 // rows of x at a time (MB · 4 accumulators must fit the registers: 4 on AVX-512's 32, 2 on AVX2's
 // 16), then single rows of x. Every path sums a (row, x row) the same way: the batch, its range and
 // the split of the rows do not change a bit.
@@ -345,7 +346,7 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
     if (per_step >= 4) blocks.template operator()<4>();
     else if (per_step >= 2) blocks.template operator()<2>();
     else blocks.template operator()<1>();
-  } else  // one row of x (or none): R rows of W at a time, each block prefetching the next
+  } else if (!a.walk_rows)  // one row of x (or none): R rows of W at a time, each block prefetching the next
     for (; o + R <= o1; o += R) {
       const char* next = o + 2 * R <= o1 ? static_cast<const char*>(a.W) + (o + R) * a.in * Rows::bytes : nullptr;
       for (i64 m = a.m0; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m, next);

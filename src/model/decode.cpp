@@ -98,11 +98,15 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
                               caches[static_cast<std::size_t>(b)]->len);
   float *x = x_.ptr<float>(), *q = q_.ptr<float>(), *k = k_.ptr<float>(), *v = v_.ptr<float>();
   float *att = att_.ptr<float>(), *hb = hb_.ptr<float>(), *hb2 = hb2_.ptr<float>();
-  // y [b·ldy + o] (+)= xin [b, :] · W[o, :] + bias[o], rows [r0, r1) of W, f32 or bf16 weights.
+  // y [b·ldy + o] (+)= xin [b, :] · W[o, :] + bias[o], rows [r0, r1) of W, f32 or bf16 weights; a
+  // lone sequence walks W as the machine reads this model's weights fastest (blocks::gemv_walk: the
+  // parameters as the bytes a step streams; the embedding table, read a row a step, is in the count).
+  const i64 wbytes = bf16 ? 2 : 4;
+  const blocks::GemvWalk walk = blocks::gemv_walk(params_ * wbytes);
   auto gemv = [&](const float* W, const std::uint16_t* Wb, const float* bias, float* y, i64 ldy, const float* xin,
                   i64 in, float beta, i64 r0, i64 r1) {
     blocks::gemv_batch_rows(xin, bf16 ? nullptr : W, bf16 ? Wb : nullptr, bias, y, ldy, B, in, beta, isa, r0, r1,
-                            {0, B});
+                            {0, B}, walk);
   };
   auto norm_rows = [&](float* out, const float* w, const float* bias) {
     if (c.norm == NormKind::rmsnorm) blocks::rmsnorm_forward(out, nullptr, x, w, B, C, c.norm_eps);
@@ -111,7 +115,6 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
   // The smallest chunk of n rows with `in` columns: ≈ 64 KiB of weights, a multiple of 8 rows (whole
   // blocks of gemv_batch_rows); all n on one thread (nothing to rebalance: each matrix is read as
   // one stream, W1 and W3 one after the other).
-  const i64 wbytes = bf16 ? 2 : 4;
   auto rows_per_chunk = [&](i64 in, i64 n) {
     return T == 1 ? std::max<i64>(n, 1) : std::max<i64>(8, (i64{64} << 10) / (in * wbytes) / 8 * 8);
   };

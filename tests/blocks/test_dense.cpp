@@ -3,9 +3,12 @@
 #include <atomic>
 #include <thread>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -22,6 +25,7 @@
 namespace {
 
 using qkv::Isa;
+using qkv::blocks::GemvWalk;
 using qkv::testing::isas;
 using qkv::testing::randn;
 
@@ -549,7 +553,8 @@ TEST(Dense, ForkedChildRunsBf16GemmWhileAnotherThreadBuildsOne) {
 // (M ≥ 2 runs the register-blocked path, which sums each chain separately: the same bits; M = 2, 3,
 // 6, 7 its blocks of the 2 or 3 rows of x left over after the groups of 4 on AVX-512), with a bias
 // and without (the blocks of 4 rows write y 4 floats at a time on AVX-512). M ∈ {2, …, 8} × in ∈
-// {64, 100, 300} × f32 / bf16 take every count of prefetched lines a step (1, 2 and 4).
+// {64, 100, 300} × f32 / bf16 take every count of prefetched lines a step (1, 2 and 4). The rows
+// one at a time walk W both ways (GemvWalk): the same bits.
 TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
   for (Isa isa : isas())
     for (bool bf16 : {false, true}) {
@@ -568,17 +573,22 @@ TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
             std::vector<float> Wr(W.size());  // the weights the kernel multiplies by
             for (std::size_t i = 0; i < W.size(); ++i) Wr[i] = bf16 ? qkv::kernels::cpu::bf16_bits_to_f32(Wb[i]) : W[i];
             const auto y0 = randn(static_cast<std::size_t>(M * ldy), 4);
-            std::vector<float> y = y0, y1 = y0;
+            std::vector<float> y = y0;
             const float* Wf = bf16 ? nullptr : W.data();
             const std::uint16_t* Wh = bf16 ? Wb.data() : nullptr;
             const float* bp = bias ? b.data() : nullptr;
-            qkv::blocks::gemv_batch_rows(x.data(), Wf, Wh, bp, y.data(), ldy, M, in, beta, isa, 0, out, {0, M});
-            for (std::int64_t m = 0; m < M; ++m)  // one row of x at a time, the rows of W in two ranges
-              for (auto [o0, o1] : {std::pair<std::int64_t, std::int64_t>{0, 5}, {5, out}})
-                qkv::blocks::gemv_batch_rows(x.data() + m * in, Wf, Wh, bp, y1.data() + m * ldy, ldy, 1, in, beta, isa,
-                                             o0, o1, {0, 1});
-            EXPECT_EQ(std::memcmp(y.data(), y1.data(), 4 * y.size()), 0)
-                << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " M " << M << " in " << in << " bias " << bias;
+            qkv::blocks::gemv_batch_rows(x.data(), Wf, Wh, bp, y.data(), ldy, M, in, beta, isa, 0, out, {0, M},
+                                         GemvWalk::blocks);
+            for (GemvWalk walk : {GemvWalk::blocks, GemvWalk::rows}) {
+              std::vector<float> y1 = y0;
+              for (std::int64_t m = 0; m < M; ++m)  // one row of x at a time, the rows of W in two ranges
+                for (auto [o0, o1] : {std::pair<std::int64_t, std::int64_t>{0, 5}, {5, out}})
+                  qkv::blocks::gemv_batch_rows(x.data() + m * in, Wf, Wh, bp, y1.data() + m * ldy, ldy, 1, in, beta,
+                                               isa, o0, o1, {0, 1}, walk);
+              EXPECT_EQ(std::memcmp(y.data(), y1.data(), 4 * y.size()), 0)
+                  << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " M " << M << " in " << in << " bias " << bias
+                  << " walk " << (walk == GemvWalk::rows ? "rows" : "blocks");
+            }
             for (std::int64_t m = 0; m < M; ++m)
               for (std::int64_t o = 0; o < out; ++o) {
                 double ref = (bias ? b[o] : 0.0) + (beta == 0.0f ? 0.0 : y0[m * ldy + o]), mag = std::abs(ref);
@@ -597,12 +607,53 @@ TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
     }
 }
 
+// gemv_walk: QKV_GEMV_WALK forces either walk and any other value throws, naming the variable and
+// the value; unset (or empty), the machine's rule, checked against what /proc/cpuinfo and sysfs say
+// of this CPU (read here, not through the library): rows on an AMD CPU for more weights than half its
+// L3, blocks for fewer and on other vendors.
+TEST(Dense, GemvWalkFollowsTheEnvironmentThenTheCpu) {
+  using qkv::blocks::gemv_walk;
+  const char* old = std::getenv("QKV_GEMV_WALK");
+  const std::string saved = old ? old : "";
+  ::setenv("QKV_GEMV_WALK", "rows", 1);
+  EXPECT_EQ(gemv_walk(1), GemvWalk::rows);
+  ::setenv("QKV_GEMV_WALK", "blocks", 1);
+  EXPECT_EQ(gemv_walk(std::int64_t{1} << 40), GemvWalk::blocks);
+  ::setenv("QKV_GEMV_WALK", "row", 1);
+  try {
+    gemv_walk(1);
+    ADD_FAILURE() << "QKV_GEMV_WALK=row: no exception";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    for (const char* part : {"qkv::blocks::gemv_walk", "QKV_GEMV_WALK", "blocks or rows", "'row'"})
+      EXPECT_NE(m.find(part), std::string::npos) << m;
+  }
+  ::setenv("QKV_GEMV_WALK", "", 1);  // empty: the machine's rule, as unset
+  std::string vendor, line;
+  for (std::ifstream f("/proc/cpuinfo"); vendor.empty() && std::getline(f, line);)
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+  long l3 = 0;
+  std::string unit;
+  if (std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size"); f >> l3 >> unit)
+    l3 *= unit == "K" ? 1024 : unit == "M" ? 1024 * 1024 : 1;
+  std::printf("vendor %s, L3 %ld bytes\n", vendor.c_str(), l3);
+  const bool amd = vendor == "AuthenticAMD" || vendor == "HygonGenuine";
+  EXPECT_EQ(gemv_walk(0), GemvWalk::blocks);
+  if (l3 > 0) {
+    EXPECT_EQ(gemv_walk(l3 / 2), GemvWalk::blocks);  // "more than half": the half itself is blocks
+    EXPECT_EQ(gemv_walk(l3 / 2 + 1), amd ? GemvWalk::rows : GemvWalk::blocks) << vendor;
+  }
+  if (old) ::setenv("QKV_GEMV_WALK", saved.c_str(), 1);
+  else ::unsetenv("QKV_GEMV_WALK");
+}
+
 // gemv_batch_rows over a range of the rows of x: rows inside the range equal, bit for bit, the
 // one-row GEMV of the multi-row API (gemv_f32 / gemv_bf16 at M = 1: gemv_row's sums, which the batched
 // kernel reproduces; with bf16 weights on avx512_bf16 that API runs vdpbf16ps, so its widening
 // avx512 twin is the oracle there); rows outside it are not touched. M = 9 with ranges of 0–9 rows
 // runs the 4-row groups, the rows left over and empty ranges; 45 rows of W take the prefetching
-// blocks (a block prefetches the one 2 ahead) and a row left over. Bad ranges throw.
+// blocks (a block prefetches the one 2 ahead) and a row left over, at M = 1 under both walks (rows:
+// W row after row). Bad ranges throw.
 TEST(Dense, GemvBatchRowRangeEqualsOneRowGemv) {
   const std::int64_t M = 9, out = 45, ldy = out + 2;
   for (Isa isa : isas())
@@ -616,26 +667,29 @@ TEST(Dense, GemvBatchRowRangeEqualsOneRowGemv) {
             std::vector<std::uint16_t> Wb(W.size());
             qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
             const auto y0 = randn(static_cast<std::size_t>(M * ldy), 14);
-            std::vector<float> y = y0;
-            qkv::blocks::gemv_batch_rows(x.data(), bf16 ? nullptr : W.data(), bf16 ? Wb.data() : nullptr, b.data(),
-                                         y.data(), ldy, M, in, beta, isa, 0, out, {m0, m1});
-            for (std::int64_t m = 0; m < M; ++m) {
-              std::vector<float> one(y0.begin() + m * ldy, y0.begin() + (m + 1) * ldy);
-              if (m >= m0 && m < m1) {
-                if (bf16)
-                  qkv::blocks::gemv_bf16(x.data() + m * in, Wb.data(), b.data(), one.data(), 1, in, out, beta, 1,
-                                         isa == Isa::avx512_bf16 ? Isa::avx512 : isa);
-                else
-                  qkv::blocks::gemv_f32(x.data() + m * in, W.data(), b.data(), one.data(), 1, in, out, beta, 1, isa);
+            for (GemvWalk walk : {GemvWalk::blocks, GemvWalk::rows}) {
+              std::vector<float> y = y0;
+              qkv::blocks::gemv_batch_rows(x.data(), bf16 ? nullptr : W.data(), bf16 ? Wb.data() : nullptr, b.data(),
+                                           y.data(), ldy, M, in, beta, isa, 0, out, {m0, m1}, walk);
+              for (std::int64_t m = 0; m < M; ++m) {
+                std::vector<float> one(y0.begin() + m * ldy, y0.begin() + (m + 1) * ldy);
+                if (m >= m0 && m < m1) {
+                  if (bf16)
+                    qkv::blocks::gemv_bf16(x.data() + m * in, Wb.data(), b.data(), one.data(), 1, in, out, beta, 1,
+                                           isa == Isa::avx512_bf16 ? Isa::avx512 : isa);
+                  else
+                    qkv::blocks::gemv_f32(x.data() + m * in, W.data(), b.data(), one.data(), 1, in, out, beta, 1, isa);
+                }
+                EXPECT_EQ(std::memcmp(one.data(), y.data() + m * ldy, 4 * ldy), 0)
+                    << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " in " << in << " rows [" << m0 << ", " << m1
+                    << ") row " << m << " walk " << (walk == GemvWalk::rows ? "rows" : "blocks");
               }
-              EXPECT_EQ(std::memcmp(one.data(), y.data() + m * ldy, 4 * ldy), 0)
-                  << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " in " << in << " rows [" << m0 << ", " << m1
-                  << ") row " << m;
             }
           }
   float x[4] = {}, W[4] = {}, y[4] = {};
   auto call = [&](std::int64_t m0, std::int64_t m1) {
-    qkv::blocks::gemv_batch_rows(x, W, nullptr, nullptr, y, 2, 2, 2, 0.0f, Isa::scalar, 0, 2, {m0, m1});
+    qkv::blocks::gemv_batch_rows(x, W, nullptr, nullptr, y, 2, 2, 2, 0.0f, Isa::scalar, 0, 2, {m0, m1},
+                                 GemvWalk::blocks);
   };
   EXPECT_NO_THROW(call(0, 2));
   EXPECT_THROW(call(-1, 1), std::invalid_argument);
