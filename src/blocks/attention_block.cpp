@@ -157,17 +157,25 @@ void attention_block_decode_head(const DecodeHeadCall& a) {
       rope_apply(kh, 1, D, a.cs + b * D);
     }
     const std::int64_t at = hk * cap * D;  // this KV head's rows in the layer's cache
+    // The rows attend_one reads next, the next sequence's of this head up to its new row: prefetched
+    // during this one's (KvNext).
+    KvNext next;
+    if (b + 1 < a.B) {
+      const KvSlot& n = a.cache[b + 1];
+      const std::int64_t es = static_cast<std::int64_t>(dtype_size(n.dtype)), off = hk * n.cap * D * es;
+      next = {static_cast<const char*>(n.k) + off, static_cast<const char*>(n.v) + off, (n.len + 1) * D * es};
+    }
     if (slot.dtype == DType::f32) {
       float *kc = static_cast<float*>(slot.k) + at, *vc = static_cast<float*>(slot.v) + at;
       std::memcpy(kc + pos * D, kh, sizeof(float) * static_cast<std::size_t>(D));
       std::memcpy(vc + pos * D, vh, sizeof(float) * static_cast<std::size_t>(D));
-      attend_one(qh, kc, vc, oh, a.scores, G, D, pos + 1, a.scale, isa);
+      attend_one(qh, kc, vc, oh, a.scores, G, D, pos + 1, a.scale, isa, next);
       continue;
     }
     auto *kc = static_cast<std::uint16_t*>(slot.k) + at, *vc = static_cast<std::uint16_t*>(slot.v) + at;
     f32_to_bf16(kc + pos * D, kh, D, isa);
     f32_to_bf16(vc + pos * D, vh, D, isa);
-    attend_one_bf16(qh, kc, vc, oh, a.scores, G, D, pos + 1, a.scale, isa);
+    attend_one_bf16(qh, kc, vc, oh, a.scores, G, D, pos + 1, a.scale, isa, next);
   }
 }
 

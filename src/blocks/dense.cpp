@@ -256,16 +256,16 @@ void attend_one_scalar(const float* q, const T* k, const T* v, float* out, float
 }  // namespace
 
 void attend_one(const float* q, const float* k, const float* v, float* out, float* scores, i64 nh, i64 D, i64 Skv,
-                float scale, Isa isa) {
-  const detail::AttendArgs a{q, k, v, out, scores, nh, D, Skv, scale};
+                float scale, Isa isa, KvNext next) {
+  const detail::AttendArgs a{q, k, v, out, scores, nh, D, Skv, scale, next};
   if (isa >= Isa::avx512) return detail::attend_one_avx512(a);
   if (isa == Isa::avx2) return detail::attend_one_avx2(a);
   attend_one_scalar(q, k, v, out, scores, nh, D, Skv, scale);
 }
 
 void attend_one_bf16(const float* q, const std::uint16_t* k, const std::uint16_t* v, float* out, float* scores, i64 nh,
-                     i64 D, i64 Skv, float scale, Isa isa) {
-  const detail::AttendArgs a{q, k, v, out, scores, nh, D, Skv, scale};
+                     i64 D, i64 Skv, float scale, Isa isa, KvNext next) {
+  const detail::AttendArgs a{q, k, v, out, scores, nh, D, Skv, scale, next};
   if (isa >= Isa::avx512) return detail::attend_one_bf16_avx512(a);
   if (isa == Isa::avx2) return detail::attend_one_bf16_avx2(a);
   attend_one_scalar(q, k, v, out, scores, nh, D, Skv, scale);

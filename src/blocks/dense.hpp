@@ -91,6 +91,16 @@ void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, co
                      std::int64_t o1, std::pair<std::int64_t, std::int64_t> rows,
                      GemvWalk walk);
 
+// The cache rows the caller's next attend_one call will read (bytes [0, bytes) of k and of v):
+// attend_one prefetches them into L2 spread over its own first score pass, so that a decode step
+// going through B sequences' caches reads them as one stream (each call otherwise starts cold on
+// rows from memory). Only a hint: the result does not depend on it.
+struct KvNext {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  std::int64_t bytes = 0;
+};
+
 // One query position per head against the keys and values of one kv head (f32), on the calling thread:
 //   q, out [nh, D]; k, v [Skv, D] (contiguous rows); scores [Skv] scratch
 //   out_r = softmax(scale · q_r · kᵀ) · v   for each of the nh query heads sharing that kv head.
@@ -98,11 +108,11 @@ void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, co
 // tiles, no per-call scratch, D of any size (stories260K's 8). Twin: qkv::attention
 // (tests/blocks/test_dense.cpp).
 void attend_one(const float* q, const float* k, const float* v, float* out, float* scores, std::int64_t nh,
-                std::int64_t D, std::int64_t Skv, float scale, Isa isa);
+                std::int64_t D, std::int64_t Skv, float scale, Isa isa, KvNext next = {});
 // The same on a bf16 cache: k, v [Skv, D] bf16 bits, widened exactly as they are read; q, out,
 // the scores and every sum stay f32 (the decode step's attention on a bf16 KV cache).
 void attend_one_bf16(const float* q, const std::uint16_t* k, const std::uint16_t* v, float* out, float* scores,
-                     std::int64_t nh, std::int64_t D, std::int64_t Skv, float scale, Isa isa);
+                     std::int64_t nh, std::int64_t D, std::int64_t Skv, float scale, Isa isa, KvNext next = {});
 
 // f64 accumulation of the same sum; W as f32 (Wbf16 null) or as bf16 bits (W null).
 void gemv_reference(const float* x, const float* W, const std::uint16_t* Wbf16, const float* b, float* y,

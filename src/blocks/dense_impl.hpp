@@ -419,6 +419,25 @@ struct KvAhead {
   const char* v;
   i64 at, end, per_key;
 };
+// The next call's rows (KvNext), into L2 a few lines a block of L keys: [at, end) of k and of v
+// (64-byte steps from the rows' start: when it is not on a line, the line of the last byte may be left).
+struct KvNextAhead {
+  const char* k;
+  const char* v;
+  i64 at, end, per_block;
+  void step() {
+    for (i64 i = 0; i < per_block && at < end; ++i, at += 64) {
+      __builtin_prefetch(k + at, 0, 2);
+      __builtin_prefetch(v + at, 0, 2);
+    }
+  }
+  void rest() {
+    for (; at < end; at += 64) {
+      __builtin_prefetch(k + at, 0, 2);
+      __builtin_prefetch(v + at, 0, 2);
+    }
+  }
+};
 template <class S, class Rows>
 [[gnu::always_inline]] inline typename S::V attend_scores(const float* q, const void* k, i64 j0, int n, i64 D, i64 nf,
                                                           int dt, typename S::V sl2, KvAhead& pf) {
@@ -475,6 +494,10 @@ void attend_one_impl(const AttendArgs& a) {
       __builtin_prefetch(vb + pf.end - 1, 0, 2);
     }
   };
+  // The next call's rows, spread over the first head's blocks of L keys (≥ 1 line a block).
+  const i64 next_lines = (a.next.bytes + 63) / 64, blocks = Skv / L;
+  KvNextAhead next{static_cast<const char*>(a.next.k), static_cast<const char*>(a.next.v), 0, next_lines * 64,
+                   blocks > 0 ? (next_lines + blocks - 1) / blocks : 0};
   for (i64 r = 0; r < a.nh; ++r) {
     const float* q = a.q + r * D;
     if (r == 0) {
@@ -488,9 +511,11 @@ void attend_one_impl(const AttendArgs& a) {
       KvAhead pf = r == 0 ? ahead(j0 + kAhead, imin(j0 + kAhead + L, Skv)) : ahead(0, 0);
       const V s = attend_scores<S, Rows>(q, a.k, j0, L, D, nf, dt, sl2, pf);
       rest(pf);
+      if (r == 0) next.step();
       S::storeu(sc + j0, s);
       vmx = S::max(vmx, s);
     }
+    if (r == 0) next.rest();
     if (j0 < Skv) {  // the last keys (nothing left to prefetch): lanes past them hold 0, not part of the max
       const int n = static_cast<int>(Skv - j0);
       KvAhead none = ahead(0, 0);

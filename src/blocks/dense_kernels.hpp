@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "blocks/dense.hpp"  // KvNext
+
 namespace qkv::blocks::detail {
 
 // y [M, out] = beta·y + x [M, in] · Wᵀ + b, W [out, in] (f32 or bf16 bits, per entry point).
@@ -52,6 +54,7 @@ struct AttendArgs {
   float* scores;     // [Skv] scratch
   std::int64_t nh, D, Skv;
   float scale;
+  KvNext next;       // rows to prefetch for the next call (dense.hpp)
 };
 void attend_one_avx2(const AttendArgs& a);
 void attend_one_avx512(const AttendArgs& a);

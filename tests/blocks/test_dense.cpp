@@ -743,6 +743,45 @@ TEST(Dense, AttendOneMatchesReferenceAttention) {
     }
 }
 
+// attend_one with KvNext (the rows of the caller's next call, prefetched during this one): only a
+// hint, so the output must be the same bits as without it, on every ISA, f32 and bf16 caches, for
+// key counts below, at and past a block of L keys (the prefetches go a few lines a block, the rest
+// after the last whole one) and next regions smaller and larger than this call's rows. The next
+// rows are NaN: a kernel that read them into a sum (or a call that mixed next.k up with k) would
+// give NaN, not the same bits.
+TEST(Dense, AttendOneNextRowsChangeNoBit) {
+  constexpr std::int64_t D = 48, G = 1;
+  for (Isa isa : isas())
+    for (bool bf16 : {false, true})
+      for (std::int64_t Skv : {1, 15, 16, 17, 130})
+        for (std::int64_t next_rows : {1, 16, 131, 400}) {
+          const auto q = randn(static_cast<std::size_t>(G * D), 11);
+          const auto k = randn(static_cast<std::size_t>(Skv * D), 12), v = randn(static_cast<std::size_t>(Skv * D), 13);
+          std::vector<std::uint16_t> kb(k.size()), vb(v.size());
+          for (std::size_t i = 0; i < k.size(); ++i) kb[i] = qkv::f32_to_bf16(k[i]), vb[i] = qkv::f32_to_bf16(v[i]);
+          const std::size_t n = static_cast<std::size_t>(next_rows * D);
+          const std::vector<float> nk(n, std::nanf("")), nv(n, std::nanf(""));
+          const std::vector<std::uint16_t> nkb(n, 0x7fc0), nvb(n, 0x7fc0);  // bf16 NaN
+          const std::int64_t es = bf16 ? 2 : 4;
+          const qkv::blocks::KvNext next{bf16 ? static_cast<const void*>(nkb.data()) : nk.data(),
+                                         bf16 ? static_cast<const void*>(nvb.data()) : nv.data(),
+                                         next_rows * D * es};
+          std::vector<float> out(static_cast<std::size_t>(G * D)), with(out.size()), scores(static_cast<std::size_t>(Skv));
+          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+          for (bool use : {false, true}) {
+            float* o = use ? with.data() : out.data();
+            if (bf16)
+              qkv::blocks::attend_one_bf16(q.data(), kb.data(), vb.data(), o, scores.data(), G, D, Skv, scale, isa,
+                                           use ? next : qkv::blocks::KvNext{});
+            else
+              qkv::blocks::attend_one(q.data(), k.data(), v.data(), o, scores.data(), G, D, Skv, scale, isa,
+                                      use ? next : qkv::blocks::KvNext{});
+          }
+          ASSERT_EQ(0, std::memcmp(out.data(), with.data(), sizeof(float) * out.size()))
+              << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " Skv " << Skv << " next rows " << next_rows;
+        }
+}
+
 // attend_one when every score is far below 0: the softmax subtracts the largest score, and the
 // lanes of a block past the last key (which hold 0) must not count as one, or every 2^(s − max)
 // underflows to 0 and the output is NaN. Scores −300 − j/4 (q = e_0, scale 1, k_j[0] = −300 − j/4,
