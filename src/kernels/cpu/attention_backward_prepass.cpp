@@ -32,6 +32,19 @@ bool q_needs_sanitizing(const AttnParams& p) {
   return false;
 }
 
+// Σ_e x[e]·y[e] in f64 (each product exact) for e < n, as four interleaved partial sums, s_l over
+// e ≡ l (mod 4) in increasing e, added as (s0 + s1) + (s2 + s3): four independent chains instead of
+// one, whose add latency made the prepass 1.4 % of a one-thread backward at S = 1024, D = 64, causal;
+// 1.0–1.1 % now (perf; bench/results/bwd_zen4_2026-11-28.md).
+double dot_f64(const float* x, const float* y, std::int64_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  std::int64_t e = 0;
+  for (; e + 4 <= n; e += 4)
+    for (int l = 0; l < 4; ++l) s[l] += static_cast<double>(x[e + l]) * y[e + l];
+  for (int l = 0; e < n; ++e, ++l) s[l] += static_cast<double>(x[e]) * y[e];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 }  // namespace
 
 Prepass::Prepass(const AttnBwdParams& bp, Isa isa, Context& cx) {
@@ -131,9 +144,7 @@ Prepass::Prepass(const AttnBwdParams& bp, Isa isa, Context& cx) {
         orw = p.out.ptr<float>() + p.out.offset(b, h, i, 0);
       else
         load_row(p.out, p.out.offset(b, h, i, 0), p.out.stride(3), p.Dv, orow.data());
-      double dot = 0.0;
-      for (std::int64_t e = 0; e < p.Dv; ++e) dot += static_cast<double>(orw[e]) * dor[e];
-      dots[static_cast<std::size_t>(i)] = dot;
+      dots[static_cast<std::size_t>(i)] = dot_f64(orw, dor, p.Dv);
     }
     for (std::int64_t i = 0; i < p.Sq; ++i) {
       const std::int64_t r = bh * p.Sq + i;
