@@ -145,8 +145,8 @@ void decode(const FlashArgs& a) {
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
   // kv heads per item: up to kDecHeads, halved while there would be fewer than 4 items per thread
   // (no result depends on it). int8 and f16 caches keep one head per item: their kernels convert
-  // every row (compute, not the read, sets their pace) and ran 5–35 % slower with the heads of a
-  // tile together on Zen 4 (bench/results/kvcache_paged_2026-11-28.md).
+  // every row and ran slower with the heads of a tile together on Zen 4 (contiguous int8 by
+  // 7–17 %, f16 by 11–20 %: bench/results/kvcache_paged_2026-11-28.md).
   i64 NH = a.kv_i8 || a.kv_f16 ? 1 : imin(a.Hkv, kDecHeads);
   while (NH > 1 && a.B * ((a.Hkv + NH - 1) / NH) * ngroups * nsplit < 4 * a.threads) NH = (NH + 1) / 2;
   const i64 nhr = (a.Hkv + NH - 1) / NH;  // runs of kv heads
@@ -321,8 +321,9 @@ void decode(const FlashArgs& a) {
       // With the item's heads side by side in each row (K [.., Hkv, D], V [.., Hkv, Dv]), the next
       // tile's rows of all of them, nh · D and nh · Dv elements from head hk0's, are prefetched
       // while this tile is computed, a share of the keys before each head's turn: one contiguous
-      // run per row (with all Hkv heads, one run per paged block) rather than nh strided streams. bf16 paged decode at Skv 16384–32768 went from 1.1–1.2× contiguous to within 5 %
-      // of it, and both 15–25 % faster.
+      // run per row (with all Hkv heads, one run per paged block) rather than nh strided streams.
+      // f32 and bf16 decode at Skv 16384–32768 (GQA 4, one thread): 15–21 % faster, contiguous
+      // and paged; the heads together without this prefetch gained 0–13 %.
       const bool pf_all = nh > 1 && a.sk[3] == 1 && a.sv[3] == 1 && a.sk[1] == D && a.sv[1] == Dv;
       for (i64 t0 = span.first_tile(); t0 < span.hi; t0 += kNt) {
         if (span.skips(t0)) continue;  // between kept keys and every row's window
