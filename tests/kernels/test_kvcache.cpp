@@ -167,18 +167,20 @@ TEST(KvCache, PagedEqualsContiguousBitForBit) {
       }
 }
 
-// Decode takes up to 8 kv heads per work item (fewer when there would be under 4 items per
-// thread: flash_decode_impl.hpp), tile by tile across them, and prefetches the heads' rows
-// together; no bit may depend on that grouping. Shapes with runs of 8 + 2 heads (Hkv 10), an odd
-// Hkv (3), GQA groups of 2 and 3 and MHA, blocks of 16 and 256 rows, key lengths off the block
-// size: on 1, 3 and 32 threads (32 → one head per item), contiguous and paged, every output equal
-// to the contiguous one-thread run, and that within its precision's bound of an f64 reference.
+// Decode takes up to 8 kv heads per work item (for f32 and bf16 caches of ≥ 16 MiB; fewer when
+// there would be under 4 items per thread: flash_decode_impl.hpp), tile by tile across them, and
+// prefetches the heads' rows together; no bit may depend on that grouping. Caches of 17–34 MB with
+// runs of 8 + 2 heads (Hkv 10), an odd Hkv (3), GQA groups of 2 and 3 and MHA, blocks of 16 and
+// 256 rows, key lengths off the block size: on 1, 3 and 32 threads (fewer heads per item),
+// contiguous and paged, every output equal to the contiguous one-thread run, and that within its
+// precision's bound of an f64 reference.
 TEST(KvCache, DecodeHeadGroupingChangesNoBit) {
   IsaGuard guard;
   const std::vector<Shape> grouped = {
-      {1, 20, 10, 1, 64, 64, 16, 130, {2070}},  // runs of 8 + 2 heads, GQA 2, 5 chunks
-      {2, 9, 3, 1, 128, 128, 256, 3, {700, 513}},  // odd Hkv, GQA 3
-      {2, 8, 8, 2, 32, 48, 16, 30, {470, 33}},     // MHA, 2 queries, Dv ≠ D
+      {1, 20, 10, 1, 64, 64, 16, 420, {6700}},     // runs of 8 + 2 heads, GQA 2
+      {1, 9, 3, 1, 128, 128, 256, 44, {11200}},     // odd Hkv, GQA 3
+      {1, 8, 8, 2, 32, 48, 16, 1100, {17000}},      // MHA, 2 queries, Dv ≠ D
+      {2, 8, 8, 2, 32, 48, 16, 30, {470, 33}},      // a small cache: one head per item
   };
   auto widen64 = [](const Buffer& x) {
     Buffer w(DType::f64, x.shape());
@@ -198,7 +200,7 @@ TEST(KvCache, DecodeHeadGroupingChangesNoBit) {
       qkv::attention_kvcache(q64.view(), {k64.view(), v64.view(), std::nullopt, std::nullopt, std::nullopt}, ref.view(), o);
       double big = 1e-3;
       for (double x : values(ref)) big = std::max(big, std::abs(x));
-      // f32: 2^-17 of the largest output, 64 units of f32 rounding for the sums over ≤ 2^11 keys,
+      // f32: 2^-17 of the largest output, 64 units of f32 rounding for the sums over ≤ 2^15 keys,
       // exp2's approximation and the merge of chunks (seen: ≤ 2^-21). bf16: the output's rounding
       // (2^-9) and the probabilities rounded to bf16 before P·V (2^-9 relative each, on a convex
       // sum), with a factor 2 (seen: ≤ 2^-8.3).

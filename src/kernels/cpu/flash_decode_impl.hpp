@@ -143,11 +143,17 @@ void decode(const FlashArgs& a) {
     while (split < 4 * kSplit && a.B * a.Hkv * ngroups * ((a.Skv + 2 * split - 1) / (2 * split)) >= 32) split *= 2;
   while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
+  const i64 esz = a.kv_i8 ? 1 : a.bf16 || a.kv_f16 ? 2 : 4;  // bytes per K/V element
   // kv heads per item: up to kDecHeads, halved while there would be fewer than 4 items per thread
-  // (no result depends on it). int8 and f16 caches keep one head per item: their kernels convert
-  // every row and ran slower with the heads of a tile together on Zen 4 (contiguous int8 by
-  // 7–17 %, f16 by 11–20 %: bench/results/kvcache_paged_2026-11-28.md).
-  i64 NH = a.kv_i8 || a.kv_f16 ? 1 : imin(a.Hkv, kDecHeads);
+  // (no result depends on it). Heads together pay when K and V come from memory: a cache of less
+  // than kDecStreamBytes (half a 32 MiB L3) keeps one head per item (at Skv 2048, 4 MiB of bf16,
+  // the heads together were 9–17 % slower: prefetches of rows already in cache). int8 and f16
+  // caches keep one head per item too: their kernels convert every row and ran slower with the
+  // heads of a tile together on Zen 4 (contiguous int8 by 7–17 %, f16 by 11–20 %:
+  // bench/results/kvcache_paged_2026-11-28.md).
+  constexpr i64 kDecStreamBytes = i64{16} << 20;
+  const bool streams = a.B * a.Skv * a.Hkv * (D + Dv) * esz >= kDecStreamBytes;
+  i64 NH = a.kv_i8 || a.kv_f16 || !streams ? 1 : imin(a.Hkv, kDecHeads);
   while (NH > 1 && a.B * ((a.Hkv + NH - 1) / NH) * ngroups * nsplit < 4 * a.threads) NH = (NH + 1) / 2;
   const i64 nhr = (a.Hkv + NH - 1) / NH;  // runs of kv heads
   const i64 items = a.B * nhr * ngroups * nsplit;
@@ -158,7 +164,6 @@ void decode(const FlashArgs& a) {
   // Software prefetch of the K and V streams (pf_row) where rows are contiguous and this code
   // reads both: it lifts long-context decode from ≈ 70 % to 85–100 % of the read bandwidth.
   const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
-  const i64 esz = a.kv_i8 ? 1 : a.bf16 || a.kv_f16 ? 2 : 4;  // bytes per K/V element
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
   //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
