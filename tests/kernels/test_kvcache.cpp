@@ -167,6 +167,66 @@ TEST(KvCache, PagedEqualsContiguousBitForBit) {
       }
 }
 
+// Decode takes up to 8 kv heads per work item (for f32 and bf16 caches of ≥ 16 MiB; fewer when
+// there would be under 4 items per thread: flash_decode_impl.hpp), tile by tile across them, and
+// prefetches the heads' rows together; no bit may depend on that grouping. Caches of 17–34 MB with
+// runs of 8 + 2 heads (Hkv 10), an odd Hkv (3), GQA groups of 2 and 3 and MHA, blocks of 16 and
+// 256 rows, key lengths off the block size: on 1, 3 and 32 threads (fewer heads per item),
+// contiguous and paged, every output equal to the contiguous one-thread run, and that within its
+// precision's bound of an f64 reference.
+TEST(KvCache, DecodeHeadGroupingChangesNoBit) {
+  IsaGuard guard;
+  const std::vector<Shape> grouped = {
+      {1, 20, 10, 1, 64, 64, 16, 420, {6700}},     // runs of 8 + 2 heads, GQA 2
+      {1, 9, 3, 1, 128, 128, 256, 44, {11200}},     // odd Hkv, GQA 3
+      {1, 8, 8, 2, 32, 48, 16, 1100, {17000}},      // MHA, 2 queries, Dv ≠ D
+      {2, 8, 8, 2, 32, 48, 16, 30, {470, 33}},      // a small cache: one head per item
+  };
+  auto widen64 = [](const Buffer& x) {
+    Buffer w(DType::f64, x.shape());
+    for (std::int64_t e = 0; e < x.numel(); ++e) w.view().store(e, x.view().load(e));
+    return w;
+  };
+  for (DType t : {DType::f32, DType::bf16})
+    for (const Shape& s : grouped) {
+      const Caches c(s, t, 17);
+      Buffer q(t, {s.B, s.H, s.Sq, s.D});
+      fill(q, 6);
+      AttentionOptions o = options(c, false);
+      // The f64 reference on the same (exactly widened) inputs.
+      const Buffer q64 = widen64(q), k64 = widen64(c.k), v64 = widen64(c.v);
+      Buffer ref(DType::f64, {s.B, s.H, s.Sq, s.Dv});
+      o.kernel = qkv::Kernel::reference;
+      qkv::attention_kvcache(q64.view(), {k64.view(), v64.view(), std::nullopt, std::nullopt, std::nullopt}, ref.view(), o);
+      double big = 1e-3;
+      for (double x : values(ref)) big = std::max(big, std::abs(x));
+      // f32: 2^-17 of the largest output, 64 units of f32 rounding for the sums over ≤ 2^15 keys,
+      // exp2's approximation and the merge of chunks (seen: ≤ 2^-21). bf16: the output's rounding
+      // (2^-9) and the probabilities rounded to bf16 before P·V (2^-9 relative each, on a convex
+      // sum), with a factor 2 (seen: ≤ 2^-8.3).
+      const double tol = (t == DType::f32 ? 0x1p-17 : 0x1p-7) * big;
+      o.kernel = qkv::Kernel::flash_decode;
+      for (Isa isa : isas()) {
+        qkv::set_isa(isa);
+        Buffer anchor(t, {s.B, s.H, s.Sq, s.Dv});
+        o.num_threads = 1;
+        const auto info = qkv::attention_kvcache(q.view(), c.contiguous(), anchor.view(), o);
+        const double e_ref = max_abs_diff(values(anchor), values(ref));
+        std::printf("Hkv %2ld Sc %3ld %-5s %-34s vs f64 %.2e (tol %.2e)\n", static_cast<long>(s.Hkv),
+                    static_cast<long>(s.Sc), qkv::dtype_name(t), info.name, e_ref, tol);
+        EXPECT_LE(e_ref, tol) << info.name;
+        for (int threads : {1, 3, 32})
+          for (bool paged : {false, true}) {
+            Buffer out(t, {s.B, s.H, s.Sq, s.Dv});
+            o.num_threads = threads;
+            qkv::attention_kvcache(q.view(), paged ? c.paged() : c.contiguous(), out.view(), o);
+            EXPECT_EQ(max_abs_diff(values(out), values(anchor)), 0.0)
+                << info.name << " threads " << threads << (paged ? " paged" : " contiguous") << " Hkv " << s.Hkv;
+          }
+      }
+    }
+}
+
 // The reference reads the paged cache through the table too: equal to its contiguous run (f64).
 TEST(KvCache, ReferencePagedEqualsContiguous) {
   for (const Shape& s : shapes()) {

@@ -1,16 +1,21 @@
 // The fast decode kernel's body (flash_tile.hpp has the pieces and the dimension legend); each ISA
 // translation unit instantiates decode<S, Ops>.
 //
-// flash_decode — keys cut into fixed chunks of kSplit; one work item per (b, kv head, group of
-//   ≤ kDecRows query rows of that kv head, chunk), computing partial (O, m, l); a second pass
-//   merges the chunks of each row by logsumexp. For few queries this keeps every core busy and
-//   reads each key once for all the query heads that share it (GQA). Items are numbered chunk by
-//   chunk with the kv heads of a chunk back to back (b, chunk, group, kv head): a cache row
-//   [.., Skv, Hkv, D] holds every head's key j side by side, so consecutive items read
-//   neighbouring memory (the same pages, the same blocks when paged) rather than one head
-//   skipping the other heads' rows through the whole cache. The order changes no result.
+// flash_decode — keys cut into fixed chunks of kSplit; one work item per (b, chunk, group of
+//   ≤ kDecRows query rows of each kv head, run of ≤ kDecHeads kv heads), computing partial
+//   (O, m, l) of every (kv head, row); a second pass merges the chunks of each row by logsumexp.
+//   For few queries this keeps every core busy and reads each key once for all the query heads
+//   that share it (GQA). An item walks its chunk tile by tile and, within a tile, kv head by kv
+//   head: a cache row [.., Skv, Hkv, D] (a paged block [Sc, Hkv, D]) holds every head's key j
+//   side by side, so the tile's rows of all heads are read together, one pass over memory,
+//   rather than one strided pass per head, each fetching the other heads' bytes alongside and
+//   losing them before their item comes (see pf_all below). int8 and f16 caches keep runs of one
+//   head (see NH). Each (kv head, row)'s arithmetic is the same whatever the run of heads: the
+//   run only orders the work.
 // Deterministic: a row's result depends only on the shape, never on the thread count.
 #pragma once
+
+#include <optional>
 
 #include "kernels/cpu/flash_tile.hpp"
 
@@ -138,7 +143,20 @@ void decode(const FlashArgs& a) {
     while (split < 4 * kSplit && a.B * a.Hkv * ngroups * ((a.Skv + 2 * split - 1) / (2 * split)) >= 32) split *= 2;
   while (rows_total * ((a.Skv + split - 1) / split) * (Dvp + 2) * 4 > (i64{256} << 20)) split *= 2;
   const i64 nsplit = a.Skv > 0 ? (a.Skv + split - 1) / split : 1;
-  const i64 items = a.B * a.Hkv * ngroups * nsplit;
+  const i64 esz = a.kv_i8 ? 1 : a.bf16 || a.kv_f16 ? 2 : 4;  // bytes per K/V element
+  // kv heads per item: up to kDecHeads, halved while there would be fewer than 4 items per thread
+  // (no result depends on it). Heads together pay when K and V come from memory: a cache of less
+  // than kDecStreamBytes (half a 32 MiB L3) keeps one head per item (at Skv 2048, 4 MiB of bf16,
+  // the heads together were 9–17 % slower: prefetches of rows already in cache). int8 and f16
+  // caches keep one head per item too: their kernels convert every row and ran slower with the
+  // heads of a tile together on Zen 4 (contiguous int8 by 7–17 %, f16 by 11–20 %:
+  // bench/results/kvcache_paged_2026-11-28.md).
+  constexpr i64 kDecStreamBytes = i64{16} << 20;
+  const bool streams = a.B * a.Skv * a.Hkv * (D + Dv) * esz >= kDecStreamBytes;
+  i64 NH = a.kv_i8 || a.kv_f16 || !streams ? 1 : imin(a.Hkv, kDecHeads);
+  while (NH > 1 && a.B * ((a.Hkv + NH - 1) / NH) * ngroups * nsplit < 4 * a.threads) NH = (NH + 1) / 2;
+  const i64 nhr = (a.Hkv + NH - 1) / NH;  // runs of kv heads
+  const i64 items = a.B * nhr * ngroups * nsplit;
   const bool k_in_place = !a.bf16 && !a.kv_i8 && !a.kv_f16 && a.sk[3] == 1 && D % L == 0;
   const bool ops_k = Ops::kEnabled && Ops::takes_k(a);  // scores by the policy
   const bool ops_v = Ops::kEnabled && Ops::takes_v(a);  // P·V by the policy
@@ -146,7 +164,6 @@ void decode(const FlashArgs& a) {
   // Software prefetch of the K and V streams (pf_row) where rows are contiguous and this code
   // reads both: it lifts long-context decode from ≈ 70 % to 85–100 % of the read bandwidth.
   const bool prefetch = !ops_k && !ops_v && a.sk[3] == 1 && a.sv[3] == 1;
-  const i64 esz = a.kv_i8 ? 1 : a.bf16 || a.kv_f16 ? 2 : 4;  // bytes per K/V element
 
   // Partial results, indexed by (row = (b·Hkv + hk)·GS + r, chunk):
   //   Op [rows][nsplit][Dvp] unnormalised accumulators, Mp / Lp [rows][nsplit] max and sum.
@@ -155,51 +172,64 @@ void decode(const FlashArgs& a) {
   float* Mp = part_m.f();
   float* Lp = part_l.f();
 
-  // Per-thread scratch: Qd [kDecRows][Dp] scaled queries, Od [kDecRows][Dvp] accumulators,
-  // Kr [Dp] one key row as f32 when not read in place, Vs [kNt][Dvp] the V tile as f32 when not
-  // read in place, Ps [kDecRows][kNt].
-  // Then the policy's own scratch (Ops::scratch_floats).
+  // Per-thread scratch, row x = h · kDecRows + r for row r of the item's kv head h ∈ [0, NH):
+  // Qd [NH · kDecRows][Dp] scaled queries, Od [NH · kDecRows][Dvp] accumulators, Kr [Dp] one key
+  // row as f32 when not read in place, Vs [kNt][Dvp] the V tile as f32 when not read in place,
+  // Ps [kDecRows][kNt] (one head's tile at a time). Then NH policies' own scratch
+  // (Ops::scratch_floats, each rounded to 64 bytes), one policy per kv head of the item.
   // One block of the pool for all threads, thread t at t · arena.
-  const i64 arena = per_thread_floats(kDecRows * Dp + kDecRows * Dvp + Dp + kNt * Dvp + kDecRows * kNt + Ops::scratch_floats(a));
+  const i64 ops_floats = round_up(Ops::scratch_floats(a), 16);
+  const i64 arena =
+      per_thread_floats(NH * kDecRows * (Dp + Dvp) + Dp + kNt * Dvp + kDecRows * kNt + NH * ops_floats);
   Scratch mem(a.threads * arena * 4);
   // Items one at a time from next_item (a dynamic schedule); thread t works in arena t.
   std::atomic<i64> next_item{0};
   run_shared(items > 1 ? a.threads : 1, [&](int t) {
-    float* Qd = mem.f() + t * arena;
-    float* Od = Qd + kDecRows * Dp;
-    float* Kr = Od + kDecRows * Dvp;
+    float* Qd_all = mem.f() + t * arena;
+    float* Od_all = Qd_all + NH * kDecRows * Dp;
+    float* Kr = Od_all + NH * kDecRows * Dvp;
     float* Vs = Kr + Dp;
     float* Ps = Vs + kNt * Dvp;
-    Ops ops(a, Ps + kDecRows * kNt);
+    std::optional<Ops> ops_all[kDecHeads];
+    for (i64 h = 0; h < NH; ++h) ops_all[h].emplace(a, Ps + kDecRows * kNt + h * ops_floats);
     for (i64 d = D; d < Dp; ++d) Kr[d] = 0.0f;
-    i64 ke[kDecRows], lo[kDecRows], hi[kDecRows], hs[kDecRows], is[kDecRows];  // keys [0, ke) ∪ [lo, hi): key_range
-    std::uint64_t dkey[kDecRows];  // dropout_row_key of each row, when a.dropout
-    float Md[kDecRows], Ld[kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
+    // By row x = h · kDecRows + r: keys [0, ke) ∪ [lo, hi) (key_range), query head and index.
+    i64 ke_all[kDecHeads * kDecRows], lo_all[kDecHeads * kDecRows], hi_all[kDecHeads * kDecRows];
+    i64 hs_all[kDecHeads * kDecRows], is_all[kDecHeads * kDecRows];
+    std::uint64_t dkey_all[kDecHeads * kDecRows];  // dropout_row_key of each row, when a.dropout
+    float Md_all[kDecHeads * kDecRows], Ld_all[kDecHeads * kDecRows * L];  // Ld: lane-wise running sums (softmax_row)
 
     for (i64 item; (item = next_item.fetch_add(1, std::memory_order_relaxed)) < items;) {
-      const i64 hk = item % a.Hkv, g = (item / a.Hkv) % ngroups, sp = (item / (a.Hkv * ngroups)) % nsplit;
-      const i64 b = item / (a.Hkv * ngroups * nsplit);
+      const i64 hr = item % nhr, g = (item / nhr) % ngroups, sp = (item / (nhr * ngroups)) % nsplit;
+      const i64 b = item / (nhr * ngroups * nsplit);
+      const i64 hk0 = hr * NH, nh = imin(NH, a.Hkv - hk0);  // kv heads [hk0, hk0 + nh)
       const i64 k0 = sp * split, k1 = imin(a.Skv, k0 + split);
       const int nr = static_cast<int>(imin(kDecRows, GS - g * kDecRows));
       const i64 klen = a.key_len[b];
       KeySpan span(k0, k1);  // the rows' keys in this chunk
-      for (int r = 0; r < nr; ++r) {
-        const i64 gr = g * kDecRows + r;
-        hs[r] = hk * G + gr / a.Sq, is[r] = gr % a.Sq;
-        if (a.dropout) dkey[r] = dropout_row_key(a.dropout_seed, a.dropout_offset, a.dropout_b0 + b, hs[r], is[r]);
-        key_range(a, is[r], klen, &ke[r], &lo[r], &hi[r]);
-        span.add(ke[r], lo[r], hi[r]);
-        const i64 qoff = b * a.sq[0] + hs[r] * a.sq[1] + is[r] * a.sq[2];
-        if (ops_k) ops.load_q(r, qoff);
-        else load_row(a, a.q, qoff, a.sq[3], D, a.scale_log2, Qd + r * Dp);
-        for (i64 d = D; d < Dp; ++d) Qd[r * Dp + d] = 0.0f;
-        std::memset(Od + r * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
-        Md[r] = kNegInf;
-        S::storeu(Ld + r * L, S::zero());
-      }
-      for (i64 t0 = span.first_tile(); t0 < span.hi; t0 += kNt) {
-        if (span.skips(t0)) continue;  // between kept keys and every row's window
-        const i64 j_lo = span.tile_lo(t0), j_hi = span.tile_hi(t0);
+      for (i64 h = 0; h < nh; ++h)
+        for (int r = 0; r < nr; ++r) {
+          const i64 gr = g * kDecRows + r, x = h * kDecRows + r;
+          hs_all[x] = (hk0 + h) * G + gr / a.Sq, is_all[x] = gr % a.Sq;
+          if (a.dropout)
+            dkey_all[x] = dropout_row_key(a.dropout_seed, a.dropout_offset, a.dropout_b0 + b, hs_all[x], is_all[x]);
+          key_range(a, is_all[x], klen, &ke_all[x], &lo_all[x], &hi_all[x]);
+          span.add(ke_all[x], lo_all[x], hi_all[x]);
+          const i64 qoff = b * a.sq[0] + hs_all[x] * a.sq[1] + is_all[x] * a.sq[2];
+          if (ops_k) ops_all[h]->load_q(r, qoff);
+          else load_row(a, a.q, qoff, a.sq[3], D, a.scale_log2, Qd_all + x * Dp);
+          for (i64 d = D; d < Dp; ++d) Qd_all[x * Dp + d] = 0.0f;
+          std::memset(Od_all + x * Dvp, 0, sizeof(float) * static_cast<std::size_t>(Dvp));
+          Md_all[x] = kNegInf;
+          S::storeu(Ld_all + x * L, S::zero());
+        }
+      // One tile of kv head hk0 + h: the keys [j_lo, j_hi) of the tile at t0 for its rows.
+      auto tile = [&](i64 h, i64 t0, i64 j_lo, i64 j_hi) {
+        const i64 hk = hk0 + h, x0 = h * kDecRows;
+        Ops& ops = *ops_all[h];
+        float *Qd = Qd_all + x0 * Dp, *Od = Od_all + x0 * Dvp, *Md = Md_all + x0, *Ld = Ld_all + x0 * L;
+        const i64 *ke = ke_all + x0, *lo = lo_all + x0, *hi = hi_all + x0, *hs = hs_all + x0, *is = is_all + x0;
+        const std::uint64_t* dkey = dkey_all + x0;
         if (ops_k) ops.scores(nr, b, hk, t0, j_lo, j_hi, span.hi, Ps);
         // Keys by runs of evenly strided rows (one block when paged): the table read once per run.
         for (i64 j = ops_k ? j_hi : j_lo, run = j, koff = 0, voff = 0; j < j_hi; ++j, koff += a.sk[2], voff += a.sv[2]) {
@@ -236,7 +266,7 @@ void decode(const FlashArgs& a) {
         }
         if (ops_v) {
           ops.pv(nr, Ps, b, hk, t0, j_lo, j_hi, Od, Dvp);
-          continue;
+          return;
         }
         // While P·V reads this tile's V rows: the next tile's K rows, those this item scores. Paged,
         // P·V runs block by block (below) and each run [s_lo, s_hi) fetches the next tile's keys
@@ -260,7 +290,7 @@ void decode(const FlashArgs& a) {
         };
         if (v_in_place && !a.block_table) {
           pv(Ps, static_cast<const float*>(a.v) + kv_row(a, a.sv, b, hk, t0), a.sv[2], j_lo - t0, j_hi - t0, j_lo);
-          continue;
+          return;
         }
         if (v_in_place) {
           // Paged, in place: one block's run of keys [s_lo, s_hi) at a time, P and V both taken
@@ -270,7 +300,7 @@ void decode(const FlashArgs& a) {
             pv(Ps + (s_lo - t0), static_cast<const float*>(a.v) + kv_row(a, a.sv, b, hk, s_lo), a.sv[2], 0, s_hi - s_lo, s_lo);
             s_lo = s_hi;
           }
-          continue;
+          return;
         }
         // Otherwise the tile's V rows [j_lo, j_hi) converted into rows c = j − t0 of Vs (by runs, as the keys).
         for (i64 j = j_lo, run = j, voff = 0; j < j_hi; ++j, voff += a.sv[2]) {
@@ -292,13 +322,35 @@ void decode(const FlashArgs& a) {
           pv(Ps, Vs, Dvp, s_lo - t0, s_hi - t0, s_lo);
           s_lo = s_hi;
         }
+      };
+      // With the item's heads side by side in each row (K [.., Hkv, D], V [.., Hkv, Dv]), the next
+      // tile's rows of all of them, nh · D and nh · Dv elements from head hk0's, are prefetched
+      // while this tile is computed, a share of the keys before each head's turn: one contiguous
+      // run per row (with all Hkv heads, one run per paged block) rather than nh strided streams.
+      // f32 and bf16 decode at Skv 16384–32768 (GQA 4, one thread): 15–21 % faster, contiguous
+      // and paged; the heads together without this prefetch gained 0–13 %.
+      const bool pf_all = nh > 1 && a.sk[3] == 1 && a.sv[3] == 1 && a.sk[1] == D && a.sv[1] == Dv;
+      for (i64 t0 = span.first_tile(); t0 < span.hi; t0 += kNt) {
+        if (span.skips(t0)) continue;  // between kept keys and every row's window
+        const i64 n_lo = t0 + kNt, n_hi = imin(t0 + 2 * kNt, span.hi);  // the next tile's keys
+        for (i64 h = 0; h < nh; ++h) {
+          if (pf_all && n_lo < n_hi) {
+            const i64 per = (n_hi - n_lo + nh - 1) / nh;
+            for (i64 j = n_lo + h * per; j < imin(n_hi, n_lo + (h + 1) * per); ++j) {
+              pf_row(static_cast<const char*>(a.k) + esz * kv_row(a, a.sk, b, hk0, j), esz * nh * D);
+              pf_row(static_cast<const char*>(a.v) + esz * kv_row(a, a.sv, b, hk0, j), esz * nh * Dv);
+            }
+          }
+          tile(h, t0, span.tile_lo(t0), span.tile_hi(t0));
+        }
       }
-      for (int r = 0; r < nr; ++r) {
-        const i64 row = (b * a.Hkv + hk) * GS + g * kDecRows + r;
-        std::memcpy(Op + (row * nsplit + sp) * Dvp, Od + r * Dvp, sizeof(float) * static_cast<std::size_t>(Dvp));
-        Mp[row * nsplit + sp] = Md[r];
-        Lp[row * nsplit + sp] = S::hsum(S::loadu(Ld + r * L));
-      }
+      for (i64 h = 0; h < nh; ++h)
+        for (int r = 0; r < nr; ++r) {
+          const i64 row = (b * a.Hkv + hk0 + h) * GS + g * kDecRows + r, x = h * kDecRows + r;
+          std::memcpy(Op + (row * nsplit + sp) * Dvp, Od_all + x * Dvp, sizeof(float) * static_cast<std::size_t>(Dvp));
+          Mp[row * nsplit + sp] = Md_all[x];
+          Lp[row * nsplit + sp] = S::hsum(S::loadu(Ld_all + x * L));
+        }
     }
   });
 
@@ -307,7 +359,7 @@ void decode(const FlashArgs& a) {
   // above). A NaN chunk (l_s = NaN, see softmax_row) makes l NaN, and with it the row.
   std::atomic<i64> next_row{0};
   run_shared(rows_total > 1 ? a.threads : 1, [&](int t) {
-    float* acc = mem.f() + t * arena + kDecRows * Dp;  // thread t's Od, reused: [Dvp]
+    float* acc = mem.f() + t * arena + NH * kDecRows * Dp;  // thread t's Od, reused: [Dvp]
     for (i64 row; (row = next_row.fetch_add(1, std::memory_order_relaxed)) < rows_total;) {
       float M = kNegInf, l = 0.0f;
       for (i64 s = 0; s < nsplit; ++s) {

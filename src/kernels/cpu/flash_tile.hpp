@@ -31,7 +31,8 @@ using i64 = std::int64_t;
 constexpr int kRows = 6;      // rows of a strip: 6 × 4 accumulators + 4 K vectors fill 30 of 32 zmm
 constexpr int kNt = 64;       // keys per tile: Kt [D ≤ 128][64] f32 = 32 KiB stays in L1
 constexpr int kMb = 192;      // query rows per block (32 strips): K/V tiles are reused 192 times
-constexpr int kDecRows = 8;   // query rows per decode item (heads of one GQA group × Sq)
+constexpr int kDecRows = 8;   // query rows per decode item and kv head (heads of one GQA group × Sq)
+constexpr int kDecHeads = 8;  // kv heads per decode item at most (flash_decode_impl.hpp)
 constexpr i64 kSplit = 512;   // keys per decode chunk (before the partial-memory cap below)
 constexpr float kNegInf = -__builtin_inff();
 
