@@ -14,7 +14,7 @@
 // parts run by parallel_for (the threads meet once a call; decode meets once a stage, see
 // src/model/decode.cpp), the CPU time then the calling thread's only. Defaults:
 // the 6.1 M model of bench/decode_peers.py (288, 768, 6, 512). B = 1 walks W as decode would for these
-// weights (blocks::gemv_walk; QKV_GEMV_WALK=blocks|rows forces one). FLOP model 2·B·(weights); prints the
+// weights (blocks::gemv_walk; QKV_GEMV_WALK=blocks|rows|rows_ahead forces one). FLOP model 2·B·(weights); prints the
 // best and the median of N passes (the weights of one pass stay in the last-level cache when they
 // fit, as they do between decode steps), for both clocks.
 #include <algorithm>
@@ -105,7 +105,9 @@ int main(int argc, char** argv) {
               "%s, %s walk%s\n",
               C, Hd, L, V, B, R, static_cast<double>(bytes) / 1e6, bf16 ? "bf16" : "f32", T, T > 1 ? "s" : "",
               qkv::isa_name(isa),
-              walk == qkv::blocks::GemvWalk::rows ? "rows" : "blocks", B == 1 ? "" : " (B = 1 only)");
+              walk == qkv::blocks::GemvWalk::rows_ahead ? "rows_ahead"
+              : walk == qkv::blocks::GemvWalk::rows     ? "rows"
+                                                        : "blocks", B == 1 ? "" : " (B = 1 only)");
   std::printf("best %.3f ms (%.1f GFLOP/s, %.0f %% of the FMA peak %.0f; %.1f GB/s of weights, read probe %.1f), "
               "median %.3f ms\n",
               t[0] * 1e3, flop / t[0] * 1e-9, 100.0 * flop / t[0] * 1e-9 / peak, peak,

@@ -295,11 +295,12 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead_io) {
     }
 }
 
-// The rows walk's software prefetch distance: one sequence reading W row after row from memory
-// asks for the bytes 768 ahead of its loads into L2 (prefetcht1). The hardware prefetcher alone
-// kept fewer lines in flight than a plain read of the same bytes: on Zen 4 (bench/results/
-// bw_2026-11-28.md) decode of the 110M shape in bf16 ran 1.13–1.16× faster with it at 1 and 2
-// threads; 1–1.5 KiB ahead as fast on a bare read, 2–3.5 KiB and prefetcht0 slower than none.
+// GemvWalk::rows_ahead's software prefetch distance: one sequence reading W row after row from
+// memory asks for the bytes 768 ahead of its loads into L2 (prefetcht1). The hardware prefetcher
+// alone kept fewer lines in flight than a plain read of the same bytes: on Zen 4 (bench/results/
+// bw_2026-11-28.md) decode of the 110M shape in bf16 ran 1.15× faster with it at 1 thread,
+// 1.05–1.4× at 2; on a bare read 0.5–1.5 KiB ahead were as fast, 2–3.5 KiB and prefetcht0 slower
+// than none. From L3 (the 6.1 M model) the prefetches only cost: hence a walk of its own.
 inline constexpr i64 kRowsAhead = 768;
 
 // Rows [o0, o1) for the rows [a.m0, a.m1) of x: blocks of R rows × MB rows of x (gemv_batch_block)
@@ -307,8 +308,8 @@ inline constexpr i64 kRowsAhead = 768;
 // when n ≥ 2 (a B = 2, 3, 6 or 7 step reads each weight vector once for them, not once a row), and
 // a last single row of x R rows of W at a time (gemv_batch_row<1, R>: contiguous loads, which the
 // hardware prefetcher follows; B = 1 is only that, each block prefetching the next one, see
-// gemv_batch_row's `ahead`, unless a.walk_rows: then B = 1 reads W row after row, each row
-// prefetching kRowsAhead bytes ahead, below); then the rows of W left over one at a time, MB
+// gemv_batch_row's `ahead`, unless a.walk_rows: then B = 1 reads W row after row, with a.rows_ahead
+// each row prefetching kRowsAhead bytes ahead, below); then the rows of W left over one at a time, MB
 // rows of x at a time (MB · 4 accumulators must fit the registers: 4 on AVX-512's 32, 2 on AVX2's
 // 16), then single rows of x. Every path sums a (row, x row) the same way: the batch, its range and
 // the split of the rows do not change a bit.
@@ -359,7 +360,7 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
       const char* next = o + 2 * R <= o1 ? static_cast<const char*>(a.W) + (o + R) * a.in * Rows::bytes : nullptr;
       for (i64 m = a.m0; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m, next);
     }
-  if (a.walk_rows && a.m1 - a.m0 == 1) {
+  if (a.rows_ahead && a.m1 - a.m0 == 1) {
     // One row of x, W row after row: each row prefetches the bytes kRowsAhead past its own, as
     // many as it reads, while they are inside [o0, o1) (the rows left at the end: none).
     const char* W = static_cast<const char*>(a.W);
