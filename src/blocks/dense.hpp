@@ -71,8 +71,8 @@ inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int 
 // Lake guest blocks are the faster walk, from caches and from memory; on AMD Zen 4 blocks are faster
 // (1.2–1.5×) while the weights stay in L3, but from memory the R interleaved streams defeat its
 // prefetchers, and rows take 0.4–0.8× blocks' time (24.5–440 MB of weights). rows_ahead against
-// rows on Zen 4 (bench/results/bw_2026-11-28.md): 110M shape in bf16 (220 MB) 1.15× at 1 thread,
-// 1.05–1.4× at 2; f32 (438 MB) the same speed; the 6.1 M model (24.5 MB, from L3) 0.93–0.95×.
+// rows on Zen 4 (bench/results/bw_2026-11-28.md, decode): 110M shape in bf16 (220 MB) 1.22× at
+// 1 thread, 1.18× at 2; in f32 (438 MB) 1.04–1.06×; the 6.1 M model (24.5 MB, from L3) 0.93–0.95×.
 enum class GemvWalk { blocks, rows, rows_ahead };
 // The walk for a decode step that streams weight_bytes of weights: QKV_GEMV_WALK=blocks|rows|
 // rows_ahead when set and not empty (A/B measurements, tests; anything else throws, naming the

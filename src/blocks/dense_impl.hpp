@@ -298,8 +298,8 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead_io) {
 // GemvWalk::rows_ahead's software prefetch distance: one sequence reading W row after row from
 // memory asks for the bytes 768 ahead of its loads into L2 (prefetcht1). The hardware prefetcher
 // alone kept fewer lines in flight than a plain read of the same bytes: on Zen 4 (bench/results/
-// bw_2026-11-28.md) decode of the 110M shape in bf16 ran 1.15× faster with it at 1 thread,
-// 1.05–1.4× at 2; on a bare read 0.5–1.5 KiB ahead were as fast, 2–3.5 KiB and prefetcht0 slower
+// bw_2026-11-28.md) decode of the 110M shape in bf16 ran 1.22× faster with it at 1 thread, 1.18×
+// at 2; 512–1024 B ahead were about as fast, and on a bare read 2.5–5 KiB and prefetcht0 slower
 // than none. From L3 (the 6.1 M model) the prefetches only cost: hence a walk of its own.
 inline constexpr i64 kRowsAhead = 768;
 
