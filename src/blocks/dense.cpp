@@ -195,10 +195,15 @@ GemvWalk gemv_walk(i64 weight_bytes) {
   if (const char* s = std::getenv("QKV_GEMV_WALK"); s && *s) {
     if (std::strcmp(s, "blocks") == 0) return GemvWalk::blocks;
     if (std::strcmp(s, "rows") == 0) return GemvWalk::rows;
-    fail("qkv::blocks::gemv_walk", std::string("QKV_GEMV_WALK: must be blocks or rows, got '") + s + "'");
+    if (std::strcmp(s, "rows_ahead") == 0) return GemvWalk::rows_ahead;
+    fail("qkv::blocks::gemv_walk",
+         std::string("QKV_GEMV_WALK: must be blocks, rows or rows_ahead, got '") + s + "'");
   }
   static const WalkCpu cpu = walk_cpu();
-  return cpu.amd && cpu.l3_bytes > 0 && weight_bytes > cpu.l3_bytes / 2 ? GemvWalk::rows : GemvWalk::blocks;
+  if (!cpu.amd || cpu.l3_bytes <= 0) return GemvWalk::blocks;
+  return weight_bytes > cpu.l3_bytes ? GemvWalk::rows_ahead
+         : weight_bytes > cpu.l3_bytes / 2 ? GemvWalk::rows
+                                           : GemvWalk::blocks;
 }
 
 void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, const float* b, float* y, i64 ldy,
@@ -215,7 +220,7 @@ void gemv_batch_rows(const float* x, const float* W, const std::uint16_t* Wb, co
              "W, Wb; got in = " + std::to_string(in) + ", ldy = " + std::to_string(ldy) + ", o1 = " +
                  std::to_string(o1) + ", beta = " + std::to_string(beta));
   const detail::BatchGemvArgs a{x, W ? static_cast<const void*>(W) : Wb, b, y, ldy, m0, m1, in, beta,
-                                walk == GemvWalk::rows};
+                                walk != GemvWalk::blocks, walk == GemvWalk::rows_ahead};
   if (isa >= Isa::avx512) return Wb ? detail::gemv_batch_bf16_avx512(a, o0, o1) : detail::gemv_batch_f32_avx512(a, o0, o1);
   if (isa == Isa::avx2) return Wb ? detail::gemv_batch_bf16_avx2(a, o0, o1) : detail::gemv_batch_f32_avx2(a, o0, o1);
   for (i64 m = m0; m < m1; ++m)

@@ -61,19 +61,24 @@ inline std::pair<std::int64_t, std::int64_t> gemv_part_rows(std::int64_t n, int 
   return {n * part / parts, n * (part + 1) / parts};
 }
 
-// How gemv_batch_rows reads W for a lone row of x (one sequence); both give the same bits.
-//   blocks: R rows of W side by side (4 on AVX-512, 2 on AVX2: x loaded once for R rows, the R sums
-//           reduced together), each block prefetching the next one into L1;
-//   rows:   one row of W after the other, one contiguous stream left to the hardware prefetcher.
+// How gemv_batch_rows reads W for a lone row of x (one sequence); all three give the same bits.
+//   blocks:     R rows of W side by side (4 on AVX-512, 2 on AVX2: x loaded once for R rows, the R
+//               sums reduced together), each block prefetching the next one into L1;
+//   rows:       one row of W after the other, one contiguous stream left to the hardware prefetcher;
+//   rows_ahead: the same, each row prefetching the bytes 768 ahead of its own into L2 (weights
+//               streamed from memory: the hardware prefetcher alone keeps too few lines in flight).
 // Measured (bench_gemv_step --batch 1, bench/results/gemv_walk_2026-11-27.md): on an Intel Cascade
 // Lake guest blocks are the faster walk, from caches and from memory; on AMD Zen 4 blocks are faster
 // (1.2–1.5×) while the weights stay in L3, but from memory the R interleaved streams defeat its
-// prefetchers, and rows take 0.4–0.8× blocks' time (24.5–440 MB of weights).
-enum class GemvWalk { blocks, rows };
-// The walk for a decode step that streams weight_bytes of weights: QKV_GEMV_WALK=blocks|rows when
-// set and not empty (A/B measurements, tests; anything else throws, naming the variable and the
-// value), else rows on AMD CPUs when weight_bytes exceed half the L3 cache of CPU 0 (Linux sysfs;
-// sysconf's when sysfs has none), blocks otherwise.
+// prefetchers, and rows take 0.4–0.8× blocks' time (24.5–440 MB of weights). rows_ahead against
+// rows on Zen 4 (bench/results/bw_2026-11-28.md, decode): 110M shape in bf16 (220 MB) 1.22× at
+// 1 thread, 1.18× at 2; in f32 (438 MB) 1.04–1.06×; the 6.1 M model (24.5 MB, from L3) 0.93–0.95×.
+enum class GemvWalk { blocks, rows, rows_ahead };
+// The walk for a decode step that streams weight_bytes of weights: QKV_GEMV_WALK=blocks|rows|
+// rows_ahead when set and not empty (A/B measurements, tests; anything else throws, naming the
+// variable and the value), else on AMD CPUs rows_ahead when weight_bytes exceed the L3 cache of
+// CPU 0 (Linux sysfs; sysconf's when sysfs has none), rows when they exceed half of it; blocks
+// otherwise.
 GemvWalk gemv_walk(std::int64_t weight_bytes);
 
 // The decode step's GEMV (Model's one-token steps, one or many sequences), on the calling thread:

@@ -95,8 +95,9 @@ void gemv_rows(const GemvArgs& a, i64 o0, i64 o1) {
 // that block that the step reads in its own (spread, not at once: a block's lines at once queue
 // for the line-fill buffers this call's loads need). The hardware prefetcher follows the R row
 // streams inside a 4 KiB page but restarts at every page boundary (a block of 4 f32 rows of 288
-// columns is 4.5 KiB); the software prefetch crosses them.
-template <class S, class Rows, int MB, int R = 1>
+// columns is 4.5 KiB); the software prefetch crosses them. Locality: __builtin_prefetch's (3: into
+// L1, prefetcht0, the blocks walk's; 2: prefetcht1, the rows walk's, see kRowsAhead).
+template <class S, class Rows, int MB, int R = 1, int Locality = 3>
 void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0, const char* ahead = nullptr) {
   using V = typename S::V;
   constexpr int U = 4;
@@ -116,7 +117,7 @@ void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0, const char* ahead = n
   for (; i + U * S::L <= in; i += U * S::L) {
     if (ahead) {
       #pragma GCC unroll 16
-      for (i64 k = 0; k < step_bytes; k += 64) __builtin_prefetch(ahead + i * R * Rows::bytes + k, 0, 3);
+      for (i64 k = 0; k < step_bytes; k += 64) __builtin_prefetch(ahead + i * R * Rows::bytes + k, 0, Locality);
     }
     #pragma GCC unroll 16
     for (int u = 0; u < U; ++u)
@@ -129,8 +130,8 @@ void gemv_batch_row(const BatchGemvArgs& a, i64 o, i64 m0, const char* ahead = n
   }
   if (ahead) {  // the rest of the block, up to the line of its last byte
     const char* end = ahead + R * in * Rows::bytes;
-    for (const char* p = ahead + i * R * Rows::bytes; p < end; p += 64) __builtin_prefetch(p, 0, 3);
-    __builtin_prefetch(end - 1, 0, 3);
+    for (const char* p = ahead + i * R * Rows::bytes; p < end; p += 64) __builtin_prefetch(p, 0, Locality);
+    __builtin_prefetch(end - 1, 0, Locality);
   }
   for (; i + S::L <= in; i += S::L)
     #pragma GCC unroll 16
@@ -294,13 +295,21 @@ void gemv_batch_block(const BatchGemvArgs& a, i64 o, i64 m0, Ahead& ahead_io) {
     }
 }
 
+// GemvWalk::rows_ahead's software prefetch distance: one sequence reading W row after row from
+// memory asks for the bytes 768 ahead of its loads into L2 (prefetcht1). The hardware prefetcher
+// alone kept fewer lines in flight than a plain read of the same bytes: on Zen 4 (bench/results/
+// bw_2026-11-28.md) decode of the 110M shape in bf16 ran 1.22× faster with it at 1 thread, 1.18×
+// at 2; 512–1024 B ahead were about as fast, and on a bare read 2.5–5 KiB and prefetcht0 slower
+// than none. From L3 (the 6.1 M model) the prefetches only cost: hence a walk of its own.
+inline constexpr i64 kRowsAhead = 768;
+
 // Rows [o0, o1) for the rows [a.m0, a.m1) of x: blocks of R rows × MB rows of x (gemv_batch_block)
 // while both are whole, then the n = (m1 − m0) mod MB rows of x left over as one block of R × n
 // when n ≥ 2 (a B = 2, 3, 6 or 7 step reads each weight vector once for them, not once a row), and
 // a last single row of x R rows of W at a time (gemv_batch_row<1, R>: contiguous loads, which the
 // hardware prefetcher follows; B = 1 is only that, each block prefetching the next one, see
-// gemv_batch_row's `ahead`, unless a.walk_rows: then B = 1 reads W row after row, below); then the
-// rows of W left over one at a time, MB
+// gemv_batch_row's `ahead`, unless a.walk_rows: then B = 1 reads W row after row, with a.rows_ahead
+// each row prefetching kRowsAhead bytes ahead, below); then the rows of W left over one at a time, MB
 // rows of x at a time (MB · 4 accumulators must fit the registers: 4 on AVX-512's 32, 2 on AVX2's
 // 16), then single rows of x. Every path sums a (row, x row) the same way: the batch, its range and
 // the split of the rows do not change a bit.
@@ -351,6 +360,16 @@ void gemv_batch_rows(const BatchGemvArgs& a, i64 o0, i64 o1) {
       const char* next = o + 2 * R <= o1 ? static_cast<const char*>(a.W) + (o + R) * a.in * Rows::bytes : nullptr;
       for (i64 m = a.m0; m < a.m1; ++m) gemv_batch_row<S, Rows, 1, R>(a, o, m, next);
     }
+  if (a.rows_ahead && a.m1 - a.m0 == 1) {
+    // One row of x, W row after row: each row prefetches the bytes kRowsAhead past its own, as
+    // many as it reads, while they are inside [o0, o1) (the rows left at the end: none).
+    const char* W = static_cast<const char*>(a.W);
+    const i64 row_bytes = a.in * Rows::bytes, end = o1 * row_bytes;
+    for (; o < o1; ++o) {
+      const i64 at = o * row_bytes + kRowsAhead;
+      gemv_batch_row<S, Rows, 1, 1, 2>(a, o, a.m0, at + row_bytes <= end ? W + at : nullptr);
+    }
+  }
   for (; o < o1; ++o) {
     i64 m = a.m0;
     for (; m + MB <= a.m1; m += MB) gemv_batch_row<S, Rows, MB>(a, o, m);

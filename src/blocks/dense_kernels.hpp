@@ -38,7 +38,8 @@ struct BatchGemvArgs {
   float* y;        // rows of ldy floats
   std::int64_t ldy, m0, m1, in;
   float beta;
-  bool walk_rows;  // a lone row of x: W row after row (GemvWalk::rows), not R rows side by side
+  bool walk_rows;   // a lone row of x: W row after row (GemvWalk::rows), not R rows side by side
+  bool rows_ahead;  // and each row prefetching the bytes kRowsAhead ahead (GemvWalk::rows_ahead)
 };
 void gemv_batch_f32_avx2(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);
 void gemv_batch_f32_avx512(const BatchGemvArgs& a, std::int64_t o0, std::int64_t o1);

@@ -29,6 +29,10 @@ using qkv::blocks::GemvWalk;
 using qkv::testing::isas;
 using qkv::testing::randn;
 
+const char* walk_name(GemvWalk w) {
+  return w == GemvWalk::blocks ? "blocks" : w == GemvWalk::rows ? "rows" : "rows_ahead";
+}
+
 // Every ISA, M = 1 … 4, input widths around each vector length (tails) and past the kernels'
 // unrolled step (U vectors a step: 129 and 300 run the unrolled loop, the single-vector loop and a
 // masked tail), output counts around the 2-thread split, beta 0 (y full of NaN, never read) and 1, with and without
@@ -554,7 +558,8 @@ TEST(Dense, ForkedChildRunsBf16GemmWhileAnotherThreadBuildsOne) {
 // 6, 7 its blocks of the 2 or 3 rows of x left over after the groups of 4 on AVX-512), with a bias
 // and without (the blocks of 4 rows write y 4 floats at a time on AVX-512). M ∈ {2, …, 8} × in ∈
 // {64, 100, 300} × f32 / bf16 take every count of prefetched lines a step (1, 2 and 4). The rows
-// one at a time walk W both ways (GemvWalk): the same bits.
+// one at a time walk W all three ways (GemvWalk): the same bits (rows_ahead prefetches from rows
+// whose next 768 bytes and a row's worth lie inside the range: here at in ≥ 64).
 TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
   for (Isa isa : isas())
     for (bool bf16 : {false, true}) {
@@ -579,7 +584,7 @@ TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
             const float* bp = bias ? b.data() : nullptr;
             qkv::blocks::gemv_batch_rows(x.data(), Wf, Wh, bp, y.data(), ldy, M, in, beta, isa, 0, out, {0, M},
                                          GemvWalk::blocks);
-            for (GemvWalk walk : {GemvWalk::blocks, GemvWalk::rows}) {
+            for (GemvWalk walk : {GemvWalk::blocks, GemvWalk::rows, GemvWalk::rows_ahead}) {
               std::vector<float> y1 = y0;
               for (std::int64_t m = 0; m < M; ++m)  // one row of x at a time, the rows of W in two ranges
                 for (auto [o0, o1] : {std::pair<std::int64_t, std::int64_t>{0, 5}, {5, out}})
@@ -587,7 +592,7 @@ TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
                                                isa, o0, o1, {0, 1}, walk);
               EXPECT_EQ(std::memcmp(y.data(), y1.data(), 4 * y.size()), 0)
                   << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " M " << M << " in " << in << " bias " << bias
-                  << " walk " << (walk == GemvWalk::rows ? "rows" : "blocks");
+                  << " walk " << walk_name(walk);
             }
             for (std::int64_t m = 0; m < M; ++m)
               for (std::int64_t o = 0; o < out; ++o) {
@@ -607,16 +612,18 @@ TEST(Dense, GemvBatchMatchesReferenceAndIsIndependentOfTheBatch) {
     }
 }
 
-// gemv_walk: QKV_GEMV_WALK forces either walk and any other value throws, naming the variable and
+// gemv_walk: QKV_GEMV_WALK forces any walk and any other value throws, naming the variable and
 // the value; unset (or empty), the machine's rule, checked against what /proc/cpuinfo and sysfs say
-// of this CPU (read here, not through the library): rows on an AMD CPU for more weights than half its
-// L3, blocks for fewer and on other vendors.
+// of this CPU (read here, not through the library): on an AMD CPU rows_ahead for more weights than
+// its L3, rows for more than half of it, blocks for fewer and on other vendors.
 TEST(Dense, GemvWalkFollowsTheEnvironmentThenTheCpu) {
   using qkv::blocks::gemv_walk;
   const char* old = std::getenv("QKV_GEMV_WALK");
   const std::string saved = old ? old : "";
   ::setenv("QKV_GEMV_WALK", "rows", 1);
   EXPECT_EQ(gemv_walk(1), GemvWalk::rows);
+  ::setenv("QKV_GEMV_WALK", "rows_ahead", 1);
+  EXPECT_EQ(gemv_walk(1), GemvWalk::rows_ahead);
   ::setenv("QKV_GEMV_WALK", "blocks", 1);
   EXPECT_EQ(gemv_walk(std::int64_t{1} << 40), GemvWalk::blocks);
   ::setenv("QKV_GEMV_WALK", "row", 1);
@@ -625,7 +632,7 @@ TEST(Dense, GemvWalkFollowsTheEnvironmentThenTheCpu) {
     ADD_FAILURE() << "QKV_GEMV_WALK=row: no exception";
   } catch (const std::invalid_argument& e) {
     const std::string m = e.what();
-    for (const char* part : {"qkv::blocks::gemv_walk", "QKV_GEMV_WALK", "blocks or rows", "'row'"})
+    for (const char* part : {"qkv::blocks::gemv_walk", "QKV_GEMV_WALK", "blocks, rows or rows_ahead", "'row'"})
       EXPECT_NE(m.find(part), std::string::npos) << m;
   }
   ::setenv("QKV_GEMV_WALK", "", 1);  // empty: the machine's rule, as unset
@@ -642,6 +649,8 @@ TEST(Dense, GemvWalkFollowsTheEnvironmentThenTheCpu) {
   if (l3 > 0) {
     EXPECT_EQ(gemv_walk(l3 / 2), GemvWalk::blocks);  // "more than half": the half itself is blocks
     EXPECT_EQ(gemv_walk(l3 / 2 + 1), amd ? GemvWalk::rows : GemvWalk::blocks) << vendor;
+    EXPECT_EQ(gemv_walk(l3), amd ? GemvWalk::rows : GemvWalk::blocks) << vendor;  // the whole L3: rows
+    EXPECT_EQ(gemv_walk(l3 + 1), amd ? GemvWalk::rows_ahead : GemvWalk::blocks) << vendor;
   }
   if (old) ::setenv("QKV_GEMV_WALK", saved.c_str(), 1);
   else ::unsetenv("QKV_GEMV_WALK");
@@ -652,8 +661,8 @@ TEST(Dense, GemvWalkFollowsTheEnvironmentThenTheCpu) {
 // kernel reproduces; with bf16 weights on avx512_bf16 that API runs vdpbf16ps, so its widening
 // avx512 twin is the oracle there); rows outside it are not touched. M = 9 with ranges of 0–9 rows
 // runs the 4-row groups, the rows left over and empty ranges; 45 rows of W take the prefetching
-// blocks (a block prefetches the one 2 ahead) and a row left over, at M = 1 under both walks (rows:
-// W row after row). Bad ranges throw.
+// blocks (a block prefetches the one 2 ahead) and a row left over, at M = 1 under every walk (rows,
+// rows_ahead: W row after row). Bad ranges throw.
 TEST(Dense, GemvBatchRowRangeEqualsOneRowGemv) {
   const std::int64_t M = 9, out = 45, ldy = out + 2;
   for (Isa isa : isas())
@@ -667,7 +676,7 @@ TEST(Dense, GemvBatchRowRangeEqualsOneRowGemv) {
             std::vector<std::uint16_t> Wb(W.size());
             qkv::blocks::f32_to_bf16(Wb.data(), W.data(), static_cast<std::int64_t>(W.size()));
             const auto y0 = randn(static_cast<std::size_t>(M * ldy), 14);
-            for (GemvWalk walk : {GemvWalk::blocks, GemvWalk::rows}) {
+            for (GemvWalk walk : {GemvWalk::blocks, GemvWalk::rows, GemvWalk::rows_ahead}) {
               std::vector<float> y = y0;
               qkv::blocks::gemv_batch_rows(x.data(), bf16 ? nullptr : W.data(), bf16 ? Wb.data() : nullptr, b.data(),
                                            y.data(), ldy, M, in, beta, isa, 0, out, {m0, m1}, walk);
@@ -682,7 +691,7 @@ TEST(Dense, GemvBatchRowRangeEqualsOneRowGemv) {
                 }
                 EXPECT_EQ(std::memcmp(one.data(), y.data() + m * ldy, 4 * ldy), 0)
                     << qkv::isa_name(isa) << (bf16 ? " bf16" : " f32") << " in " << in << " rows [" << m0 << ", " << m1
-                    << ") row " << m << " walk " << (walk == GemvWalk::rows ? "rows" : "blocks");
+                    << ") row " << m << " walk " << walk_name(walk);
               }
             }
           }
