@@ -346,8 +346,9 @@ struct DecodeOpsI8 {
   // All Dvp columns of rows [r0, r0 + R): 64-column blocks, 2 per pass for R ≤ 2 (16 accumulators).
   // With pf, the first pass prefetches the next tile's K rows and the second (when there is one:
   // R > 2 or Dv > 128) its V rows, a tile ahead of their use instead of just before it (scores()):
-  // int8 decode at Skv 16384–32768 (GQA 4, D = 128, one thread) 0.93–0.97× the time, contiguous
-  // and paged (bench/results/kvcache_pi8_2026-11-28.md). Returns whether the V rows were fetched.
+  // int8 decode at Skv 16384–32768 (GQA 4, D = 128, one thread): 0.92–0.98× the time, contiguous
+  // and paged by 16 rows (bench/results/kvcache_pi8_2026-11-28.md). Returns whether the V rows
+  // were fetched.
   template <int R>
   bool pv_rows(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, bool pf,
                i64 pf_end) const {

@@ -152,8 +152,8 @@ void decode(const FlashArgs& a) {
   // tile together on Zen 4 (bench/results/kvcache_paged_2026-11-28.md). int8 caches take runs of
   // heads only when paged and of ≥ 2 · kDecStreamBytes (the whole L3): one head's 128-byte rows of
   // scattered blocks wait on memory where the heads' whole rows, one run per block, do not (paged
-  // by 16 rows, Skv 32768, 32 MiB: 0.86× the time), while contiguous int8 ran 5–7 % slower with
-  // the heads together and paged at 16 MiB 4–8 % (bench/results/kvcache_pi8_2026-11-28.md).
+  // by 16 rows, Skv 32768, 32 MiB: 0.86× the time), while contiguous int8 at Skv 32768 ran 6–22 %
+  // slower with the heads together and paged at 16 MiB 4–10 % (bench/results/kvcache_pi8_2026-11-28.md).
   constexpr i64 kDecStreamBytes = i64{16} << 20;
   const i64 kv_bytes = a.B * a.Skv * a.Hkv * (D + Dv) * esz;
   const bool heads = a.kv_i8 ? a.block_table && kv_bytes >= 2 * kDecStreamBytes : !a.kv_f16 && kv_bytes >= kDecStreamBytes;
