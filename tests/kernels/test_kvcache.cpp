@@ -527,6 +527,68 @@ TEST(KvCache, Int8WindowPagedEqualsContiguous) {
   }
 }
 
+// DecodeHeadGroupingChangesNoBit for int8: paged int8 caches of ≥ 32 MiB take runs of up to 8 kv
+// heads per work item (flash_decode_impl.hpp's NH; contiguous ones one head), and the AVX-512
+// policy fetches the next tile's V rows from P·V when it has a second pass (decode_i8_avx512.hpp's
+// pv_rows): neither may change a bit. Caches of 33–35 MB: runs of 8 + 2 heads (Hkv 10, GQA 2, one
+// P·V pass), GQA 4 with 256-row blocks (two passes: V fetched a tile ahead), MHA with 2 queries,
+// D = 96 and Dv = 160 (R = 2, a second pass of one block); key lengths off the block size. On 1, 3
+// and 32 threads (fewer heads per item), every ISA: the paged output equals the contiguous
+// one-thread run (one head per item) bit for bit, and that one is within qkv/attention.hpp's int8
+// bound of the reference (the f64 twin on the dequantised cache), taken over the whole cache as
+// in Int8WindowPagedEqualsContiguous (max ‖k‖₁, max |v|, max q step) + the f32 allowance
+// 2 · Skv · 2⁻²⁴ · max |v| for sums over Skv keys.
+TEST(KvCache, Int8DecodeHeadGroupingChangesNoBit) {
+  IsaGuard guard;
+  const std::vector<Shape> grouped = {
+      {1, 20, 10, 1, 64, 64, 16, 1650, {26390}},     // runs of 8 + 2 heads, GQA 2
+      {1, 32, 8, 1, 128, 128, 256, 66, {16850}},     // GQA 4: P·V in two passes
+      {1, 8, 8, 2, 96, 160, 16, 1030, {16470}},      // MHA, 2 queries, Dv ≠ D
+  };
+  for (const Shape& s : grouped) {
+    ASSERT_GE(s.B * s.Skv() * s.Hkv * (s.D + s.Dv), std::int64_t{32} << 20);  // the heads go together
+    const Caches c(s, DType::f32, 41);
+    const Int8Cache contig(s, c, false), paged(s, c, true);
+    Buffer q(DType::f32, {s.B, s.H, s.Sq, s.D});
+    fill(q, 15);
+    std::vector<double> qstep;
+    quantise_q8(q, s.D, &qstep);
+    double k1 = 0.0, vmax = 0.0;
+    for (std::int64_t row = 0; row < s.B * s.Skv() * s.Hkv; ++row) {
+      double n1 = 0.0;
+      for (std::int64_t d = 0; d < s.D; ++d) n1 += std::abs(contig.k.ptr<std::int8_t>()[row * s.D + d] * double{contig.ks.ptr<float>()[row]});
+      k1 = std::max(k1, n1);
+      for (std::int64_t e = 0; e < s.Dv; ++e)
+        vmax = std::max(vmax, std::abs(contig.v.ptr<std::int8_t>()[row * s.Dv + e] * double{contig.vs.ptr<float>()[row]}));
+    }
+    const double delta = 1.0 / std::sqrt(static_cast<double>(s.D)) * *std::max_element(qstep.begin(), qstep.end()) / 2 *
+                         (1 + 0x1p-14) * k1;
+    const double bound = (std::expm1(2 * delta) + 64.0 / 65534.0) * vmax + 2.0 * static_cast<double>(s.Skv()) * 0x1p-24 * vmax;
+    AttentionOptions o = options(c, false);
+    Buffer ref(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+    o.kernel = qkv::Kernel::reference;
+    qkv::attention_kvcache(q.view(), contig.view(nullptr), ref.view(), o);
+    o.kernel = qkv::Kernel::flash_decode;
+    for (Isa isa : isas()) {
+      qkv::set_isa(isa);
+      Buffer anchor(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+      o.num_threads = 1;
+      const auto info = qkv::attention_kvcache(q.view(), contig.view(nullptr), anchor.view(), o);
+      const double err = max_abs_diff(values(anchor), values(ref));
+      std::printf("int8 Hkv %2ld Sc %3ld %-28s vs reference %.2e (bound %.2e)\n", static_cast<long>(s.Hkv),
+                  static_cast<long>(s.Sc), info.name, err, bound);
+      EXPECT_LE(err, bound) << info.name;
+      for (int threads : {1, 3, 32}) {
+        Buffer out(DType::f32, {s.B, s.H, s.Sq, s.Dv});
+        o.num_threads = threads;
+        qkv::attention_kvcache(q.view(), paged.view(&c), out.view(), o);
+        EXPECT_EQ(max_abs_diff(values(out), values(anchor)), 0.0)
+            << info.name << " threads " << threads << " Hkv " << s.Hkv << " Sc " << s.Sc;
+      }
+    }
+  }
+}
+
 // Non-finite and zero query rows on an int8 cache (qkv/attention.hpp's policy), every ISA: a NaN
 // or +∞ in q makes its row NaN, an all-zero q row averages V uniformly (the reference's value,
 // within the bound's P·V term, 64 / 65534 of the largest |v|, + 2^-20 of the largest output: f32

@@ -67,6 +67,7 @@ struct DecodeOpsI8 {
   float *vs, *vs2, *kst, *kst2;
   const std::int8_t **vp, **vp2, **kt, **kt2;
   i64 nb_ = -1, nhk_ = 0, nt0_ = 0, nhi_ = 0;
+  bool v_ahead_ = false;  // pv() prefetched all of the next tile's V rows (pv_rows)
   DecodeOpsI8(const FlashArgs& args, float* mem) : a(args), dp64(Dp64(args)) {
     Qt = mem;
     Q = Qt + dp64;
@@ -215,13 +216,16 @@ struct DecodeOpsI8 {
     // pv() filled when this is the tile it filled (the same rows and scales: the same bits),
     // else gathered here.
     const i64 c_lo = j_lo - t0, c_hi = j_hi - t0, c0 = c_lo / 16 * 16, c1 = round_up(c_hi, 16);
-    if (b == nb_ && hk == nhk_ && t0 == nt0_ && j_lo == t0 && j_hi == nhi_)
+    const bool filled = b == nb_ && hk == nhk_ && t0 == nt0_ && j_lo == t0 && j_hi == nhi_;
+    if (filled)
       std::swap(vs, vs2), std::swap(vp, vp2), std::swap(kt, kt2), std::swap(kst, kst2);
     else
       tile_kv(b, hk, t0, j_lo, j_hi, c0, c1, kt, vp, kst, vs);
     nb_ = -1;
     if (t0 + kNt < j_end) pf_scales(b, hk, t0 + kNt, imin(t0 + 2 * kNt, j_end));
-    for (i64 c = c_lo; c < c_hi; ++c) pf_row(vp[c], a.Dv);  // V rows, read next by pv()
+    // V rows, read next by pv(), unless the previous tile's pv() fetched them already.
+    if (!(filled && v_ahead_))
+      for (i64 c = c_lo; c < c_hi; ++c) pf_row(vp[c], a.Dv);
     for (int r0 = 0; r0 < nr; r0 += 4) {
       const int left = nr - r0;
       if (left >= 3) scores_rows<4>(r0, nr, c_lo, c_hi, Ps);
@@ -268,10 +272,11 @@ struct DecodeOpsI8 {
   // 16L + [0, 8) of each 128-bit lane L, hi from 16L + [8, 16); their four int16-pair halves
   // X0 = lo[0, 32), X1 = lo[32, 64), X2 = hi[0, 32), X3 = hi[32, 64) hold columns
   // {0–7, 16–23}, {32–39, 48–55}, {8–15, 24–31}, {40–47, 56–63} of the block.
-  // With pf: each pair also prefetches the K rows of keys kNt further on (kt2), below pf_end.
+  // With pf: each pair also prefetches the K rows of keys kNt further on (kt2), below pf_end; with
+  // pf_v, their V rows (vp2).
   template <int R, int NB>
   void pv_block(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, i64 e0,
-                bool pf, i64 pf_end) const {
+                bool pf, bool pf_v, i64 pf_end) const {
     __m512i acc[R][NB][4];
     __mmask64 cm[NB];
 #pragma GCC unroll 2
@@ -286,6 +291,8 @@ struct DecodeOpsI8 {
     for (i64 c = c_lo; c < c_hi; c += 2) {
       if (pf)
         for (i64 n = c; n < imin(c + 2, pf_end - t0 - kNt); ++n) pf_row(kt2[n], a.D);
+      if (pf_v)
+        for (i64 n = c; n < imin(c + 2, pf_end - t0 - kNt); ++n) pf_row(vp2[n], a.Dv);
       __m512i xs[NB][4];
 #pragma GCC unroll 2
       for (int x = 0; x < NB; ++x) {
@@ -337,14 +344,22 @@ struct DecodeOpsI8 {
     }
   }
   // All Dvp columns of rows [r0, r0 + R): 64-column blocks, 2 per pass for R ≤ 2 (16 accumulators).
+  // With pf, the first pass prefetches the next tile's K rows and the second (when there is one:
+  // R > 2 or Dv > 128) its V rows, a tile ahead of their use instead of just before it (scores()):
+  // int8 decode at Skv 16384–32768 (GQA 4, D = 128, one thread): 0.92–0.98× the time, contiguous
+  // and paged by 16 rows (bench/results/kvcache_pi8_2026-11-28.md). Returns whether the V rows
+  // were fetched.
   template <int R>
-  void pv_rows(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, bool pf,
+  bool pv_rows(int r0, i64 t0, i64 c_lo, i64 c_hi, const float* step, float* Od, i64 Dvp, bool pf,
                i64 pf_end) const {
     constexpr int NB = R <= 2 ? 2 : 1;
     i64 e0 = 0;
-    for (; e0 + 64 * NB <= Dvp; e0 += 64 * NB, pf = false)
-      pv_block<R, NB>(r0, t0, c_lo, c_hi, step, Od, Dvp, e0, pf, pf_end);
-    for (; e0 < Dvp; e0 += 64, pf = false) pv_block<R, 1>(r0, t0, c_lo, c_hi, step, Od, Dvp, e0, pf, pf_end);
+    int pass = 0;
+    for (; e0 + 64 * NB <= Dvp; e0 += 64 * NB, ++pass)
+      pv_block<R, NB>(r0, t0, c_lo, c_hi, step, Od, Dvp, e0, pf && pass == 0, pf && pass == 1, pf_end);
+    for (; e0 < Dvp; e0 += 64, ++pass)
+      pv_block<R, 1>(r0, t0, c_lo, c_hi, step, Od, Dvp, e0, pf && pass == 0, pf && pass == 1, pf_end);
+    return pf && pass > 1;
   }
   void pv(int nr, const float* Ps, i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, float* Od, i64 Dvp) {
     // Key pairs [c_lo, c_hi) of the tile: a key outside [j_lo, j_hi) in a pair reads j_lo's row
@@ -361,14 +376,20 @@ struct DecodeOpsI8 {
     }
     float step[kDecRows];
     for (int r = 0; r < nr; ++r) step[r] = round_row(Ps + r * kNt, j_lo - t0, j_hi - t0, W16 + r * kNt);
+    bool v_fetched = false;
     for (int r0 = 0; r0 < nr; r0 += 4) {
       const int left = nr - r0;
       const bool f = r0 == 0;
-      if (left >= 4) pv_rows<4>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
-      else if (left == 3) pv_rows<3>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
-      else if (left == 2) pv_rows<2>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
-      else pv_rows<1>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      bool v;
+      if (left >= 4) v = pv_rows<4>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else if (left == 3) v = pv_rows<3>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else if (left == 2) v = pv_rows<2>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      else v = pv_rows<1>(r0, t0, c_lo, c_hi, step + r0, Od, Dvp, f, j_end_);
+      v_fetched = v_fetched || v;
     }
+    // The prefetch covered the next tile's keys below pf_end paired with this tile's [c_lo, c_hi):
+    // all of them when this tile's pairs span the whole next tile.
+    v_ahead_ = nb_ >= 0 && v_fetched && c_lo == 0 && c_hi >= nhi_ - nt0_;
   }
 };
 

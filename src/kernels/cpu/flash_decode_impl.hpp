@@ -9,9 +9,9 @@
 //   head: a cache row [.., Skv, Hkv, D] (a paged block [Sc, Hkv, D]) holds every head's key j
 //   side by side, so the tile's rows of all heads are read together, one pass over memory,
 //   rather than one strided pass per head, each fetching the other heads' bytes alongside and
-//   losing them before their item comes (see pf_all below). int8 and f16 caches keep runs of one
-//   head (see NH). Each (kv head, row)'s arithmetic is the same whatever the run of heads: the
-//   run only orders the work.
+//   losing them before their item comes (see pf_all below). f16 caches, and int8 ones unless
+//   paged, keep runs of one head (see NH). Each (kv head, row)'s arithmetic is the same whatever
+//   the run of heads: the run only orders the work.
 // Deterministic: a row's result depends only on the shape, never on the thread count.
 #pragma once
 
@@ -147,13 +147,17 @@ void decode(const FlashArgs& a) {
   // kv heads per item: up to kDecHeads, halved while there would be fewer than 4 items per thread
   // (no result depends on it). Heads together pay when K and V come from memory: a cache of less
   // than kDecStreamBytes (half a 32 MiB L3) keeps one head per item (at Skv 2048, 4 MiB of bf16,
-  // the heads together were 9–17 % slower: prefetches of rows already in cache). int8 and f16
-  // caches keep one head per item too: their kernels convert every row and ran slower with the
-  // heads of a tile together on Zen 4 (contiguous int8 by 7–17 %, f16 by 11–20 %:
-  // bench/results/kvcache_paged_2026-11-28.md).
+  // the heads together were 9–17 % slower: prefetches of rows already in cache). f16 caches keep
+  // one head per item: their kernel converts every row and ran 11–20 % slower with the heads of a
+  // tile together on Zen 4 (bench/results/kvcache_paged_2026-11-28.md). int8 caches take runs of
+  // heads only when paged and of ≥ 2 · kDecStreamBytes (the whole L3): one head's 128-byte rows of
+  // scattered blocks wait on memory where the heads' whole rows, one run per block, do not (paged
+  // by 16 rows, Skv 32768, 32 MiB: 0.86× the time), while contiguous int8 at Skv 32768 ran 6–22 %
+  // slower with the heads together and paged at 16 MiB 4–10 % (bench/results/kvcache_pi8_2026-11-28.md).
   constexpr i64 kDecStreamBytes = i64{16} << 20;
-  const bool streams = a.B * a.Skv * a.Hkv * (D + Dv) * esz >= kDecStreamBytes;
-  i64 NH = a.kv_i8 || a.kv_f16 || !streams ? 1 : imin(a.Hkv, kDecHeads);
+  const i64 kv_bytes = a.B * a.Skv * a.Hkv * (D + Dv) * esz;
+  const bool heads = a.kv_i8 ? a.block_table && kv_bytes >= 2 * kDecStreamBytes : !a.kv_f16 && kv_bytes >= kDecStreamBytes;
+  i64 NH = heads ? imin(a.Hkv, kDecHeads) : 1;
   while (NH > 1 && a.B * ((a.Hkv + NH - 1) / NH) * ngroups * nsplit < 4 * a.threads) NH = (NH + 1) / 2;
   const i64 nhr = (a.Hkv + NH - 1) / NH;  // runs of kv heads
   const i64 items = a.B * nhr * ngroups * nsplit;
