@@ -55,6 +55,10 @@ ChunkPlan::ChunkPlan(const AttnBwdParams& bp, Context& cx) {
   if (usable_in_place(bp.dq, p.D)) {
     cx.dq0 = bp.dq.ptr<float>(), cx.dq0_sb = bp.dq.stride(0), cx.dq0_sh = bp.dq.stride(1), cx.dq0_ld = bp.dq.stride(2);
   }
+  if (usable_in_place(bp.dk, p.D) && usable_in_place(bp.dv, p.Dv)) {
+    cx.dk0 = bp.dk.ptr<float>(), cx.dk0_sb = bp.dk.stride(0), cx.dk0_sh = bp.dk.stride(1), cx.dk0_ld = bp.dk.stride(2);
+    cx.dv0 = bp.dv.ptr<float>(), cx.dv0_sb = bp.dv.stride(0), cx.dv0_sh = bp.dv.stride(1), cx.dv0_ld = bp.dv.stride(2);
+  }
   cx.chunks = chunk_count(p, cx);
   const std::int64_t part_floats = p.B * p.H * p.Sq * cx.Dp;
   check_memory("qkv::attention_backward", "dq partial sums", bytes_of({cx.chunks - (cx.dq0 ? 1 : 0), part_floats}, 4));
