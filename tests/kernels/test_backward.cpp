@@ -245,6 +245,12 @@ const std::vector<Case>& cases() {
     v.push_back(Case{"d256", 1, 1, 1, 20, 70, 256, 256});
     v.push_back(Case{"length_one", 1, 1, 1, 1, 1, 64, 64});
     v.push_back(Case{"primes", 1, 1, 1, 67, 131, 13, 7, true, Align::bottom_right});
+    // Six key blocks: two passes of a task (4 + 2 blocks) over B·Hkv = 8 heads; the window keeps
+    // the last query block out of the first pass, so its dQ rows are zeroed there and summed in
+    // the second (the accumulators' first-store rule, attention_backward_impl.hpp).
+    Case tp{"two_passes_window", 2, 4, 4, 330, 330, 32, 32, true};
+    tp.window_left = 40;
+    v.push_back(tp);
     return v;
   }();
   return all;

@@ -23,6 +23,8 @@
 //         dP ∘= W, and Z = P ∘ W takes P's place in dV (the forward's out = Z·V)
 //       dS = P ∘ (dP − delta) · scale    (∘ (1 − tanh²) with softcap)
 //       dV += Pᵀ·dO (Zᵀ·dO),  dK += dSᵀ·Q,  dQ_c += dS·K
+//     (none of dV, dK, dQ_c is zeroed first: the first tile to reach a row stores its sum there,
+//     the later ones add to it, and rows no tile reaches are zeroed)
 //   reduce, per (b, h, i): dq_i = Σ_c dQ_c,i in increasing c.
 // Without a dense mask, score variants or dropout, P and dS are formed in the epilogues of the S
 // and dP products (in registers), and every product runs only on the register tiles that hold
@@ -86,6 +88,11 @@ struct Context {
   float* dq0 = nullptr;
   std::int64_t dq0_sb = 0, dq0_sh = 0, dq0_ld = 0;
   float* dq_part = nullptr;
+  // dK and dV accumulate straight into the caller's dk, dv when both are usable_in_place (f32, unit
+  // inner stride, D and Dv multiples of 16: dk0, dv0 ≠ nullptr), else in the arena and are copied
+  // out (store_dkdv_block) after each pass.
+  float *dk0 = nullptr, *dv0 = nullptr;
+  std::int64_t dk0_sb = 0, dk0_sh = 0, dk0_ld = 0, dv0_sb = 0, dv0_sh = 0, dv0_ld = 0;
   std::int64_t chunks = 1;       // C
   std::int64_t key_blocks = 0;   // ceil(Skv / kBk)
   // Key blocks [chunk_begin[b·(C+1) + c], chunk_begin[b·(C+1) + c + 1]) form chunk c of batch b;
@@ -196,7 +203,7 @@ class Prepass {
 // 2. Chunk plan (attention_backward_plan.cpp): the number of key chunks C, the cut of every batch
 // row's key blocks into C chunks of about equal work (tiles the mask rule does not skip), the
 // order of the tasks (largest first), and the dQ partial sums. Depends on the shapes only, never
-// on the thread count (determinism). Sets cx.key_blocks, chunks, chunk_begin, dq0…, dq_part.
+// on the thread count (determinism). Sets cx.key_blocks, chunks, chunk_begin, dq0…, dq_part, dk0…, dv0….
 class ChunkPlan {
  public:
   ChunkPlan(const AttnBwdParams& bp, Context& cx);

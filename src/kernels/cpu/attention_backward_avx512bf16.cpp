@@ -307,15 +307,14 @@ struct OpsBf16 {
     }
   }
   // i0 is a multiple of kBq (even), so the block's row pairs start at pair i0 / 2.
-  void grads(i64 b, i64 h, i64 i0, i64 mq, i64 nk, const float* P, const float* dS, float* dK, float* dV, float* dQ,
-             i64 dq_ld) const {
+  void grads(i64 b, i64 h, i64 i0, i64 mq, i64 nk, const float* P, const float* dS, const GradOut& g) const {
     const i64 ngk = (nk + 15) / 16, mp = (mq + 1) / 2;
     to_row_pairs(P, mq, ngk, Pp);
     to_row_pairs(dS, mq, ngk, dSp);
     to_bf16_rows(dS, mq, ngk, dSr);
-    dgemm(nk, cx.Dvp / 16, mp, Pp, 1, kBk, o_pairs(b, h) + i0 / 2 * cx.Dvp, cx.Dvp, dV, cx.Dvp, true);
-    dgemm(nk, cx.Dp / 16, mp, dSp, 1, kBk, q_pairs(b, h) + i0 / 2 * cx.Dp, cx.Dp, dK, cx.Dp, true);
-    dgemm(mq, cx.Dp / 16, (nk + 1) / 2, dSr, kBk / 2, 1, Kp, cx.Dp, dQ, dq_ld, true);
+    dgemm(nk, cx.Dvp / 16, mp, Pp, 1, kBk, o_pairs(b, h) + i0 / 2 * cx.Dvp, cx.Dvp, g.dV, g.ldv, g.acc_kv);
+    dgemm(nk, cx.Dp / 16, mp, dSp, 1, kBk, q_pairs(b, h) + i0 / 2 * cx.Dp, cx.Dp, g.dK, g.ldk, g.acc_kv);
+    dgemm(mq, cx.Dp / 16, (nk + 1) / 2, dSr, kBk / 2, 1, Kp, cx.Dp, g.dQ, g.ldq, g.acc_q);
   }
 };
 

@@ -12,7 +12,7 @@
 //   Fc  [kBq, kBk]   1 − tanh² of the softcapped scores (softcap only)
 //   then, for each of the kPassBlocks key blocks of a pass (pass_block_floats each):
 //   dK  [kBk, Dp ]   accumulators of the block's dk over the group's heads and all queries
-//   dV  [kBk, Dvp]   same for dv
+//   dV  [kBk, Dvp]   same for dv (both unused when they accumulate in the caller's rows, Context::dk0)
 //   the operands' own scratch (ops_f32_floats / ops_bf16_floats in attention_backward.hpp); OpsF32's:
 //   KT  [D,   kBk]   keys of the block, transposed      (B operand of S = Q·Kᵀ)
 //   Kr  [kBk, Dp ]   keys of the block, row-major        (B operand of dQ += dS·K)
@@ -159,15 +159,19 @@ struct Span {
 // C [m, 16·ng] (+)= A [m, K] · B [K, 16·ng], then C = epi(C); A read as A[i·a_rs + k·a_cs], B and
 // C row-major; kM × kNG register tiles (kNG groups of 16 columns), row tile t = rows
 // [t·kM, t·kM + kM) restricted to span(t) (default: all of C, all of K). Terms left out of a sum
-// must be zero products (see Spans); with a sum left empty, accumulate leaves C as it was.
+// must be zero products (see Spans); with a sum left empty, accumulate leaves C as it was and
+// !accumulate stores zeros (epi of zero).
 template <class Simd, int kM, int kNG, class Epi = EpiStore, class SpanOf>
 void gemm_spans(std::int64_t m, const SpanOf& span, const float* A, std::int64_t a_rs, std::int64_t a_cs,
                 const float* B, std::int64_t ldb, float* C, std::int64_t ldc, bool accumulate, const Epi& epi = {}) {
   static constexpr TileTable<Simd, kM, kNG, Epi> kTiles{std::make_index_sequence<kM>{}};
   for (std::int64_t t = 0, m0 = 0; m0 < m; ++t, m0 += kM) {
     const std::int64_t mn = imin(kM, m - m0);
-    const Span s = span(t);
-    if (accumulate && s.k1 <= s.k0) continue;
+    Span s = span(t);
+    if (s.k1 <= s.k0) {
+      if (accumulate) continue;
+      s.k0 = s.k1 = 0;
+    }
     for (std::int64_t g = s.g0; g < s.g1; g += kNG)
       kTiles.f[mn - 1][imin(kNG, s.g1 - g) - 1](A + m0 * a_rs + s.k0 * a_cs, a_rs, a_cs, B + s.k0 * ldb + kLanes * g,
                                                  ldb, C + m0 * ldc + kLanes * g, ldc, s.k1 - s.k0, accumulate, epi, m0,
@@ -264,6 +268,21 @@ struct Spans {
   }
 };
 
+// Where a tile's three gradient products go: dK [nk, Dp] (row stride ldk), dV [nk, Dvp] (ldv) of
+// the key block, dQ [mq, Dp] (ldq) of the query block; each product adds to its rows (acc) or, as
+// the first to reach them, stores over them (!acc: the bits of adding to zeros, as every sum starts
+// at +0 and so is never −0, and +0 + x = x).
+struct GradOut {
+  float* dK;
+  std::int64_t ldk;
+  float* dV;
+  std::int64_t ldv;
+  bool acc_kv;
+  float* dQ;
+  std::int64_t ldq;
+  bool acc_q;
+};
+
 // The five products on f32 operands: Q and dO rows as the driver left them (Context::q, dout),
 // K and V of the block packed by pack_kv_block; kM × kNG register tiles.
 template <class Simd, int kM, int kNG>
@@ -328,28 +347,29 @@ struct OpsF32 {
         cx.dout_rows(b, h) + i0 * cx.o_ld, cx.o_ld, 1, VT, kBk, dP, kBk, false, epi);
   }
   void grads_spans(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t nk,
-                   const TileSpans& sp, const float* P, const float* dS, float* dK, float* dV, float* dQ,
-                   std::int64_t dq_ld) const {
+                   const TileSpans& sp, const float* P, const float* dS, const GradOut& g) const {
     const float* Q = cx.q_rows(b, h) + i0 * cx.q_ld;
     const float* dO = cx.dout_rows(b, h) + i0 * cx.o_ld;
     const std::int64_t ngv = cx.Dvp / kLanes, ngq = cx.Dp / kLanes;
     gemm_spans<Simd, kM, kNG>(
-        nk, [&](std::int64_t t) { return Span{0, ngv, sp.rlo[t], sp.rhi[t]}; }, P, 1, kBk, dO, cx.o_ld, dV, cx.Dvp,
-        true);
+        nk, [&](std::int64_t t) { return Span{0, ngv, sp.rlo[t], sp.rhi[t]}; }, P, 1, kBk, dO, cx.o_ld, g.dV, g.ldv,
+        g.acc_kv);
     gemm_spans<Simd, kM, kNG>(
-        nk, [&](std::int64_t t) { return Span{0, ngq, sp.rlo[t], sp.rhi[t]}; }, dS, 1, kBk, Q, cx.q_ld, dK, cx.Dp, true);
+        nk, [&](std::int64_t t) { return Span{0, ngq, sp.rlo[t], sp.rhi[t]}; }, dS, 1, kBk, Q, cx.q_ld, g.dK, g.ldk,
+        g.acc_kv);
     gemm_spans<Simd, kM, kNG>(
-        mq, [&](std::int64_t t) { return Span{0, ngq, sp.klo[t], sp.khi[t]}; }, dS, kBk, 1, Kr, cx.Dp, dQ, dq_ld, true);
+        mq, [&](std::int64_t t) { return Span{0, ngq, sp.klo[t], sp.khi[t]}; }, dS, kBk, 1, Kr, cx.Dp, g.dQ, g.ldq,
+        g.acc_q);
   }
-  // dV += Pᵀ·dO, dK += dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ [mq, Dp] (ld dq_ld) += dS·K, over the
+  // dV (+)= Pᵀ·dO, dK (+)= dSᵀ·Q (Pᵀ and dSᵀ read transposed), dQ (+)= dS·K (GradOut), over the
   // block's nk keys; P and dS [mq, kBk], zero past the allowed keys of each row.
   void grads(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq, std::int64_t nk, const float* P,
-             const float* dS, float* dK, float* dV, float* dQ, std::int64_t dq_ld) const {
+             const float* dS, const GradOut& g) const {
     const float* Q = cx.q_rows(b, h) + i0 * cx.q_ld;
     const float* dO = cx.dout_rows(b, h) + i0 * cx.o_ld;
-    gemm<Simd, kM, kNG>(nk, cx.Dvp / kLanes, mq, P, 1, kBk, dO, cx.o_ld, dV, cx.Dvp, true);
-    gemm<Simd, kM, kNG>(nk, cx.Dp / kLanes, mq, dS, 1, kBk, Q, cx.q_ld, dK, cx.Dp, true);
-    gemm<Simd, kM, kNG>(mq, cx.Dp / kLanes, nk, dS, kBk, 1, Kr, cx.Dp, dQ, dq_ld, true);
+    gemm<Simd, kM, kNG>(nk, cx.Dvp / kLanes, mq, P, 1, kBk, dO, cx.o_ld, g.dV, g.ldv, g.acc_kv);
+    gemm<Simd, kM, kNG>(nk, cx.Dp / kLanes, mq, dS, 1, kBk, Q, cx.q_ld, g.dK, g.ldk, g.acc_kv);
+    gemm<Simd, kM, kNG>(mq, cx.Dp / kLanes, nk, dS, kBk, 1, Kr, cx.Dp, g.dQ, g.ldq, g.acc_q);
   }
 };
 
@@ -468,8 +488,7 @@ void score_gradients(const Context& cx, std::int64_t b, std::int64_t h, std::int
 // that hold allowed keys (Spans), P and dS zeroed on the rest.
 template <class Simd, class Ops>
 void fused_tile(const Context& cx, const Ops& ops, std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t mq,
-                std::int64_t k0, std::int64_t nk, bool full, float* S, float* dP, float* dK, float* dV, float* dQ,
-                std::int64_t dq_ld) {
+                std::int64_t k0, std::int64_t nk, bool full, float* S, float* dP, const GradOut& g) {
   using V = V16<Simd>;
   const std::int64_t ngk = (nk + kLanes - 1) / kLanes;
   const std::int64_t bh = (b * cx.H + h) * cx.Sq + i0;
@@ -500,7 +519,7 @@ void fused_tile(const Context& cx, const Ops& ops, std::int64_t b, std::int64_t 
   if (!full) zero_masked(S);
   ops.ds_tile(b, h, i0, mq, sp, dP, EpiDS<Simd>{S, cx.delta + bh, V::set1(cx.scale)});
   if (!full) zero_masked(dP);
-  ops.grads_spans(b, h, i0, mq, nk, sp, S, dP, dK, dV, dQ, dq_ld);
+  ops.grads_spans(b, h, i0, mq, nk, sp, S, dP, g);
 }
 
 // One task (b, hk, chunk): see attention_backward.hpp. Ops: the five products (OpsF32 or the
@@ -529,21 +548,36 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
   const bool fused = !cx.has_mask && !mods && !cx.dropout;
 
   const std::int64_t dq_ld = cx.dq_ld(c);
-  for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h)
-    for (std::int64_t i = 0; i < Sq; ++i) zero_floats(cx.dq_rows(c, b, h) + i * dq_ld, Dp);
+  // dK, dV rows of key block u: the caller's (Context::dk0) or the arena's.
+  const bool kv_in_place = cx.dk0 != nullptr;
+  const std::int64_t ldk = kv_in_place ? cx.dk0_ld : Dp, ldv = kv_in_place ? cx.dv0_ld : Dvp;
+  auto dk_rows = [&](std::int64_t u, std::int64_t k0) {
+    return kv_in_place ? cx.dk0 + b * cx.dk0_sb + hk * cx.dk0_sh + k0 * ldk : per_block + u * block_floats;
+  };
+  auto dv_rows = [&](std::int64_t u, std::int64_t k0) {
+    return kv_in_place ? cx.dv0 + b * cx.dv0_sb + hk * cx.dv0_sh + k0 * ldv : per_block + u * block_floats + kBk * Dp;
+  };
+  auto zero_rows = [](float* p, std::int64_t ld, std::int64_t n, std::int64_t w) {
+    for (std::int64_t r = 0; r < n; ++r) zero_floats(p + r * ld, w);
+  };
 
   // Passes over up to kPassBlocks key blocks at a time: each query block's Q, dO and dQ rows serve
   // all of them while they are in cache. Every sum keeps its order (dQ's rows get the key blocks
   // in increasing order, dK and dV theirs by head and query block), so the bits do not depend on
-  // how the blocks are grouped.
+  // how the blocks are grouped. No accumulator is zeroed first (attention_backward.hpp): the
+  // first tile to reach a row of dQ (in the chunk's first pass) or of a block's dK, dV (in its
+  // pass) stores there, and the rows no tile reached are zeroed after their pass.
   const std::int64_t kb_begin = cx.chunk_begin[b * (cx.chunks + 1) + c];
   const std::int64_t kb_end = cx.chunk_begin[b * (cx.chunks + 1) + c + 1];
+  if (kb_begin == kb_end)  // an empty chunk (no work in the batch row): its dQ partial is zero
+    for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h) zero_rows(cx.dq_rows(c, b, h), dq_ld, Sq, Dp);
   for (std::int64_t kb0 = kb_begin; kb0 < kb_end; kb0 += kPassBlocks) {
     const std::int64_t nb = imin(kPassBlocks, kb_end - kb0);
+    bool kv_first[kPassBlocks];  // no tile has reached block u's dK, dV yet
     for (std::int64_t u = 0; u < nb; ++u) {
       const std::int64_t k0 = (kb0 + u) * kBk;
       ops[u].pack_kv(b, hk, k0, imin(kBk, cx.Skv - k0));
-      zero_floats(per_block + u * block_floats, kBk * (Dp + Dvp));
+      kv_first[u] = true;
     }
 
     for (std::int64_t h = hk * cx.G; h < (hk + 1) * cx.G; ++h) {
@@ -558,6 +592,7 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
         row_range(cx.rule, i0, key_len, &lo_first, &hi_first);
         row_range(cx.rule, i1, key_len, &lo_last, &hi_last);
         const std::int64_t ke_first = imin(cx.rule.keep_first, hi_first), ke_last = imin(cx.rule.keep_first, hi_last);
+        bool q_first = kb0 == kb_begin;  // no tile has reached these dQ rows yet
 
         for (std::int64_t u = 0; u < nb; ++u) {
           const std::int64_t k0 = (kb0 + u) * kBk, nk = imin(kBk, cx.Skv - k0);
@@ -565,12 +600,12 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
           if (imax(lo_first, k0) >= imin(hi_last, k0 + nk) && k0 >= ke_last) continue;  // no allowed key in the tile
           const bool full = !cx.has_mask && !mods && nk % kLanes == 0 &&
                             ((lo_last <= k0 && hi_first >= k0 + nk) || ke_first >= k0 + nk);
-          float* dK = per_block + u * block_floats;
-          float* dV = dK + kBk * Dp;
+          const GradOut g{dk_rows(u, k0), ldk, dv_rows(u, k0), ldv, !kv_first[u], dQh + i0 * dq_ld, dq_ld, !q_first};
+          kv_first[u] = q_first = false;
 
           if constexpr (Ops::kSpans) {
             if (fused) {
-              fused_tile<Simd>(cx, ops[u], b, h, i0, mq, k0, nk, full, S, dP, dK, dV, dQh + i0 * dq_ld, dq_ld);
+              fused_tile<Simd>(cx, ops[u], b, h, i0, mq, k0, nk, full, S, dP, g);
               continue;
             }
           }
@@ -581,14 +616,15 @@ void backward_task(const Context& cx, float* arena, std::int64_t task) {
           score_gradients<Simd>(cx, b, h, i0, mq, k0, nk, S, dP, Fc, mrow);
 
           // dV += Pᵀ·dO (Zᵀ·dO with dropout), dK += dSᵀ·Q, dQ += dS·K.
-          ops[u].grads(b, h, i0, mq, nk, S, dP, dK, dV, dQh + i0 * dq_ld, dq_ld);
+          ops[u].grads(b, h, i0, mq, nk, S, dP, g);
         }
+        if (q_first) zero_rows(dQh + i0 * dq_ld, dq_ld, mq, Dp);
       }
     }
     for (std::int64_t u = 0; u < nb; ++u) {
-      const std::int64_t k0 = (kb0 + u) * kBk;
-      const float* dK = per_block + u * block_floats;
-      ops[u].store_dkdv(b, hk, k0, imin(kBk, cx.Skv - k0), dK, dK + kBk * Dp);
+      const std::int64_t k0 = (kb0 + u) * kBk, nk = imin(kBk, cx.Skv - k0);
+      if (kv_first[u]) zero_rows(dk_rows(u, k0), ldk, nk, Dp), zero_rows(dv_rows(u, k0), ldv, nk, Dvp);
+      if (!kv_in_place) ops[u].store_dkdv(b, hk, k0, nk, dk_rows(u, k0), dv_rows(u, k0));
     }
   }
 }

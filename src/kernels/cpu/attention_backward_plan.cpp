@@ -10,11 +10,12 @@
 namespace qkv::kernels::bwd {
 namespace {
 
-// Tasks to aim for: several per thread on a 2-core machine, so that largest-first dynamic
-// scheduling ends within a small task of balance, while the dQ partials stay few (each chunk
-// beyond the first costs a dq-sized f32 buffer: fresh pages to fault in, and a reduction).
-constexpr std::int64_t kTargetTasks = 16;
-constexpr std::int64_t kMinTasks = 8;  // 4 per thread on 2 cores, where memory asks for fewer
+// Tasks to aim for: 4 per thread on a 2-core machine, where largest-first dynamic scheduling ends
+// within a small task of balance (B·Hkv = 8 equal heads: one task each). More chunks would cost
+// more than they balance: each beyond the first is a dq-sized f32 partial to zero and reduce, and
+// its task streams the Q, dO and dQ rows once more. At B = 1, H = 8, S = 1024, D = 64 (one Zen 4
+// thread) the 16-task target's second chunk took 1.5–2 % of a step (bench/results/bwd2_2026-11-28.md).
+constexpr std::int64_t kTargetTasks = 8;
 
 // Query blocks of batch b whose allowed keys meet [k0, k0 + nk) (the tasks' skip test).
 std::int64_t live_query_blocks(const AttnParams& p, std::int64_t b, std::int64_t k0, std::int64_t nk) {
@@ -30,18 +31,13 @@ std::int64_t live_query_blocks(const AttnParams& p, std::int64_t b, std::int64_t
   return n;
 }
 
-// C: enough tasks to balance the threads even for small B·Hkv (kTargetTasks), but fewer, down to
-// kMinTasks, while the dQ partials would take 32 MiB or more, and never more than 256 MiB of them.
-// glibc serves blocks of 32 MiB and up with fresh pages on every call (its mmap threshold stops
-// rising there), and GQA needs G times the chunks of MHA for the same tasks: B = 1, H = 8, Hkv = 2,
-// S = 2048, D = 128 took 7 partials (56 MiB, ≈ 14k page faults per call) and now 3 (24 MiB, reused).
+// C: enough tasks to balance the threads even for small B·Hkv (kTargetTasks), but never more than
+// 256 MiB of dQ partials.
 std::int64_t chunk_count(const AttnParams& p, const Context& cx) {
   const std::int64_t bhk = p.B * p.Hkv;
   const std::int64_t part_floats = p.B * p.H * p.Sq * cx.Dp;
   auto part_bytes = [&](std::int64_t c) { return (c - (cx.dq0 ? 1 : 0)) * part_floats * std::int64_t{4}; };
   std::int64_t C = bhk > 0 ? (kTargetTasks + bhk - 1) / bhk : 1;
-  const std::int64_t c_min = bhk > 0 ? (kMinTasks + bhk - 1) / bhk : 1;
-  while (C > c_min && part_bytes(C) >= (std::int64_t{32} << 20)) --C;
   while (C > 1 && part_bytes(C) > (std::int64_t{256} << 20)) --C;
   if (C > cx.key_blocks) C = cx.key_blocks;
   return C < 1 ? 1 : C;
@@ -54,6 +50,10 @@ ChunkPlan::ChunkPlan(const AttnBwdParams& bp, Context& cx) {
   cx.key_blocks = (p.Skv + kBk - 1) / kBk;
   if (usable_in_place(bp.dq, p.D)) {
     cx.dq0 = bp.dq.ptr<float>(), cx.dq0_sb = bp.dq.stride(0), cx.dq0_sh = bp.dq.stride(1), cx.dq0_ld = bp.dq.stride(2);
+  }
+  if (usable_in_place(bp.dk, p.D) && usable_in_place(bp.dv, p.Dv)) {
+    cx.dk0 = bp.dk.ptr<float>(), cx.dk0_sb = bp.dk.stride(0), cx.dk0_sh = bp.dk.stride(1), cx.dk0_ld = bp.dk.stride(2);
+    cx.dv0 = bp.dv.ptr<float>(), cx.dv0_sb = bp.dv.stride(0), cx.dv0_sh = bp.dv.stride(1), cx.dv0_ld = bp.dv.stride(2);
   }
   cx.chunks = chunk_count(p, cx);
   const std::int64_t part_floats = p.B * p.H * p.Sq * cx.Dp;
