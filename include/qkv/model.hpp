@@ -290,8 +290,9 @@ class Tokenizer {
 // kv head, position) row is quantised as it is stored by qkv::kvcache_append (symmetric, scale =
 // max|x| / 127), and every call attends through qkv::attention_kvcache, whose int8 contract and
 // error bound (qkv/attention.hpp) apply per layer: q and the probabilities are quantised inside
-// the kernel, the output is f32. Model::new_cache() gives the dtype the model's options are
-// fastest with.
+// the kernel, the output is f32. A row with a NaN or ±inf (activations that overflow) is stored as
+// zeros with NaN scales, so that the logits turn NaN as with an f32 cache. Model::new_cache() gives
+// the dtype the model's options are fastest with.
 struct KvCache {
   KvCache() = default;
   // capacity 0: the config's seq_len; dtype f32, bf16 or i8.

@@ -2,9 +2,12 @@
 // qkv::attention on strided views → W_O by the backend, with the taps a trace or a backward reads.
 #include "blocks/attention_block.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
+#include <vector>
 
 #include "blocks/dense.hpp"
 #include "blocks/linear.hpp"
@@ -23,6 +26,35 @@ KvCacheView i8_heads(const KvSlot& s, std::int64_t h0, std::int64_t n, std::int6
   c.k_scale = View::strided(s.k_scale + h0 * cap, DType::f32, {1, rows, n}, {n * cap, 1, cap});
   c.v_scale = View::strided(s.v_scale + h0 * cap, DType::f32, {1, rows, n}, {n * cap, 1, cap});
   return c;
+}
+
+// Appends rows [len, len + n) of heads [h0, h0 + nh) of an i8 slot: k row (s, h) at k + s·ld_k + h·D,
+// v row at v + s·ld_v + h·D (f32), quantised by qkv::kvcache_append. It refuses non-finite values
+// (an int8 row cannot hold them), yet a model whose activations overflow must reach NaN logits
+// (generate's NonFiniteError names the position), as it does with an f32 cache's NaN rows. So a
+// (row, head) whose k or v holds one is appended as zeros and its scales then set to NaN: every
+// attention that reads it (score k_scale · q·k, weight p · v_scale) is NaN. The zeroed rows are
+// the caller's scratch, read no more.
+void append_i8(const KvSlot& slot, std::int64_t h0, std::int64_t nh, std::int64_t D, float* k, std::int64_t ld_k,
+               float* v, std::int64_t ld_v, std::int64_t n) {
+  std::vector<std::int64_t> bad;  // s · nh + h of each non-finite row (allocated only if there is one)
+  for (std::int64_t s = 0; s < n; ++s)
+    for (std::int64_t h = 0; h < nh; ++h) {
+      float *kr = k + s * ld_k + h * D, *vr = v + s * ld_v + h * D;
+      float finite = 0.0f;  // x − x: 0 for finite x, NaN otherwise
+      for (std::int64_t e = 0; e < D; ++e) finite += (kr[e] - kr[e]) + (vr[e] - vr[e]);
+      if (finite == 0.0f) continue;
+      std::fill(kr, kr + D, 0.0f), std::fill(vr, vr + D, 0.0f);
+      bad.push_back(s * nh + h);
+    }
+  std::int64_t pos = slot.len;
+  kvcache_append(i8_heads(slot, h0, nh, D, slot.cap),
+                 View::strided(k, DType::f32, {1, n, nh, D}, {n * ld_k, ld_k, D, 1}),
+                 View::strided(v, DType::f32, {1, n, nh, D}, {n * ld_v, ld_v, D, 1}), View::contiguous(&pos, DType::i64, {1}));
+  for (std::int64_t i : bad) {
+    const std::int64_t at = (h0 + i % nh) * slot.cap + slot.len + i / nh;
+    slot.k_scale[at] = slot.v_scale[at] = std::numeric_limits<float>::quiet_NaN();
+  }
 }
 
 }  // namespace
@@ -60,11 +92,7 @@ void attention_block(AttentionProjections& proj, const AttentionBlockCall& a) {
   View kview, vview;
   std::optional<KvCacheView> kv_i8;
   if (i8) {
-    std::int64_t at = pos0;
-    kvcache_append(i8_heads(*cache, 0, Hkv, D, cache->cap),
-                   View::strided(r.k, DType::f32, {1, S, Hkv, D}, {S * r.ld_k, r.ld_k, D, 1}),
-                   View::strided(r.v, DType::f32, {1, S, Hkv, Dv}, {S * r.ld_v, r.ld_v, Dv, 1}),
-                   View::contiguous(&at, DType::i64, {1}));
+    append_i8(*cache, 0, Hkv, D, static_cast<float*>(r.k), r.ld_k, static_cast<float*>(r.v), r.ld_v, S);
     kv_i8 = i8_heads(*cache, 0, Hkv, D, Skv);
   } else if (cache) {
     // Append this call's keys and values: cache.k[h, pos0 + s, :] = k[s, h·D : (h+1)·D].
@@ -182,16 +210,14 @@ void attention_block_decode_head(const DecodeHeadCall& a) {
     opt.num_threads = 1;   // inside the step's parallel region: this thread alone
     for (std::int64_t b = 0; b < a.B; ++b) {
       const KvSlot& slot = a.cache[b];
-      std::int64_t pos = slot.len;
+      const std::int64_t pos = slot.len;
       float *qh = a.q + b * a.ld_q, *kh = a.k + b * a.ld_kv, *oh = a.out + b * a.ld_q;
       if (a.cs) {
         rope_apply(qh, nh * G, D, a.cs + b * D);
         rope_apply(kh, nh, D, a.cs + b * D);
       }
+      append_i8(slot, a.hk, nh, D, kh, nh * D, a.v + b * a.ld_kv, nh * D, 1);
       const KvCacheView kv = i8_heads(slot, a.hk, nh, D, pos + 1);
-      kvcache_append(kv, View::strided(kh, DType::f32, {1, 1, nh, D}, {nh * D, nh * D, D, 1}),
-                     View::strided(const_cast<float*>(a.v + b * a.ld_kv), DType::f32, {1, 1, nh, D}, {nh * D, nh * D, D, 1}),
-                     View::contiguous(&pos, DType::i64, {1}));
       attention_kvcache(View::strided(qh, DType::f32, {1, nh * G, 1, D}, {nh * G * D, D, D, 1}), kv,
                         View::strided(oh, DType::f32, {1, nh * G, 1, D}, {nh * G * D, D, D, 1}), opt);
     }

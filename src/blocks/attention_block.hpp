@@ -14,7 +14,8 @@
 //   q, k, v = proj.qkv()                             q [B·S, H·D], k [B·Skv, Hkv·D], v [B·Skv, Hkv·Dv]
 //   rotary(q, k) at positions pos0 + s               (rope_theta > 0; pos0 = cache->len, else 0)
 //   cache ← k, v at positions pos0 … pos0 + S − 1    (cache given: B = 1, Skv = pos0 + S after it;
-//                                                    i8: quantised by qkv::kvcache_append)
+//                                                    i8: quantised by qkv::kvcache_append, a row
+//                                                    with a non-finite value stored as NaN)
 //   att = attention(q rows r0 … S − 1, k, v, opt)    att [B·n, H·Dv], in the keys' dtype (i8 cache:
 //                                                    qkv::attention_kvcache, q and att f32), then in
 //                                                    proj.att_dtype() (rounded or widened once)
@@ -141,7 +142,8 @@ void attention_block_varlen(AttentionProjections& proj, const VarlenBlockCall& c
 //   out_b [G, D] = softmax(scale · q_b · K_bᵀ) · V_b                 over positions 0 … len
 // attend_one (two passes, any D) on the cache's rows: f32, or bf16 (k_b, v_b rounded to bf16 when
 // appended, the cache's rows widened as they are read; q_b, out_b and the sums stay f32). An i8
-// cache: per sequence the run's k, v rows appended by one qkv::kvcache_append and its nh · G query
+// cache: per sequence the run's k, v rows appended by one qkv::kvcache_append (a row with a
+// non-finite value as zeros with NaN scales: see attention_block.cpp's append_i8) and its nh · G query
 // rows attended by one qkv::attention_kvcache on this thread (the int8 contract: q_b and the
 // probabilities quantised inside the kernel; out_b f32; scale: attention's default 1/√D). The caller
 // advances each len after the whole step. Per sequence and head the result does not depend on B,
@@ -153,7 +155,7 @@ struct DecodeHeadCall {
   const KvSlot* cache = nullptr;  // [B]: layer l's k, v [Hkv, cap, D] of each sequence (one dtype)
   float* q = nullptr;             // row b: q + b·ld_q, the run's nh·G·D values (rotated in place)
   float* k = nullptr;             // row b: k + b·ld_kv, nh·D values (rotated in place)
-  const float* v = nullptr;       // row b: v + b·ld_kv, nh·D values
+  float* v = nullptr;             // row b: v + b·ld_kv, nh·D values (i8: zeroed if not finite)
   float* out = nullptr;           // row b: out + b·ld_q, nh·G·D values
   std::int64_t ld_q = 0, ld_kv = 0;
   const float* cs = nullptr;      // [B, D] rotary angles, or null: no rotary
