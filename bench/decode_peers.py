@@ -22,7 +22,8 @@ Peers:
              overhead (a few µs) is included, which matters only for stories260K-sized models.
   qkv        `qkv generate -t 0`, QKV_NUM_THREADS=T; the decode tok/s it prints on stderr (sampled tokens after
              the first / decode time), and --batch-file with 8 prompts for the batched rows, once with
-             f32 KV caches (the default) and once with --kv-dtype bf16 (caches in bf16: half the bytes).
+             f32 KV caches (the default), once with --kv-dtype bf16 (caches in bf16: half the bytes) and
+             once with --kv-dtype int8 (int8 rows with an f32 scale each: about a quarter of the bytes).
 
 Runs are interleaved (qkv, llama2.c, llama.cpp, qkv, …) for `--rounds` rounds; medians are printed, with
 the load after every round and the machine's peak (bench_attention --peak beside --qkv, when built) before and
@@ -60,6 +61,11 @@ SHAPES = {
     "random-6.1M": (288, 768, 6, 6, 6, 512, 256),
     "random-110M": (768, 2048, 12, 12, 12, 32000, 1024),
 }
+
+
+def batch_engines(batch: int) -> list[tuple[str, str]]:
+    """(--kv-dtype, engine name) of the batched rows, run in this order in every round."""
+    return [("f32", f"qkv B={batch}"), ("bf16", f"qkv B={batch} bf16 KV"), ("int8", f"qkv B={batch} int8 KV")]
 
 
 def read_tok512() -> list[tuple[float, bytes]]:
@@ -263,7 +269,7 @@ def main() -> int:
                     results.setdefault((name, T, "llama.cpp"), []).append(
                         run_llama_cpp(ggp, T, steps, SHAPES[name][5], prompt=5)["decode_tok_s"])
                 if a.batch:
-                    for kv, eng in (("f32", f"qkv B={a.batch}"), ("bf16", f"qkv B={a.batch} bf16 KV")):
+                    for kv, eng in batch_engines(a.batch):
                         results.setdefault((name, T, eng), []).append(
                             run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file), "--kv-dtype", kv],
                                     key=(name, T, eng)))
@@ -276,8 +282,9 @@ def main() -> int:
     say(f"load (1-min) over the rounds: {', '.join(map(str, loads))}; {a.rounds} interleaved rounds, medians, tok/s\n")
     peers = ["llama2.c", "llama.cpp"]
     say("| model | threads | qkv | " + " | ".join(f"{p} | qkv / {p}" for p in peers) +
-        f" | qkv B={a.batch} (all sequences) | B={a.batch} / B=1 | B={a.batch}, bf16 KV cache | / B=1 |")
-    say("|---|---|---|" + "---|---|" * len(peers) + "---|---|---|---|")
+        f" | qkv B={a.batch} (all sequences) | B={a.batch} / B=1 | B={a.batch}, bf16 KV cache | / B=1 |"
+        f" B={a.batch}, int8 KV cache | / B=1 |")
+    say("|---|---|---|" + "---|---|" * len(peers) + "---|---|---|---|---|---|")
     for name in models:
         for T in threads:
             q = statistics.median(results[(name, T, "qkv")])
@@ -285,7 +292,7 @@ def main() -> int:
             for p in peers:
                 r = results.get((name, T, p))
                 row += f" {statistics.median(r):.0f} | {q / statistics.median(r):.2f}× |" if r else " – | – |"
-            for eng in (f"qkv B={a.batch}", f"qkv B={a.batch} bf16 KV"):
+            for _, eng in batch_engines(a.batch):
                 rb = results.get((name, T, eng))
                 row += f" {statistics.median(rb):.0f} | {statistics.median(rb) / q:.2f}× |" if rb else " – | – |"
             say(row)
@@ -304,7 +311,7 @@ def main() -> int:
     # tok/s relative to qkv at B=1 (one bar per engine, one group per model and thread count): the models'
     # speeds differ by 100×, their ratios fit one axis.
     groups = [(name, T) for name in models for T in threads]
-    engines = ["qkv", *peers] + ([f"qkv B={a.batch}", f"qkv B={a.batch} bf16 KV"] if a.batch else [])
+    engines = ["qkv", *peers] + ([eng for _, eng in batch_engines(a.batch)] if a.batch else [])
     med = {key: statistics.median(v) for key, v in results.items()}
     report.bar_plot(a.name + ".png", f"Decode tok/s as a share of qkv's (B=1), greedy, medians of {a.rounds} "
                     "interleaved rounds (> 1: faster than qkv)", [f"{n}\n{T} thread{'s' if T > 1 else ''}" for n, T in groups],

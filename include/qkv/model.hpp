@@ -280,17 +280,25 @@ class Tokenizer {
 // KV cache and the forward pass
 // ---------------------------------------------------------------------------------------------
 // Keys (after rotary) and values of every position seen so far.
-//   k, v: f32 or bf16 [L, Hkv, capacity, D]; positions [0, len) are filled.
-// Model::forward takes either dtype in every mode. With a bf16 cache the cache holds half the
+//   k, v: f32, bf16 or i8 [L, Hkv, capacity, D]; positions [0, len) are filled.
+//   k_scale, v_scale: f32 [L, Hkv, capacity], i8 only: key (l, h, p) = k_scale[l, h, p] · k[l, h, p, :]
+// Model::forward takes every dtype in every mode. With a bf16 cache the cache holds half the
 // bytes (keys and values rounded as they are stored); a call of several tokens runs the bf16 flash
 // kernels (q and the output rounded to bf16 as well), a one-token step (and forward_batch) widens
-// the cached rows and keeps q, the scores and the output in f32. Model::new_cache() gives the
-// dtype the model's options are fastest with.
+// the cached rows and keeps q, the scores and the output in f32. An i8 cache (llama.cpp's
+// --cache-type-k/v q8_0) holds a quarter of f32's bytes plus one f32 scale per row: each (layer,
+// kv head, position) row is quantised as it is stored by qkv::kvcache_append (symmetric, scale =
+// max|x| / 127), and every call attends through qkv::attention_kvcache, whose int8 contract and
+// error bound (qkv/attention.hpp) apply per layer: q and the probabilities are quantised inside
+// the kernel, the output is f32. A row with a NaN or ±inf (activations that overflow) is stored as
+// zeros with NaN scales, so that the logits turn NaN as with an f32 cache. Model::new_cache() gives
+// the dtype the model's options are fastest with.
 struct KvCache {
   KvCache() = default;
-  // capacity 0: the config's seq_len; dtype f32 or bf16.
+  // capacity 0: the config's seq_len; dtype f32, bf16 or i8.
   KvCache(const Config& c, std::int64_t capacity = 0, DType dtype = DType::f32);
   Buffer k, v;
+  Buffer k_scale, v_scale;  // i8 only (else empty)
   std::int64_t capacity = 0;
   std::int64_t len = 0;
   void clear() { len = 0; }
@@ -419,15 +427,16 @@ class Sampler {
 struct GenerateOptions {
   std::int64_t steps = 256;  // positions in all, counting BOS and the prompt (≤ 0 or > P: P)
   SamplerOptions sampling;
-  // Each sequence's KV cache dtype: f32, or bf16 (keys and values rounded to bf16 as they are
-  // stored: half the bytes, which a batched step reads once per sequence; the texts may then differ
-  // from an f32 cache's). Unset: Model::new_cache()'s choice. Greedy texts of generate_batch equal
-  // generate()'s with the same kv_dtype.
+  // Each sequence's KV cache dtype: f32, bf16 (keys and values rounded to bf16 as they are
+  // stored: half the bytes, which a batched step reads once per sequence) or i8 (quantised per row
+  // to int8 with an f32 scale: about a quarter of the bytes, see KvCache); the texts may then
+  // differ from an f32 cache's. Unset: Model::new_cache()'s choice. Greedy texts of generate_batch
+  // equal generate()'s with the same kv_dtype.
   std::optional<DType> kv_dtype;
 };
 // Throws std::invalid_argument "[fn] option: must be ..., got value" unless steps ≥ 0,
 // temperature ∈ [0, 100] (not NaN), top_p ∈ [0, 1], top_k ≥ 0, seed ≥ 1 and kv_dtype (when set)
-// is f32 or bf16: the rules of
+// is f32, bf16 or i8: the rules of
 // `qkv generate`'s flags. generate() calls it first; Python's Model.generate calls it with its
 // own name, so both faces give one message.
 void validate_generate_options(const GenerateOptions& opt, std::string_view fn = "qkv::generate");

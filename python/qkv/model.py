@@ -97,7 +97,7 @@ def _kv_dtype(fn: str, x: Any) -> str:
     if x is None:
         return ""
     if not isinstance(x, str):
-        raise TypeError(f"[{fn}] kv_dtype: must be 'f32', 'bf16' or None, got {x!r}")
+        raise TypeError(f"[{fn}] kv_dtype: must be 'f32', 'bf16', 'int8' or None, got {x!r}")
     return x
 
 
@@ -253,9 +253,10 @@ class Model:
 
         The arguments follow ``qkv generate``'s rules, checked by the same C++ code, with the same
         messages (ValueError): steps >= 0, temperature in [0, 100], top_p in [0, 1], top_k >= 0,
-        seed >= 1. ``prompt`` is a str, or bytes in UTF-8. ``kv_dtype``: the cache's dtype, ``"f32"``
-        or ``"bf16"`` (keys and values rounded as they are stored: half the bytes; the text may
-        differ from f32's); None: bf16 with ``gemm_inputs="bf16"``, else f32."""
+        seed >= 1. ``prompt`` is a str, or bytes in UTF-8. ``kv_dtype``: the cache's dtype, ``"f32"``,
+        ``"bf16"`` (keys and values rounded as they are stored: half the bytes) or ``"int8"`` (each
+        row quantised to int8 with an f32 scale, llama.cpp's q8_0 cache: about a quarter of the
+        bytes); the text may differ from f32's; None: bf16 with ``gemm_inputs="bf16"``, else f32."""
         fn = "qkv.Model.generate"
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"[{fn}] tokenizer: must be a qkv.Tokenizer, got {type(tokenizer).__name__}")
@@ -286,7 +287,7 @@ class Model:
         :class:`BatchGeneration`); text i equals ``generate(tokenizer, prompts[i], ...)`` with the
         same arguments (each sequence samples with its own generator seeded by ``seed``) and the
         same ``kv_dtype``. The arguments follow :meth:`generate`'s rules. ``kv_dtype="bf16"``
-        halves the cache bytes each shared step reads per sequence."""
+        halves the cache bytes each shared step reads per sequence, ``"int8"`` quarters them."""
         fn = "qkv.Model.generate_batch"
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"[{fn}] tokenizer: must be a qkv.Tokenizer, got {type(tokenizer).__name__}")

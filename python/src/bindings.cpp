@@ -530,8 +530,8 @@ std::tuple<nb::list, F32Array, F32Array> model_trace(PyModel& self, const std::v
   return {layers, to_numpy(std::move(tr.logits)), to_numpy(std::move(tr.embed))};
 }
 
-// GenerateOptions from generate's arguments; kv_dtype "" (None in Python: the model's choice), "f32"
-// or "bf16". Throws std::invalid_argument (ValueError) naming fn, with the CLI's rules and messages.
+// GenerateOptions from generate's arguments; kv_dtype "" (None in Python: the model's choice), "f32",
+// "bf16" or "int8". Throws std::invalid_argument (ValueError) naming fn, with the CLI's rules and messages.
 qkv::GenerateOptions generate_options(const char* fn, std::int64_t steps, float temperature, float top_p, int top_k,
                                       std::uint64_t seed, const std::string& kv_dtype) {
   qkv::GenerateOptions o;
@@ -542,8 +542,10 @@ qkv::GenerateOptions generate_options(const char* fn, std::int64_t steps, float 
   o.sampling.seed = seed;
   if (kv_dtype == "f32") o.kv_dtype = qkv::DType::f32;
   else if (kv_dtype == "bf16") o.kv_dtype = qkv::DType::bf16;
+  else if (kv_dtype == "int8") o.kv_dtype = qkv::DType::i8;
   else if (!kv_dtype.empty())
-    throw std::invalid_argument(std::string("[") + fn + "] kv_dtype: must be 'f32', 'bf16' or None, got '" + kv_dtype + "'");
+    throw std::invalid_argument(std::string("[") + fn + "] kv_dtype: must be 'f32', 'bf16', 'int8' or None, got '" +
+                                kv_dtype + "'");
   qkv::validate_generate_options(o, fn);
   return o;
 }

@@ -83,8 +83,10 @@ def test_generate_batch_equals_one_at_a_time(model, tok):
     # generate() gives alone (the batched step computes every sequence's logits with the same bits),
     # greedy and sampled (each sequence has its own generator with the same seed).
     prompts = ["Once upon a time", "", "Lily and Tom went to the park and saw a big", "The dog"]
-    # With kv_dtype="bf16" on both sides too (the batched step rounds each cache as generate() does).
-    for kw in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 5}, {"temperature": 0, "kv_dtype": "bf16"}):
+    # With kv_dtype="bf16" and "int8" on both sides too (the batched step rounds or quantises each cache
+    # as generate() does).
+    for kw in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.9, "seed": 5}, {"temperature": 0, "kv_dtype": "bf16"},
+               {"temperature": 0, "kv_dtype": "int8"}, {"temperature": 0.9, "top_p": 0.9, "seed": 5, "kv_dtype": "int8"}):
         alone = [model.generate(tok, p, steps=120, **kw) for p in prompts]
         g = model.generate_batch(tok, prompts, steps=120, return_stats=True, **kw)
         assert g.texts == alone
@@ -95,8 +97,10 @@ def test_generate_batch_equals_one_at_a_time(model, tok):
         model.generate_batch(tok, ["a", 3])
     with pytest.raises(ValueError, match=r"\[qkv.Model.generate_batch\] temperature"):
         model.generate_batch(tok, ["a"], temperature=-1)
-    with pytest.raises(ValueError, match=r"\[qkv.Model.generate_batch\] kv_dtype: must be 'f32', 'bf16' or None, got 'f16'"):
+    with pytest.raises(ValueError, match=r"\[qkv.Model.generate_batch\] kv_dtype: must be 'f32', 'bf16', 'int8' or None, got 'f16'"):
         model.generate_batch(tok, ["a"], kv_dtype="f16")
+    with pytest.raises(ValueError, match=r"\[qkv.Model.generate\] kv_dtype: must be 'f32', 'bf16', 'int8' or None, got 'i8'"):
+        model.generate(tok, "a", kv_dtype="i8")
     with pytest.raises(TypeError, match=r"\[qkv.Model.generate\] kv_dtype"):
         model.generate(tok, "a", kv_dtype=16)
 

@@ -630,6 +630,33 @@ void check_blocks(const char* fn, const KvCacheView& c, const CacheShape& s, std
   }
 }
 
+// kvcache_append's int8 quantiser for one row of n values x(e) (exact in double): symmetric, scale =
+// max|x| / 127 rounded to f32 (1 for an all-zero row), q(e) = round(x(e) / scale) to nearest even,
+// clamped to ±127, written through put(e, q). Returns the scale; a non-finite x(e) sets bad = e
+// (the first one) and writes nothing. Branch-free loops, so that f32 rows read through a pointer
+// vectorise: x − x is 0 for every finite x and NaN otherwise.
+template <class Get, class Put>
+float quantise_i8(std::int64_t n, Get x, Put put, std::int64_t& bad) {
+  double amax = 0.0, nonfinite = 0.0;
+  for (std::int64_t e = 0; e < n; ++e) {
+    const double v = x(e);
+    amax = std::max(amax, std::abs(v));
+    nonfinite += v - v;
+  }
+  if (nonfinite != 0.0) {
+    for (bad = 0; std::isfinite(x(bad)); ++bad) {
+    }
+    return 0.0f;
+  }
+  const float sc = amax > 0.0 ? static_cast<float>(amax / 127.0) : 1.0f;
+  const double inv = 1.0 / static_cast<double>(sc);
+  // Round to nearest even as std::nearbyint does in the default mode (|x · inv| ≤ 127 + ulps, far
+  // below 2^51): adding and taking away 1.5 · 2^52 leaves the integer, without a libm call a value.
+  constexpr double kRound = 6755399441055744.0;
+  for (std::int64_t e = 0; e < n; ++e) put(e, std::min(std::max((x(e) * inv + kRound) - kRound, -127.0), 127.0));
+  return sc;
+}
+
 // The logical [B, Hkv, Skv, X] view of a cache tensor the kernels read through KvCacheLayout.
 View logical(const View& t, std::int64_t B, std::int64_t Skv) {
   View r = heads_first(t);
@@ -698,27 +725,30 @@ void kvcache_append(const KvCacheView& cache, const View& k_new, const View& v_n
       for (std::int64_t hk = 0; hk < s.Hkv; ++hk)
         for (auto [src, dst, scale] : {std::tuple{&k_new, &ck, i8 ? &*cache.k_scale : nullptr},
                                        std::tuple{&v_new, &cv, i8 ? &*cache.v_scale : nullptr}}) {
-          const std::int64_t n = src->dim(3), row = lay.offset(*dst, b, hk, j);
-          double inv = 1.0;
-          if (scale) {  // symmetric int8: scale = max|x| / 127 (1 for an all-zero row)
-            double amax = 0.0;
-            for (std::int64_t e = 0; e < n; ++e) {
-            const double x = src->load(src->offset(b, t, hk, e));
-            if (scale && !std::isfinite(x))
-              fail(fn, std::string(src == &k_new ? "k_new" : "v_new") + "[" + std::to_string(b) + ", " + std::to_string(t) +
-                           ", " + std::to_string(hk) + ", " + std::to_string(e) + "] = " + std::to_string(x) +
-                           ": an i8 cache holds finite values only");
-            amax = std::max(amax, std::abs(x));
+          const std::int64_t n = src->dim(3), row = lay.offset(*dst, b, hk, j), from = src->offset(b, t, hk, 0);
+          if (!scale) {
+            for (std::int64_t e = 0; e < n; ++e) dst->store(row + e * dst->stride(3), src->load(from + e * src->stride(3)));
+            continue;
           }
-            const float sc = amax > 0.0 ? static_cast<float>(amax / 127.0) : 1.0f;
-            const View sv = heads_first(*scale);
-            sv.store(lay.offset(sv, b, hk, j), sc);
-            inv = 1.0 / static_cast<double>(sc);
+          // f32 rows with unit strides (the model's decoding step) are read and written through
+          // pointers, others through the views: the same arithmetic (quantise_i8) either way.
+          std::int64_t bad = -1;
+          float sc;
+          if (src->dtype == DType::f32 && src->stride(3) == 1 && dst->stride(3) == 1) {
+            const float* x = src->ptr<float>() + from;
+            std::int8_t* y = dst->ptr<std::int8_t>() + row;
+            sc = quantise_i8(n, [&](std::int64_t e) { return static_cast<double>(x[e]); },
+                             [&](std::int64_t e, double q) { y[e] = static_cast<std::int8_t>(q); }, bad);
+          } else {
+            sc = quantise_i8(n, [&](std::int64_t e) { return src->load(from + e * src->stride(3)); },
+                             [&](std::int64_t e, double q) { dst->store(row + e * dst->stride(3), q); }, bad);
           }
-          for (std::int64_t e = 0; e < n; ++e) {
-            const double x = src->load(src->offset(b, t, hk, e));
-            dst->store(row + e * dst->stride(3), scale ? std::clamp(std::nearbyint(x * inv), -127.0, 127.0) : x);
-          }
+          if (bad >= 0)
+            fail(fn, std::string(src == &k_new ? "k_new" : "v_new") + "[" + std::to_string(b) + ", " + std::to_string(t) +
+                         ", " + std::to_string(hk) + ", " + std::to_string(bad) + "] = " +
+                         std::to_string(src->load(from + bad * src->stride(3))) + ": an i8 cache holds finite values only");
+          const View sv = heads_first(*scale);
+          sv.store(lay.offset(sv, b, hk, j), sc);
         }
     }
 }

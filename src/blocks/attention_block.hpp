@@ -13,8 +13,11 @@
 //
 //   q, k, v = proj.qkv()                             q [B·S, H·D], k [B·Skv, Hkv·D], v [B·Skv, Hkv·Dv]
 //   rotary(q, k) at positions pos0 + s               (rope_theta > 0; pos0 = cache->len, else 0)
-//   cache ← k, v at positions pos0 … pos0 + S − 1    (cache given: B = 1, Skv = pos0 + S after it)
-//   att = attention(q rows r0 … S − 1, k, v, opt)    att [B·n, H·Dv], in the keys' dtype, then in
+//   cache ← k, v at positions pos0 … pos0 + S − 1    (cache given: B = 1, Skv = pos0 + S after it;
+//                                                    i8: quantised by qkv::kvcache_append, a row
+//                                                    with a non-finite value stored as NaN)
+//   att = attention(q rows r0 … S − 1, k, v, opt)    att [B·n, H·Dv], in the keys' dtype (i8 cache:
+//                                                    qkv::attention_kvcache, q and att f32), then in
 //                                                    proj.att_dtype() (rounded or widened once)
 //   taps.before_out(q, att)                          (f32 att: knock heads out, record a trace)
 //   y = beta·y + att · W_Oᵀ + b_O                    y [B·n, C]   (proj.out; y null: not run)
@@ -54,12 +57,17 @@ class AttentionProjections {
   virtual void out(std::int64_t n, float* y, float beta) = 0;
 };
 
-// Layer l's keys and values in a KV cache: k, v [Hkv, cap, D] (elements of dtype), positions
-// 0 … len − 1 held; this call's S rows are appended at len (the caller advances len after).
+// Layer l's keys and values in a KV cache: k, v [Hkv, cap, D] (elements of dtype: f32, bf16 or
+// i8), positions 0 … len − 1 held; this call's S rows are appended at len (the caller advances len
+// after). i8: k_scale, v_scale [Hkv, cap], row (h, p) = scale[h, p] · k[h, p, :]; the rows are
+// written by qkv::kvcache_append and read by qkv::attention_kvcache, which see heads [h0, h0 + n)
+// of the slot as a cache of one sequence [1, rows, n, D] with strides (·, D, cap·D, 1) and scales
+// [1, rows, n] with strides (·, 1, cap): the heads-first layout as a strided view, nothing copied.
 struct KvSlot {
   void *k = nullptr, *v = nullptr;
   DType dtype = DType::f32;
   std::int64_t cap = 0, len = 0;
+  float *k_scale = nullptr, *v_scale = nullptr;  // i8 only
 };
 
 struct AttentionBlockTaps {
@@ -125,29 +133,34 @@ struct VarlenBlockCall {
 void attention_block_varlen(AttentionProjections& proj, const VarlenBlockCall& call);
 
 // ---------------------------------------------------------------------------------------------
-// The decoding step: one KV head, one new token of each of B sequences.
-// Model::decode computes the head's rows of q, k, v with its row-split GEMVs, then calls
-// attention_block_decode_head on the thread that took the head; W_O runs in the step's next stage.
-// For each sequence b (G = H / Hkv query heads share KV head hk):
+// The decoding step: a run of KV heads hk … hk + nh − 1, one new token of each of B sequences.
+// Model::decode computes the run's rows of q, k, v with its row-split GEMVs, then calls
+// attention_block_decode_head on the thread that took the run; W_O runs in the step's next stage.
+// For each sequence b and KV head hk' of the run (G = H / Hkv query heads share it):
 //   rotary(q_b [G, D], k_b [D]) at position cache[b].len  (cs non-null: cs [B, D], rope_angles of it)
-//   cache[b].k[hk, len, :] ← k_b, cache[b].v[hk, len, :] ← v_b     (rounded when the cache is bf16)
+//   cache[b].k[hk', len, :] ← k_b, cache[b].v[hk', len, :] ← v_b
 //   out_b [G, D] = softmax(scale · q_b · K_bᵀ) · V_b                 over positions 0 … len
 // attend_one (two passes, any D) on the cache's rows: f32, or bf16 (k_b, v_b rounded to bf16 when
-// appended, the cache's rows widened as they are read; q_b, out_b and the sums stay f32). The caller
-// advances each len after the whole step. Per sequence the result does not depend on B, on the
-// thread or on the other heads (the step's bit-identity across batches and thread counts).
+// appended, the cache's rows widened as they are read; q_b, out_b and the sums stay f32). An i8
+// cache: per sequence the run's k, v rows appended by one qkv::kvcache_append (a row with a
+// non-finite value as zeros with NaN scales: see attention_block.cpp's append_i8) and its nh · G query
+// rows attended by one qkv::attention_kvcache on this thread (the int8 contract: q_b and the
+// probabilities quantised inside the kernel; out_b f32; scale: attention's default 1/√D). The caller
+// advances each len after the whole step. Per sequence and head the result does not depend on B,
+// on the thread, on the run or on the other heads (the step's bit-identity across batches and thread
+// counts).
 // ---------------------------------------------------------------------------------------------
 struct DecodeHeadCall {
-  std::int64_t B = 1, G = 1, D = 0, hk = 0;  // hk: the KV head, in [0, Hkv)
-  const KvSlot* cache = nullptr;  // [B]: layer l's k, v [Hkv, cap, D] of each sequence (f32 or bf16)
-  float* q = nullptr;             // row b: q + b·ld_q, this head's G·D values (rotated in place)
-  float* k = nullptr;             // row b: k + b·ld_kv, D values (rotated in place)
-  const float* v = nullptr;       // row b: v + b·ld_kv, D values
-  float* out = nullptr;           // row b: out + b·ld_q, G·D values
+  std::int64_t B = 1, G = 1, D = 0, hk = 0, nh = 1;  // hk … hk + nh − 1: KV heads in [0, Hkv)
+  const KvSlot* cache = nullptr;  // [B]: layer l's k, v [Hkv, cap, D] of each sequence (one dtype)
+  float* q = nullptr;             // row b: q + b·ld_q, the run's nh·G·D values (rotated in place)
+  float* k = nullptr;             // row b: k + b·ld_kv, nh·D values (rotated in place)
+  float* v = nullptr;             // row b: v + b·ld_kv, nh·D values (i8: zeroed if not finite)
+  float* out = nullptr;           // row b: out + b·ld_q, nh·G·D values
   std::int64_t ld_q = 0, ld_kv = 0;
   const float* cs = nullptr;      // [B, D] rotary angles, or null: no rotary
-  float scale = 0.0f;             // 1 / √D
-  float* scores = nullptr;        // scratch [max len + 1]
+  float scale = 0.0f;             // 1 / √D (f32 and bf16 caches)
+  float* scores = nullptr;        // scratch [max len + 1] (f32 and bf16 caches)
 };
 
 void attention_block_decode_head(const DecodeHeadCall& call);

@@ -12,6 +12,8 @@
 //   qkv generate --dtype bf16 ...        (the same two at once: what embed --dtype bf16 means)
 //   qkv generate --batch-file prompts.txt --kv-dtype bf16   (each sequence's KV cache in bf16: half
 //                                        the bytes a batched step reads; texts as --kv-dtype bf16 alone)
+//   qkv generate --kv-dtype int8 ...     (int8 rows with an f32 scale each, llama.cpp's q8_0 cache:
+//                                        about a quarter of f32's bytes)
 //
 //   echo "Once upon a time" | qkv generate --prompt - --json   (the prompt from stdin; one JSON
 //                                        document: text, tokens, pieces, timings, settings)
@@ -49,7 +51,7 @@ struct GenerateArgs {
   std::string weights = "f32";
   std::string gemm_inputs = "f32";
   std::string dtype;  // "", f32 or bf16: both of the above at once, as embed --dtype
-  std::string kv_dtype;  // "", f32 or bf16 ("": the model's choice, Model::new_cache)
+  std::string kv_dtype;  // "", f32, bf16 or int8 ("": the model's choice, Model::new_cache)
   bool json = false;
   std::string batch_file;  // one prompt a line, run by generate_batch
 };
@@ -85,7 +87,8 @@ void run(GenerateArgs a) {
   opt.sampling.seed = a.seed >= 0 ? static_cast<std::uint64_t>(a.seed)
                                   : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   if (opt.sampling.seed == 0) fail(kFn, "--seed: must be non-zero");
-  if (!a.kv_dtype.empty()) opt.kv_dtype = a.kv_dtype == "bf16" ? DType::bf16 : DType::f32;
+  if (!a.kv_dtype.empty())
+    opt.kv_dtype = a.kv_dtype == "bf16" ? DType::bf16 : a.kv_dtype == "int8" ? DType::i8 : DType::f32;
   if (!a.batch_file.empty()) {
     const std::vector<std::string> prompts = read_lines(kFn, "--batch-file", a.batch_file);
     if (prompts.empty()) fail(kFn, "--batch-file " + a.batch_file + ": no prompts (one a line)");
@@ -204,10 +207,11 @@ void add_generate(CLI::App& app) {
       ->excludes("--weights")
       ->excludes("--gemm-inputs");
   sub->add_option("--kv-dtype", a->kv_dtype,
-                  "the KV cache's dtype: f32, or bf16 (keys and values rounded as they are stored: half the bytes a "
-                  "batched step reads per sequence; texts may differ from f32's). Default: bf16 with --gemm-inputs "
-                  "bf16, else f32")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+                  "the KV cache's dtype: f32, bf16 (keys and values rounded as they are stored: half the bytes a "
+                  "batched step reads per sequence) or int8 (each row quantised to int8 with an f32 scale, as "
+                  "llama.cpp's q8_0 cache: about a quarter of the bytes); texts may differ from f32's. Default: bf16 "
+                  "with --gemm-inputs bf16, else f32")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   auto* json = sub->add_flag("--json", a->json,
                              "print one JSON document instead of the text: text, tokens, pieces, timings and the settings used");
   batch->excludes(prompt);

@@ -37,8 +37,9 @@ void Model::Impl::DecodeSyncDeleter::operator()(DecodeSync* s) const { delete s;
 // go through the stages below in order; a stage starts once the one before it has finished all its
 // units (done[s], a WaitWord: spin, then sleep):
 //   A  per chunk of KV heads: their rows of W_Q, W_K, W_V → q, k, v of their G query heads each,
-//      then, head by head, the attention block's decode entry (blocks::attention_block_decode_head):
-//      for each sequence rotary at its position, k, v appended to its cache, the G heads' attention
+//      then the attention block's decode entry on the chunk's run of heads (one call:
+//      blocks::attention_block_decode_head): for each sequence rotary at its position, k, v appended
+//      to its cache, the G heads' attention of each kv head
 //   B  rows of x += att·W_Oᵀ + b_O
 //   C  rows of hb = xb·W1ᵀ (+ W3) and the activation on them
 //   D  rows of x += hb·W2ᵀ + b2
@@ -73,14 +74,8 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
   // Each sequence's cache of each layer as the attention block sees it: slots [n_layers, B].
   decode_slots_.resize(static_cast<std::size_t>(c.n_layers * B));
   blocks::KvSlot* slots = decode_slots_.data();
-  for (i64 b = 0; b < B; ++b) {
-    KvCache& cache = *caches[static_cast<std::size_t>(b)];
-    const i64 layer = Hkv * cache.capacity * D, es = static_cast<i64>(dtype_size(cache.k.dtype()));
-    for (i64 l = 0; l < c.n_layers; ++l)
-      slots[l * B + b] = {static_cast<char*>(cache.k.data()) + l * layer * es,
-                          static_cast<char*>(cache.v.data()) + l * layer * es, cache.k.dtype(), cache.capacity,
-                          cache.len};
-  }
+  for (i64 b = 0; b < B; ++b)
+    for (i64 l = 0; l < c.n_layers; ++l) slots[l * B + b] = model_detail::layer_slot(*caches[static_cast<std::size_t>(b)], l);
   const int steps = 4 * static_cast<int>(c.n_layers) + 1;
   if (!decode_sync_ || decode_sync_->steps < steps || decode_sync_->threads < T) {
     decode_sync_.reset(new DecodeSync);
@@ -174,25 +169,23 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
         gemv(L.wq, Lb.wq, L.bq, q, HD, xb, C, 0.0f, k0 * G * D, k1 * G * D);
         gemv(L.wk, Lb.wk, L.bk, k, KD, xb, C, 0.0f, k0 * D, k1 * D);
         gemv(L.wv, Lb.wv, L.bv, v, KD, xb, C, 0.0f, k0 * D, k1 * D);
-        for (i64 hk = k0; hk < k1; ++hk) {
-          const i64 h0 = hk * G;
-          blocks::DecodeHeadCall call;
-          call.B = B;
-          call.G = G;
-          call.D = D;
-          call.hk = hk;
-          call.cache = slots + l * B;
-          call.q = q + h0 * D;
-          call.k = k + hk * D;
-          call.v = v + hk * D;
-          call.out = att + h0 * D;
-          call.ld_q = HD;
-          call.ld_kv = KD;
-          call.cs = c.pos == PosEncoding::rotary ? cs : nullptr;
-          call.scale = scale;
-          call.scores = scores;
-          blocks::attention_block_decode_head(call);
-        }
+        blocks::DecodeHeadCall call;  // the run of kv heads [k0, k1)
+        call.B = B;
+        call.G = G;
+        call.D = D;
+        call.hk = k0;
+        call.nh = k1 - k0;
+        call.cache = slots + l * B;
+        call.q = q + k0 * G * D;
+        call.k = k + k0 * D;
+        call.v = v + k0 * D;
+        call.out = att + k0 * G * D;
+        call.ld_q = HD;
+        call.ld_kv = KD;
+        call.cs = c.pos == PosEncoding::rotary ? cs : nullptr;
+        call.scale = scale;
+        call.scores = scores;
+        blocks::attention_block_decode_head(call);
       });
       share(t, s0 + 1, C, rows_per_chunk(HD, C), nothing, [&](i64 r0, i64 r1) {
         gemv(L.wo, Lb.wo, L.bo, x, C, att, HD, 1.0f, r0, r1);  // residual: x += att·W_Oᵀ + b_O

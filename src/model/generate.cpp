@@ -40,8 +40,8 @@ void validate_generate_options(const GenerateOptions& opt, std::string_view fn) 
     fail(fn, "top_p: must be in [0, 1] (0 or 1 disables nucleus sampling), got " + num(s.top_p));
   if (s.top_k < 0) fail(fn, "top_k: must be ≥ 0 (0 disables it), got " + std::to_string(s.top_k));
   if (s.seed == 0) fail(fn, "seed: must be ≥ 1 (xorshift's state 0 never changes), got 0");
-  if (opt.kv_dtype && *opt.kv_dtype != DType::f32 && *opt.kv_dtype != DType::bf16)
-    fail(fn, std::string("kv_dtype: must be f32 or bf16, got ") + dtype_name(*opt.kv_dtype));
+  if (opt.kv_dtype && *opt.kv_dtype != DType::f32 && *opt.kv_dtype != DType::bf16 && *opt.kv_dtype != DType::i8)
+    fail(fn, std::string("kv_dtype: must be f32, bf16 or i8, got ") + dtype_name(*opt.kv_dtype));
 }
 
 // xorshift*, exactly llama2.c's random_u32 / random_f32.

@@ -45,18 +45,41 @@ KvCache::KvCache(const Config& c, std::int64_t cap, DType dtype) {
   if (cap < 0 || cap > c.seq_len)
     fail("qkv::KvCache", "capacity: must be in [0, seq_len = " + std::to_string(c.seq_len) + "], got " +
                              std::to_string(cap));
-  if (dtype != DType::f32 && dtype != DType::bf16)
-    fail("qkv::KvCache", std::string("dtype: must be f32 or bf16, got ") + dtype_name(dtype));
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::i8)
+    fail("qkv::KvCache", std::string("dtype: must be f32, bf16 or i8, got ") + dtype_name(dtype));
   capacity = cap == 0 ? c.seq_len : cap;
-  // Sized by the config (seq_len): refused, not killed, when it cannot fit.
-  const std::uint64_t one = bytes_of({c.n_layers, c.n_kv_heads, capacity, c.head_dim()}, dtype_size(dtype));
-  check_memory("qkv::KvCache", "k and v [n_layers, n_kv_heads, capacity, head_dim] = [" + std::to_string(c.n_layers) +
-                                   ", " + std::to_string(c.n_kv_heads) + ", " + std::to_string(capacity) + ", " +
-                                   std::to_string(c.head_dim()) + "] each",
+  const bool i8 = dtype == DType::i8;
+  // Sized by the config (seq_len): refused, not killed, when it cannot fit. An i8 row of D bytes
+  // carries one f32 scale.
+  const std::uint64_t one = bytes_of({c.n_layers, c.n_kv_heads, capacity, c.head_dim() + (i8 ? 4 : 0)}, dtype_size(dtype));
+  check_memory("qkv::KvCache", std::string("k and v [n_layers, n_kv_heads, capacity, head_dim] = [") +
+                                   std::to_string(c.n_layers) + ", " + std::to_string(c.n_kv_heads) + ", " +
+                                   std::to_string(capacity) + ", " + std::to_string(c.head_dim()) + "] each" +
+                                   (i8 ? " (and their f32 scales)" : ""),
                one > UINT64_MAX / 2 ? UINT64_MAX : 2 * one);
   k = Buffer(dtype, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
   v = Buffer(dtype, {c.n_layers, c.n_kv_heads, capacity, c.head_dim()});
+  if (i8) {
+    k_scale = Buffer(DType::f32, {c.n_layers, c.n_kv_heads, capacity});
+    v_scale = Buffer(DType::f32, {c.n_layers, c.n_kv_heads, capacity});
+  }
 }
+
+namespace model_detail {
+
+blocks::KvSlot layer_slot(const KvCache& cache, std::int64_t l) {
+  const std::int64_t Hkv = cache.k.shape()[1], D = cache.k.shape()[3], cap = cache.capacity;
+  const std::int64_t at = l * Hkv * cap * D * static_cast<std::int64_t>(dtype_size(cache.k.dtype()));  // bytes
+  blocks::KvSlot slot{static_cast<char*>(cache.k.data()) + at, static_cast<char*>(cache.v.data()) + at,
+                      cache.k.dtype(), cap, cache.len};
+  if (cache.k.dtype() == DType::i8) {
+    slot.k_scale = cache.k_scale.ptr<float>() + l * Hkv * cap;
+    slot.v_scale = cache.v_scale.ptr<float>() + l * Hkv * cap;
+  }
+  return slot;
+}
+
+}  // namespace model_detail
 
 Model::Model(Weights w, ModelOptions options) : impl_(std::make_unique<Impl>(std::move(w), options)) {}
 Model::~Model() = default;
@@ -241,10 +264,7 @@ struct Model::Impl::LayerProjections final : blocks::AttentionProjections {
 void Model::Impl::attention_block(int l, std::int64_t S, std::int64_t r0, KvCache& cache,
                                   blocks::AttentionProjections& proj, blocks::AttentionBlockTaps taps) {
   const Config& c = w_.config;
-  const std::int64_t Hkv = c.n_kv_heads, D = c.head_dim(), cap = cache.capacity;
-  const std::int64_t at = l * Hkv * cap * D * static_cast<std::int64_t>(dtype_size(cache.k.dtype()));  // layer l, bytes
-  blocks::KvSlot slot{static_cast<char*>(cache.k.data()) + at, static_cast<char*>(cache.v.data()) + at,
-                      cache.k.dtype(), cap, cache.len};
+  blocks::KvSlot slot = model_detail::layer_slot(cache, l);
   blocks::AttentionBlockCall call;
   call.S = S;
   call.r0 = r0;
@@ -301,11 +321,24 @@ void Model::Impl::check_cache(const char* fn, const KvCache& cache, std::int64_t
   if (cache.k.numel() == 0 || cache.k.shape()[0] != c.n_layers || cache.k.shape()[1] != c.n_kv_heads ||
       cache.k.shape()[3] != c.head_dim())
     fail(fn, "cache: not made for this model's config (construct it as KvCache(model.config()))");
-  if ((cache.k.dtype() != DType::f32 && cache.k.dtype() != DType::bf16) || cache.v.dtype() != cache.k.dtype() ||
+  const DType dt = cache.k.dtype();
+  if ((dt != DType::f32 && dt != DType::bf16 && dt != DType::i8) || cache.v.dtype() != dt ||
       cache.v.shape() != cache.k.shape())
-    fail(fn, std::string("cache: k and v must be f32 or bf16 of one dtype and shape, got k ") +
-                 dtype_name(cache.k.dtype()) + " " + cache.k.view().shape_str() + ", v " + dtype_name(cache.v.dtype()) + " " +
-                 cache.v.view().shape_str());
+    fail(fn, std::string("cache: k and v must be f32, bf16 or i8 of one dtype and shape, got k ") + dtype_name(dt) +
+                 " " + cache.k.view().shape_str() + ", v " + dtype_name(cache.v.dtype()) + " " + cache.v.view().shape_str());
+  const std::vector<std::int64_t> scales = {cache.k.shape()[0], cache.k.shape()[1], cache.k.shape()[2]};
+  if (dt == DType::i8 && (cache.k_scale.dtype() != DType::f32 || cache.k_scale.shape() != scales ||
+                          cache.v_scale.dtype() != DType::f32 || cache.v_scale.shape() != scales))
+  {
+    auto dims = [](const std::vector<std::int64_t>& shape) {
+      std::string r = "[";
+      for (std::size_t i = 0; i < shape.size(); ++i) r += (i ? ", " : "") + std::to_string(shape[i]);
+      return r + "]";
+    };
+    fail(fn, "cache: an i8 cache needs f32 k_scale and v_scale [n_layers, n_kv_heads, capacity] = " + dims(scales) +
+                 ", got k_scale " + dtype_name(cache.k_scale.dtype()) + " " + dims(cache.k_scale.shape()) + ", v_scale " +
+                 dtype_name(cache.v_scale.dtype()) + " " + dims(cache.v_scale.shape()));
+  }
   if (cache.len + S > cache.capacity)
     fail(fn, "cache: " + std::to_string(cache.len) + " positions held + " + std::to_string(S) +
                  " new exceed its capacity " + std::to_string(cache.capacity));

@@ -115,12 +115,16 @@ struct Model::Impl {
   void forward_batch(std::span<const int> tokens, std::span<KvCache* const> caches, float* logits);
   void forward_trace(const std::vector<int>& tokens, Trace& trace, std::span<const HeadAblation> ablate);
 
-  // Throws (naming fn) unless cache is an f32 or bf16 cache for this config with room for S more.
+  // Throws (naming fn) unless cache is an f32, bf16 or i8 cache for this config with room for S more.
   void check_cache(const char* fn, const KvCache& cache, std::int64_t S) const;
   void check_tokens(const char* fn, std::span<const int> tokens, std::int64_t start) const;
 };
 
 namespace model_detail {
+
+// Layer l of `cache` (0 ≤ l < n_layers) as the attention block reads and writes it: k, v [Hkv, cap,
+// D] and, for an i8 cache, k_scale, v_scale [Hkv, cap]; len = cache.len.
+blocks::KvSlot layer_slot(const KvCache& cache, std::int64_t l);
 
 // out [N, C] = norm(x [N, C]) with the config's norm (RMSNorm or LayerNorm): rows in chunks of 16
 // shared over the threads (one chunk when decoding). With out_bf16 the chunk's rows are also

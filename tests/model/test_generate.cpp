@@ -165,6 +165,28 @@ TEST(Generate, NonFiniteLogitsStopWithThePosition) {
     EXPECT_NE(m.find(where), std::string::npos) << m;
     EXPECT_EQ(out, "Once upon");  // the prompt, then nothing
   }
+  // With an i8 KV cache the NaN keys and values of layer 1 cannot be quantised (kvcache_append
+  // refuses them): each such row is stored as zeros with a NaN scale, which makes the logits NaN as
+  // an f32 cache's NaN rows do, so generation stops with the same error, after a prefill of several
+  // tokens (block()) and of BOS alone (Model::decode), on 1 and 2 threads (no thread may be left
+  // waiting on a stage).
+  for (int threads : {1, 2}) {
+    qkv::Weights w2 = qkv::load_llama2c(kDir + "stories260K.bin");
+    for (std::int64_t i = 0; i < c.hidden_dim * c.dim; ++i) w2.layers[0].w1[i] = 3e38f;
+    qkv::Model m2(std::move(w2), qkv::ModelOptions{qkv::DType::f32, threads});
+    for (const char* prompt : {"Once upon", ""}) {
+      qkv::GenerateOptions opt;
+      opt.steps = 40;
+      opt.sampling.temperature = 0.0f;
+      opt.kv_dtype = qkv::DType::i8;
+      std::string out;
+      const std::string m = error_of<qkv::NonFiniteError>([&] { qkv::generate(m2, tok, prompt, opt, [&](std::string_view p) { out += p; }); });
+      const std::string at = "[qkv::generate] the logits at position " +
+                             std::to_string(tok.encode(prompt, true, false).size() - 1) + " are not finite";
+      EXPECT_NE(m.find(at), std::string::npos) << m << " (" << threads << " threads, prompt '" << prompt << "')";
+      EXPECT_EQ(out, prompt);
+    }
+  }
 }
 
 // The sampler itself refuses NaN and ±inf logits, and logits that overflow when divided by the

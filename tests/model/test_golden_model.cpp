@@ -293,6 +293,67 @@ TEST(GoldenModel, Bf16KvCache) {
   }
 }
 
+// An i8 KV cache (llama.cpp's q8_0): each cached key and value row x [D] is stored as int8 with one
+// f32 scale, which moves every element by ≤ half a step, max|x| / 254, so the row by
+// ‖δx‖₂ ≤ √D · max|x| / 254 ≤ (√D / 254) ‖x‖₂; the kernel rounds each query row the same way
+// (qkv/attention.hpp's int8 contract; its P·V weights to 15 bits, 64 / 65534 ≈ 2^-10 of V, below
+// the rest). A bf16 cache rounds q, k, v by ≤ 2^-9 ‖x‖₂ each: the i8 cache is the same stage with
+// each perturbation 512 / 254 · √D ≤ 2.02 √D times as large. So against the same model with an
+// f32 cache the bound is 2.02 √D bf16 stages (Bf16KvCache's 8 · 2^-9 · max|logit| each; 5.7 stages
+// at stories260K's D = 8), and against the fp32 PyTorch logits the mode's bound plus that. Full
+// forward (the prefill's attention_kvcache on every layer) and a prefill of S/3 then one token at a
+// time (Model::decode on 2 threads), f32 and bf16 weights, and bf16 GEMM inputs.
+TEST(GoldenModel, I8KvCache) {
+  for (const GoldenCase& cs : golden_cases()) {
+    const Golden g = read_golden(cs.name);
+    const double max_logit = max_abs_logit(g);
+    const double stage = 8.0 * std::ldexp(1.0, -9) * max_logit;  // one bf16 rounding stage
+    const double tol = 2.02 * std::sqrt(static_cast<double>(cs.w.config.head_dim())) * stage;
+    struct Mode {
+      qkv::ModelOptions opt;
+      double tol_torch;  // the mode's bound with an f32 cache (tests above) + the i8 cache's
+    };
+    // With bf16 GEMM inputs the prefill's projections (block_gemm_bf16) feed the i8 cache: one more
+    // stage against the f32-cache model of the same options, whose own bound to torch is 2 stages.
+    const Mode modes[] = {{qkv::ModelOptions{qkv::DType::f32, 2}, 1e-4 + tol},
+                          {qkv::ModelOptions{qkv::DType::bf16, 2}, stage + tol},
+                          {qkv::ModelOptions{qkv::DType::bf16, 2, qkv::DType::bf16}, 2.0 * stage + tol}};
+    for (const auto& [opt, tol_torch] : modes) {
+      qkv::Model m(cs.w, opt);
+      std::vector<float> ref(g.logits.size()), full(g.logits.size()), step(static_cast<std::size_t>(g.V));
+      qkv::KvCache cf(m.config()), cq(m.config(), 0, qkv::DType::i8), ci(m.config(), 0, qkv::DType::i8);
+      m.forward(g.tokens, cf, ref.data(), true);
+      m.forward(g.tokens, cq, full.data(), true);
+      double err_full = 0, err_torch = 0, err_inc = 0;
+      for (std::size_t i = 0; i < full.size(); ++i) {
+        err_full = std::max(err_full, std::abs(double(full[i]) - ref[i]));
+        err_torch = std::max(err_torch, std::abs(double(full[i]) - g.logits[i]));
+      }
+      const std::int64_t prefill = g.S / 3;
+      m.forward(std::span<const int>(g.tokens.data(), static_cast<std::size_t>(prefill)), ci, step.data());
+      for (std::int64_t s = prefill - 1; s < g.S; ++s) {
+        if (s >= prefill) m.forward(std::span<const int>(g.tokens.data() + s, 1), ci, step.data());
+        for (std::int64_t v = 0; v < g.V; ++v) {
+          const auto i = static_cast<std::size_t>(s * g.V + v);
+          err_inc = std::max(err_inc, std::abs(double(step[v]) - ref[i]));
+          err_torch = std::max(err_torch, std::abs(double(step[v]) - g.logits[i]));
+        }
+      }
+      // The one-token steps run GEMVs on f32 rows: with bf16 GEMM inputs one more stage from the prefill.
+      const double tol_inc = opt.gemm_inputs == qkv::DType::bf16 ? tol + stage : tol;
+      std::printf("%s weights %s, GEMM inputs %s, i8 cache: max |logits − f32 cache's| full forward %.3g (tolerance "
+                  "%.3g), prefill + decoding %.3g (tolerance %.3g); max |logits − torch fp32| %.3g (tolerance %.3g)\n",
+                  cs.name.c_str(), qkv::dtype_name(opt.weights), qkv::dtype_name(opt.gemm_inputs), err_full, tol,
+                  err_inc, tol_inc, err_torch, tol_torch);
+      EXPECT_GT(err_full, 0.0);  // the i8 cache does change the arithmetic
+      EXPECT_LT(err_full, tol);
+      EXPECT_LT(err_inc, tol_inc);
+      EXPECT_LT(err_torch, tol_torch);
+      EXPECT_EQ(ci.len, g.S);
+    }
+  }
+}
+
 // A prefill that wants only the last position's logits runs the last layer past its attention on
 // that one row (Model::forward). Against the golden torch logits of that position, with each
 // mode's tolerance from the tests above, and against the same model's all-positions forward: the

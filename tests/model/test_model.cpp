@@ -15,6 +15,7 @@
 
 #include "core/parallel.hpp"
 #include "model/safetensors.hpp"
+#include "qkv/kv_cache.hpp"
 #include "qkv/model.hpp"
 #include "support/temp_path.hpp"
 
@@ -162,6 +163,47 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
   mixed.v = qkv::Buffer(qkv::DType::bf16, mixed.k.shape());
   expect_error([&] { model.forward(std::span<const int>(tokens.data(), 2), mixed, ref.data()); },
                {"qkv::Model::forward", "cache", "f32", "bf16"});
+  qkv::KvCache unscaled(c, 8, qkv::DType::i8);
+  unscaled.v_scale = qkv::Buffer();
+  expect_error([&] { model.forward(std::span<const int>(tokens.data(), 2), unscaled, ref.data()); },
+               {"qkv::Model::forward", "i8 cache", "v_scale"});
+}
+
+// The model's i8 cache holds, at every position, the rows qkv::kvcache_append makes of the f32
+// rows it is given (the attention API's quantiser, not a second one), in its [L, Hkv, capacity, D]
+// layout. Layer 0's keys and values depend only on the tokens, so they are the f32-cache model's
+// layer-0 rows, which an AttentionKvCache (i8) quantises here: after a prefill of 9 tokens (block())
+// and 6 one-token steps (Model::decode), on stories260K (GQA 8/4, rotary), the int8 rows and the
+// scales must be those bytes exactly (tolerance 0).
+TEST(Model, I8CacheRowsAreTheAttentionApisQuantisation) {
+  qkv::Model model(qkv::load_llama2c(kModel), qkv::ModelOptions{qkv::DType::f32, 2});
+  const auto& c = model.config();
+  const std::int64_t Hkv = c.n_kv_heads, D = c.head_dim(), S = 15;
+  std::vector<int> tokens;
+  for (int i = 0; i < S; ++i) tokens.push_back(1 + (i * 53) % 511);
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  qkv::KvCache f32(c, 32), i8(c, 32, qkv::DType::i8);
+  for (qkv::KvCache* cache : {&f32, &i8}) {
+    model.forward(std::span<const int>(tokens.data(), 9), *cache, logits.data());
+    for (std::int64_t s = 9; s < S; ++s) model.forward(std::span<const int>(tokens.data() + s, 1), *cache, logits.data());
+  }
+  qkv::AttentionKvCache api(1, S, Hkv, D, qkv::DType::i8);
+  // Layer 0 of the f32 cache, [Hkv, capacity, D], as rows [S, Hkv, D] (strides D, capacity·D, 1).
+  const qkv::View k0 = qkv::View::strided(f32.k.data(), qkv::DType::f32, {S, Hkv, D}, {D, f32.capacity * D, 1});
+  const qkv::View v0 = qkv::View::strided(f32.v.data(), qkv::DType::f32, {S, Hkv, D}, {D, f32.capacity * D, 1});
+  api.append_to(0, k0, v0);
+  const qkv::KvCacheView a = api.view();
+  std::int64_t differ = 0;
+  for (std::int64_t h = 0; h < Hkv; ++h)
+    for (std::int64_t p = 0; p < S; ++p) {
+      const std::int64_t row = h * i8.capacity + p;  // layer 0
+      differ += i8.k_scale.ptr<float>()[row] != a.k_scale->ptr<float>()[a.k_scale->offset(0, p, h)];
+      differ += i8.v_scale.ptr<float>()[row] != a.v_scale->ptr<float>()[a.v_scale->offset(0, p, h)];
+      differ += std::memcmp(i8.k.ptr<std::int8_t>() + row * D, a.k.ptr<std::int8_t>() + a.k.offset(0, p, h, 0), D) != 0;
+      differ += std::memcmp(i8.v.ptr<std::int8_t>() + row * D, a.v.ptr<std::int8_t>() + a.v.offset(0, p, h, 0), D) != 0;
+    }
+  EXPECT_EQ(differ, 0) << "rows or scales of layer 0 that differ from the attention API's";
+  EXPECT_EQ(i8.len, S);
 }
 
 // A one-token call runs in one parallel region (Model::decode) on any number of threads. Every row
@@ -169,7 +211,7 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
 // thread computes it, so the logits must equal the one-thread path's bit for bit
 // (tolerance 0): stories260K (RMSNorm, rotary, GQA 8/4, SwiGLU), the tiny GPT-2 (LayerNorm,
 // learned positions, GELU, biases) and the tiny GQA model (4/2 heads, no positions), with f32 and
-// bf16 weights, each with an f32 and a bf16 KV cache, on 2 and 3 threads (3 splits 4 KV heads
+// bf16 weights, each with an f32, a bf16 and an i8 KV cache, on 2 and 3 threads (3 splits 4 KV heads
 // 1/1/2, and 2 KV heads 0/1/1: a thread with no head). A prefill of 3 tokens (block() with GEMVs),
 // then 12 tokens one at a time.
 TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
@@ -180,7 +222,7 @@ TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
       {"tiny_gqa_bf16", qkv::load_weights(golden + "tiny_gqa_bf16.safetensors")}};
   for (const auto& [name, w] : models)
     for (qkv::DType dt : {qkv::DType::f32, qkv::DType::bf16})
-    for (qkv::DType kv : {qkv::DType::f32, qkv::DType::bf16}) {
+    for (qkv::DType kv : {qkv::DType::f32, qkv::DType::bf16, qkv::DType::i8}) {
       const auto& c = w.config;
       std::vector<int> tokens;
       for (int i = 0; i < 15; ++i) tokens.push_back(1 + (i * 37) % static_cast<int>(c.vocab_size - 1));
@@ -213,7 +255,9 @@ TEST(Model, DecodeStepOnThreadsEqualsOneThread) {
 // Model::forward_batch: sequences with prompts of different lengths (prefilled alone), then one
 // token each per batched step, against each sequence decoded alone with forward(): the logits must
 // be the same bits (tolerance 0: each row of every matrix and each head's attention is computed by
-// the same code for one sequence or eight). Models and modes as DecodeStepOnThreadsEqualsOneThread,
+// the same code for one sequence or eight; an i8 cache: the same qkv::attention_kvcache call per
+// sequence and run of KV heads, whose result does not depend on the run). Models and modes as
+// DecodeStepOnThreadsEqualsOneThread,
 // on 1 and 2 threads; a sequence that stops early leaves the batch (B shrinks from 5 to 3).
 TEST(Model, ForwardBatchEqualsOneSequenceAtATime) {
   const std::string golden = std::string(QKV_SOURCE_DIR) + "/tests/golden/model/";
@@ -224,7 +268,7 @@ TEST(Model, ForwardBatchEqualsOneSequenceAtATime) {
   const std::int64_t prompt_len[] = {1, 3, 7, 2, 5}, steps[] = {12, 12, 6, 12, 9};
   for (const auto& [name, w] : models)
     for (qkv::DType dt : {qkv::DType::f32, qkv::DType::bf16})
-      for (qkv::DType kv : {qkv::DType::f32, qkv::DType::bf16})
+      for (qkv::DType kv : {qkv::DType::f32, qkv::DType::bf16, qkv::DType::i8})
         for (int threads : {1, 2}) {
           const auto& c = w.config;
           const int V = static_cast<int>(c.vocab_size);
