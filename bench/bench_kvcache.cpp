@@ -17,11 +17,27 @@
 //   bench_kvcache [Google Benchmark flags]
 //   e.g. --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
 //        --benchmark_report_aggregates_only=true
+//   bench_kvcache --pair [BATCHES [DTYPE...]]   (default 20 batches; f32 bf16 i8)
 //
 // Case names: kv/<layout>/<dtype>/Sc<Sc>/Skv<Skv>/T<threads>.
+//
+// --pair measures issue #19's ratio, paged / contiguous decode time, in one process: for each
+// dtype and Skv ∈ {16384, 32768}, the contiguous cache and the paged ones (by 16 rows shuffled and
+// in order, by 256 rows shuffled) take turns in random order, BATCHES times, each turn ≈ 60 ms of
+// CPU time of back-to-back calls after 3 untimed ones (the cache state of a repeated call, as
+// Google Benchmark's). Per turn the median call; per layout the median over turns, and the ratio
+// as the median of the per-batch ratios. Runs of separate cases minutes apart (Google Benchmark
+// above, one process per binary, 8 rounds) gave the same code's int8 ratio by 16 rows at Skv
+// 32768 as 1.21–1.42 on the shared 2-core machine; turns of 60 ms see the same load, and four runs
+// of --pair 20–30 gave 1.15–1.21 (bench/results/kvcache_pg16_2026-11-28.md).
 #include <benchmark/benchmark.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -110,9 +126,78 @@ void run(benchmark::State& st, Layout layout, DType dt, std::int64_t Sc, std::in
   st.counters["GB/s"] = benchmark::Counter(s.bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One thread's CPU time in ms (CLOCK_THREAD_CPUTIME_ID), Google Benchmark's CPU column.
+double thread_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// --pair (see the top of the file): one table row per (dtype, Skv, paged layout).
+int pair(int batches, const std::vector<DType>& dtypes) {
+  struct Case {
+    Layout layout;
+    std::int64_t Sc;
+  };
+  const Case cases[] = {{Layout::contig, 0}, {Layout::paged, 16}, {Layout::paged_seq, 16}, {Layout::paged, 256}};
+  constexpr int kCases = 4;
+  constexpr double kTurnMs = 60.0;
+  std::printf("one thread, B 1, H %ld, Hkv %ld, D %ld, %d batches; ms = median call, ratio = median of per-batch ratios\n",
+              static_cast<long>(kH), static_cast<long>(kHkv), static_cast<long>(kD), batches);
+  std::printf("%-6s %-6s %-10s %5s %10s %10s %16s\n", "dtype", "Skv", "layout", "Sc", "contig ms", "paged ms", "paged / contig");
+  std::mt19937 rng(1);
+  for (DType dt : dtypes)
+    for (std::int64_t Skv : {16384, 32768}) {
+      std::unique_ptr<Setup> s[kCases];
+      for (int c = 0; c < kCases; ++c) s[c] = make_setup(cases[c].layout, dt, cases[c].Sc, Skv);
+      qkv::AttentionOptions o;
+      o.num_threads = 1;
+      o.kernel = qkv::Kernel::flash_decode;
+      std::vector<double> ms[kCases];  // [case][batch]: the turn's median call
+      for (int bt = 0; bt < batches; ++bt) {
+        int order[kCases] = {0, 1, 2, 3};
+        std::shuffle(order, order + kCases, rng);
+        for (int c : order) {
+          const Setup& x = *s[c];
+          const qkv::KvCacheView cache{x.k.view(), x.v.view(), x.tv, x.ksv, x.vsv};
+          for (int w = 0; w < 3; ++w) qkv::attention_kvcache(x.q.view(), cache, x.out.view(), o);
+          std::vector<double> calls;
+          for (const double t0 = thread_ms(); thread_ms() - t0 < kTurnMs;) {
+            const double a = thread_ms();
+            qkv::attention_kvcache(x.q.view(), cache, x.out.view(), o);
+            calls.push_back(thread_ms() - a);
+          }
+          ms[c].push_back(median(calls));
+        }
+      }
+      for (int c = 1; c < kCases; ++c) {
+        std::vector<double> r;
+        for (int bt = 0; bt < batches; ++bt) r.push_back(ms[c][bt] / ms[0][bt]);
+        std::printf("%-6s %-6ld %-10s %5ld %10.3f %10.3f %16.3f\n", qkv::dtype_name(dt), static_cast<long>(Skv),
+                    layout_name(cases[c].layout), static_cast<long>(cases[c].Sc), median(ms[0]), median(ms[c]), median(r));
+      }
+      std::fflush(stdout);
+    }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--pair") == 0) {
+    const int batches = argc > 2 ? std::atoi(argv[2]) : 20;
+    std::vector<DType> dtypes;
+    for (int i = 3; i < argc; ++i)
+      dtypes.push_back(std::strcmp(argv[i], "i8") == 0 ? DType::i8 : std::strcmp(argv[i], "bf16") == 0 ? DType::bf16 : DType::f32);
+    if (dtypes.empty()) dtypes = {DType::f32, DType::bf16, DType::i8};
+    return pair(batches > 0 ? batches : 20, dtypes);
+  }
   for (std::int64_t Skv : {2048, 16384, 32768})
     for (int threads : {1})
       for (DType t : {DType::f32, DType::bf16, DType::i8, DType::f16})
