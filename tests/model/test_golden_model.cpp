@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -236,6 +237,43 @@ TEST(GoldenModel, Bf16GemmInputsGqa) {
   check_bf16_gemm("tiny_gqa_bf16", qkv::load_weights(kGolden + "tiny_gqa_bf16.safetensors"));
 }
 
+// One model and mode with a KV cache of dtype `cache` against the same model with an f32 cache:
+// the full forward (prefill GEMMs; on 2 threads) within tol_full, and a prefill of S/3 then one token
+// at a time (the GEMV path and, on 2 threads, Model::decode) within tol_inc; both against the fp32
+// PyTorch logits within tol_torch. The cache must change the arithmetic (err_full > 0).
+void check_kv_cache(const GoldenCase& cs, const Golden& g, const qkv::ModelOptions& opt, qkv::DType cache,
+                    double tol_full, double tol_inc, double tol_torch) {
+  qkv::Model m(cs.w, opt);
+  std::vector<float> ref(g.logits.size()), full(g.logits.size()), step(static_cast<std::size_t>(g.V));
+  qkv::KvCache cf(m.config()), cq(m.config(), 0, cache), ci(m.config(), 0, cache);
+  m.forward(g.tokens, cf, ref.data(), true);
+  m.forward(g.tokens, cq, full.data(), true);
+  double err_full = 0, err_torch = 0, err_inc = 0;
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    err_full = std::max(err_full, std::abs(double(full[i]) - ref[i]));
+    err_torch = std::max(err_torch, std::abs(double(full[i]) - g.logits[i]));
+  }
+  const std::int64_t prefill = g.S / 3;
+  m.forward(std::span<const int>(g.tokens.data(), static_cast<std::size_t>(prefill)), ci, step.data());
+  for (std::int64_t s = prefill - 1; s < g.S; ++s) {
+    if (s >= prefill) m.forward(std::span<const int>(g.tokens.data() + s, 1), ci, step.data());
+    for (std::int64_t v = 0; v < g.V; ++v) {
+      const auto i = static_cast<std::size_t>(s * g.V + v);
+      err_inc = std::max(err_inc, std::abs(double(step[v]) - ref[i]));
+      err_torch = std::max(err_torch, std::abs(double(step[v]) - g.logits[i]));
+    }
+  }
+  std::printf("%s weights %s, GEMM inputs %s, %s cache: max |logits − f32 cache's| full forward %.3g (tolerance "
+              "%.3g), prefill + decoding %.3g (tolerance %.3g); max |logits − torch fp32| %.3g (tolerance %.3g)\n",
+              cs.name.c_str(), qkv::dtype_name(opt.weights), qkv::dtype_name(opt.gemm_inputs), qkv::dtype_name(cache),
+              err_full, tol_full, err_inc, tol_inc, err_torch, tol_torch);
+  EXPECT_GT(err_full, 0.0);  // the cache's dtype does change the arithmetic
+  EXPECT_LT(err_full, tol_full);
+  EXPECT_LT(err_inc, tol_inc);
+  EXPECT_LT(err_torch, tol_torch);
+  EXPECT_EQ(ci.len, g.S);
+}
+
 // A bf16 KV cache: the attention then runs on q, K, V rounded to bf16 (≤ 2^-9 relative each) and
 // writes bf16 rows (rounded once more unless, with bf16 GEMM inputs, W_O's input is bf16 anyway):
 // one more rounding stage of the size and reach of the weights' or the GEMM inputs', so against
@@ -247,48 +285,17 @@ TEST(GoldenModel, Bf16GemmInputsGqa) {
 TEST(GoldenModel, Bf16KvCache) {
   for (const GoldenCase& cs : golden_cases()) {
     const Golden g = read_golden(cs.name);
-    const double max_logit = max_abs_logit(g);
-    const double stage = 8.0 * std::ldexp(1.0, -9) * max_logit;  // one bf16 rounding stage
-    struct Mode {
-      qkv::ModelOptions opt;
-      double tol_torch;  // the mode's bound with an f32 cache (tests above) + one stage
-    };
-    const Mode modes[] = {{qkv::ModelOptions{qkv::DType::f32, 2}, 1e-4 + stage},
-                          {qkv::ModelOptions{qkv::DType::bf16, 2}, 2.0 * stage},
-                          {qkv::ModelOptions{qkv::DType::bf16, 2, qkv::DType::bf16}, 3.0 * stage}};
+    const double stage = 8.0 * std::ldexp(1.0, -9) * max_abs_logit(g);  // one bf16 rounding stage
+    // (options, bound to torch: the mode's bound with an f32 cache (tests above) + one stage)
+    const std::pair<qkv::ModelOptions, double> modes[] = {
+        {qkv::ModelOptions{qkv::DType::f32, 2}, 1e-4 + stage},
+        {qkv::ModelOptions{qkv::DType::bf16, 2}, 2.0 * stage},
+        {qkv::ModelOptions{qkv::DType::bf16, 2, qkv::DType::bf16}, 3.0 * stage}};
     for (const auto& [opt, tol_torch] : modes) {
-      qkv::Model m(cs.w, opt);
-      std::vector<float> ref(g.logits.size()), full(g.logits.size()), step(static_cast<std::size_t>(g.V));
-      qkv::KvCache cf(m.config()), cb(m.config(), 0, qkv::DType::bf16), ci(m.config(), 0, qkv::DType::bf16);
-      m.forward(g.tokens, cf, ref.data(), true);
-      m.forward(g.tokens, cb, full.data(), true);
-      double err_full = 0, err_torch = 0, err_inc = 0;
-      for (std::size_t i = 0; i < full.size(); ++i) {
-        err_full = std::max(err_full, std::abs(double(full[i]) - ref[i]));
-        err_torch = std::max(err_torch, std::abs(double(full[i]) - g.logits[i]));
-      }
-      const std::int64_t prefill = g.S / 3;
-      m.forward(std::span<const int>(g.tokens.data(), static_cast<std::size_t>(prefill)), ci, step.data());
-      for (std::int64_t s = prefill - 1; s < g.S; ++s) {
-        if (s >= prefill) m.forward(std::span<const int>(g.tokens.data() + s, 1), ci, step.data());
-        for (std::int64_t v = 0; v < g.V; ++v) {
-          const auto i = static_cast<std::size_t>(s * g.V + v);
-          err_inc = std::max(err_inc, std::abs(double(step[v]) - ref[i]));
-          err_torch = std::max(err_torch, std::abs(double(step[v]) - g.logits[i]));
-        }
-      }
       const double tol_inc = opt.gemm_inputs == qkv::DType::bf16 ? 2.0 * stage : stage;
-      std::printf("%s weights %s, GEMM inputs %s, bf16 cache: max |logits − f32 cache's| full forward %.3g "
-                  "(tolerance %.3g), prefill + decoding %.3g (tolerance %.3g); max |logits − torch fp32| %.3g "
-                  "(tolerance %.3g)\n",
-                  cs.name.c_str(), qkv::dtype_name(opt.weights), qkv::dtype_name(opt.gemm_inputs), err_full, stage,
-                  err_inc, tol_inc, err_torch, tol_torch);
-      EXPECT_GT(err_full, 0.0);  // the bf16 cache does change the arithmetic
-      EXPECT_LT(err_full, stage);
-      EXPECT_LT(err_inc, tol_inc);
-      EXPECT_LT(err_torch, tol_torch);
-      EXPECT_EQ(ci.len, g.S);
-      EXPECT_EQ(m.new_cache().k.dtype(), opt.gemm_inputs == qkv::DType::bf16 ? qkv::DType::bf16 : qkv::DType::f32);
+      check_kv_cache(cs, g, opt, qkv::DType::bf16, stage, tol_inc, tol_torch);
+      EXPECT_EQ(qkv::Model(cs.w, opt).new_cache().k.dtype(),
+                opt.gemm_inputs == qkv::DType::bf16 ? qkv::DType::bf16 : qkv::DType::f32);
     }
   }
 }
@@ -306,50 +313,19 @@ TEST(GoldenModel, Bf16KvCache) {
 TEST(GoldenModel, I8KvCache) {
   for (const GoldenCase& cs : golden_cases()) {
     const Golden g = read_golden(cs.name);
-    const double max_logit = max_abs_logit(g);
-    const double stage = 8.0 * std::ldexp(1.0, -9) * max_logit;  // one bf16 rounding stage
+    const double stage = 8.0 * std::ldexp(1.0, -9) * max_abs_logit(g);  // one bf16 rounding stage
     const double tol = 2.02 * std::sqrt(static_cast<double>(cs.w.config.head_dim())) * stage;
-    struct Mode {
-      qkv::ModelOptions opt;
-      double tol_torch;  // the mode's bound with an f32 cache (tests above) + the i8 cache's
-    };
+    // (options, bound to torch: the mode's bound with an f32 cache (tests above) + the i8 cache's).
     // With bf16 GEMM inputs the prefill's projections (block_gemm_bf16) feed the i8 cache: one more
     // stage against the f32-cache model of the same options, whose own bound to torch is 2 stages.
-    const Mode modes[] = {{qkv::ModelOptions{qkv::DType::f32, 2}, 1e-4 + tol},
-                          {qkv::ModelOptions{qkv::DType::bf16, 2}, stage + tol},
-                          {qkv::ModelOptions{qkv::DType::bf16, 2, qkv::DType::bf16}, 2.0 * stage + tol}};
+    const std::pair<qkv::ModelOptions, double> modes[] = {
+        {qkv::ModelOptions{qkv::DType::f32, 2}, 1e-4 + tol},
+        {qkv::ModelOptions{qkv::DType::bf16, 2}, stage + tol},
+        {qkv::ModelOptions{qkv::DType::bf16, 2, qkv::DType::bf16}, 2.0 * stage + tol}};
     for (const auto& [opt, tol_torch] : modes) {
-      qkv::Model m(cs.w, opt);
-      std::vector<float> ref(g.logits.size()), full(g.logits.size()), step(static_cast<std::size_t>(g.V));
-      qkv::KvCache cf(m.config()), cq(m.config(), 0, qkv::DType::i8), ci(m.config(), 0, qkv::DType::i8);
-      m.forward(g.tokens, cf, ref.data(), true);
-      m.forward(g.tokens, cq, full.data(), true);
-      double err_full = 0, err_torch = 0, err_inc = 0;
-      for (std::size_t i = 0; i < full.size(); ++i) {
-        err_full = std::max(err_full, std::abs(double(full[i]) - ref[i]));
-        err_torch = std::max(err_torch, std::abs(double(full[i]) - g.logits[i]));
-      }
-      const std::int64_t prefill = g.S / 3;
-      m.forward(std::span<const int>(g.tokens.data(), static_cast<std::size_t>(prefill)), ci, step.data());
-      for (std::int64_t s = prefill - 1; s < g.S; ++s) {
-        if (s >= prefill) m.forward(std::span<const int>(g.tokens.data() + s, 1), ci, step.data());
-        for (std::int64_t v = 0; v < g.V; ++v) {
-          const auto i = static_cast<std::size_t>(s * g.V + v);
-          err_inc = std::max(err_inc, std::abs(double(step[v]) - ref[i]));
-          err_torch = std::max(err_torch, std::abs(double(step[v]) - g.logits[i]));
-        }
-      }
       // The one-token steps run GEMVs on f32 rows: with bf16 GEMM inputs one more stage from the prefill.
       const double tol_inc = opt.gemm_inputs == qkv::DType::bf16 ? tol + stage : tol;
-      std::printf("%s weights %s, GEMM inputs %s, i8 cache: max |logits − f32 cache's| full forward %.3g (tolerance "
-                  "%.3g), prefill + decoding %.3g (tolerance %.3g); max |logits − torch fp32| %.3g (tolerance %.3g)\n",
-                  cs.name.c_str(), qkv::dtype_name(opt.weights), qkv::dtype_name(opt.gemm_inputs), err_full, tol,
-                  err_inc, tol_inc, err_torch, tol_torch);
-      EXPECT_GT(err_full, 0.0);  // the i8 cache does change the arithmetic
-      EXPECT_LT(err_full, tol);
-      EXPECT_LT(err_inc, tol_inc);
-      EXPECT_LT(err_torch, tol_torch);
-      EXPECT_EQ(ci.len, g.S);
+      check_kv_cache(cs, g, opt, qkv::DType::i8, tol, tol_inc, tol_torch);
     }
   }
 }
