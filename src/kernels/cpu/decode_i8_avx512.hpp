@@ -164,10 +164,24 @@ struct DecodeOpsI8 {
     for (i64 c0 = c_lo / C * C; c0 < c_hi; c0 += C)
       scores_block<R>(r0, nr, kt + c0, qfl, qcl, _mm512_permutexvar_ps(ki, _mm512_loadu_ps(kst + c0)), Ps, c0);
   }
+  // out[x] ← p + x · step for x ∈ [0, n): eight pointers per store. GCC's own vectorisation of
+  // this loop built its first vector lane by lane (≈ 20 instructions and an overlap test per
+  // run) and paged by 16 rows pays that 4 times per tile where contiguous pays it once.
+  static void row_ptrs(const std::int8_t** out, const std::int8_t* p, i64 step, i64 n) {
+    const __m512i step8 = _mm512_set1_epi64(8 * step);
+    __m512i v = _mm512_add_epi64(_mm512_set1_epi64(reinterpret_cast<long long>(p)),
+                                 _mm512_mullo_epi64(_mm512_set1_epi64(step), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7)));
+    i64 x = 0;
+    for (; x + 8 <= n; x += 8, v = _mm512_add_epi64(v, step8)) _mm512_storeu_si512(out + x, v);
+    if (x < n) _mm512_mask_storeu_epi64(out + x, static_cast<__mmask8>((1u << (n - x)) - 1u), v);
+  }
   // Columns [c0, c1) of a tile at t0 into one set (ko, vo, kso, vso): ko[c], vo[c] the K and V rows
   // of key j = t0 + c, kso[c], vso[c] their scales; a key outside [j_lo, j_hi) gets j_lo's rows
   // and scales 0. By runs of evenly strided rows (kv_run_end: one block when paged), the block
-  // table read once per run for the four tensors.
+  // table read once per run for the four tensors; the row pointers by row_ptrs, the scales by
+  // scalar loads (a gather per 16 keys was no faster: kvcache_pg16_2026-11-28.md). int8 decode
+  // paged by 16 rows, Skv 16384–32768: 0.95–0.98× the time, contiguous unchanged
+  // (bench/results/kvcache_pg16b_2026-11-28.md).
   void tile_kv(i64 b, i64 hk, i64 t0, i64 j_lo, i64 j_hi, i64 c0, i64 c1, const std::int8_t** ko,
                const std::int8_t** vo, float* kso, float* vso) const {
     const auto* k = static_cast<const std::int8_t*>(a.k);
@@ -187,8 +201,12 @@ struct DecodeOpsI8 {
       const std::int8_t* vr = v + blk * a.sv[0] + hk * a.sv[1] + r * a.sv[2];
       const float* ks = a.k_scale + blk * a.sks[0] + hk * a.sks[1] + r * a.sks[2];
       const float* vsc = a.v_scale + blk * a.svs[0] + hk * a.svs[1] + r * a.svs[2];
-      for (; c < end; ++c, kr += a.sk[2], vr += a.sv[2], ks += a.sks[2], vsc += a.svs[2])
-        ko[c] = kr, vo[c] = vr, kso[c] = *ks, vso[c] = *vsc;
+      const i64 n = end - c, sks = a.sks[2], svs = a.svs[2];
+      row_ptrs(ko + c, kr, a.sk[2], n), row_ptrs(vo + c, vr, a.sv[2], n);
+      float* __restrict kd = kso + c;  // scratch: no overlap with the cache's scales
+      float* __restrict vd = vso + c;
+      for (i64 x = 0; x < n; ++x) kd[x] = ks[x * sks], vd[x] = vsc[x * svs];
+      c = end;
     }
   }
   // Fetches the k_scale and v_scale entries of keys [j_lo, j_hi) (of the next tile: a tile ahead
