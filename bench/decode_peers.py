@@ -25,6 +25,10 @@ Peers:
              f32 KV caches (the default), once with --kv-dtype bf16 (caches in bf16: half the bytes) and
              once with --kv-dtype int8 (int8 rows with an f32 scale each: about a quarter of the bytes).
 
+--base BIN (optional): a second qkv binary (main's, say) whose rows, B=1 and batched, run right after
+--qkv's in every round, so that both see the same load; the table then has a row for each, and the ratios
+of --qkv's tok/s to --base's. --no-peers leaves llama2.c and llama.cpp out (qkv against qkv).
+
 Runs are interleaved (qkv, llama2.c, llama.cpp, qkv, …) for `--rounds` rounds; medians are printed, with
 the load after every round and the machine's peak (bench_attention --peak beside --qkv, when built) before and
 after. Output: a Markdown table on stdout and, through bench/report.py, bench/results/NAME.{md,json} and the
@@ -215,25 +219,32 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8, help="prompts in the --batch-file rows (0: none)")
     ap.add_argument("--work", default="", help="folder for the generated models (default: a temporary one)")
     ap.add_argument("--name", default="decode_peers", help="writes bench/results/NAME.{md,json,png}")
+    ap.add_argument("--base", default="", help="a second qkv binary, run interleaved with --qkv (rows 'base')")
+    ap.add_argument("--no-peers", action="store_true", help="run neither llama2.c nor llama.cpp")
     a = ap.parse_args()
+    # (row label, binary, prefix of its engine names): --qkv's engines are "qkv", "qkv B=8", …
+    qkvs = [("qkv", a.qkv, "")] + ([("base", a.base, "base ")] if a.base else [])
 
     work = Path(a.work or tempfile.mkdtemp(prefix="qkv_decode_peers_"))
     work.mkdir(parents=True, exist_ok=True)
     run_c = Path(a.llama2c) / "run.c"
     llama2c = None
-    if run_c.exists() and shutil.which("gcc"):
-        llama2c = work / "run"
-        subprocess.run(["gcc", "-Ofast", "-march=native", "-fopenmp", str(run_c), "-lm", "-o", str(llama2c)],
-                       check=True)
+    have_llama_cpp = False
+    if a.no_peers:
+        print("llama2.c, llama.cpp: skipped (--no-peers)", file=sys.stderr)
     else:
-        print(f"llama2.c: skipped ({run_c} not found or no gcc)", file=sys.stderr)
-    try:
-        import gguf  # noqa: F401, PLC0415
-        import llama_cpp  # noqa: F401, PLC0415
-        have_llama_cpp = True
-    except ImportError as e:
-        print(f"llama.cpp: skipped (bash scripts/install-peers.sh; {e})", file=sys.stderr)
-        have_llama_cpp = False
+        if run_c.exists() and shutil.which("gcc"):
+            llama2c = work / "run"
+            subprocess.run(["gcc", "-Ofast", "-march=native", "-fopenmp", str(run_c), "-lm", "-o", str(llama2c)],
+                           check=True)
+        else:
+            print(f"llama2.c: skipped ({run_c} not found or no gcc)", file=sys.stderr)
+        try:
+            import gguf  # noqa: F401, PLC0415
+            import llama_cpp  # noqa: F401, PLC0415
+            have_llama_cpp = True
+        except ImportError as e:
+            print(f"llama.cpp: skipped (bash scripts/install-peers.sh; {e})", file=sys.stderr)
 
     models = {}
     for name in a.models.split(","):
@@ -262,17 +273,20 @@ def main() -> int:
             steps = STEPS[name]
             for T in threads:
                 results.setdefault((name, T, "qkv"), []).append(run_qkv(a.qkv, binp, tokp, T, steps, key=(name, T, "qkv")))
+                if a.base:
+                    results.setdefault((name, T, "base qkv"), []).append(
+                        run_qkv(a.base, binp, tokp, T, steps, key=(name, T, "base qkv")))
                 if llama2c:
                     results.setdefault((name, T, "llama2.c"), []).append(
                         run_llama2c(llama2c, binp, tokp, T, steps, key=(name, T, "llama2.c")))
                 if ggp:
                     results.setdefault((name, T, "llama.cpp"), []).append(
                         run_llama_cpp(ggp, T, steps, SHAPES[name][5], prompt=5)["decode_tok_s"])
-                if a.batch:
-                    for kv, eng in batch_engines(a.batch):
-                        results.setdefault((name, T, eng), []).append(
-                            run_qkv(a.qkv, binp, tokp, T, steps, ["--batch-file", str(batch_file), "--kv-dtype", kv],
-                                    key=(name, T, eng)))
+                for kv, eng in batch_engines(a.batch) if a.batch else []:
+                    for _, exe, prefix in qkvs:
+                        results.setdefault((name, T, prefix + eng), []).append(
+                            run_qkv(exe, binp, tokp, T, steps, ["--batch-file", str(batch_file), "--kv-dtype", kv],
+                                    key=(name, T, prefix + eng)))
         loads.append(report.loadavg())
     after = report.measure_peak(build)
     machine = report.machine_line(before, after, loads)
@@ -287,15 +301,23 @@ def main() -> int:
     say("|---|---|---|" + "---|---|" * len(peers) + "---|---|---|---|---|---|")
     for name in models:
         for T in threads:
-            q = statistics.median(results[(name, T, "qkv")])
-            row = f"| {name} | {T} | {q:.0f} |"
-            for p in peers:
-                r = results.get((name, T, p))
-                row += f" {statistics.median(r):.0f} | {q / statistics.median(r):.2f}× |" if r else " – | – |"
-            for _, eng in batch_engines(a.batch):
-                rb = results.get((name, T, eng))
-                row += f" {statistics.median(rb):.0f} | {statistics.median(rb) / q:.2f}× |" if rb else " – | – |"
-            say(row)
+            for label, _, prefix in qkvs:
+                q = statistics.median(results[(name, T, prefix + "qkv")])
+                row = f"| {name} | {T} | {q:.0f} |" if label == "qkv" else f"| {name} (base) | {T} | {q:.0f} |"
+                for p in peers:
+                    r = results.get((name, T, p))
+                    row += f" {statistics.median(r):.0f} | {q / statistics.median(r):.2f}× |" if r else " – | – |"
+                for _, eng in batch_engines(a.batch):
+                    rb = results.get((name, T, prefix + eng))
+                    row += f" {statistics.median(rb):.0f} | {statistics.median(rb) / q:.2f}× |" if rb else " – | – |"
+                say(row)
+    if a.base:
+        say(f"\nqkv / base (medians of tok/s), base = {a.base}:")
+        for name in models:
+            for T in threads:
+                parts = [f"{eng} {statistics.median(results[(name, T, eng)]) / statistics.median(results[(name, T, 'base ' + eng)]):.2f}×"
+                         for eng in ["qkv"] + [e for _, e in batch_engines(a.batch)] if (name, T, "base " + eng) in results]
+                say(f"  {name}, {T} thread{'s' if T > 1 else ''}: " + ", ".join(parts))
     say("\nCPU seconds per run (whole process: load, prefill, decode; medians):")
     for key in sorted(CPU):
         say(f"  {' '.join(map(str, key))}: {statistics.median(CPU[key]):.3f} s")
@@ -312,6 +334,7 @@ def main() -> int:
     # speeds differ by 100×, their ratios fit one axis.
     groups = [(name, T) for name in models for T in threads]
     engines = ["qkv", *peers] + ([eng for _, eng in batch_engines(a.batch)] if a.batch else [])
+    engines += ["base " + e for e in engines if a.base and e.startswith("qkv")]
     med = {key: statistics.median(v) for key, v in results.items()}
     report.bar_plot(a.name + ".png", f"Decode tok/s as a share of qkv's (B=1), greedy, medians of {a.rounds} "
                     "interleaved rounds (> 1: faster than qkv)", [f"{n}\n{T} thread{'s' if T > 1 else ''}" for n, T in groups],

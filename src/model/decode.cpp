@@ -164,7 +164,9 @@ void Model::Impl::decode(std::span<const int> tokens, std::span<KvCache* const> 
       const LayerWeights& L = w_.layers[static_cast<std::size_t>(l)];
       const LayerBf16 Lb = bf16 ? layers_bf16_[static_cast<std::size_t>(l)] : LayerBf16{};
       const int s0 = 4 * l;
-      share(t, s0, Hkv, 1, [&] { norm_rows(xb, L.norm1_w, L.norm1_b); }, [&](i64 k0, i64 k1) {
+      // Kv heads in chunks of one (a late thread's share is taken by the others), all in one run on one
+      // thread: an int8 cache costs one kvcache_append and one attention_kvcache call per sequence and run.
+      share(t, s0, Hkv, T == 1 ? Hkv : 1, [&] { norm_rows(xb, L.norm1_w, L.norm1_b); }, [&](i64 k0, i64 k1) {
         // The rows of kv heads [k0, k1) (and of their query heads) are contiguous: one call a matrix.
         gemv(L.wq, Lb.wq, L.bq, q, HD, xb, C, 0.0f, k0 * G * D, k1 * G * D);
         gemv(L.wk, Lb.wk, L.bk, k, KD, xb, C, 0.0f, k0 * D, k1 * D);
